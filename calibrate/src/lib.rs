@@ -1,0 +1,1 @@
+//! blis-calibrate (work in progress; see the project README).

@@ -1,0 +1,1 @@
+//! blis-mockserver (work in progress; see the project README).

@@ -1,0 +1,1 @@
+//! blis-replay (work in progress; see the project README).

@@ -1,0 +1,326 @@
+//! A trace bundle on disk: `PREFIX.yaml` (header), `PREFIX.csv` (requests),
+//! and optionally `PREFIX.itl.csv` (chunks) and `PREFIX.metrics.csv`
+//! (scraped metrics).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::companions::{
+    ChunkRecord, ChunkWriter, MetricSample, MetricWriter, read_chunks, read_metrics,
+};
+use crate::csvio::{ExtraColumn, RecordReader, RecordWriter};
+use crate::error::{Error, Result};
+use crate::header::TraceHeader;
+use crate::record::TraceRecord;
+
+/// The files of one trace bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracePaths {
+    /// Header YAML.
+    pub header: PathBuf,
+    /// Request CSV.
+    pub data: PathBuf,
+    /// ITL companion.
+    pub itl: PathBuf,
+    /// Metrics companion.
+    pub metrics: PathBuf,
+}
+
+impl TracePaths {
+    /// The files written for `--out PREFIX`: `PREFIX.yaml`, `PREFIX.csv`,
+    /// `PREFIX.itl.csv`, `PREFIX.metrics.csv`.
+    pub fn from_prefix(prefix: impl AsRef<Path>) -> Self {
+        let p = prefix.as_ref().as_os_str().to_string_lossy().into_owned();
+        Self {
+            header: PathBuf::from(format!("{p}.yaml")),
+            data: PathBuf::from(format!("{p}.csv")),
+            itl: PathBuf::from(format!("{p}.itl.csv")),
+            metrics: PathBuf::from(format!("{p}.metrics.csv")),
+        }
+    }
+
+    /// The files of the bundle whose header is `header_path` (`X.yaml` or
+    /// `X.yml`; a path without those extensions is taken as a prefix). Paths
+    /// named in `header` (relative to the header's folder) win over the
+    /// defaults.
+    pub fn for_header(header_path: &Path, header: Option<&TraceHeader>) -> Self {
+        let s = header_path.as_os_str().to_string_lossy();
+        let prefix = s
+            .strip_suffix(".yaml")
+            .or_else(|| s.strip_suffix(".yml"))
+            .unwrap_or(&s)
+            .to_string();
+        let mut paths = Self::from_prefix(&prefix);
+        paths.header = header_path.to_path_buf();
+        if !s.ends_with(".yaml") && !s.ends_with(".yml") {
+            paths.header = PathBuf::from(format!("{prefix}.yaml"));
+        }
+        if let Some(h) = header {
+            let dir = paths
+                .header
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            if let Some(d) = &h.data_file {
+                paths.data = dir.join(d);
+            }
+            if let Some(d) = &h.itl_file {
+                paths.itl = dir.join(d);
+            }
+            if let Some(d) = &h.metrics_file {
+                paths.metrics = dir.join(d);
+            }
+        }
+        paths
+    }
+}
+
+/// A whole trace in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// The header.
+    pub header: TraceHeader,
+    /// The requests, in file order.
+    pub records: Vec<TraceRecord>,
+    /// Streamed chunks, when the bundle has an ITL companion.
+    pub chunks: Option<Vec<ChunkRecord>>,
+    /// Scraped metrics, when the bundle has a metrics companion.
+    pub metrics: Option<Vec<MetricSample>>,
+}
+
+impl Trace {
+    /// A trace with no companions.
+    pub fn new(header: TraceHeader, records: Vec<TraceRecord>) -> Self {
+        Self {
+            header,
+            records,
+            chunks: None,
+            metrics: None,
+        }
+    }
+
+    /// Reads the bundle whose header is `header_path` (or whose prefix it
+    /// is), with whichever companions exist.
+    ///
+    /// # Errors
+    /// Any malformed file, named with line and column.
+    pub fn read(header_path: &Path) -> Result<Self> {
+        let guess = TracePaths::for_header(header_path, None);
+        let header = TraceHeader::read(&guess.header)?;
+        let paths = TracePaths::for_header(&guess.header, Some(&header));
+        let records = RecordReader::open(&paths.data)?.read_all()?;
+        let chunks = if paths.itl.exists() {
+            Some(read_chunks(&paths.itl)?)
+        } else {
+            None
+        };
+        let metrics = if paths.metrics.exists() {
+            Some(read_metrics(&paths.metrics)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            header,
+            records,
+            chunks,
+            metrics,
+        })
+    }
+
+    /// Writes the bundle at `--out PREFIX`. Companions are written when
+    /// present. The header records the files' names.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write(&self, prefix: &Path) -> Result<TracePaths> {
+        let paths = TracePaths::from_prefix(prefix);
+        let extras = ExtraColumn::needed_for(&self.records);
+        let with_tokens = self
+            .chunks
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c.tokens.is_some()));
+        let mut w = TraceWriter::create(
+            prefix,
+            &self.header,
+            &extras,
+            self.chunks.is_some().then_some(with_tokens),
+            self.metrics.is_some(),
+        )?;
+        for r in &self.records {
+            w.write_record(r)?;
+        }
+        if let Some(chunks) = &self.chunks {
+            for c in chunks {
+                w.write_chunk(c)?;
+            }
+        }
+        if let Some(metrics) = &self.metrics {
+            for m in metrics {
+                w.write_metric(m)?;
+            }
+        }
+        w.finish(&self.header)?;
+        Ok(paths)
+    }
+}
+
+/// Writes a bundle incrementally: the header first, rows as they come, and
+/// the completed header at the end (replaced atomically).
+#[derive(Debug)]
+pub struct TraceWriter {
+    paths: TracePaths,
+    records: RecordWriter,
+    chunks: Option<ChunkWriter>,
+    metrics: Option<MetricWriter>,
+}
+
+impl TraceWriter {
+    /// Creates the bundle at `prefix`. `chunks`: `None` for no ITL
+    /// companion, `Some(with_tokens)` for one; `metrics`: whether to write a
+    /// metrics companion.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn create(
+        prefix: &Path,
+        header: &TraceHeader,
+        extras: &[ExtraColumn],
+        chunks: Option<bool>,
+        metrics: bool,
+    ) -> Result<Self> {
+        let paths = TracePaths::from_prefix(prefix);
+        if let Some(dir) = paths.header.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let records = RecordWriter::create(&paths.data, extras)?;
+        let chunks = match chunks {
+            Some(with_tokens) => Some(ChunkWriter::create(&paths.itl, with_tokens)?),
+            None => {
+                remove_stale(&paths.itl)?;
+                None
+            }
+        };
+        let metrics = if metrics {
+            Some(MetricWriter::create(&paths.metrics)?)
+        } else {
+            remove_stale(&paths.metrics)?;
+            None
+        };
+        let w = Self {
+            paths,
+            records,
+            chunks,
+            metrics,
+        };
+        w.write_header(header)?;
+        Ok(w)
+    }
+
+    /// Makes every row reach its file as soon as it is written (for live
+    /// recording, so that a killed process loses nothing it recorded).
+    pub fn flush_every_row(mut self, yes: bool) -> Self {
+        self.records = self.records.flush_every_row(yes);
+        self.chunks = self.chunks.map(|c| c.flush_every_row(yes));
+        self.metrics = self.metrics.map(|m| m.flush_every_row(yes));
+        self
+    }
+
+    /// The bundle's files.
+    pub fn paths(&self) -> &TracePaths {
+        &self.paths
+    }
+
+    fn write_header(&self, header: &TraceHeader) -> Result<()> {
+        let mut h = header.clone();
+        let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+        h.data_file = file_name(&self.paths.data);
+        h.itl_file = self
+            .chunks
+            .as_ref()
+            .and_then(|_| file_name(&self.paths.itl));
+        h.metrics_file = self
+            .metrics
+            .as_ref()
+            .and_then(|_| file_name(&self.paths.metrics));
+        write_atomic(&self.paths.header, h.to_yaml().as_bytes())
+    }
+
+    /// Appends a request row.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_record(&mut self, r: &TraceRecord) -> Result<()> {
+        self.records.write(r)
+    }
+
+    /// Appends a chunk row (ignored when the bundle has no ITL companion).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_chunk(&mut self, c: &ChunkRecord) -> Result<()> {
+        match &mut self.chunks {
+            Some(w) => w.write(c),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends a metric sample (ignored without a metrics companion).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_metric(&mut self, m: &MetricSample) -> Result<()> {
+        match &mut self.metrics {
+            Some(w) => w.write(m),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes every file.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn flush(&mut self) -> Result<()> {
+        self.records.flush()?;
+        if let Some(c) = &mut self.chunks {
+            c.flush()?;
+        }
+        if let Some(m) = &mut self.metrics {
+            m.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the header (e.g. with final load-generator figures) and
+    /// flushes every file.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn finish(mut self, header: &TraceHeader) -> Result<TracePaths> {
+        self.flush()?;
+        self.write_header(header)?;
+        Ok(self.paths.clone())
+    }
+}
+
+fn remove_stale(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path` and renames it over
+/// `path`, so readers never see a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp~");
+    {
+        let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+        f.flush().map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}

@@ -1,0 +1,428 @@
+//! The two optional companions of a request CSV: per-chunk arrival times
+//! (the ITL companion) and the server's scraped Prometheus samples (the
+//! metrics companion, long format).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use csv::ByteRecord;
+
+use crate::csvio::{Cells, csv_error, encode_row, format_f64};
+use crate::error::{Error, Location, Result};
+
+/// One streamed chunk (SSE event) of a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRecord {
+    /// The request it belongs to.
+    pub request_id: u64,
+    /// 0-based position in the response's stream.
+    pub chunk_index: u32,
+    /// Arrival time: absolute Unix µs in real traces, the same clock as the
+    /// request CSV's chunk times otherwise.
+    pub timestamp_us: i64,
+    /// Tokens the chunk carried, when known (e.g. from
+    /// `continuous_usage_stats`, or the simulator).
+    pub tokens: Option<u32>,
+}
+
+/// One Prometheus sample scraped from the server during a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    /// When the scrape completed, absolute Unix µs (real) or run-relative.
+    pub timestamp_us: i64,
+    /// Metric name as exposed, e.g. `vllm:num_requests_running` or
+    /// `vllm:e2e_request_latency_seconds_bucket`.
+    pub name: String,
+    /// Label set in Prometheus text form without braces, e.g.
+    /// `model_name="m",le="0.5"`; empty when none.
+    pub labels: String,
+    /// Sample value (may be NaN or ±Inf, written as Prometheus spells them).
+    pub value: f64,
+}
+
+const ITL_COLUMNS: [&str; 4] = ["request_id", "chunk_index", "timestamp_us", "tokens"];
+const METRIC_COLUMNS: [&str; 4] = ["timestamp_us", "name", "labels", "value"];
+const FLUSH_BYTES: usize = 64 * 1024;
+
+/// A CSV writer that only ever hands whole rows to the file.
+#[derive(Debug)]
+struct RowSink<W: Write> {
+    out: Option<W>,
+    path: PathBuf,
+    buf: Vec<u8>,
+    row: ByteRecord,
+    flush_every_row: bool,
+}
+
+impl<W: Write> RowSink<W> {
+    fn new(out: W, path: &Path, header: &[&str]) -> Result<Self> {
+        let mut s = Self {
+            out: Some(out),
+            path: path.to_path_buf(),
+            buf: Vec::with_capacity(FLUSH_BYTES + 1024),
+            row: ByteRecord::new(),
+            flush_every_row: false,
+        };
+        for h in header {
+            s.row.push_field(h.as_bytes());
+        }
+        encode_row(&mut s.buf, &s.row);
+        s.flush()?;
+        Ok(s)
+    }
+
+    fn end_row(&mut self) -> Result<()> {
+        encode_row(&mut self.buf, &self.row);
+        self.row.clear();
+        if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let Some(out) = self.out.as_mut() else {
+            return Ok(());
+        };
+        if !self.buf.is_empty() {
+            out.write_all(&self.buf)
+                .map_err(|e| Error::io(&self.path, e))?;
+            self.buf.clear();
+        }
+        out.flush().map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn finish(mut self) -> Result<W> {
+        self.flush()?;
+        Ok(self.out.take().expect("writer present until finish"))
+    }
+}
+
+impl<W: Write> Drop for RowSink<W> {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+/// Streams [`ChunkRecord`]s to an ITL companion CSV.
+#[derive(Debug)]
+pub struct ChunkWriter<W: Write = File> {
+    sink: RowSink<W>,
+    with_tokens: bool,
+}
+
+impl ChunkWriter<File> {
+    /// Creates `path`; `with_tokens` adds the optional `tokens` column.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn create(path: &Path, with_tokens: bool) -> Result<Self> {
+        let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        Self::new(f, path, with_tokens)
+    }
+}
+
+impl<W: Write> ChunkWriter<W> {
+    /// Wraps `out`, named `path` in errors.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn new(out: W, path: &Path, with_tokens: bool) -> Result<Self> {
+        let cols = if with_tokens {
+            &ITL_COLUMNS[..]
+        } else {
+            &ITL_COLUMNS[..3]
+        };
+        Ok(Self {
+            sink: RowSink::new(out, path, cols)?,
+            with_tokens,
+        })
+    }
+
+    /// Makes every write reach the file before it returns.
+    pub fn flush_every_row(mut self, yes: bool) -> Self {
+        self.sink.flush_every_row = yes;
+        self
+    }
+
+    /// Appends one chunk.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write(&mut self, c: &ChunkRecord) -> Result<()> {
+        let mut b = itoa::Buffer::new();
+        self.sink.row.push_field(b.format(c.request_id).as_bytes());
+        self.sink.row.push_field(b.format(c.chunk_index).as_bytes());
+        self.sink
+            .row
+            .push_field(b.format(c.timestamp_us).as_bytes());
+        if self.with_tokens {
+            match c.tokens {
+                Some(t) => self.sink.row.push_field(b.format(t).as_bytes()),
+                None => self.sink.row.push_field(b""),
+            }
+        }
+        self.sink.end_row()
+    }
+
+    /// Appends several chunks.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_all(&mut self, chunks: &[ChunkRecord]) -> Result<()> {
+        for c in chunks {
+            self.write(c)?;
+        }
+        Ok(())
+    }
+
+    /// Writes buffered rows to the file.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn flush(&mut self) -> Result<()> {
+        self.sink.flush()
+    }
+
+    /// Flushes and returns the inner writer.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn finish(self) -> Result<W> {
+        self.sink.finish()
+    }
+}
+
+/// Streams [`MetricSample`]s to a metrics companion CSV.
+#[derive(Debug)]
+pub struct MetricWriter<W: Write = File> {
+    sink: RowSink<W>,
+}
+
+impl MetricWriter<File> {
+    /// Creates `path`.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn create(path: &Path) -> Result<Self> {
+        let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        Self::new(f, path)
+    }
+}
+
+impl<W: Write> MetricWriter<W> {
+    /// Wraps `out`, named `path` in errors.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn new(out: W, path: &Path) -> Result<Self> {
+        Ok(Self {
+            sink: RowSink::new(out, path, &METRIC_COLUMNS)?,
+        })
+    }
+
+    /// Makes every write reach the file before it returns.
+    pub fn flush_every_row(mut self, yes: bool) -> Self {
+        self.sink.flush_every_row = yes;
+        self
+    }
+
+    /// Appends one sample.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write(&mut self, m: &MetricSample) -> Result<()> {
+        let mut b = itoa::Buffer::new();
+        self.sink
+            .row
+            .push_field(b.format(m.timestamp_us).as_bytes());
+        self.sink.row.push_field(m.name.as_bytes());
+        self.sink.row.push_field(m.labels.as_bytes());
+        self.sink
+            .row
+            .push_field(format_prometheus_value(m.value).as_bytes());
+        self.sink.end_row()
+    }
+
+    /// Writes buffered rows to the file.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn flush(&mut self) -> Result<()> {
+        self.sink.flush()
+    }
+
+    /// Flushes and returns the inner writer.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn finish(self) -> Result<W> {
+        self.sink.finish()
+    }
+}
+
+/// Formats a sample value as Prometheus does (`NaN`, `+Inf`, `-Inf`).
+pub fn format_prometheus_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format_f64(v)
+    }
+}
+
+/// Parses a sample value as Prometheus spells it.
+pub fn parse_prometheus_value(s: &str) -> Option<f64> {
+    match s {
+        "NaN" | "nan" => Some(f64::NAN),
+        "+Inf" | "Inf" | "inf" | "+inf" => Some(f64::INFINITY),
+        "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
+        other => other.parse().ok(),
+    }
+}
+
+fn open_csv<R: Read>(
+    input: R,
+    path: &Path,
+    required: &[&str],
+) -> Result<(csv::Reader<R>, Vec<Option<usize>>)> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(input);
+    let mut header = ByteRecord::new();
+    if !rdr
+        .read_byte_record(&mut header)
+        .map_err(|e| csv_error(path, &e))?
+    {
+        return Err(Error::in_file(path, "empty file: no header row"));
+    }
+    let names: Vec<String> = header
+        .iter()
+        .map(|b| {
+            String::from_utf8_lossy(b)
+                .trim()
+                .trim_start_matches('\u{feff}')
+                .to_string()
+        })
+        .collect();
+    let mut idx = Vec::new();
+    for (i, want) in required.iter().enumerate() {
+        let pos = names.iter().position(|n| n == want);
+        // The last listed column of the ITL companion (`tokens`) is optional.
+        if pos.is_none() && !(required == ITL_COLUMNS && i == 3) {
+            return Err(Error::invalid(
+                Location::line(path, 1),
+                format!("{want}: required column missing from the header row"),
+            ));
+        }
+        idx.push(pos);
+    }
+    Ok((rdr, idx))
+}
+
+/// Reads an ITL companion CSV.
+///
+/// # Errors
+/// I/O errors; malformed cells naming file:line:column and the field.
+pub fn read_chunks(path: &Path) -> Result<Vec<ChunkRecord>> {
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    read_chunks_from(f, path)
+}
+
+/// Reads an ITL companion from `input`, named `path` in errors.
+///
+/// # Errors
+/// As [`read_chunks`].
+pub fn read_chunks_from<R: Read>(input: R, path: &Path) -> Result<Vec<ChunkRecord>> {
+    let (mut rdr, idx) = open_csv(input, path, &ITL_COLUMNS)?;
+    let mut row = ByteRecord::new();
+    let mut out = Vec::new();
+    while rdr
+        .read_byte_record(&mut row)
+        .map_err(|e| csv_error(path, &e))?
+    {
+        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
+            continue;
+        }
+        let line = row.position().map(|p| p.line()).unwrap_or(0);
+        let cx = Cells {
+            row: &row,
+            path,
+            line,
+        };
+        let need = |i: usize, name: &str| -> Result<i64> {
+            cx.int_by_name::<i64>(idx[i], name)?
+                .ok_or_else(|| cx.err_named(idx[i], name, "missing value (truncated row?)"))
+        };
+        let request_id = need(0, "request_id")?;
+        let chunk_index = need(1, "chunk_index")?;
+        let timestamp_us = need(2, "timestamp_us")?;
+        if request_id < 0 || chunk_index < 0 || chunk_index > i64::from(u32::MAX) {
+            return Err(cx.err_named(idx[1], "chunk_index", "out of range"));
+        }
+        out.push(ChunkRecord {
+            request_id: request_id as u64,
+            chunk_index: chunk_index as u32,
+            timestamp_us,
+            tokens: cx.int_by_name::<u32>(idx[3], "tokens")?,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a metrics companion CSV.
+///
+/// # Errors
+/// I/O errors; malformed cells naming file:line:column and the field.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricSample>> {
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    read_metrics_from(f, path)
+}
+
+/// Reads a metrics companion from `input`, named `path` in errors.
+///
+/// # Errors
+/// As [`read_metrics`].
+pub fn read_metrics_from<R: Read>(input: R, path: &Path) -> Result<Vec<MetricSample>> {
+    let (mut rdr, idx) = open_csv(input, path, &METRIC_COLUMNS)?;
+    let mut row = ByteRecord::new();
+    let mut out = Vec::new();
+    while rdr
+        .read_byte_record(&mut row)
+        .map_err(|e| csv_error(path, &e))?
+    {
+        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
+            continue;
+        }
+        let line = row.position().map(|p| p.line()).unwrap_or(0);
+        let cx = Cells {
+            row: &row,
+            path,
+            line,
+        };
+        let timestamp_us = cx
+            .int_by_name::<i64>(idx[0], "timestamp_us")?
+            .ok_or_else(|| {
+                cx.err_named(idx[0], "timestamp_us", "missing value (truncated row?)")
+            })?;
+        let name = cx.text(idx[1]).to_string();
+        if name.is_empty() {
+            return Err(cx.err_named(idx[1], "name", "missing metric name"));
+        }
+        let raw = cx.text(idx[3]).trim();
+        let value = parse_prometheus_value(raw)
+            .ok_or_else(|| cx.err_named(idx[3], "value", &format!("invalid number {raw:?}")))?;
+        out.push(MetricSample {
+            timestamp_us,
+            name,
+            labels: cx.text(idx[2]).to_string(),
+            value,
+        });
+    }
+    Ok(out)
+}

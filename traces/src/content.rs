@@ -1,0 +1,219 @@
+//! Token content without tokens: the identity of a request's input, from
+//! which a simulator derives KV-block hashes for prefix caching.
+//!
+//! A request's input is a sequence of *segments*, each a run of tokens drawn
+//! from a keyed pseudo-random stream: the shared prefix of its prefix group
+//! (key = hash of the group name), then its own body (key = its
+//! `content_key`, else its session, else its request id). All rounds of a
+//! session share one body stream, so round N's input is a prefix of round
+//! N+1's, as with a real chat history. Mooncake-style `hash_ids` replace the
+//! segments by one segment per identified block.
+//!
+//! Tokens are never materialised: a KV block's hash is computed from its
+//! parent's hash and the (key, offset, length) pieces of the segments it
+//! covers, which identify its tokens exactly. Equal token content therefore
+//! gives equal chained hashes, as vLLM's prefix cache hashes blocks (each
+//! block's hash includes its parent's).
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::record::Request;
+
+/// One run of tokens from a keyed stream, starting at `offset` in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Stream identity.
+    pub key: u64,
+    /// First token's position in the stream.
+    pub offset: u32,
+    /// Number of tokens.
+    pub len: u32,
+}
+
+/// The key of a prefix group's shared stream.
+pub fn prefix_key(group: &str) -> u64 {
+    xxh3_64_with_seed(group.as_bytes(), 0x5052_4546_4958)
+}
+
+/// The key of a session's shared body stream.
+pub fn session_key(session: &str) -> u64 {
+    xxh3_64_with_seed(session.as_bytes(), 0x0053_4553_5349_4f4e)
+}
+
+/// The key of a single request's body stream.
+pub fn request_key(request_id: u64) -> u64 {
+    xxh3_64_with_seed(&request_id.to_le_bytes(), 0x0052_4551_5545_5354)
+}
+
+/// The segments of `r`'s input (`input_tokens` long in total, or
+/// `input_len` when given, e.g. the server-reported count).
+pub fn segments(r: &Request, input_len: u32, out: &mut Vec<Segment>) {
+    out.clear();
+    if let Some(h) = &r.hash_ids {
+        let bt = h.block_tokens.max(1);
+        let mut left = input_len;
+        for id in h.ids.iter() {
+            if left == 0 {
+                break;
+            }
+            let len = left.min(bt);
+            out.push(Segment {
+                key: xxh3_64_with_seed(&id.to_le_bytes(), 0x4841_5348),
+                offset: 0,
+                len,
+            });
+            left -= len;
+        }
+        if left > 0 {
+            out.push(Segment {
+                key: request_key(r.request_id),
+                offset: 0,
+                len: left,
+            });
+        }
+        return;
+    }
+    let prefix = if r.prefix_group.is_empty() {
+        0
+    } else {
+        r.prefix_length.min(input_len)
+    };
+    if prefix > 0 {
+        out.push(Segment {
+            key: prefix_key(&r.prefix_group),
+            offset: 0,
+            len: prefix,
+        });
+    }
+    let body = input_len - prefix;
+    if body > 0 {
+        let key = r.content_key.unwrap_or_else(|| {
+            if r.session_id.is_empty() {
+                request_key(r.request_id)
+            } else {
+                session_key(&r.session_id)
+            }
+        });
+        out.push(Segment {
+            key,
+            offset: 0,
+            len: body,
+        });
+    }
+}
+
+/// Chained hashes of the full `block_size`-token blocks of `r`'s input of
+/// `input_len` tokens, appended to `out` (cleared first). A partial last
+/// block has no hash (it cannot be shared).
+pub fn block_hashes(r: &Request, input_len: u32, block_size: u32, out: &mut Vec<u64>) {
+    let mut segs = Vec::with_capacity(2);
+    segments(r, input_len, &mut segs);
+    block_hashes_of(&segs, block_size, out);
+}
+
+/// Chained block hashes of explicit segments.
+pub fn block_hashes_of(segs: &[Segment], block_size: u32, out: &mut Vec<u64>) {
+    out.clear();
+    let bs = block_size.max(1);
+    let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+    let full = (total / u64::from(bs)) as usize;
+    out.reserve(full);
+    let mut parent: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut seg = 0usize;
+    let mut pos_in_seg = 0u32;
+    let mut buf = [0u8; 8 + 16 * 8];
+    for _ in 0..full {
+        let mut need = bs;
+        let mut n = 8usize;
+        buf[..8].copy_from_slice(&parent.to_le_bytes());
+        let mut spill: Option<Vec<u8>> = None;
+        while need > 0 {
+            let s = segs[seg];
+            let avail = s.len - pos_in_seg;
+            let take = avail.min(need);
+            let mut piece = [0u8; 16];
+            piece[..8].copy_from_slice(&s.key.to_le_bytes());
+            piece[8..12].copy_from_slice(&(s.offset + pos_in_seg).to_le_bytes());
+            piece[12..].copy_from_slice(&take.to_le_bytes());
+            match &mut spill {
+                Some(v) => v.extend_from_slice(&piece),
+                None if n + 16 <= buf.len() => {
+                    buf[n..n + 16].copy_from_slice(&piece);
+                    n += 16;
+                }
+                None => {
+                    let mut v = buf[..n].to_vec();
+                    v.extend_from_slice(&piece);
+                    spill = Some(v);
+                }
+            }
+            need -= take;
+            pos_in_seg += take;
+            if pos_in_seg == s.len {
+                seg += 1;
+                pos_in_seg = 0;
+            }
+        }
+        let h = match &spill {
+            Some(v) => xxh3_64(v),
+            None => xxh3_64(&buf[..n]),
+        };
+        out.push(h);
+        parent = h;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn req(id: u64, group: &str, prefix: u32, input: u32, session: &str) -> Request {
+        Request {
+            request_id: id,
+            prefix_group: Arc::from(group),
+            prefix_length: prefix,
+            input_tokens: input,
+            session_id: Arc::from(session),
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn shared_prefix_blocks_match_and_bodies_differ() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        block_hashes(&req(1, "sys", 64, 200, ""), 200, 16, &mut a);
+        block_hashes(&req(2, "sys", 64, 300, ""), 300, 16, &mut b);
+        assert_eq!(a.len(), 12);
+        assert_eq!(b.len(), 18);
+        assert_eq!(a[..4], b[..4]);
+        assert_ne!(a[4], b[4]);
+    }
+
+    #[test]
+    fn session_rounds_extend_each_other() {
+        let (mut r0, mut r1) = (Vec::new(), Vec::new());
+        block_hashes(&req(1, "g", 20, 100, "s1"), 100, 16, &mut r0);
+        block_hashes(&req(9, "g", 20, 250, "s1"), 250, 16, &mut r1);
+        assert_eq!(r0[..], r1[..r0.len()]);
+    }
+
+    #[test]
+    fn hash_ids_share_leading_blocks() {
+        use crate::record::HashIds;
+        let mk = |id: u64, ids: &[u64], input: u32| Request {
+            request_id: id,
+            input_tokens: input,
+            hash_ids: Some(HashIds {
+                block_tokens: 512,
+                ids: ids.into(),
+            }),
+            ..Request::default()
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        block_hashes(&mk(1, &[0, 1, 2], 1300), 1300, 16, &mut a);
+        block_hashes(&mk(2, &[0, 1, 7], 1400), 1400, 16, &mut b);
+        assert_eq!(a[..64], b[..64]);
+        assert_ne!(a[64], b[64]);
+    }
+}

@@ -1,0 +1,545 @@
+//! Importers of public serving traces into trace records, named on command
+//! lines as `--import KIND:PATH`:
+//!
+//! | KIND | PATH | becomes |
+//! |---|---|---|
+//! | `mooncake` | Mooncake JSONL (`timestamp` ms, `hash_ids` of 512-token blocks) | `generated` trace with prefix-block identities |
+//! | `azure` | Azure LLM inference trace 2023 CSV (absolute datetimes) | `generated` trace, arrivals relative to the first row |
+//! | `inference-perf` | an inference-perf profile or config (JSON or YAML: `load.stages`, `data.shared_prefix`) | `generated` trace (seeded) |
+//! | `vllm-gt` | one run folder of `vllm-ground-truth/train` | `real` trace with measured TTFT/E2E and the server's settings |
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::bundle::Trace;
+use crate::error::{Error, Location, Result, yaml_error};
+use crate::generate::{GenerateOptions, generate};
+use crate::header::{Hardware, Mode, ServerConfig, TraceHeader};
+use crate::record::{HashIds, Outcome, Request, Status, TraceRecord};
+use crate::spec::{InferencePerfSpec, WorkloadSpec};
+
+/// The importable formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImportKind {
+    /// Mooncake JSONL.
+    Mooncake,
+    /// Azure LLM inference trace 2023 CSV.
+    Azure,
+    /// inference-perf profile.
+    InferencePerf,
+    /// A vLLM ground-truth run folder.
+    VllmGt,
+}
+
+impl ImportKind {
+    /// The name used in `KIND:PATH`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImportKind::Mooncake => "mooncake",
+            ImportKind::Azure => "azure",
+            ImportKind::InferencePerf => "inference-perf",
+            ImportKind::VllmGt => "vllm-gt",
+        }
+    }
+}
+
+/// A parsed `KIND:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportSource {
+    /// The format.
+    pub kind: ImportKind,
+    /// The file or folder.
+    pub path: PathBuf,
+}
+
+impl fmt::Display for ImportSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.name(), self.path.display())
+    }
+}
+
+impl FromStr for ImportSource {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (kind, path) = s.split_once(':').ok_or_else(|| {
+            format!(
+                "expected KIND:PATH (KIND: mooncake, azure, inference-perf, vllm-gt), got {s:?}"
+            )
+        })?;
+        let kind = match kind {
+            "mooncake" => ImportKind::Mooncake,
+            "azure" => ImportKind::Azure,
+            "inference-perf" | "inference_perf" => ImportKind::InferencePerf,
+            "vllm-gt" | "vllm_gt" => ImportKind::VllmGt,
+            other => {
+                return Err(format!(
+                    "unknown import kind {other:?} (mooncake, azure, inference-perf, vllm-gt)"
+                ));
+            }
+        };
+        if path.is_empty() {
+            return Err("empty PATH in KIND:PATH".into());
+        }
+        Ok(Self {
+            kind,
+            path: PathBuf::from(path),
+        })
+    }
+}
+
+/// Imports `src` as a trace. `seed` drives the generated parts
+/// (inference-perf arrival times and prompt order).
+///
+/// # Errors
+/// Unreadable files; malformed content naming file:line and the field.
+pub fn import(src: &ImportSource, seed: u64) -> Result<Trace> {
+    let mut trace = match src.kind {
+        ImportKind::Mooncake => mooncake(&src.path)?,
+        ImportKind::Azure => azure(&src.path)?,
+        ImportKind::InferencePerf => inference_perf(&src.path, seed)?,
+        ImportKind::VllmGt => vllm_gt(&src.path)?,
+    };
+    trace.header.workload_spec = Some(src.to_string());
+    Ok(trace)
+}
+
+#[derive(Deserialize)]
+struct MooncakeRow {
+    timestamp: i64,
+    input_length: u32,
+    output_length: u32,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+}
+
+/// Mooncake JSONL: one request per line, `timestamp` in ms from the trace
+/// start, `hash_ids` naming 512-token prefix blocks.
+///
+/// # Errors
+/// A line that is not a Mooncake object, naming file:line.
+pub fn mooncake(path: &Path) -> Result<Trace> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let client: Arc<str> = Arc::from("mooncake");
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: MooncakeRow = serde_json::from_str(line).map_err(|e| {
+            Error::invalid(
+                Location::at(path, i as u64 + 1, e.column() as u64),
+                format!("not a Mooncake request: {e}"),
+            )
+        })?;
+        let request = Request {
+            request_id: records.len() as u64,
+            client_id: client.clone(),
+            streaming: true,
+            input_tokens: row.input_length,
+            output_tokens: row.output_length,
+            arrival_time_us: row.timestamp * 1000,
+            hash_ids: (!row.hash_ids.is_empty()).then(|| HashIds {
+                block_tokens: 512,
+                ids: row.hash_ids.into(),
+            }),
+            ..Request::default()
+        };
+        records.push(TraceRecord::planned(request));
+    }
+    sort_by_arrival(&mut records);
+    Ok(Trace::new(TraceHeader::new(Mode::Generated), records))
+}
+
+/// Azure LLM inference trace (2023): `TIMESTAMP,ContextTokens,GeneratedTokens`
+/// with absolute datetimes (7 fractional digits, no zone; read as UTC).
+/// Arrivals are relative to the first row.
+///
+/// # Errors
+/// A bad header, datetime or count, naming file:line:column.
+pub fn azure(path: &Path) -> Result<Trace> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_path(path)
+        .map_err(|e| match e.into_kind() {
+            csv::ErrorKind::Io(io) => Error::io(path, io),
+            other => Error::in_file(path, format!("{other:?}")),
+        })?;
+    let headers = rdr
+        .headers()
+        .map_err(|e| crate::csvio::csv_error(path, &e))?
+        .clone();
+    let col = |name: &str| -> Result<usize> {
+        headers
+            .iter()
+            .position(|h| h.trim().trim_start_matches('\u{feff}') == name)
+            .ok_or_else(|| {
+                Error::invalid(Location::line(path, 1), format!("{name}: column missing"))
+            })
+    };
+    let (ts_i, in_i, out_i) = (
+        col("TIMESTAMP")?,
+        col("ContextTokens")?,
+        col("GeneratedTokens")?,
+    );
+    let client: Arc<str> = Arc::from("azure");
+    let mut records = Vec::new();
+    let mut first: Option<i64> = None;
+    for row in rdr.records() {
+        let row = row.map_err(|e| crate::csvio::csv_error(path, &e))?;
+        let line = row.position().map_or(0, |p| p.line());
+        let cell = |i: usize| row.get(i).unwrap_or("").trim();
+        let raw = cell(ts_i);
+        let dt: jiff::civil::DateTime = raw.parse().map_err(|e| {
+            Error::invalid(
+                Location::at(path, line, ts_i as u64 + 1),
+                format!("TIMESTAMP: invalid datetime {raw:?}: {e}"),
+            )
+        })?;
+        let us = dt
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .map_err(|e| Error::invalid(Location::line(path, line), format!("TIMESTAMP: {e}")))?
+            .timestamp()
+            .as_microsecond();
+        let first_us = *first.get_or_insert(us);
+        let count = |i: usize, name: &str| -> Result<u32> {
+            cell(i).parse().map_err(|_| {
+                Error::invalid(
+                    Location::at(path, line, i as u64 + 1),
+                    format!("{name}: invalid token count {:?}", cell(i)),
+                )
+            })
+        };
+        let request = Request {
+            request_id: records.len() as u64,
+            client_id: client.clone(),
+            streaming: true,
+            input_tokens: count(in_i, "ContextTokens")?,
+            output_tokens: count(out_i, "GeneratedTokens")?,
+            arrival_time_us: us - first_us,
+            ..Request::default()
+        };
+        records.push(TraceRecord::planned(request));
+    }
+    sort_by_arrival(&mut records);
+    Ok(Trace::new(TraceHeader::new(Mode::Generated), records))
+}
+
+/// An inference-perf profile or config: only `load`, `data` and `api` are
+/// read; other keys are ignored.
+#[derive(Deserialize)]
+struct InferencePerfFile {
+    #[serde(flatten)]
+    spec: InferencePerfSpec,
+}
+
+/// Expands an inference-perf profile (JSON or YAML) with `seed`.
+///
+/// # Errors
+/// Malformed files, naming file:line.
+pub fn inference_perf(path: &Path, seed: u64) -> Result<Trace> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let file: InferencePerfFile =
+        serde_saphyr::from_str(&text).map_err(|e| yaml_error(path, &text, &e))?;
+    let spec = WorkloadSpec {
+        seed: Some(seed),
+        inference_perf: Some(file.spec),
+        ..WorkloadSpec::default()
+    };
+    spec.validate().map_err(|(f, m)| {
+        crate::spec::spec_error(path, &text, &f.replace("inference_perf.", ""), &m)
+    })?;
+    let records = generate(&spec, &GenerateOptions::default())?
+        .into_iter()
+        .map(TraceRecord::planned)
+        .collect();
+    let mut header = TraceHeader::new(Mode::Generated);
+    header.workload_seed = Some(seed);
+    Ok(Trace::new(header, records))
+}
+
+#[derive(Deserialize)]
+struct GtExpConfig {
+    model: String,
+    #[serde(default)]
+    tensor_parallelism: Option<u32>,
+    #[serde(default)]
+    max_model_len: Option<u64>,
+    #[serde(default)]
+    max_num_batched_tokens: Option<u32>,
+    #[serde(default)]
+    max_num_seqs: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct GtReplay {
+    #[serde(default)]
+    experiment: String,
+    #[serde(default)]
+    model_id: String,
+    #[serde(default)]
+    profile: String,
+    config: GtConfig,
+    requests: Vec<GtRequest>,
+}
+
+#[derive(Deserialize)]
+struct GtConfig {
+    #[serde(default)]
+    kv_blocks_total_gpu: Option<u64>,
+    #[serde(default)]
+    block_size: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct GtRequest {
+    index: u64,
+    arrival_time_us: i64,
+    input_tokens: u32,
+    output_tokens: u32,
+    #[serde(default)]
+    has_error: bool,
+}
+
+#[derive(Deserialize)]
+struct GtTruth {
+    index: u64,
+    #[serde(default)]
+    has_error: bool,
+    e2e_s: f64,
+    #[serde(default)]
+    ttft_s: Option<f64>,
+}
+
+/// The `output_len` requested by a run (`data.shared_prefix.output_len` of
+/// `results/config.yaml`, else of `profile.yaml`).
+fn gt_output_len(dir: &Path) -> Result<Option<u32>> {
+    #[derive(Deserialize)]
+    struct F {
+        #[serde(default)]
+        data: Option<D>,
+    }
+    #[derive(Deserialize)]
+    struct D {
+        #[serde(default)]
+        shared_prefix: Option<S>,
+    }
+    #[derive(Deserialize)]
+    struct S {
+        #[serde(default)]
+        output_len: Option<u32>,
+    }
+    for name in ["results/config.yaml", "profile.yaml"] {
+        let p = dir.join(name);
+        if let Ok(text) = std::fs::read_to_string(&p) {
+            let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
+            if let Some(n) = f
+                .data
+                .and_then(|d| d.shared_prefix)
+                .and_then(|s| s.output_len)
+            {
+                return Ok(Some(n));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Unix µs of an experiment name's leading `YYYYMMDD-HHMMSS` (read as UTC).
+fn experiment_start_us(name: &str) -> Option<i64> {
+    let stamp = name.get(..15)?;
+    let dt = jiff::civil::DateTime::strptime("%Y%m%d-%H%M%S", stamp).ok()?;
+    Some(
+        dt.to_zoned(jiff::tz::TimeZone::UTC)
+            .ok()?
+            .timestamp()
+            .as_microsecond(),
+    )
+}
+
+/// One run folder of the vLLM ground truth (`exp-config.yaml`,
+/// `replay_data/<exp>.json`, `replay_data/<exp>_ground_truth.json`) as a
+/// `real` trace.
+///
+/// Output length is the requested `output_len` (every request generated
+/// exactly that many tokens: `ignore_eos`), the client's re-tokenized count
+/// is kept as the extra column `client_output_tokens`. Failed requests
+/// (client timeouts) get the run's median prompt length and status
+/// `timeout`. Send times are `run_start_unix_us` (the experiment name's
+/// timestamp, read as UTC) plus `arrival_time_us`.
+///
+/// # Errors
+/// Missing or malformed files, naming them.
+pub fn vllm_gt(dir: &Path) -> Result<Trace> {
+    let exp_path = dir.join("exp-config.yaml");
+    let exp_text = std::fs::read_to_string(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
+    let exp: GtExpConfig =
+        serde_saphyr::from_str(&exp_text).map_err(|e| yaml_error(&exp_path, &exp_text, &e))?;
+    let rd = dir.join("replay_data");
+    let mut replay_path = None;
+    let mut truth_path = None;
+    for entry in std::fs::read_dir(&rd).map_err(|e| Error::io(&rd, e))? {
+        let p = entry.map_err(|e| Error::io(&rd, e))?.path();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.ends_with("_ground_truth.json") {
+            truth_path = Some(p);
+        } else if name.ends_with(".json") {
+            replay_path = Some(p);
+        }
+    }
+    let replay_path =
+        replay_path.ok_or_else(|| Error::in_file(&rd, "no <exp>.json replay file"))?;
+    let truth_path =
+        truth_path.ok_or_else(|| Error::in_file(&rd, "no <exp>_ground_truth.json file"))?;
+    let read_json =
+        |p: &Path| -> Result<String> { std::fs::read_to_string(p).map_err(|e| Error::io(p, e)) };
+    let json_err = |p: &Path, e: serde_json::Error| {
+        Error::invalid(
+            Location::at(p, e.line() as u64, e.column() as u64),
+            format!("invalid JSON: {e}"),
+        )
+    };
+    let replay: GtReplay =
+        serde_json::from_str(&read_json(&replay_path)?).map_err(|e| json_err(&replay_path, e))?;
+    let truth: Vec<GtTruth> =
+        serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))?;
+    let output_len = gt_output_len(dir)?;
+    let mut ok_inputs: Vec<u32> = replay
+        .requests
+        .iter()
+        .filter(|r| !r.has_error && r.input_tokens > 0)
+        .map(|r| r.input_tokens)
+        .collect();
+    ok_inputs.sort_unstable();
+    let median_input = ok_inputs.get(ok_inputs.len() / 2).copied().unwrap_or(1);
+    let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
+    for t in &truth {
+        if let Some(slot) = by_index.get_mut(t.index as usize) {
+            *slot = Some(t);
+        }
+    }
+    let exp_name = if replay.experiment.is_empty() {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        replay.experiment.clone()
+    };
+    let run_start = experiment_start_us(&exp_name).unwrap_or(0);
+    let client: Arc<str> = Arc::from(if replay.profile.is_empty() {
+        "vllm-gt"
+    } else {
+        replay.profile.as_str()
+    });
+    let model: Arc<str> = Arc::from(if replay.model_id.is_empty() {
+        exp.model.as_str()
+    } else {
+        replay.model_id.as_str()
+    });
+    let mut records = Vec::with_capacity(replay.requests.len());
+    for r in &replay.requests {
+        let t = by_index.get(r.index as usize).copied().flatten();
+        let failed = r.has_error || t.is_none_or(|t| t.has_error);
+        let input = if r.input_tokens == 0 {
+            median_input
+        } else {
+            r.input_tokens
+        };
+        let output = output_len.unwrap_or(r.output_tokens).max(1);
+        let send = run_start + r.arrival_time_us;
+        let request = Request {
+            request_id: r.index,
+            client_id: client.clone(),
+            model: model.clone(),
+            streaming: true,
+            input_tokens: input,
+            output_tokens: output,
+            arrival_time_us: r.arrival_time_us,
+            ..Request::default()
+        };
+        let to_us = |s: f64| (s * 1e6).round() as i64;
+        let outcome = Outcome {
+            send_time_us: Some(send),
+            first_chunk_time_us: t
+                .and_then(|t| t.ttft_s)
+                .filter(|_| !failed)
+                .map(|s| send + to_us(s)),
+            last_chunk_time_us: t.map(|t| send + to_us(t.e2e_s)),
+            status: Some(if failed { Status::Timeout } else { Status::Ok }),
+            error_message: if failed {
+                "client timeout".into()
+            } else {
+                String::new()
+            },
+            finish_reason: if failed {
+                String::new()
+            } else {
+                "length".into()
+            },
+            ..Outcome::default()
+        };
+        records.push(TraceRecord {
+            request,
+            outcome,
+            other: vec![("client_output_tokens".into(), r.output_tokens.to_string())],
+        });
+    }
+    sort_by_arrival(&mut records);
+    let mut header = TraceHeader::new(Mode::Real);
+    let tp = exp.tensor_parallelism.unwrap_or(1);
+    header.server = Some(ServerConfig {
+        server_type: Some("vllm".into()),
+        model: Some(exp.model.clone()),
+        tensor_parallel: Some(tp),
+        max_num_seqs: exp.max_num_seqs,
+        max_num_batched_tokens: exp.max_num_batched_tokens,
+        block_size: replay.config.block_size,
+        gpu_memory_utilization: None,
+        max_model_len: exp.max_model_len,
+        total_kv_blocks: replay.config.kv_blocks_total_gpu,
+    });
+    header.hardware = Some(Hardware {
+        gpu: Some("H100".into()),
+        gpu_count: Some(tp),
+    });
+    header.run_start_unix_us = Some(run_start);
+    Ok(Trace::new(header, records))
+}
+
+fn sort_by_arrival(records: &mut [TraceRecord]) {
+    // Stable: equal timestamps keep file order.
+    records.sort_by_key(|r| r.request.arrival_time_us);
+    for (i, r) in records.iter_mut().enumerate() {
+        r.request.request_id = i as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_source_parses_kinds() {
+        let s: ImportSource = "vllm-gt:/a/b".parse().unwrap();
+        assert_eq!(s.kind, ImportKind::VllmGt);
+        assert_eq!(s.to_string(), "vllm-gt:/a/b");
+        assert!("foo:/x".parse::<ImportSource>().is_err());
+        assert!("nocolon".parse::<ImportSource>().is_err());
+    }
+
+    #[test]
+    fn experiment_name_gives_run_start() {
+        assert_eq!(
+            experiment_start_us("20260217-155451-llama-2-7b-tp1-codegen"),
+            Some(1_771_343_691_000_000)
+        );
+        assert_eq!(experiment_start_us("x"), None);
+    }
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use csv::ByteRecord;
 
-use crate::csvio::{Cells, csv_error, encode_row, format_f64};
+use crate::csvio::{Cells, LineTrack, csv_error, encode_row, format_f64, record_line};
 use crate::error::{Error, Location, Result};
 
 /// One streamed chunk (SSE event) of a response.
@@ -68,6 +68,7 @@ impl<W: Write> RowSink<W> {
             s.row.push_field(h.as_bytes());
         }
         encode_row(&mut s.buf, &s.row);
+        s.row.clear();
         s.flush()?;
         Ok(s)
     }
@@ -285,15 +286,18 @@ pub fn parse_prometheus_value(s: &str) -> Option<f64> {
     }
 }
 
+/// A CSV reader that knows its records' true lines.
+type TrackedReader<R> = csv::Reader<LineTrack<R>>;
+
 fn open_csv<R: Read>(
     input: R,
     path: &Path,
     required: &[&str],
-) -> Result<(csv::Reader<R>, Vec<Option<usize>>)> {
+) -> Result<(TrackedReader<R>, Vec<Option<usize>>)> {
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .from_reader(input);
+        .from_reader(LineTrack::new(input));
     let mut header = ByteRecord::new();
     if !rdr
         .read_byte_record(&mut header)
@@ -349,25 +353,26 @@ pub fn read_chunks_from<R: Read>(input: R, path: &Path) -> Result<Vec<ChunkRecor
         if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
             continue;
         }
-        let line = row.position().map(|p| p.line()).unwrap_or(0);
+        let line = record_line(&rdr, &row);
         let cx = Cells {
             row: &row,
             path,
             line,
         };
-        let need = |i: usize, name: &str| -> Result<i64> {
-            cx.int_by_name::<i64>(idx[i], name)?
-                .ok_or_else(|| cx.err_named(idx[i], name, "missing value (truncated row?)"))
-        };
-        let request_id = need(0, "request_id")?;
-        let chunk_index = need(1, "chunk_index")?;
-        let timestamp_us = need(2, "timestamp_us")?;
-        if request_id < 0 || chunk_index < 0 || chunk_index > i64::from(u32::MAX) {
-            return Err(cx.err_named(idx[1], "chunk_index", "out of range"));
-        }
+        let missing =
+            |i: usize, name: &str| cx.err_named(idx[i], name, "missing value (truncated row?)");
+        let request_id = cx
+            .int_by_name::<u64>(idx[0], "request_id")?
+            .ok_or_else(|| missing(0, "request_id"))?;
+        let chunk_index = cx
+            .int_by_name::<u32>(idx[1], "chunk_index")?
+            .ok_or_else(|| missing(1, "chunk_index"))?;
+        let timestamp_us = cx
+            .int_by_name::<i64>(idx[2], "timestamp_us")?
+            .ok_or_else(|| missing(2, "timestamp_us"))?;
         out.push(ChunkRecord {
-            request_id: request_id as u64,
-            chunk_index: chunk_index as u32,
+            request_id,
+            chunk_index,
             timestamp_us,
             tokens: cx.int_by_name::<u32>(idx[3], "tokens")?,
         });
@@ -399,7 +404,7 @@ pub fn read_metrics_from<R: Read>(input: R, path: &Path) -> Result<Vec<MetricSam
         if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
             continue;
         }
-        let line = row.position().map(|p| p.line()).unwrap_or(0);
+        let line = record_line(&rdr, &row);
         let cx = Cells {
             row: &row,
             path,

@@ -436,6 +436,61 @@ pub(crate) fn encode_row(buf: &mut Vec<u8>, row: &ByteRecord) {
     buf.push(b'\n');
 }
 
+/// A reader that remembers where its newlines are, so that a record's byte
+/// offset gives its true 1-based line (the csv crate miscounts lines in
+/// CRLF files).
+#[derive(Debug)]
+pub(crate) struct LineTrack<R> {
+    inner: R,
+    offset: u64,
+    newlines: std::cell::RefCell<std::collections::VecDeque<u64>>,
+    base_line: std::cell::Cell<u64>,
+}
+
+impl<R: Read> LineTrack<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        Self {
+            inner,
+            offset: 0,
+            newlines: Default::default(),
+            base_line: std::cell::Cell::new(1),
+        }
+    }
+
+    /// The 1-based line of a record starting at byte `offset` (the csv crate
+    /// reports a CRLF record as starting at the `\n` before it, hence `<=`);
+    /// offsets must be asked in
+    /// non-decreasing order.
+    pub(crate) fn line_at(&self, offset: u64) -> u64 {
+        let mut q = self.newlines.borrow_mut();
+        while q.front().is_some_and(|&nl| nl <= offset) {
+            q.pop_front();
+            self.base_line.set(self.base_line.get() + 1);
+        }
+        self.base_line.get()
+    }
+}
+
+impl<R: Read> Read for LineTrack<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let mut q = self.newlines.borrow_mut();
+        for (i, b) in buf[..n].iter().enumerate() {
+            if *b == b'\n' {
+                q.push_back(self.offset + i as u64);
+            }
+        }
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// The true line of the record just read by `rdr`.
+pub(crate) fn record_line<R: Read>(rdr: &csv::Reader<LineTrack<R>>, row: &ByteRecord) -> u64 {
+    row.position()
+        .map_or(0, |p| rdr.get_ref().line_at(p.byte()))
+}
+
 /// Column positions of a request CSV, resolved by name from its header.
 #[derive(Debug, Clone)]
 struct ColumnMap {
@@ -527,7 +582,7 @@ impl Interner {
 /// Reads trace records from a request CSV, one at a time.
 #[derive(Debug)]
 pub struct RecordReader<R: Read = File> {
-    inner: csv::Reader<R>,
+    inner: csv::Reader<LineTrack<R>>,
     path: PathBuf,
     map: ColumnMap,
     row: ByteRecord,
@@ -555,7 +610,7 @@ impl<R: Read> RecordReader<R> {
         let mut inner = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
-            .from_reader(input);
+            .from_reader(LineTrack::new(input));
         let mut header = ByteRecord::new();
         let got = inner
             .read_byte_record(&mut header)
@@ -598,7 +653,7 @@ impl<R: Read> RecordReader<R> {
             }
             break;
         }
-        let line = self.row.position().map(|p| p.line()).unwrap_or(0);
+        let line = record_line(&self.inner, &self.row);
         if self.row.len() != self.map.width {
             return Err(Error::invalid(
                 Location::line(&self.path, line),

@@ -161,22 +161,27 @@ pub fn mooncake(path: &Path) -> Result<Trace> {
 /// # Errors
 /// A bad header, datetime or count, naming file:line:column.
 pub fn azure(path: &Path) -> Result<Trace> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
+        .has_headers(false)
         .flexible(true)
-        .from_path(path)
-        .map_err(|e| match e.into_kind() {
-            csv::ErrorKind::Io(io) => Error::io(path, io),
-            other => Error::in_file(path, format!("{other:?}")),
-        })?;
-    let headers = rdr
-        .headers()
+        .from_reader(crate::csvio::LineTrack::new(file));
+    let mut headers = csv::ByteRecord::new();
+    if !rdr
+        .read_byte_record(&mut headers)
         .map_err(|e| crate::csvio::csv_error(path, &e))?
-        .clone();
+    {
+        return Err(Error::in_file(path, "empty file: no header row"));
+    }
     let col = |name: &str| -> Result<usize> {
         headers
             .iter()
-            .position(|h| h.trim().trim_start_matches('\u{feff}') == name)
+            .position(|h| {
+                String::from_utf8_lossy(h)
+                    .trim()
+                    .trim_start_matches('\u{feff}')
+                    == name
+            })
             .ok_or_else(|| {
                 Error::invalid(Location::line(path, 1), format!("{name}: column missing"))
             })
@@ -189,10 +194,20 @@ pub fn azure(path: &Path) -> Result<Trace> {
     let client: Arc<str> = Arc::from("azure");
     let mut records = Vec::new();
     let mut first: Option<i64> = None;
-    for row in rdr.records() {
-        let row = row.map_err(|e| crate::csvio::csv_error(path, &e))?;
-        let line = row.position().map_or(0, |p| p.line());
-        let cell = |i: usize| row.get(i).unwrap_or("").trim();
+    let mut row = csv::ByteRecord::new();
+    while rdr
+        .read_byte_record(&mut row)
+        .map_err(|e| crate::csvio::csv_error(path, &e))?
+    {
+        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
+            continue;
+        }
+        let line = crate::csvio::record_line(&rdr, &row);
+        let cell = |i: usize| {
+            std::str::from_utf8(row.get(i).unwrap_or(b""))
+                .unwrap_or("")
+                .trim()
+        };
         let raw = cell(ts_i);
         let dt: jiff::civil::DateTime = raw.parse().map_err(|e| {
             Error::invalid(

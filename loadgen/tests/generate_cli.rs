@@ -1,0 +1,141 @@
+//! `blis-loadgen generate` as a user runs it: files, summary, exit codes.
+
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use blis_traces::{Mode, Trace};
+
+fn shared() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+}
+
+fn loadgen() -> Command {
+    Command::cargo_bin("blis-loadgen").expect("binary built")
+}
+
+#[test]
+fn generate_writes_a_planned_trace_and_prints_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan");
+    let assert = loadgen()
+        .args(["generate", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args(["--num-requests", "500", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
+    assert!(stdout.starts_with("500 requests over "), "{stdout}");
+    assert!(
+        stdout.contains("| high-volume-batch |") && stdout.contains("| realtime-chat |"),
+        "{stdout}"
+    );
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.header.mode, Mode::Generated);
+    assert_eq!(t.header.workload_seed, Some(42));
+    assert_eq!(t.records.len(), 500);
+    // Same command, same bytes.
+    let again = dir.path().join("again");
+    loadgen()
+        .args(["generate", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args(["--num-requests", "500", "--out"])
+        .arg(&again)
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(out.with_extension("csv")).unwrap(),
+        std::fs::read(again.with_extension("csv")).unwrap()
+    );
+}
+
+#[test]
+fn generate_imports_and_truncates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("az");
+    let src = format!(
+        "azure:{}",
+        shared()
+            .join("traces-samples/azure2023/AzureLLMInferenceTrace_conv.sample.csv")
+            .display()
+    );
+    loadgen()
+        .args(["generate", "--import", &src, "--horizon-s", "10", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert!(
+        !t.records.is_empty()
+            && t.records
+                .iter()
+                .all(|r| r.request.arrival_time_us < 10_000_000)
+    );
+    assert_eq!(t.header.workload_spec.as_deref(), Some(src.as_str()));
+}
+
+#[test]
+fn a_real_import_becomes_a_plan_without_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gt");
+    let src = format!(
+        "vllm-gt:{}",
+        shared()
+            .join("vllm-ground-truth/train/20260218-155500-codellama-34b-tp2-roleplay")
+            .display()
+    );
+    loadgen()
+        .args([
+            "generate",
+            "--import",
+            &src,
+            "--num-requests",
+            "20",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.header.mode, Mode::Generated);
+    assert_eq!(t.records.len(), 20);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status.is_none() && r.outcome.send_time_us.is_none())
+    );
+    // The server settings of the run stay in the header.
+    assert_eq!(t.header.server.unwrap().total_kv_blocks, Some(26602));
+}
+
+#[test]
+fn bad_spec_fails_with_one_line_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("bad.yaml");
+    std::fs::write(&spec, "aggregate_rate: 10\nnum_requests: 5\nclients:\n  - id: a\n    rate_fraction: .nan\n    input_distribution: {type: constant, params: {value: 1}}\n    output_distribution: {type: constant, params: {value: 1}}\n").unwrap();
+    let assert = loadgen()
+        .args(["generate", "--workload-spec"])
+        .arg(&spec)
+        .args(["--out"])
+        .arg(dir.path().join("x"))
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8(assert.get_output().stderr.clone()).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {}:5:", spec.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rate_fraction"), "{stderr}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    loadgen().args(["generate", "--out", "x"]).assert().code(2);
+    let assert = loadgen()
+        .args(["generate", "--import", "bogus:x", "--out", "x"])
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+    assert!(stderr.contains("unknown import kind"), "{stderr}");
+}

@@ -1,0 +1,168 @@
+//! Each importer reads its sample; counts, first/last timestamps and token
+//! totals match values computed independently with Python (json / csv /
+//! datetime modules) from the same files.
+
+use blis_traces::{ImportSource, Mode, Status, import};
+
+use crate::common::shared;
+
+fn totals(t: &blis_traces::Trace) -> (usize, i64, i64, u64, u64) {
+    let r = &t.records;
+    (
+        r.len(),
+        r.first().unwrap().request.arrival_time_us,
+        r.last().unwrap().request.arrival_time_us,
+        r.iter().map(|r| u64::from(r.request.input_tokens)).sum(),
+        r.iter().map(|r| u64::from(r.request.output_tokens)).sum(),
+    )
+}
+
+fn src(kind: &str, rel: &str) -> ImportSource {
+    format!("{kind}:{}", shared().join(rel).display())
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn mooncake_conversation_and_synthetic() {
+    let t = import(
+        &src(
+            "mooncake",
+            "traces-samples/mooncake/conversation_trace.sample.jsonl",
+        ),
+        1,
+    )
+    .unwrap();
+    assert_eq!(totals(&t), (300, 0, 102_000_000, 4_269_971, 113_079));
+    let blocks: usize = t
+        .records
+        .iter()
+        .map(|r| r.request.hash_ids.as_ref().unwrap().ids.len())
+        .sum();
+    assert_eq!(blocks, 8490);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.request.hash_ids.as_ref().unwrap().block_tokens == 512)
+    );
+    let t = import(
+        &src(
+            "mooncake",
+            "traces-samples/mooncake/synthetic_trace.sample.jsonl",
+        ),
+        1,
+    )
+    .unwrap();
+    assert_eq!(totals(&t), (300, 0, 86_790_000, 3_853_165, 57_331));
+}
+
+#[test]
+fn azure_code_and_conv() {
+    let t = import(
+        &src(
+            "azure",
+            "traces-samples/azure2023/AzureLLMInferenceTrace_code.sample.csv",
+        ),
+        1,
+    )
+    .unwrap();
+    assert_eq!(totals(&t), (300, 0, 216_838_239, 627_529, 7_126));
+    assert_eq!(t.header.mode, Mode::Generated);
+    let t = import(
+        &src(
+            "azure",
+            "traces-samples/azure2023/AzureLLMInferenceTrace_conv.sample.csv",
+        ),
+        1,
+    )
+    .unwrap();
+    assert_eq!(totals(&t), (300, 0, 84_029_102, 270_000, 76_870));
+}
+
+#[test]
+fn vllm_ground_truth_run() {
+    let run = "vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen";
+    let t = import(&src("vllm-gt", run), 1).unwrap();
+    assert_eq!(t.header.mode, Mode::Real);
+    let server = t.header.server.as_ref().unwrap();
+    assert_eq!(server.max_num_seqs, Some(128));
+    assert_eq!(server.max_num_batched_tokens, Some(2048));
+    assert_eq!(server.block_size, Some(16));
+    assert_eq!(server.total_kv_blocks, Some(7462));
+    assert_eq!(server.max_model_len, Some(4096));
+    let (n, first, last, input, output) = totals(&t);
+    assert_eq!((n, first, last, input), (9000, 0, 1_203_964_878, 5_324_670));
+    // Output is the requested output_len (247) for every request.
+    assert_eq!(output, 9000 * 247);
+    let ok: Vec<_> = t
+        .records
+        .iter()
+        .filter(|r| r.outcome.status == Some(Status::Ok))
+        .collect();
+    assert_eq!(ok.len(), 9000);
+    let mean = |f: &dyn Fn(&blis_traces::TraceRecord) -> i64| {
+        ok.iter().map(|r| f(r) as f64).sum::<f64>() / ok.len() as f64 / 1000.0
+    };
+    let ttft = mean(&|r| r.ttft_us().unwrap());
+    let e2e = mean(&|r| r.e2e_us().unwrap());
+    // Python: mean ttft_s 27.982 ms, mean e2e_s 2080.740 ms.
+    assert!((ttft - 27.982).abs() < 0.01, "{ttft}");
+    assert!((e2e - 2080.740).abs() < 0.01, "{e2e}");
+}
+
+#[test]
+fn vllm_ground_truth_failed_requests_are_timeouts_with_median_prompt() {
+    let run = "vllm-ground-truth/train/20260217-170634-llama-2-7b-tp1-reasoning";
+    let t = import(&src("vllm-gt", run), 1).unwrap();
+    let failed: Vec<_> = t
+        .records
+        .iter()
+        .filter(|r| r.outcome.status == Some(Status::Timeout))
+        .collect();
+    assert_eq!(failed.len(), 4068);
+    assert!(
+        failed
+            .iter()
+            .all(|r| r.request.input_tokens > 1000 && r.outcome.first_chunk_time_us.is_none())
+    );
+    assert!(t.records.iter().all(|r| r.request.output_tokens == 1448));
+}
+
+#[test]
+fn inference_perf_profile_expands_stages_and_shared_prefixes() {
+    let run = "vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen/results/config.yaml";
+    let t = import(&src("inference-perf", run), 7).unwrap();
+    // Constant load: exactly rate × duration per stage (5×600 + 10×600).
+    assert_eq!(t.records.len(), 9000);
+    // As inference-perf's timer, the last request of a stage lands on its end.
+    let stage0 = t
+        .records
+        .iter()
+        .filter(|r| r.request.arrival_time_us <= 600_000_000)
+        .count();
+    assert_eq!(stage0, 3000);
+    assert!(t.records.last().unwrap().request.arrival_time_us <= 1_200_000_000);
+    let r = &t.records[0].request;
+    assert_eq!(
+        (r.input_tokens, r.output_tokens, r.prefix_length),
+        (566, 247, 100)
+    );
+    let groups: std::collections::BTreeSet<_> = t
+        .records
+        .iter()
+        .map(|r| r.request.prefix_group.clone())
+        .collect();
+    assert_eq!(groups.len(), 10);
+    let prompts: std::collections::BTreeSet<_> =
+        t.records.iter().map(|r| r.request.content_key).collect();
+    assert_eq!(prompts.len(), 100);
+    // Seeded: the same seed gives the same trace, another seed another one.
+    assert_eq!(
+        import(&src("inference-perf", run), 7).unwrap().records,
+        t.records
+    );
+    assert_ne!(
+        import(&src("inference-perf", run), 8).unwrap().records,
+        t.records
+    );
+}

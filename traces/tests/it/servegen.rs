@@ -126,3 +126,28 @@ fn input_lengths_in_one_window_match_the_pmf_ks_below_0_01() {
     }
     assert!(d < 0.01, "KS D = {d}");
 }
+
+#[test]
+fn multimodal_and_reasoning_data_generate_their_fields() {
+    let mm = WorkloadSpec::from_yaml_str(&format!(
+        "category: multimodal\nservegen_data:\n  path: {}\n  span_start_s: 36000\n  span_end_s: 36600\n",
+        shared().join("servegen/data/multimodal/mm-image").display()
+    ))
+    .unwrap();
+    let reqs = generate(&mm, &GenerateOptions::default()).unwrap();
+    assert!(reqs.len() > 100, "{}", reqs.len());
+    assert!(reqs.iter().all(
+        |r| r.input_tokens == r.text_tokens + r.image_tokens + r.audio_tokens + r.video_tokens
+    ));
+    assert!(reqs.iter().any(|r| r.image_tokens > 0));
+    let rs = WorkloadSpec::from_yaml_str(&format!(
+        "category: reasoning\nservegen_data:\n  path: {}\n  span_start_s: 36000\n  span_end_s: 36600\n",
+        shared().join("servegen/data/reason/deepseek-r1").display()
+    ))
+    .unwrap();
+    let reqs = generate(&rs, &GenerateOptions::default()).unwrap();
+    assert!(reqs.len() > 100, "{}", reqs.len());
+    assert!(reqs.iter().all(|r| (0.0..=1.0).contains(&r.reason_ratio)));
+    let mean = reqs.iter().map(|r| r.reason_ratio).sum::<f64>() / reqs.len() as f64;
+    assert!(mean > 0.05, "reasoning share {mean}");
+}

@@ -111,55 +111,104 @@ pub fn block_hashes(r: &Request, input_len: u32, block_size: u32, out: &mut Vec<
     block_hashes_of(&segs, block_size, out);
 }
 
-/// Chained block hashes of explicit segments.
+/// The segments of `r`'s whole token sequence: its `input_len` input
+/// tokens followed by `output_len` output tokens. Output tokens continue the
+/// request's body stream, so a session's next round (whose input holds this
+/// round's answer) finds this round's output blocks in the prefix cache.
+pub fn sequence_segments(r: &Request, input_len: u32, output_len: u32, out: &mut Vec<Segment>) {
+    segments(r, input_len, out);
+    if output_len == 0 {
+        return;
+    }
+    let body_key = if r.hash_ids.is_some() {
+        None
+    } else {
+        Some(r.content_key.unwrap_or_else(|| {
+            if r.session_id.is_empty() {
+                request_key(r.request_id)
+            } else {
+                session_key(&r.session_id)
+            }
+        }))
+    };
+    match (out.last_mut(), body_key) {
+        (Some(last), Some(k)) if last.key == k => last.len += output_len,
+        (_, Some(k)) => out.push(Segment {
+            key: k,
+            offset: 0,
+            len: output_len,
+        }),
+        (_, None) => out.push(Segment {
+            key: request_key(r.request_id) ^ 0x4f55_5450_5554,
+            offset: 0,
+            len: output_len,
+        }),
+    }
+}
+
+/// The parent hash of block 0.
+pub const ROOT_HASH: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The chained hash of block `index` (of `block_size` tokens) of the token
+/// sequence `segs`, given the hash of block `index - 1` (`parent`; use
+/// [`ROOT_HASH`] for block 0). The block must lie within the sequence.
+pub fn block_hash(segs: &[Segment], block_size: u32, index: u32, parent: u64) -> u64 {
+    let bs = u64::from(block_size.max(1));
+    let mut start = u64::from(index) * bs;
+    let mut need = bs;
+    let mut buf = [0u8; 8 + 16 * 8];
+    buf[..8].copy_from_slice(&parent.to_le_bytes());
+    let mut n = 8usize;
+    let mut spill: Option<Vec<u8>> = None;
+    let mut seg_start = 0u64;
+    for s in segs {
+        if need == 0 {
+            break;
+        }
+        let len = u64::from(s.len);
+        if start >= seg_start + len {
+            seg_start += len;
+            continue;
+        }
+        let within = start - seg_start;
+        let take = (len - within).min(need);
+        let mut piece = [0u8; 16];
+        piece[..8].copy_from_slice(&s.key.to_le_bytes());
+        piece[8..12].copy_from_slice(&(s.offset + within as u32).to_le_bytes());
+        piece[12..].copy_from_slice(&(take as u32).to_le_bytes());
+        match &mut spill {
+            Some(v) => v.extend_from_slice(&piece),
+            None if n + 16 <= buf.len() => {
+                buf[n..n + 16].copy_from_slice(&piece);
+                n += 16;
+            }
+            None => {
+                let mut v = buf[..n].to_vec();
+                v.extend_from_slice(&piece);
+                spill = Some(v);
+            }
+        }
+        need -= take;
+        start += take;
+        seg_start += len;
+    }
+    match &spill {
+        Some(v) => xxh3_64(v),
+        None => xxh3_64(&buf[..n]),
+    }
+}
+
+/// Chained hashes of the full blocks of explicit segments.
 pub fn block_hashes_of(segs: &[Segment], block_size: u32, out: &mut Vec<u64>) {
     out.clear();
     let bs = block_size.max(1);
     let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
-    let full = (total / u64::from(bs)) as usize;
-    out.reserve(full);
-    let mut parent: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut seg = 0usize;
-    let mut pos_in_seg = 0u32;
-    let mut buf = [0u8; 8 + 16 * 8];
-    for _ in 0..full {
-        let mut need = bs;
-        let mut n = 8usize;
-        buf[..8].copy_from_slice(&parent.to_le_bytes());
-        let mut spill: Option<Vec<u8>> = None;
-        while need > 0 {
-            let s = segs[seg];
-            let avail = s.len - pos_in_seg;
-            let take = avail.min(need);
-            let mut piece = [0u8; 16];
-            piece[..8].copy_from_slice(&s.key.to_le_bytes());
-            piece[8..12].copy_from_slice(&(s.offset + pos_in_seg).to_le_bytes());
-            piece[12..].copy_from_slice(&take.to_le_bytes());
-            match &mut spill {
-                Some(v) => v.extend_from_slice(&piece),
-                None if n + 16 <= buf.len() => {
-                    buf[n..n + 16].copy_from_slice(&piece);
-                    n += 16;
-                }
-                None => {
-                    let mut v = buf[..n].to_vec();
-                    v.extend_from_slice(&piece);
-                    spill = Some(v);
-                }
-            }
-            need -= take;
-            pos_in_seg += take;
-            if pos_in_seg == s.len {
-                seg += 1;
-                pos_in_seg = 0;
-            }
-        }
-        let h = match &spill {
-            Some(v) => xxh3_64(v),
-            None => xxh3_64(&buf[..n]),
-        };
-        out.push(h);
-        parent = h;
+    let full = (total / u64::from(bs)) as u32;
+    out.reserve(full as usize);
+    let mut parent = ROOT_HASH;
+    for i in 0..full {
+        parent = block_hash(segs, bs, i, parent);
+        out.push(parent);
     }
 }
 
@@ -196,6 +245,20 @@ mod tests {
         block_hashes(&req(1, "g", 20, 100, "s1"), 100, 16, &mut r0);
         block_hashes(&req(9, "g", 20, 250, "s1"), 250, 16, &mut r1);
         assert_eq!(r0[..], r1[..r0.len()]);
+    }
+
+    #[test]
+    fn a_rounds_output_blocks_are_the_next_rounds_input_blocks() {
+        // Round 0: 20 prefix + 80 own tokens in, 60 out; round 1's input is
+        // round 0's input and output plus a 50-token question.
+        let r0 = req(1, "g", 20, 100, "s");
+        let r1 = req(2, "g", 20, 210, "s");
+        let (mut s0, mut h0, mut h1) = (Vec::new(), Vec::new(), Vec::new());
+        sequence_segments(&r0, 100, 60, &mut s0);
+        block_hashes_of(&s0, 16, &mut h0);
+        block_hashes(&r1, 210, 16, &mut h1);
+        assert_eq!(h0.len(), 10);
+        assert_eq!(h0[..], h1[..10]);
     }
 
     #[test]

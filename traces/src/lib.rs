@@ -72,4 +72,4 @@ pub use header::{Hardware, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, T
 pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
 pub use spec::WorkloadSpec;
-pub use summary::{WorkloadSummary, percentile};
+pub use summary::{WorkloadSummary, percentile, percentile_of_counts};

@@ -21,6 +21,34 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     }
 }
 
+/// [`percentile`] of the multiset given as ascending `(value, count)`
+/// pairs, without expanding it. NaN when empty.
+pub fn percentile_of_counts(sorted: &[(f64, u64)], q: f64) -> f64 {
+    let n: u64 = sorted.iter().map(|(_, c)| c).sum();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let h = (n - 1) as f64 * (q / 100.0).clamp(0.0, 1.0);
+    let lo = h.floor() as u64;
+    let frac = h - lo as f64;
+    let at = |rank: u64| -> f64 {
+        let mut seen = 0u64;
+        for (v, c) in sorted {
+            seen += c;
+            if rank < seen {
+                return *v;
+            }
+        }
+        sorted.last().map_or(f64::NAN, |(v, _)| *v)
+    };
+    let a = at(lo);
+    if frac == 0.0 {
+        a
+    } else {
+        a + frac * (at((lo + 1).min(n - 1)) - a)
+    }
+}
+
 /// Token-count statistics of a group of requests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenStats {
@@ -191,5 +219,18 @@ mod tests {
         assert!((percentile(&v, 90.0) - 3.7).abs() < 1e-12);
         assert_eq!(percentile(&v, 100.0), 4.0);
         assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn counted_percentiles_equal_expanded_ones() {
+        let counts = [(1.0, 3u64), (2.0, 1), (5.0, 4)];
+        let expanded: Vec<f64> = counts
+            .iter()
+            .flat_map(|(v, c)| std::iter::repeat_n(*v, *c as usize))
+            .collect();
+        for q in [0.0, 10.0, 25.0, 50.0, 62.5, 90.0, 99.0, 100.0] {
+            assert_eq!(percentile_of_counts(&counts, q), percentile(&expanded, q), "q {q}");
+        }
+        assert!(percentile_of_counts(&[], 50.0).is_nan());
     }
 }

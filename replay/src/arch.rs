@@ -1,0 +1,318 @@
+//! Model architectures (Hugging Face `config.json`) and GPU descriptions
+//! (`hardware_config.json`), the inputs of the roofline model.
+//!
+//! The configs of `model-configs/` (copied from inference-sim, Apache-2.0)
+//! are compiled into the binary; `--model-config DIR_OR_FILE` reads others.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::{ReplayError, Result};
+
+/// The model configs bundled with the project: (folder name, config.json).
+pub const BUNDLED_MODELS: &[(&str, &str)] = &[
+    ("codellama-34b-instruct-hf", include_str!("../../model-configs/codellama-34b-instruct-hf/config.json")),
+    ("deepseek-v2-lite", include_str!("../../model-configs/deepseek-v2-lite/config.json")),
+    ("glm-5.2-fp8", include_str!("../../model-configs/glm-5.2-fp8/config.json")),
+    ("llama-2-70b-hf", include_str!("../../model-configs/llama-2-70b-hf/config.json")),
+    ("llama-2-7b-hf", include_str!("../../model-configs/llama-2-7b-hf/config.json")),
+    ("llama-3.1-70b-instruct", include_str!("../../model-configs/llama-3.1-70b-instruct/config.json")),
+    ("llama-3.1-8b-instruct", include_str!("../../model-configs/llama-3.1-8b-instruct/config.json")),
+    ("llama-4-scout-17b-16e-instruct-fp8-dynamic", include_str!("../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json")),
+    ("mistral-nemo-instruct-2407", include_str!("../../model-configs/mistral-nemo-instruct-2407/config.json")),
+    ("mixtral-8x7b-v0.1", include_str!("../../model-configs/mixtral-8x7b-v0.1/config.json")),
+    ("qwen2.5-7b-instruct", include_str!("../../model-configs/qwen2.5-7b-instruct/config.json")),
+    ("qwen3-14b", include_str!("../../model-configs/qwen3-14b/config.json")),
+    ("qwen3-30b-a3b", include_str!("../../model-configs/qwen3-30b-a3b/config.json")),
+    ("yi-34b", include_str!("../../model-configs/yi-34b/config.json")),
+];
+
+/// The bundled `hardware_config.json`.
+pub const BUNDLED_HARDWARE: &str = include_str!("../../model-configs/hardware_config.json");
+
+/// What the roofline model needs of a transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelArch {
+    /// Folder or file it came from (for reports).
+    pub name: String,
+    /// Decoder layers.
+    pub layers: u32,
+    /// Hidden size d.
+    pub hidden: u32,
+    /// Attention (query) heads.
+    pub heads: u32,
+    /// Key/value heads (GQA).
+    pub kv_heads: u32,
+    /// Per-head dimension.
+    pub head_dim: u32,
+    /// Dense MLP intermediate size.
+    pub intermediate: u32,
+    /// Vocabulary size.
+    pub vocab: u32,
+    /// Routed experts (0 for dense models).
+    pub experts: u32,
+    /// Experts each token is routed to.
+    pub experts_per_token: u32,
+    /// Shared (always active) experts.
+    pub shared_experts: u32,
+    /// Intermediate size of one expert.
+    pub expert_intermediate: u32,
+    /// Layers with a dense MLP in an MoE model (first_k_dense_replace, or
+    /// the non-MoE layers of an interleaved model).
+    pub dense_layers: u32,
+    /// Multi-head latent attention: compressed KV width per token and layer
+    /// (`kv_lora_rank + qk_rope_head_dim`); 0 for standard attention.
+    pub mla_kv_width: u32,
+    /// Bytes per weight (2 for BF16/FP16, 1 for FP8 checkpoints).
+    pub weight_bytes: f64,
+    /// Bytes per KV-cache element (2: FP16/BF16 KV).
+    pub kv_bytes: f64,
+    /// Whether the MLP is gated (SwiGLU: three matrices) rather than two.
+    pub gated_mlp: bool,
+}
+
+impl ModelArch {
+    /// Parses a Hugging Face `config.json` (multimodal configs use their
+    /// `text_config`).
+    ///
+    /// # Errors
+    /// Missing or non-numeric architecture fields, naming them.
+    pub fn from_hf_json(name: &str, text: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| ReplayError::Config(format!("{name}: invalid JSON: {e}")))?;
+        let c = root.get("text_config").filter(|v| v.is_object()).unwrap_or(&root);
+        let get = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        let need = |k: &str| {
+            get(k).ok_or_else(|| ReplayError::Config(format!("{name}: `{k}` missing or not an integer")))
+        };
+        let layers = need("num_hidden_layers")?;
+        let hidden = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        if heads == 0 || layers == 0 || hidden == 0 {
+            return Err(ReplayError::Config(format!("{name}: zero layers, hidden size or heads")));
+        }
+        let kv_heads = get("num_key_value_heads").unwrap_or(heads);
+        let head_dim = get("head_dim").unwrap_or(hidden / heads);
+        let intermediate = get("intermediate_size").unwrap_or(4 * hidden);
+        let experts = get("num_local_experts")
+            .or_else(|| get("n_routed_experts"))
+            .or_else(|| get("num_experts"))
+            .unwrap_or(0);
+        let experts = if experts > 1 { experts } else { 0 };
+        let experts_per_token = if experts > 0 { get("num_experts_per_tok").unwrap_or(1).max(1) } else { 0 };
+        let expert_intermediate = get("moe_intermediate_size").unwrap_or(intermediate);
+        let dense_layers = if experts == 0 {
+            layers
+        } else if let Some(k) = get("first_k_dense_replace") {
+            k.min(layers)
+        } else if let Some(step) = get("interleave_moe_layer_step").filter(|s| *s > 0) {
+            layers - layers / (step + 1)
+        } else {
+            0
+        };
+        let mla_kv_width = match get("kv_lora_rank") {
+            Some(r) if r > 0 => r + get("qk_rope_head_dim").unwrap_or(0),
+            _ => 0,
+        };
+        let quantized = root.get("quantization_config").is_some()
+            || c.get("quantization_config").is_some();
+        let fp8 = quantized && {
+            let q = root.get("quantization_config").or_else(|| c.get("quantization_config"));
+            let s = q.map(Value::to_string).unwrap_or_default().to_lowercase();
+            s.contains("fp8") || s.contains("float8") || s.contains("e4m3") || s.contains("\"num_bits\":8")
+        };
+        let act = c.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
+        Ok(Self {
+            name: name.to_string(),
+            layers,
+            hidden,
+            heads,
+            kv_heads: kv_heads.max(1),
+            head_dim,
+            intermediate,
+            vocab: get("vocab_size").unwrap_or(32000),
+            experts,
+            experts_per_token,
+            shared_experts: get("n_shared_experts").unwrap_or(0),
+            expert_intermediate,
+            dense_layers,
+            mla_kv_width,
+            weight_bytes: if fp8 { 1.0 } else { 2.0 },
+            kv_bytes: 2.0,
+            gated_mlp: matches!(act, "silu" | "swiglu" | "gelu_pytorch_tanh" | "geglu" | "gelu") || experts > 0,
+        })
+    }
+
+    /// KV-cache bytes per token (all layers).
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        let per_layer = if self.mla_kv_width > 0 {
+            f64::from(self.mla_kv_width)
+        } else {
+            2.0 * f64::from(self.kv_heads) * f64::from(self.head_dim)
+        };
+        per_layer * f64::from(self.layers) * self.kv_bytes
+    }
+
+    /// Parameters of one layer's attention (Q, K, V, O projections).
+    pub fn attention_params_per_layer(&self) -> f64 {
+        let d = f64::from(self.hidden);
+        let q = f64::from(self.heads) * f64::from(self.head_dim);
+        let kv = f64::from(self.kv_heads) * f64::from(self.head_dim);
+        d * q + 2.0 * d * kv + q * d
+    }
+
+    /// Matrices per MLP (3 for gated, 2 otherwise).
+    pub fn mlp_matrices(&self) -> f64 {
+        if self.gated_mlp { 3.0 } else { 2.0 }
+    }
+}
+
+/// A GPU, as in `hardware_config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hardware {
+    /// Name (`H100`, `A100-SXM`, `L40S`, ...).
+    pub name: String,
+    /// Dense BF16/FP16 peak, TFLOP/s.
+    pub tflops_peak: f64,
+    /// FP8 peak, TFLOP/s (0 = none).
+    pub tflops_fp8: f64,
+    /// Memory bandwidth, TB/s.
+    pub bw_peak_tbs: f64,
+    /// Model-FLOPs utilisation of prefill.
+    pub mfu_prefill: f64,
+    /// Model-FLOPs utilisation of decode.
+    pub mfu_decode: f64,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+    /// GPU-to-GPU bandwidth per direction for tensor-parallel all-reduce,
+    /// GB/s (`NvlinkBwGBs`; defaults: H100 450, A100 300, otherwise 32).
+    pub interconnect_gbs: f64,
+}
+
+impl Hardware {
+    /// Reads `name` from a `hardware_config.json` text.
+    ///
+    /// # Errors
+    /// An unknown name (listing the known ones) or missing fields.
+    pub fn from_json(text: &str, name: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| ReplayError::Config(format!("hardware config: invalid JSON: {e}")))?;
+        let obj = root
+            .as_object()
+            .ok_or_else(|| ReplayError::Config("hardware config: expected a JSON object".into()))?;
+        let (key, hw) = obj
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                let known: Vec<&str> = obj.keys().map(String::as_str).collect();
+                ReplayError::Config(format!("unknown hardware {name:?} (known: {})", known.join(", ")))
+            })?;
+        let f = |k: &str| hw.get(k).and_then(Value::as_f64);
+        let need = |k: &str| f(k).ok_or_else(|| ReplayError::Config(format!("hardware {key}: `{k}` missing")));
+        let upper = key.to_uppercase();
+        let default_link = if upper.starts_with("H100") || upper.starts_with("H200") || upper.starts_with("B200") {
+            450.0
+        } else if upper.starts_with("A100") {
+            300.0
+        } else {
+            32.0
+        };
+        Ok(Self {
+            name: key.clone(),
+            tflops_peak: need("TFlopsPeak")?,
+            tflops_fp8: f("TFlopsFP8").unwrap_or(0.0),
+            bw_peak_tbs: need("BwPeakTBs")?,
+            mfu_prefill: need("mfuPrefill")?,
+            mfu_decode: need("mfuDecode")?,
+            memory_gib: f("MemoryGiB").unwrap_or(80.0),
+            interconnect_gbs: f("NvlinkBwGBs").unwrap_or(default_link),
+        })
+    }
+
+    /// A bundled GPU by name.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn bundled(name: &str) -> Result<Self> {
+        Self::from_json(BUNDLED_HARDWARE, name)
+    }
+}
+
+/// The folder name a model id maps to: `meta-llama/Llama-2-7b-hf` →
+/// `llama-2-7b-hf`.
+pub fn model_key(model: &str) -> String {
+    model.rsplit('/').next().unwrap_or(model).trim().to_lowercase()
+}
+
+/// Finds a model architecture: `config` (a folder with `config.json`, or the
+/// file itself) when given, else the bundled config whose folder name
+/// matches `model` (its last path segment, lower-cased; a trailing `-hf` or
+/// `-instruct` is tolerated).
+///
+/// # Errors
+/// An unreadable or malformed config; an unknown model (listing the bundled
+/// ones).
+pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArch> {
+    if let Some(p) = config {
+        let file: PathBuf = if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| ReplayError::Config(format!("{}: {e}", file.display())))?;
+        return ModelArch::from_hf_json(&file.display().to_string(), &text);
+    }
+    let model = model.ok_or_else(|| {
+        ReplayError::Config("the roofline model needs --model or --model-config".into())
+    })?;
+    let key = model_key(model);
+    let candidates = [
+        key.clone(),
+        format!("{key}-hf"),
+        key.trim_end_matches("-hf").to_string(),
+        format!("{key}-instruct"),
+    ];
+    for c in &candidates {
+        if let Some((name, text)) = BUNDLED_MODELS.iter().find(|(n, _)| n == c) {
+            return ModelArch::from_hf_json(name, text);
+        }
+    }
+    let known: Vec<&str> = BUNDLED_MODELS.iter().map(|(n, _)| *n).collect();
+    Err(ReplayError::Config(format!(
+        "no bundled config for model {model:?} (looked for {key:?}); give --model-config DIR_OR_FILE. Bundled: {}",
+        known.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_config_parses() {
+        for (name, text) in BUNDLED_MODELS {
+            let a = ModelArch::from_hf_json(name, text).unwrap();
+            assert!(a.kv_bytes_per_token() > 0.0, "{name}");
+        }
+    }
+
+    #[test]
+    fn architectures_are_read_as_documented() {
+        let l = find_model(Some("meta-llama/Llama-2-7b-hf"), None).unwrap();
+        assert_eq!((l.layers, l.hidden, l.heads, l.kv_heads, l.head_dim), (32, 4096, 32, 32, 128));
+        // 2 (K,V) × 32 heads × 128 × 32 layers × 2 bytes = 512 KiB per token.
+        assert_eq!(l.kv_bytes_per_token(), 524_288.0);
+        let m = find_model(Some("mistralai/Mixtral-8x7B-v0.1"), None).unwrap();
+        assert_eq!((m.experts, m.experts_per_token, m.dense_layers), (8, 2, 0));
+        let s = find_model(Some("llama-4-scout-17b-16e-instruct-fp8-dynamic"), None).unwrap();
+        assert_eq!((s.experts, s.dense_layers, s.weight_bytes), (16, 24, 1.0));
+        let d = find_model(Some("deepseek-v2-lite"), None).unwrap();
+        assert_eq!((d.mla_kv_width, d.dense_layers, d.shared_experts), (576, 1, 2));
+        assert!(find_model(Some("gpt-9"), None).unwrap_err().to_string().contains("Bundled:"));
+    }
+
+    #[test]
+    fn hardware_is_read_and_unknown_names_listed() {
+        let h = Hardware::bundled("h100").unwrap();
+        assert_eq!((h.tflops_peak, h.bw_peak_tbs, h.mfu_prefill, h.mfu_decode), (989.5, 3.35, 0.45, 0.30));
+        assert!(Hardware::bundled("TPU").unwrap_err().to_string().contains("known: "));
+    }
+}

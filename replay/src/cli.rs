@@ -1,0 +1,130 @@
+//! Command-line options of `blis-replay` (clap), in the library so tests can
+//! build them with `Opts::parse_from`.
+
+use std::path::PathBuf;
+
+use blis_traces::ImportSource;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Predict how a vLLM-style server serves a workload, request by request.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "blis-replay", version, about, long_about = None)]
+pub struct Opts {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Replay a trace, a workload spec or an imported trace on one simulated
+    /// instance and write the predicted trace.
+    #[command(after_help = "Examples:\n  \
+        blis-replay run --trace out/real.yaml --out out/pred\n  \
+        blis-replay run --import vllm-gt:../shared/vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen \\\n      \
+            --latency-model roofline --hardware H100 --out out/gt-7b\n  \
+        blis-replay run --workload-spec examples/servegen-language.yaml --model meta-llama/Llama-3.1-8B-Instruct \\\n      \
+            --max-num-seqs 128 --max-num-batched-tokens 2048 --out out/sg\n\n\
+        Outputs: PREFIX.yaml/.csv (mode: replayed), PREFIX.itl.csv (per-token times),\n\
+        PREFIX.metrics.csv (vLLM-named time series), PREFIX.summary.json.")]
+    Run(RunArgs),
+}
+
+/// The latency models.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyChoice {
+    /// Trained α/β coefficients from a coefficients file.
+    Blackbox,
+    /// Analytical roofline from the model's config.json and the GPU.
+    Roofline,
+}
+
+/// `run` options.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Input: a trace header (PREFIX.yaml).
+    #[arg(long, value_name = "H.yaml", group = "input")]
+    pub trace: Option<PathBuf>,
+    /// Input: a workload spec.
+    #[arg(long, value_name = "W.yaml", group = "input")]
+    pub workload_spec: Option<PathBuf>,
+    /// Input: a public trace, KIND:PATH (mooncake, azure, inference-perf, vllm-gt).
+    #[arg(long, value_name = "KIND:PATH", group = "input")]
+    pub import: Option<ImportSource>,
+    /// Output prefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
+    /// Model id (default: the trace header's server model).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Latency model (default: blackbox when the coefficients file has a row
+    /// for the model, GPU and TP; else roofline).
+    #[arg(long, value_enum)]
+    pub latency_model: Option<LatencyChoice>,
+    /// Coefficients file (default: the bundled one).
+    #[arg(long, value_name = "C.yaml")]
+    pub coefficients: Option<PathBuf>,
+    /// The model's Hugging Face config.json, or a folder holding it
+    /// (default: the bundled config matching --model).
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub model_config: Option<PathBuf>,
+    /// GPU name in the hardware file (default: the trace header's, else H100).
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// A hardware_config.json (default: the bundled one).
+    #[arg(long, value_name = "FILE")]
+    pub hardware_config: Option<PathBuf>,
+    /// Tensor-parallel degree.
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// Running requests at most (vLLM --max-num-seqs).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Token budget per step (vLLM --max-num-batched-tokens).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// Tokens per KV block (vLLM --block-size).
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// GPU KV blocks (default: trace header, coefficients row, or estimated
+    /// from GPU memory, utilisation and the model's weights).
+    #[arg(long)]
+    pub total_kv_blocks: Option<u32>,
+    /// Prefill tokens per request per step at most (0: off).
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<u32>,
+    /// Prompt + output tokens at most (0: unlimited).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Fraction of GPU memory for weights and KV cache, for the KV estimate.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Wait-queue order: fcfs, priority-fcfs, sjf, reverse-priority.
+    #[arg(long, default_value = "fcfs")]
+    pub scheduler: crate::scheduler::SchedulerPolicy,
+    /// Turn automatic prefix caching off.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Seed for generated or imported workloads.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Workload horizon for specs, seconds.
+    #[arg(long, value_name = "S")]
+    pub horizon_s: Option<f64>,
+    /// Stop generating or reading after this many requests.
+    #[arg(long, value_name = "N")]
+    pub num_requests: Option<u64>,
+    /// Time-series sample interval, ms (0: no time series).
+    #[arg(long, default_value_t = 100)]
+    pub sample_interval_ms: u64,
+    /// Do not write the per-token ITL companion.
+    #[arg(long)]
+    pub no_itl: bool,
+    /// Step one batch at a time (results are identical; slower).
+    #[arg(long)]
+    pub no_fast_forward: bool,
+    /// Print the summary as JSON instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,195 @@
+//! Latency coefficients files: YAML rows keyed by model, GPU and tensor
+//! parallelism, read by `blis-replay` and `blis-mockserver` and written by
+//! `blis-calibrate fit`.
+//!
+//! ```yaml
+//! version: 1
+//! rows:
+//!   - model: meta-llama/Llama-3.1-8B-Instruct
+//!     gpu: H100
+//!     tensor_parallel: 1
+//!     latency_model: blackbox
+//!     alpha: [10326.27, 0, 0]          # µs, µs/input token, µs/output token
+//!     beta: [6472.008, 19.79721, 304.4021]  # µs, µs/prefill token, µs/decode token
+//!     total_kv_blocks: 29205
+//!     source: BLIS defaults
+//! ```
+//!
+//! Roofline rows carry `mfu_prefill`, `mfu_decode`, `overhead_us`,
+//! `allreduce_latency_us` and `alpha` instead of `beta`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::model_key;
+use crate::error::{ReplayError, Result};
+
+/// The coefficients file shipped with the project.
+pub const BUNDLED_COEFFICIENTS: &str = include_str!("../coefficients.yaml");
+
+/// A coefficients file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CoefficientsFile {
+    /// Format version (1).
+    #[serde(default = "one")]
+    pub version: u32,
+    /// The rows.
+    #[serde(default)]
+    pub rows: Vec<CoefficientRow>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Which latency model a row parameterises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LatencyKind {
+    /// α/β regression.
+    #[default]
+    Blackbox,
+    /// Analytical roofline.
+    Roofline,
+}
+
+/// One model × GPU × TP row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoefficientRow {
+    /// Model id (matched case-insensitively on its last path segment).
+    pub model: String,
+    /// GPU name.
+    pub gpu: String,
+    /// Tensor-parallel degree.
+    #[serde(default = "one")]
+    pub tensor_parallel: u32,
+    /// Latency model.
+    #[serde(default)]
+    pub latency_model: LatencyKind,
+    /// α0 (µs), α1 (µs per input token), α2 (µs per output token).
+    #[serde(default)]
+    pub alpha: [f64; 3],
+    /// β0 (µs), β1 (µs per uncached prefill token), β2 (µs per decode token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta: Option<[f64; 3]>,
+    /// Roofline: prefill MFU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu_prefill: Option<f64>,
+    /// Roofline: decode MFU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu_decode: Option<f64>,
+    /// Roofline: fixed per-step overhead, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_us: Option<f64>,
+    /// Roofline: per all-reduce latency, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allreduce_latency_us: Option<f64>,
+    /// GPU KV blocks of the deployment the row was measured on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_kv_blocks: Option<u64>,
+    /// Where the numbers come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+impl CoefficientsFile {
+    /// Parses YAML text; `name` labels errors.
+    ///
+    /// # Errors
+    /// Malformed YAML or non-finite numbers.
+    pub fn parse(name: &str, text: &str) -> Result<Self> {
+        let f: CoefficientsFile = serde_saphyr::from_str(text)
+            .map_err(|e| ReplayError::Config(format!("{name}: {}", e.without_snippet())))?;
+        for (i, r) in f.rows.iter().enumerate() {
+            let extra = [r.mfu_prefill, r.mfu_decode, r.overhead_us, r.allreduce_latency_us];
+            let nums = r
+                .alpha
+                .iter()
+                .chain(r.beta.iter().flatten())
+                .chain(extra.iter().flatten());
+            for v in nums {
+                if !v.is_finite() {
+                    return Err(ReplayError::Config(format!("{name}: rows[{i}]: non-finite coefficient")));
+                }
+            }
+            if r.latency_model == LatencyKind::Blackbox && r.beta.is_none() {
+                return Err(ReplayError::Config(format!("{name}: rows[{i}]: a blackbox row needs `beta`")));
+            }
+        }
+        Ok(f)
+    }
+
+    /// Reads a file.
+    ///
+    /// # Errors
+    /// I/O or parse errors naming the file.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Self::parse(&path.display().to_string(), &text)
+    }
+
+    /// The bundled file.
+    pub fn bundled() -> Self {
+        Self::parse("coefficients.yaml (bundled)", BUNDLED_COEFFICIENTS)
+            .expect("the bundled coefficients file parses")
+    }
+
+    /// The row for `model` on `gpu` at `tp` with the given latency model.
+    pub fn find(&self, model: &str, gpu: &str, tp: u32, kind: LatencyKind) -> Option<&CoefficientRow> {
+        let key = model_key(model);
+        self.rows.iter().find(|r| {
+            model_key(&r.model) == key
+                && r.gpu.eq_ignore_ascii_case(gpu)
+                && r.tensor_parallel == tp
+                && r.latency_model == kind
+        })
+    }
+
+    /// Writes the file as YAML.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_saphyr::to_string(self)
+            .map_err(|e| ReplayError::Config(format!("serializing coefficients: {e}")))?;
+        std::fs::write(path, text).map_err(|e| ReplayError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_file_has_the_known_llama_row() {
+        let f = CoefficientsFile::bundled();
+        let r = f
+            .find("meta-llama/Llama-3.1-8B-Instruct", "h100", 1, LatencyKind::Blackbox)
+            .unwrap();
+        assert_eq!(r.alpha, [10326.27, 0.0, 0.0]);
+        assert_eq!(r.beta, Some([6472.008, 19.79721, 304.4021]));
+        assert_eq!(r.total_kv_blocks, Some(29205));
+    }
+
+    #[test]
+    fn round_trips_and_rejects_bad_rows() {
+        let f = CoefficientsFile::bundled();
+        let dir = std::env::temp_dir().join(format!("blis-coef-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        f.write(&p).unwrap();
+        assert_eq!(CoefficientsFile::read(&p).unwrap(), f);
+        let bad = "rows:\n  - model: m\n    gpu: H100\n    alpha: [1, 2, 3]\n";
+        assert!(CoefficientsFile::parse("x", bad).unwrap_err().to_string().contains("needs `beta`"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,24 @@
+//! Errors of the replay library.
+
+/// What can go wrong configuring or running a replay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A model, hardware or coefficients description is missing or invalid.
+    #[error("{0}")]
+    Config(String),
+    /// Reading or writing a trace or workload failed.
+    #[error(transparent)]
+    Trace(#[from] blis_traces::Error),
+    /// An output file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with [`ReplayError`].
+pub type Result<T, E = ReplayError> = std::result::Result<T, E>;

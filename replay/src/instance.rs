@@ -1,0 +1,896 @@
+//! One vLLM-style serving instance: continuous batching with chunked
+//! prefill, a paged KV cache with prefix caching, and preemption by
+//! recompute, stepping as vLLM V1's scheduler does
+//! (`vllm/v1/core/sched/scheduler.py`):
+//!
+//! 1. running requests first, in order: each gets the tokens it still needs
+//!    (1 when decoding; the rest of its prompt, capped by
+//!    `long_prefill_token_threshold`, when prefilling), within the step's
+//!    token budget (`max_num_batched_tokens`); if its KV blocks cannot be
+//!    allocated, the last running request (FCFS) or the least urgent one
+//!    (priority) is preempted: its blocks are freed, its progress reset,
+//!    and it goes back to the front of the wait queue;
+//! 2. then, unless a request was preempted in this step, waiting requests in
+//!    the scheduler's order while fewer than `max_num_seqs` run and budget
+//!    remains: prefix-cache hits are taken (at most all but the last prompt
+//!    token), and the rest is prefilled, chunked to the budget; admission
+//!    stops at the first request whose blocks cannot be allocated;
+//! 3. when a request's computed tokens catch up with its tokens, it samples
+//!    one token; it completes after its last output token.
+//!
+//! The instance is a state machine driven by its owner: [`Instance::enqueue`]
+//! adds requests, [`Instance::step`] is called at [`Instance::next_time`]. It
+//! never looks at a clock.
+//!
+//! **Fast-forward.** When a batch is decode-only and nothing can join it
+//! (the wait queue is empty or `max_num_seqs` is reached), consecutive steps
+//! have the same composition until a request completes, a KV allocation
+//! could fail, or an outside event arrives. Such a run of steps is executed
+//! as one event, applying every block allocation and hash registration in
+//! the exact order single steps would, so results are byte-identical (tested
+//! against [`EngineConfig::fast_forward`] off).
+
+use blis_traces::content::{self, Segment};
+
+use crate::kv::KvCache;
+use crate::latency::{BatchShape, LatencyModel, Model, PrefillChunk};
+use crate::scheduler::{QueueKey, SchedulerPolicy, WaitQueue};
+
+/// Settings of one instance (vLLM's flag names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// `--max-num-seqs`: running requests at most.
+    pub max_num_seqs: u32,
+    /// `--max-num-batched-tokens`: tokens computed per step at most.
+    pub max_num_batched_tokens: u32,
+    /// `--long-prefill-token-threshold`: prefill tokens of one request per
+    /// step at most (0: no limit beyond the budget).
+    pub long_prefill_token_threshold: u32,
+    /// `--block-size`: tokens per KV block.
+    pub block_size: u32,
+    /// GPU KV blocks.
+    pub total_kv_blocks: u32,
+    /// `--max-model-len`: prompt + output tokens at most (0: unlimited).
+    pub max_model_len: u32,
+    /// Wait-queue order.
+    pub scheduler: SchedulerPolicy,
+    /// Automatic prefix caching (vLLM V1 default: on).
+    pub prefix_caching: bool,
+    /// Execute runs of identical decode steps as one event.
+    pub fast_forward: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            long_prefill_token_threshold: 0,
+            block_size: 16,
+            total_kv_blocks: 29205,
+            max_model_len: 0,
+            scheduler: SchedulerPolicy::Fcfs,
+            prefix_caching: true,
+            fast_forward: true,
+        }
+    }
+}
+
+/// A request as the instance sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimRequest {
+    /// Identifier (the trace's `request_id`).
+    pub id: u64,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Output tokens to generate.
+    pub output_tokens: u32,
+    /// Priority (lower = more urgent).
+    pub priority: i32,
+    /// Token content of prompt and output, for prefix-cache hashing.
+    pub segments: Vec<Segment>,
+    /// An opaque value of the owner's, echoed in [`TokenSpan`] and
+    /// [`Finished`] (e.g. an index into its own table).
+    pub tag: u32,
+}
+
+/// Why a request was dropped on arrival.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DropReason {
+    /// Its prompt and output need more KV blocks than the instance has.
+    Unservable {
+        /// Blocks needed.
+        needed: u32,
+        /// Blocks in total.
+        total: u32,
+    },
+    /// Its prompt alone reaches `max_model_len`.
+    TooLong {
+        /// Prompt tokens.
+        input: u32,
+        /// The limit.
+        max_model_len: u32,
+    },
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DropReason::Unservable { needed, total } => write!(
+                f,
+                "unservable: needs {needed} KV blocks, the instance has {total}"
+            ),
+            DropReason::TooLong {
+                input,
+                max_model_len,
+            } => write!(
+                f,
+                "prompt of {input} tokens reaches max_model_len {max_model_len}"
+            ),
+        }
+    }
+}
+
+/// Tokens one request produced during a step report, consecutive from
+/// `first_index` (1-based output index), one per step starting at
+/// `first_step` of [`StepReport::step_ends`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenSpan {
+    /// Request id.
+    pub id: u64,
+    /// The request's [`SimRequest::tag`].
+    pub tag: u32,
+    /// Output index of the first token (1 = first token).
+    pub first_index: u32,
+    /// Index into `step_ends` of the step that produced the first token.
+    pub first_step: u32,
+    /// Tokens.
+    pub count: u32,
+}
+
+/// A request that completed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Finished {
+    /// Request id.
+    pub id: u64,
+    /// The request's [`SimRequest::tag`].
+    pub tag: u32,
+    /// Client-visible time of the first token, µs.
+    pub first_token_us: i64,
+    /// Client-visible time of the last token, µs.
+    pub last_token_us: i64,
+    /// When it was first scheduled, µs.
+    pub scheduled_us: i64,
+    /// Output tokens produced.
+    pub output_tokens: u32,
+    /// Prompt tokens found in the prefix cache when first scheduled.
+    pub cached_tokens: u32,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// Whether `max_model_len` cut its output short.
+    pub capped: bool,
+}
+
+/// What a call to [`Instance::step`] produced.
+#[derive(Debug, Clone, Default)]
+pub struct StepReport {
+    /// End times of the steps completed by this call (several for a
+    /// fast-forwarded run), µs.
+    pub step_ends: Vec<i64>,
+    /// Tokens produced, per request.
+    pub spans: Vec<TokenSpan>,
+    /// Requests that completed.
+    pub finished: Vec<Finished>,
+    /// Per-output-token client overhead (α2), µs.
+    pub token_overhead_us: f64,
+    /// Steps executed (including fast-forwarded ones).
+    pub steps: u64,
+}
+
+impl StepReport {
+    /// Client-visible time of token `m` (0-based) of `span`: the end of the
+    /// step that produced it plus α2 per output token so far (BLIS: every
+    /// inter-token latency includes α2).
+    pub fn token_time(&self, span: &TokenSpan, m: u32) -> i64 {
+        visible(
+            self.step_ends[(span.first_step + m) as usize],
+            self.token_overhead_us,
+            span.first_index + m,
+        )
+    }
+
+    fn clear(&mut self) {
+        self.step_ends.clear();
+        self.spans.clear();
+        self.finished.clear();
+        self.steps = 0;
+    }
+}
+
+fn visible(step_end: i64, overhead_us: f64, index: u32) -> i64 {
+    step_end + (overhead_us * f64::from(index)).round() as i64
+}
+
+/// Counters of an instance since its start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests accepted into the wait queue.
+    pub enqueued: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests dropped on arrival.
+    pub dropped: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache at admission.
+    pub prefix_queries: u64,
+    /// Prompt tokens found there.
+    pub prefix_hits: u64,
+    /// Prompt tokens processed (all prefill, including recomputation).
+    pub prompt_tokens: u64,
+    /// Output tokens produced.
+    pub generation_tokens: u64,
+    /// Steps executed.
+    pub steps: u64,
+    /// Steps that were part of a fast-forwarded run (beyond its first).
+    pub fast_forwarded_steps: u64,
+    /// Requests cancelled by their client (timeouts).
+    pub aborted: u64,
+}
+
+/// A point-in-time view of an instance (what `/metrics` would show).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Requests running.
+    pub running: u32,
+    /// KV blocks in use.
+    pub kv_used: u32,
+    /// KV blocks in total.
+    pub kv_total: u32,
+    /// Counters.
+    pub counters: Counters,
+}
+
+impl Snapshot {
+    /// Fraction of KV blocks in use.
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_total == 0 {
+            0.0
+        } else {
+            f64::from(self.kv_used) / f64::from(self.kv_total)
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Active {
+    req: SimRequest,
+    key: QueueKey,
+    /// Output tokens it will produce (capped by max_model_len).
+    target: u32,
+    capped: bool,
+    num_computed: u32,
+    generated: u32,
+    blocks: Vec<u32>,
+    /// Leading blocks whose content hash is known (committed or hit).
+    hashed: u32,
+    last_hash: u64,
+    scheduled_us: Option<i64>,
+    first_token_us: Option<i64>,
+    cached_tokens: Option<u32>,
+    preemptions: u32,
+}
+
+impl Active {
+    fn num_tokens(&self) -> u32 {
+        self.req.input_tokens + self.generated
+    }
+}
+
+/// The batch in flight.
+#[derive(Debug, Default)]
+struct Run {
+    /// (slot, tokens) scheduled in the first step, in running order.
+    scheduled: Vec<(u32, u32)>,
+    /// End times of the run's steps; more than one only for a decode-only
+    /// fast-forwarded run.
+    ends: Vec<i64>,
+}
+
+/// One serving instance.
+#[derive(Debug)]
+pub struct Instance {
+    cfg: EngineConfig,
+    latency: Model,
+    kv: KvCache,
+    slots: Vec<Option<Active>>,
+    free_slots: Vec<u32>,
+    waiting: WaitQueue,
+    running: Vec<u32>,
+    run: Option<Run>,
+    kick: Option<i64>,
+    seq: u64,
+    counters: Counters,
+    shape: BatchShape,
+    hits: Vec<u32>,
+    groups: Vec<Vec<u32>>,
+    index: rustc_hash::FxHashMap<u64, u32>,
+}
+
+impl Instance {
+    /// A new idle instance.
+    pub fn new(cfg: EngineConfig, latency: Model) -> Self {
+        let kv = KvCache::new(cfg.total_kv_blocks, cfg.block_size, cfg.prefix_caching);
+        Self {
+            waiting: WaitQueue::new(cfg.scheduler),
+            cfg,
+            latency,
+            kv,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            running: Vec::new(),
+            run: None,
+            kick: None,
+            seq: 0,
+            counters: Counters::default(),
+            shape: BatchShape::default(),
+            hits: Vec::new(),
+            groups: Vec::new(),
+            index: rustc_hash::FxHashMap::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The latency model.
+    pub fn latency(&self) -> &Model {
+        &self.latency
+    }
+
+    /// The KV cache (read-only, e.g. for cache-aware routing).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Counters since start.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// A view of the current state.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            waiting: self.waiting.len() as u32,
+            running: self.running.len() as u32,
+            kv_used: self.kv.used(),
+            kv_total: self.kv.total(),
+            counters: self.counters,
+        }
+    }
+
+    /// Whether request `id` is waiting or running here.
+    pub fn contains(&self, id: u64) -> bool {
+        self.index.contains_key(&id)
+    }
+
+    /// Requests waiting plus running.
+    pub fn in_system(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// When [`Instance::step`] must next be called: the end of the batch in
+    /// flight, or, when idle with work, the time work arrived.
+    pub fn next_time(&self) -> Option<i64> {
+        match &self.run {
+            Some(r) => r.ends.last().copied(),
+            None => self.kick,
+        }
+    }
+
+    /// Adds a request to the wait queue at `now`, or drops it when it can
+    /// never be served.
+    ///
+    /// # Errors
+    /// The reason it was dropped.
+    pub fn enqueue(&mut self, now: i64, req: SimRequest) -> Result<(), DropReason> {
+        let mut target = req.output_tokens.max(1);
+        let mut capped = false;
+        let m = self.cfg.max_model_len;
+        if m > 0 {
+            if req.input_tokens >= m {
+                self.counters.dropped += 1;
+                return Err(DropReason::TooLong {
+                    input: req.input_tokens,
+                    max_model_len: m,
+                });
+            }
+            if req.input_tokens + target > m {
+                target = m - req.input_tokens;
+                capped = true;
+            }
+        }
+        // KV holds every token but the last sampled one.
+        let needed = self.kv.blocks_for(req.input_tokens + target - 1);
+        if needed > self.kv.total() {
+            self.counters.dropped += 1;
+            return Err(DropReason::Unservable {
+                needed,
+                total: self.kv.total(),
+            });
+        }
+        let key = self
+            .cfg
+            .scheduler
+            .key(req.priority, req.input_tokens, self.seq);
+        self.seq += 1;
+        let a = Active {
+            req,
+            key,
+            target,
+            capped,
+            num_computed: 0,
+            generated: 0,
+            blocks: Vec::new(),
+            hashed: 0,
+            last_hash: content::ROOT_HASH,
+            scheduled_us: None,
+            first_token_us: None,
+            cached_tokens: None,
+            preemptions: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(a);
+                s
+            }
+            None => {
+                self.slots.push(Some(a));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.waiting.push(slot, key);
+        self.index.insert(self.act(slot).req.id, slot);
+        self.counters.enqueued += 1;
+        if self.run.is_none() && self.kick.is_none() {
+            self.kick = Some(now);
+        }
+        Ok(())
+    }
+
+    fn act(&self, slot: u32) -> &Active {
+        self.slots[slot as usize].as_ref().expect("live slot")
+    }
+
+    fn act_mut(&mut self, slot: u32) -> &mut Active {
+        self.slots[slot as usize].as_mut().expect("live slot")
+    }
+
+    /// Finishes the batch in flight (if its end is `now`) and forms the next
+    /// one. `limit` is the time of the next event outside the instance (an
+    /// arrival, a metrics sample): a fast-forwarded run never extends past
+    /// it. Use `now` to disable fast-forward for this call.
+    pub fn step(&mut self, now: i64, limit: i64, report: &mut StepReport) {
+        report.clear();
+        report.token_overhead_us = self.latency.output_token_overhead_us();
+        if let Some(run) = self.run.take() {
+            debug_assert_eq!(run.ends.last().copied(), Some(now));
+            self.finish_run(run, report);
+        }
+        self.kick = None;
+        self.form_batch(now, limit);
+    }
+
+    /// Applies the effects of a completed run, in single-step order.
+    fn finish_run(&mut self, run: Run, report: &mut StepReport) {
+        let k = run.ends.len() as u32;
+        let base_step = report.step_ends.len() as u32;
+        report.step_ends.extend_from_slice(&run.ends);
+        report.steps += u64::from(k);
+        self.counters.steps += u64::from(k);
+        self.counters.fast_forwarded_steps += u64::from(k - 1);
+        let bs = self.kv.block_size();
+        let overhead = report.token_overhead_us;
+        if k > 1 {
+            // Decode-only run of k steps. Block fills and allocations recur
+            // every `bs` steps per request; group the requests by phase so
+            // that each kv operation is applied in (step, running order).
+            if self.groups.len() != bs as usize {
+                self.groups = vec![Vec::new(); bs as usize];
+            }
+            for g in &mut self.groups {
+                g.clear();
+            }
+            for &(slot, _) in &run.scheduled {
+                let c0 = self.act(slot).num_computed;
+                let phase = (bs - c0 % bs) % bs;
+                self.groups[phase as usize].push(slot);
+            }
+            let mut groups = std::mem::take(&mut self.groups);
+            for j in 1..=k {
+                let g = &groups[(j % bs) as usize];
+                for &slot in g {
+                    // The request's j-th token fills a block: register it.
+                    let filled = (self.act(slot).num_computed + j) / bs;
+                    self.commit_hashes_upto(slot, filled);
+                }
+                if j < k {
+                    for &slot in g {
+                        let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
+                        let ok = self.kv.allocate(&mut blocks, &[], 1);
+                        debug_assert!(ok, "fast-forward checked the free blocks");
+                        self.act_mut(slot).blocks = blocks;
+                    }
+                }
+            }
+            for g in &mut groups {
+                g.clear();
+            }
+            self.groups = groups;
+            for &(slot, _) in &run.scheduled {
+                let a = self.act_mut(slot);
+                a.num_computed += k;
+                let first_index = a.generated + 1;
+                a.generated += k;
+                report.spans.push(TokenSpan {
+                    id: a.req.id,
+                    tag: a.req.tag,
+                    first_index,
+                    first_step: base_step,
+                    count: k,
+                });
+            }
+            self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
+        } else {
+            for &(slot, n) in &run.scheduled {
+                let a = self.act_mut(slot);
+                a.num_computed += n;
+                let caught_up = a.num_computed == a.num_tokens();
+                let filled = a.num_computed / bs;
+                self.commit_hashes_upto(slot, filled);
+                if caught_up {
+                    let end = *run.ends.last().expect("a run has a step");
+                    let a = self.act_mut(slot);
+                    a.generated += 1;
+                    if a.generated == 1 {
+                        a.first_token_us = Some(visible(end, overhead, 1));
+                    }
+                    report.spans.push(TokenSpan {
+                        id: a.req.id,
+                        tag: a.req.tag,
+                        first_index: a.generated,
+                        first_step: base_step,
+                        count: 1,
+                    });
+                    self.counters.generation_tokens += 1;
+                }
+            }
+        }
+        let end = *run.ends.last().expect("a run has a step");
+        // First tokens and completions, in running order.
+        let mut i = 0;
+        while i < self.running.len() {
+            let slot = self.running[i];
+            let a = self.act_mut(slot);
+            if a.generated >= a.target {
+                let fin = Finished {
+                    id: a.req.id,
+                    tag: a.req.tag,
+                    first_token_us: a.first_token_us.unwrap_or(end),
+                    last_token_us: visible(end, overhead, a.generated),
+                    scheduled_us: a.scheduled_us.unwrap_or(end),
+                    output_tokens: a.generated,
+                    cached_tokens: a.cached_tokens.unwrap_or(0),
+                    preemptions: a.preemptions,
+                    capped: a.capped,
+                };
+                let mut blocks = std::mem::take(&mut a.blocks);
+                self.kv.release(&mut blocks);
+                self.running.remove(i);
+                self.index.remove(&fin.id);
+                self.slots[slot as usize] = None;
+                self.free_slots.push(slot);
+                self.counters.completed += 1;
+                report.finished.push(fin);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Registers the hashes of the request's blocks `[hashed, upto)`.
+    fn commit_hashes_upto(&mut self, slot: u32, upto: u32) {
+        if !self.kv.prefix_caching() {
+            return;
+        }
+        let bs = self.kv.block_size();
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
+            let h = content::block_hash(&a.req.segments, bs, a.hashed, a.last_hash);
+            self.kv.commit(a.blocks[a.hashed as usize], h);
+            a.last_hash = h;
+            a.hashed += 1;
+        }
+    }
+
+    /// Removes `victim` from the running set and puts it back to wait.
+    fn preempt(&mut self, victim_pos: usize) -> u32 {
+        let slot = self.running.remove(victim_pos);
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        let mut blocks = std::mem::take(&mut a.blocks);
+        a.num_computed = 0;
+        a.hashed = 0;
+        a.last_hash = content::ROOT_HASH;
+        a.preemptions += 1;
+        let key = a.key;
+        self.kv.release(&mut blocks);
+        self.waiting.push_preempted(slot, key);
+        self.counters.preemptions += 1;
+        slot
+    }
+
+    /// The running position of the request to preempt: the last one
+    /// (FCFS, SJF) or the least urgent, latest one (priority policies).
+    fn victim(&self) -> usize {
+        match self.cfg.scheduler {
+            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf => self.running.len() - 1,
+            SchedulerPolicy::PriorityFcfs | SchedulerPolicy::ReversePriority => {
+                let mut best = self.running.len() - 1;
+                for (i, &s) in self.running.iter().enumerate() {
+                    if self.act(s).key >= self.act(self.running[best]).key {
+                        best = i;
+                    }
+                }
+                best
+            }
+        }
+    }
+
+    fn form_batch(&mut self, now: i64, limit: i64) {
+        let cfg = self.cfg.clone();
+        let bs = self.kv.block_size();
+        let mut budget = cfg.max_num_batched_tokens;
+        let mut scheduled: Vec<(u32, u32)> = Vec::with_capacity(self.running.len() + 4);
+        let mut preempted = false;
+        // 1. Running requests.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let a = self.act(slot);
+            let mut n = a.num_tokens() - a.num_computed;
+            if cfg.long_prefill_token_threshold > 0 {
+                n = n.min(cfg.long_prefill_token_threshold);
+            }
+            n = n.min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let mut scheduled_it = false;
+            loop {
+                let a = self.act(slot);
+                let need = self.kv.blocks_for(a.num_computed + n).saturating_sub(a.blocks.len() as u32);
+                let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
+                let ok = self.kv.allocate(&mut blocks, &[], need);
+                self.act_mut(slot).blocks = blocks;
+                if ok {
+                    scheduled_it = true;
+                    break;
+                }
+                let v = self.victim();
+                let victim_slot = self.running[v];
+                // A victim already scheduled in this step gives its budget back.
+                if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim_slot) {
+                    budget += scheduled[pos].1;
+                    scheduled.remove(pos);
+                }
+                if v < i {
+                    i -= 1;
+                }
+                self.preempt(v);
+                preempted = true;
+                if victim_slot == slot {
+                    break;
+                }
+            }
+            if !scheduled_it {
+                break;
+            }
+            scheduled.push((slot, n));
+            budget -= n;
+            i += 1;
+        }
+        // 2. Waiting requests.
+        if !preempted {
+            while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
+                let Some(slot) = self.waiting.peek() else { break };
+                let a = self.slots[slot as usize].as_ref().expect("live slot");
+                let num_tokens = a.num_tokens();
+                // Prefix-cache hits: full blocks, at most all but the last token.
+                self.hits.clear();
+                let mut last_hash = content::ROOT_HASH;
+                if self.kv.prefix_caching() {
+                    let max_hit_blocks = (num_tokens - 1) / bs;
+                    for j in 0..max_hit_blocks {
+                        let h = content::block_hash(&a.req.segments, bs, j, last_hash);
+                        match self.kv.lookup(h) {
+                            Some(b) => {
+                                self.hits.push(b);
+                                last_hash = h;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                let hit_tokens = self.hits.len() as u32 * bs;
+                let mut n = num_tokens - hit_tokens;
+                if cfg.long_prefill_token_threshold > 0 {
+                    n = n.min(cfg.long_prefill_token_threshold);
+                }
+                n = n.min(budget);
+                let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
+                let hits = std::mem::take(&mut self.hits);
+                let mut blocks = Vec::with_capacity(self.kv.blocks_for(num_tokens + 1) as usize);
+                let ok = self.kv.allocate(&mut blocks, &hits, need);
+                self.hits = hits;
+                if !ok {
+                    break;
+                }
+                self.waiting.pop();
+                self.running.push(slot);
+                let nh = self.hits.len() as u32;
+                let a = self.slots[slot as usize].as_mut().expect("live slot");
+                a.blocks = blocks;
+                a.num_computed = hit_tokens;
+                a.hashed = nh;
+                a.last_hash = last_hash;
+                if a.scheduled_us.is_none() {
+                    a.scheduled_us = Some(now);
+                    a.cached_tokens = Some(hit_tokens);
+                    self.counters.prefix_queries += u64::from(a.req.input_tokens);
+                    self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
+                }
+                scheduled.push((slot, n));
+                budget -= n;
+            }
+        }
+        if scheduled.is_empty() {
+            // Nothing could be scheduled (e.g. all waiting requests are
+            // blocked on KV with nothing running): stay idle until work
+            // arrives. Work conservation holds because every running request
+            // is always schedulable when the wait queue is blocked.
+            return;
+        }
+        // 3. The step's shape and duration.
+        self.shape.clear();
+        let mut decode_only = true;
+        let mut min_left = u32::MAX;
+        for &(slot, n) in &scheduled {
+            let a = self.slots[slot as usize].as_ref().expect("live slot");
+            let is_decode = a.generated > 0 && n == 1 && a.num_computed + 1 == a.num_tokens();
+            if is_decode {
+                self.shape.decode_count += 1;
+                self.shape.decode_context_sum += u64::from(a.num_computed);
+                min_left = min_left.min(a.target - a.generated);
+            } else {
+                decode_only = false;
+                self.shape.prefill.push(PrefillChunk {
+                    computed_before: a.num_computed,
+                    new_tokens: n,
+                });
+                self.counters.prompt_tokens += u64::from(n);
+            }
+        }
+        let dt = self.latency.step_time_us(&self.shape).round().max(1.0) as i64;
+        let mut ends = vec![now + dt];
+        // 4. Fast-forward a run of identical decode steps.
+        let all_running_scheduled = scheduled.len() == self.running.len();
+        let can_grow = self.waiting.is_empty() || self.running.len() as u32 >= cfg.max_num_seqs;
+        if cfg.fast_forward && decode_only && all_running_scheduled && can_grow && !preempted {
+            let max_k = min_left;
+            // Requests needing a new block at step j+1 of the run are those
+            // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
+            // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
+            let mut per_phase = vec![0u32; bs as usize];
+            for &(slot, _) in &scheduled {
+                let c0 = self.act(slot).num_computed;
+                per_phase[((bs - c0 % bs) % bs) as usize] += 1;
+            }
+            let mut free = self.kv.free();
+            let b = scheduled.len() as u64;
+            let mut ctx = self.shape.decode_context_sum;
+            let mut end = now + dt;
+            let mut k = 1u32;
+            let constant = matches!(self.latency, Model::Blackbox(_));
+            while k < max_k {
+                let need = per_phase[(k % bs) as usize];
+                if need > free {
+                    break;
+                }
+                let d = if constant {
+                    dt
+                } else {
+                    ctx += b;
+                    self.shape.decode_context_sum = ctx;
+                    self.latency.step_time_us(&self.shape).round().max(1.0) as i64
+                };
+                if end + d > limit {
+                    break;
+                }
+                free -= need;
+                end += d;
+                ends.push(end);
+                k += 1;
+            }
+        }
+        self.run = Some(Run { scheduled, ends });
+    }
+
+    /// Cancels request `id` (a client timeout or disconnect): it leaves the
+    /// wait queue or the batch and frees its blocks, as vLLM aborts a request
+    /// whose client went away. Returns the tokens it had produced and its
+    /// first token's time, or `None` when it is not in the system (already
+    /// finished). Must not be called while its step is in flight unless
+    /// `now` is that step's end; the owner calls it between steps.
+    pub fn abort(&mut self, id: u64) -> Option<(u32, Option<i64>)> {
+        let slot = self.index.remove(&id)?;
+        if let Some(run) = &mut self.run
+            && run.scheduled.iter().any(|(s, _)| *s == slot)
+        {
+            // In the batch in flight: it leaves the batch; the step's time
+            // stays (the GPU did the work). Owners bound fast-forwarded runs
+            // by the next abort, so a run in flight here is a single step.
+            debug_assert_eq!(run.ends.len(), 1, "abort inside a fast-forwarded run");
+            run.scheduled.retain(|(s, _)| *s != slot);
+            run.ends.truncate(1);
+        }
+        let was_running = if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+            true
+        } else {
+            false
+        };
+        if !was_running {
+            self.waiting.remove(slot);
+        }
+        let a = self.slots[slot as usize].take().expect("live slot");
+        let mut blocks = a.blocks;
+        self.kv.release(&mut blocks);
+        self.free_slots.push(slot);
+        self.counters.aborted += 1;
+        Some((a.generated, a.first_token_us))
+    }
+
+    /// Checks invariants (for tests): KV conservation and request accounting.
+    pub fn check(&self) -> Result<(), String> {
+        self.kv.check()?;
+        let live = self.slots.iter().filter(|s| s.is_some()).count();
+        if live != self.waiting.len() + self.running.len() {
+            return Err(format!(
+                "{live} live requests but {} waiting + {} running",
+                self.waiting.len(),
+                self.running.len()
+            ));
+        }
+        let c = self.counters;
+        if c.enqueued != c.completed + c.aborted + live as u64 {
+            return Err(format!(
+                "enqueued {} != completed {} + aborted {} + in system {live}",
+                c.enqueued, c.completed, c.aborted
+            ));
+        }
+        let held: usize = self
+            .running
+            .iter()
+            .map(|&s| self.act(s).blocks.len())
+            .sum();
+        if held < self.kv.used() as usize {
+            return Err(format!("requests hold {held} blocks but {} are used", self.kv.used()));
+        }
+        Ok(())
+    }
+}

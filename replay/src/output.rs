@@ -1,0 +1,482 @@
+//! What a replay writes: the predicted trace (`mode: replayed`, same request
+//! ids, predicted chunk times, an ITL companion, the instance's time series
+//! as a metrics companion with vLLM's metric names) and a summary.
+
+use std::path::Path;
+
+use blis_traces::{
+    ChunkRecord, ExtraColumn, MetricSample, Outcome, Status, TraceHeader, TraceRecord, TraceWriter,
+    percentile, percentile_of_counts,
+};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::instance::Snapshot;
+use crate::sim::{Done, NotServed, Sink};
+
+/// Latency statistics in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Dist {
+    /// Samples.
+    pub n: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Dist {
+    /// Statistics of `us` (µs), reported in ms.
+    pub fn of_us(mut us: Vec<f64>) -> Self {
+        us.sort_by(f64::total_cmp);
+        let n = us.len();
+        let mean = if n == 0 { f64::NAN } else { us.iter().sum::<f64>() / n as f64 };
+        let p = |q| percentile(&us, q) / 1000.0;
+        Self {
+            n: n as u64,
+            mean: mean / 1000.0,
+            p50: p(50.0),
+            p90: p(90.0),
+            p95: p(95.0),
+            p99: p(99.0),
+        }
+    }
+
+    /// Statistics of a counted multiset of µs values, in ms.
+    pub fn of_counts(counts: &FxHashMap<i64, u64>) -> Self {
+        let mut v: Vec<(f64, u64)> = counts.iter().map(|(k, c)| (*k as f64, *c)).collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let n: u64 = v.iter().map(|(_, c)| c).sum();
+        let sum: f64 = v.iter().map(|(x, c)| x * *c as f64).sum();
+        let p = |q| percentile_of_counts(&v, q) / 1000.0;
+        Self {
+            n,
+            mean: if n == 0 { f64::NAN } else { sum / n as f64 / 1000.0 },
+            p50: p(50.0),
+            p90: p(90.0),
+            p95: p(95.0),
+            p99: p(99.0),
+        }
+    }
+}
+
+/// Request counts by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RequestCounts {
+    /// Requests in the input.
+    pub total: u64,
+    /// Completed with a full response.
+    pub completed: u64,
+    /// Cut short by their client (recorded timeout or deadline).
+    pub cancelled: u64,
+    /// Dropped as unservable.
+    pub dropped: u64,
+    /// Failed in the input trace (not sent to the server).
+    pub input_errors: u64,
+    /// Still in the system at the horizon.
+    pub unfinished: u64,
+}
+
+/// Throughput over the replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// From the first send to the last response, s.
+    pub duration_s: f64,
+    /// Completed requests per second.
+    pub requests_per_s: f64,
+    /// Input tokens of completed requests per second.
+    pub input_tokens_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+}
+
+/// Prefix-cache figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PrefixCache {
+    /// Prompt tokens looked up at admission.
+    pub query_tokens: u64,
+    /// Prompt tokens found.
+    pub hit_tokens: u64,
+    /// hits / queries.
+    pub hit_rate: f64,
+}
+
+/// KV-cache figures from the samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct KvFigures {
+    /// Blocks in total.
+    pub total_blocks: u32,
+    /// Highest sampled usage (0..1).
+    pub peak_usage: f64,
+    /// Mean sampled usage (0..1).
+    pub mean_usage: f64,
+}
+
+/// The summary JSON of a replay (schema version 1; all latencies in ms).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Schema version.
+    pub version: u32,
+    /// Latency model used.
+    pub latency_model: String,
+    /// Request counts.
+    pub requests: RequestCounts,
+    /// Time to first token (streaming requests).
+    pub ttft_ms: Dist,
+    /// End-to-end latency.
+    pub e2e_ms: Dist,
+    /// Inter-token latency: every gap between consecutive tokens.
+    pub itl_ms: Dist,
+    /// Time per output token: (E2E − TTFT) / (output − 1), per request.
+    pub tpot_ms: Dist,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prefix cache.
+    pub prefix_cache: PrefixCache,
+    /// KV cache.
+    pub kv: KvFigures,
+    /// Steps executed, and those executed inside fast-forwarded runs.
+    pub steps: u64,
+    /// Steps inside fast-forwarded runs.
+    pub fast_forwarded_steps: u64,
+}
+
+/// Accumulates statistics (and optionally writes the predicted trace).
+#[derive(Debug)]
+pub struct Collector {
+    writer: Option<TraceWriter>,
+    keep: Option<Vec<TraceRecord>>,
+    itl_companion: bool,
+    run_start_us: i64,
+    model_name: String,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    tpot: Vec<f64>,
+    itl: FxHashMap<i64, u64>,
+    last_token: FxHashMap<u64, i64>,
+    counts: RequestCounts,
+    first_send: i64,
+    last_done: i64,
+    input_tokens: u64,
+    output_tokens: u64,
+    kv_peak: f64,
+    kv_sum: f64,
+    kv_n: u64,
+    error: Option<crate::error::ReplayError>,
+}
+
+impl Collector {
+    /// A collector that writes a trace bundle at `prefix` (header `header`),
+    /// with an ITL companion when `itl` and the time series when `metrics`.
+    ///
+    /// # Errors
+    /// The files cannot be created.
+    pub fn to_files(
+        prefix: &Path,
+        header: &TraceHeader,
+        extras: &[ExtraColumn],
+        itl: bool,
+        metrics: bool,
+    ) -> Result<Self> {
+        let mut extras = extras.to_vec();
+        if !extras.contains(&ExtraColumn::CachedTokens) {
+            extras.push(ExtraColumn::CachedTokens);
+        }
+        let w = TraceWriter::create(prefix, header, &extras, itl.then_some(false), metrics)?;
+        let mut c = Self::new(header.run_start_unix_us.unwrap_or(0), itl);
+        c.model_name = header
+            .server
+            .as_ref()
+            .and_then(|s| s.model.clone())
+            .unwrap_or_default();
+        c.writer = Some(w);
+        Ok(c)
+    }
+
+    /// A collector that keeps the predicted records in memory.
+    pub fn in_memory(run_start_us: i64) -> Self {
+        let mut c = Self::new(run_start_us, false);
+        c.keep = Some(Vec::new());
+        c
+    }
+
+    /// A collector of statistics only.
+    pub fn stats_only() -> Self {
+        Self::new(0, false)
+    }
+
+    fn new(run_start_us: i64, itl: bool) -> Self {
+        Self {
+            writer: None,
+            keep: None,
+            itl_companion: itl,
+            run_start_us,
+            model_name: String::new(),
+            ttft: Vec::new(),
+            e2e: Vec::new(),
+            tpot: Vec::new(),
+            itl: FxHashMap::default(),
+            last_token: FxHashMap::default(),
+            counts: RequestCounts::default(),
+            first_send: i64::MAX,
+            last_done: i64::MIN,
+            input_tokens: 0,
+            output_tokens: 0,
+            kv_peak: 0.0,
+            kv_sum: 0.0,
+            kv_n: 0,
+            error: None,
+        }
+    }
+
+    fn emit(&mut self, rec: TraceRecord) {
+        if let Some(w) = &mut self.writer
+            && let Err(e) = w.write_record(&rec)
+        {
+            self.error.get_or_insert(e.into());
+        }
+        if let Some(k) = &mut self.keep {
+            k.push(rec);
+        }
+    }
+
+    /// Ends the replay: the summary, the kept records (if any), after
+    /// finishing the files with `header`.
+    ///
+    /// # Errors
+    /// A write that failed during the replay or now.
+    pub fn finish(
+        mut self,
+        header: &TraceHeader,
+        last: &Snapshot,
+        latency_model: &str,
+    ) -> Result<(Summary, Option<Vec<TraceRecord>>)> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if let Some(w) = self.writer.take() {
+            w.finish(header)?;
+        }
+        let duration_s = if self.last_done > self.first_send {
+            (self.last_done - self.first_send) as f64 / 1e6
+        } else {
+            0.0
+        };
+        let per_s = |x: f64| if duration_s > 0.0 { x / duration_s } else { 0.0 };
+        let c = last.counters;
+        let summary = Summary {
+            version: 1,
+            latency_model: latency_model.to_string(),
+            requests: self.counts,
+            ttft_ms: Dist::of_us(std::mem::take(&mut self.ttft)),
+            e2e_ms: Dist::of_us(std::mem::take(&mut self.e2e)),
+            itl_ms: Dist::of_counts(&self.itl),
+            tpot_ms: Dist::of_us(std::mem::take(&mut self.tpot)),
+            throughput: Throughput {
+                duration_s,
+                requests_per_s: per_s(self.counts.completed as f64),
+                input_tokens_per_s: per_s(self.input_tokens as f64),
+                output_tokens_per_s: per_s(self.output_tokens as f64),
+            },
+            preemptions: c.preemptions,
+            prefix_cache: PrefixCache {
+                query_tokens: c.prefix_queries,
+                hit_tokens: c.prefix_hits,
+                hit_rate: if c.prefix_queries > 0 {
+                    c.prefix_hits as f64 / c.prefix_queries as f64
+                } else {
+                    0.0
+                },
+            },
+            kv: KvFigures {
+                total_blocks: last.kv_total,
+                peak_usage: self.kv_peak,
+                mean_usage: if self.kv_n > 0 { self.kv_sum / self.kv_n as f64 } else { 0.0 },
+            },
+            steps: c.steps,
+            fast_forwarded_steps: c.fast_forwarded_steps,
+        };
+        Ok((summary, self.keep))
+    }
+}
+
+impl Sink for Collector {
+    fn wants_tokens(&self) -> bool {
+        true
+    }
+
+    fn tokens(&mut self, rec: &TraceRecord, first_index: u32, times: &[i64]) {
+        let id = rec.request.request_id;
+        let mut prev = if first_index > 1 {
+            self.last_token.get(&id).copied()
+        } else {
+            None
+        };
+        // Count runs of equal gaps at once (fast-forwarded decode steps).
+        let mut run_gap = i64::MIN;
+        let mut run_len = 0u64;
+        for &t in times {
+            if let Some(p) = prev {
+                let g = t - p;
+                if g == run_gap {
+                    run_len += 1;
+                } else {
+                    if run_len > 0 {
+                        *self.itl.entry(run_gap).or_default() += run_len;
+                    }
+                    run_gap = g;
+                    run_len = 1;
+                }
+            }
+            prev = Some(t);
+        }
+        if run_len > 0 {
+            *self.itl.entry(run_gap).or_default() += run_len;
+        }
+        if let Some(p) = prev {
+            self.last_token.insert(id, p);
+        }
+        if self.itl_companion
+            && rec.request.streaming
+            && let Some(w) = &mut self.writer
+        {
+            for (m, &t) in times.iter().enumerate() {
+                let c = ChunkRecord {
+                    request_id: id,
+                    chunk_index: first_index - 1 + m as u32,
+                    timestamp_us: self.run_start_us + t,
+                    tokens: None,
+                };
+                if let Err(e) = w.write_chunk(&c) {
+                    self.error.get_or_insert(e.into());
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, done: Done<'_>) {
+        let Done {
+            mut rec,
+            entry_us,
+            fin,
+            status,
+        } = done;
+        self.last_token.remove(&rec.request.request_id);
+        let input = rec.effective_input_tokens().max(1);
+        let streaming = rec.request.streaming;
+        let first = if streaming { fin.first_token_us } else { fin.last_token_us };
+        self.counts.total += 1;
+        match status {
+            Status::Ok => self.counts.completed += 1,
+            _ => self.counts.cancelled += 1,
+        }
+        if status == Status::Ok {
+            if streaming {
+                self.ttft.push((fin.first_token_us - entry_us) as f64);
+            }
+            self.e2e.push((fin.last_token_us - entry_us) as f64);
+            if fin.output_tokens > 1 && streaming {
+                self.tpot.push(
+                    (fin.last_token_us - fin.first_token_us) as f64 / f64::from(fin.output_tokens - 1),
+                );
+            }
+            self.input_tokens += u64::from(input);
+        }
+        self.output_tokens += u64::from(fin.output_tokens);
+        self.first_send = self.first_send.min(entry_us);
+        self.last_done = self.last_done.max(fin.last_token_us);
+        let rs = self.run_start_us;
+        rec.request.output_tokens = fin.output_tokens;
+        rec.outcome = Outcome {
+            server_input_tokens: Some(input),
+            send_time_us: Some(rs + entry_us),
+            first_chunk_time_us: Some(rs + first),
+            last_chunk_time_us: Some(rs + fin.last_token_us),
+            num_chunks: if streaming { fin.output_tokens } else { 1 },
+            status: Some(status),
+            error_message: if status == Status::Ok {
+                String::new()
+            } else {
+                "client cancelled (timeout)".into()
+            },
+            finish_reason: if status == Status::Ok { "length".into() } else { "abort".into() },
+            http_status: None,
+            cached_tokens: Some(fin.cached_tokens),
+            x_request_id: None,
+        };
+        self.emit(rec);
+    }
+
+    fn not_served(&mut self, mut rec: TraceRecord, entry_us: i64, why: NotServed) {
+        self.last_token.remove(&rec.request.request_id);
+        self.counts.total += 1;
+        let (status, msg) = match &why {
+            NotServed::Dropped(d) => {
+                self.counts.dropped += 1;
+                (Status::Error, d.to_string())
+            }
+            NotServed::InputError => {
+                self.counts.input_errors += 1;
+                (Status::Error, rec.outcome.error_message.clone())
+            }
+            NotServed::CancelledWaiting => {
+                self.counts.cancelled += 1;
+                (Status::Timeout, "client cancelled before the first token".to_string())
+            }
+            NotServed::Unfinished => {
+                self.counts.unfinished += 1;
+                (Status::Cancelled, "replay horizon reached".to_string())
+            }
+        };
+        rec.outcome = Outcome {
+            send_time_us: Some(self.run_start_us + entry_us),
+            status: Some(status),
+            error_message: msg,
+            ..Outcome::default()
+        };
+        self.emit(rec);
+    }
+
+    fn sample(&mut self, t_us: i64, snap: &Snapshot) {
+        let u = snap.kv_usage();
+        self.kv_peak = self.kv_peak.max(u);
+        self.kv_sum += u;
+        self.kv_n += 1;
+        let Some(w) = &mut self.writer else { return };
+        let labels = format!("model_name=\"{}\"", self.model_name.replace('"', "'"));
+        let t = self.run_start_us + t_us;
+        let c = snap.counters;
+        let rows: [(&str, f64); 10] = [
+            ("vllm:num_requests_running", f64::from(snap.running)),
+            ("vllm:num_requests_waiting", f64::from(snap.waiting)),
+            ("vllm:kv_cache_usage_perc", u),
+            ("vllm:prefix_cache_queries_total", c.prefix_queries as f64),
+            ("vllm:prefix_cache_hits_total", c.prefix_hits as f64),
+            ("vllm:num_preemptions_total", c.preemptions as f64),
+            ("vllm:prompt_tokens_total", c.prompt_tokens as f64),
+            ("vllm:generation_tokens_total", c.generation_tokens as f64),
+            ("vllm:request_success_total", c.completed as f64),
+            ("blis:num_steps_total", c.steps as f64),
+        ];
+        for (name, value) in rows {
+            let m = MetricSample {
+                timestamp_us: t,
+                name: name.to_string(),
+                labels: labels.clone(),
+                value,
+            };
+            if let Err(e) = w.write_metric(&m) {
+                self.error.get_or_insert(e.into());
+            }
+        }
+    }
+}

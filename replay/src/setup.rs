@@ -1,0 +1,290 @@
+//! Resolving an instance's settings and latency model from command-line
+//! flags, a trace header and the bundled data: flags win over the header,
+//! which wins over defaults.
+
+use std::path::PathBuf;
+
+use blis_traces::{Hardware as HeaderHardware, ServerConfig, TraceHeader};
+
+use crate::arch::{Hardware, ModelArch, find_model};
+use crate::coefficients::{CoefficientsFile, LatencyKind};
+use crate::error::{ReplayError, Result};
+use crate::instance::EngineConfig;
+use crate::latency::{Blackbox, Model};
+use crate::roofline::{Roofline, RooflineParams};
+use crate::scheduler::SchedulerPolicy;
+
+/// Everything that can be set about a simulated server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerArgs {
+    /// Model id.
+    pub model: Option<String>,
+    /// Latency model (None: blackbox if a coefficients row exists, else
+    /// roofline).
+    pub latency: Option<LatencyKind>,
+    /// Coefficients file (None: bundled).
+    pub coefficients: Option<PathBuf>,
+    /// Model config.json or folder.
+    pub model_config: Option<PathBuf>,
+    /// GPU name.
+    pub hardware: Option<String>,
+    /// hardware_config.json.
+    pub hardware_config: Option<PathBuf>,
+    /// Tensor parallelism.
+    pub tp: Option<u32>,
+    /// `--max-num-seqs`.
+    pub max_num_seqs: Option<u32>,
+    /// `--max-num-batched-tokens`.
+    pub max_num_batched_tokens: Option<u32>,
+    /// `--block-size`.
+    pub block_size: Option<u32>,
+    /// KV blocks.
+    pub total_kv_blocks: Option<u32>,
+    /// `--long-prefill-token-threshold`.
+    pub long_prefill_token_threshold: Option<u32>,
+    /// `--max-model-len`.
+    pub max_model_len: Option<u32>,
+    /// `--gpu-memory-utilization`, for the KV estimate.
+    pub gpu_memory_utilization: Option<f64>,
+    /// Scheduler.
+    pub scheduler: SchedulerPolicy,
+    /// Prefix caching.
+    pub prefix_caching: bool,
+    /// Fast-forward.
+    pub fast_forward: bool,
+}
+
+/// The resolved server: settings, latency model, and how they were found.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// Instance settings.
+    pub engine: EngineConfig,
+    /// Latency model.
+    pub latency: Model,
+    /// Model id (may be empty).
+    pub model: String,
+    /// GPU name.
+    pub gpu: String,
+    /// Tensor parallelism.
+    pub tp: u32,
+    /// Where each setting came from, e.g. `total_kv_blocks=7462 (trace header)`.
+    pub provenance: Vec<String>,
+}
+
+impl Resolved {
+    /// The header `server`/`hardware` sections describing this server.
+    pub fn header_sections(&self) -> (ServerConfig, HeaderHardware) {
+        let e = &self.engine;
+        (
+            ServerConfig {
+                server_type: Some("blis-replay".into()),
+                model: (!self.model.is_empty()).then(|| self.model.clone()),
+                tensor_parallel: Some(self.tp),
+                max_num_seqs: Some(e.max_num_seqs),
+                max_num_batched_tokens: Some(e.max_num_batched_tokens),
+                block_size: Some(e.block_size),
+                gpu_memory_utilization: None,
+                max_model_len: (e.max_model_len > 0).then_some(u64::from(e.max_model_len)),
+                total_kv_blocks: Some(u64::from(e.total_kv_blocks)),
+            },
+            HeaderHardware {
+                gpu: Some(self.gpu.clone()),
+                gpu_count: Some(self.tp),
+            },
+        )
+    }
+}
+
+/// KV blocks that fit in `tp` GPUs of `hw` at `util` after the weights
+/// (vLLM profiles the same: memory × utilisation − weights − activations;
+/// activations are taken as 5% of the remainder).
+pub fn estimate_kv_blocks(arch: &ModelArch, hw: &Hardware, tp: u32, util: f64, block_size: u32) -> u32 {
+    let mem = hw.memory_gib * 1024.0 * 1024.0 * 1024.0 * f64::from(tp) * util;
+    let a = arch;
+    let d = f64::from(a.hidden);
+    let moe_layers = f64::from(a.layers - a.dense_layers);
+    let params = a.attention_params_per_layer() * f64::from(a.layers)
+        + a.mlp_matrices() * d * f64::from(a.intermediate) * f64::from(a.dense_layers)
+        + a.mlp_matrices() * d * f64::from(a.expert_intermediate) * f64::from(a.experts + a.shared_experts) * moe_layers
+        + 2.0 * d * f64::from(a.vocab);
+    let free = (mem - params * a.weight_bytes) * 0.95;
+    let per_block = a.kv_bytes_per_token() * f64::from(block_size);
+    if free <= 0.0 || per_block <= 0.0 {
+        0
+    } else {
+        (free / per_block) as u32
+    }
+}
+
+fn pick(prov: &mut Vec<String>, name: &str, flag: Option<u64>, hdr: Option<u64>, default: Option<u64>) -> Option<u64> {
+    let (v, from) = match (flag, hdr, default) {
+        (Some(v), _, _) => (Some(v), "flag"),
+        (None, Some(v), _) => (Some(v), "trace header"),
+        (None, None, Some(v)) => (Some(v), "default"),
+        _ => (None, ""),
+    };
+    if let Some(v) = v {
+        prov.push(format!("{name}={v} ({from})"));
+    }
+    v
+}
+
+/// Resolves the server from `args` and the trace header (if any).
+///
+/// # Errors
+/// Missing or invalid descriptions, saying which flag would fix it.
+pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolved> {
+    let hs = header.and_then(|h| h.server.as_ref());
+    let hh = header.and_then(|h| h.hardware.as_ref());
+    let mut prov = Vec::new();
+    let model = args
+        .model
+        .clone()
+        .or_else(|| hs.and_then(|s| s.model.clone()))
+        .unwrap_or_default();
+    let tp = pick(&mut prov, "tensor_parallel", args.tp.map(u64::from), hs.and_then(|s| s.tensor_parallel).map(u64::from), Some(1))
+        .unwrap_or(1) as u32;
+    let gpu = args
+        .hardware
+        .clone()
+        .or_else(|| hh.and_then(|h| h.gpu.clone()))
+        .unwrap_or_else(|| "H100".to_string());
+    let coefs = match &args.coefficients {
+        Some(p) => CoefficientsFile::read(p)?,
+        None => CoefficientsFile::bundled(),
+    };
+    let kind = match args.latency {
+        Some(k) => k,
+        None if !model.is_empty() && coefs.find(&model, &gpu, tp, LatencyKind::Blackbox).is_some() => {
+            LatencyKind::Blackbox
+        }
+        None => LatencyKind::Roofline,
+    };
+    let hardware_text = match &args.hardware_config {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| ReplayError::Io {
+            path: p.clone(),
+            source: e,
+        })?,
+        None => crate::arch::BUNDLED_HARDWARE.to_string(),
+    };
+    let needs_arch = kind == LatencyKind::Roofline;
+    let arch = if needs_arch || args.model_config.is_some() || !model.is_empty() {
+        match find_model((!model.is_empty()).then_some(model.as_str()), args.model_config.as_deref()) {
+            Ok(a) => Some(a),
+            Err(e) if needs_arch => return Err(e),
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let hw = Hardware::from_json(&hardware_text, &gpu);
+    let latency = match kind {
+        LatencyKind::Blackbox => {
+            let row = coefs.find(&model, &gpu, tp, LatencyKind::Blackbox).ok_or_else(|| {
+                ReplayError::Config(format!(
+                    "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; \
+                     give --coefficients with such a row, or use --latency-model roofline"
+                ))
+            })?;
+            prov.push(format!(
+                "blackbox alpha={:?} beta={:?} ({})",
+                row.alpha,
+                row.beta.unwrap_or_default(),
+                row.source.as_deref().unwrap_or("coefficients file")
+            ));
+            Model::Blackbox(Blackbox {
+                alpha: row.alpha,
+                beta: row.beta.unwrap_or_default(),
+            })
+        }
+        LatencyKind::Roofline => {
+            let arch = arch.clone().expect("checked above");
+            let hw = hw.as_ref().map_err(|e| ReplayError::Config(e.to_string()))?.clone();
+            let mut params = RooflineParams {
+                mfu_prefill: hw.mfu_prefill,
+                mfu_decode: hw.mfu_decode,
+                overhead_us: 0.0,
+                allreduce_latency_us: 0.0,
+                alpha: [0.0; 3],
+            };
+            if let Some(row) = coefs.find(&model, &gpu, tp, LatencyKind::Roofline) {
+                params.mfu_prefill = row.mfu_prefill.unwrap_or(params.mfu_prefill);
+                params.mfu_decode = row.mfu_decode.unwrap_or(params.mfu_decode);
+                params.overhead_us = row.overhead_us.unwrap_or(0.0);
+                params.allreduce_latency_us = row.allreduce_latency_us.unwrap_or(0.0);
+                params.alpha = row.alpha;
+                prov.push(format!(
+                    "roofline parameters from {}",
+                    row.source.as_deref().unwrap_or("coefficients file")
+                ));
+            }
+            prov.push(format!(
+                "roofline {} on {} TP{tp}: mfu_prefill={} mfu_decode={} overhead_us={}",
+                arch.name, hw.name, params.mfu_prefill, params.mfu_decode, params.overhead_us
+            ));
+            Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
+        }
+    };
+    let block_size = pick(&mut prov, "block_size", args.block_size.map(u64::from), hs.and_then(|s| s.block_size).map(u64::from), Some(16))
+        .unwrap_or(16) as u32;
+    let row_blocks = coefs
+        .find(&model, &gpu, tp, kind)
+        .and_then(|r| r.total_kv_blocks);
+    let util = args
+        .gpu_memory_utilization
+        .or_else(|| hs.and_then(|s| s.gpu_memory_utilization))
+        .unwrap_or(0.9);
+    let estimated = match (&arch, hw.as_ref().ok()) {
+        (Some(a), Some(h)) => Some(u64::from(estimate_kv_blocks(a, h, tp, util, block_size))),
+        _ => None,
+    };
+    let kv_default = row_blocks.or(estimated);
+    let total_kv_blocks = pick(
+        &mut prov,
+        "total_kv_blocks",
+        args.total_kv_blocks.map(u64::from),
+        hs.and_then(|s| s.total_kv_blocks),
+        kv_default,
+    )
+    .ok_or_else(|| {
+        ReplayError::Config(
+            "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)".into(),
+        )
+    })? as u32;
+    if total_kv_blocks == 0 {
+        return Err(ReplayError::Config("total_kv_blocks must be positive".into()));
+    }
+    let engine = EngineConfig {
+        max_num_seqs: pick(&mut prov, "max_num_seqs", args.max_num_seqs.map(u64::from), hs.and_then(|s| s.max_num_seqs).map(u64::from), Some(256))
+            .unwrap_or(256) as u32,
+        max_num_batched_tokens: pick(
+            &mut prov,
+            "max_num_batched_tokens",
+            args.max_num_batched_tokens.map(u64::from),
+            hs.and_then(|s| s.max_num_batched_tokens).map(u64::from),
+            Some(2048),
+        )
+        .unwrap_or(2048) as u32,
+        long_prefill_token_threshold: args.long_prefill_token_threshold.unwrap_or(0),
+        block_size,
+        total_kv_blocks,
+        max_model_len: pick(&mut prov, "max_model_len", args.max_model_len.map(u64::from), hs.and_then(|s| s.max_model_len), Some(0))
+            .unwrap_or(0) as u32,
+        scheduler: args.scheduler,
+        prefix_caching: args.prefix_caching,
+        fast_forward: args.fast_forward,
+    };
+    if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
+        return Err(ReplayError::Config(
+            "max_num_seqs, max_num_batched_tokens and block_size must be positive".into(),
+        ));
+    }
+    Ok(Resolved {
+        engine,
+        latency,
+        model,
+        gpu,
+        tp,
+        provenance: prov,
+    })
+}

@@ -1,1 +1,107 @@
-fn main() {}
+//! Replay speed.
+//!
+//! `cargo bench -p blis-replay --bench replay`
+//!
+//! - `gt_llama2_7b_codegen`: the 9000-request vLLM ground-truth run
+//!   (~1200 s of real time) with the roofline model (target ≤ 60 ms);
+//! - `servegen_100k` / `servegen_1m`: ServeGen m-large language clients on one
+//!   instance with blackbox coefficients (targets ≤ 1 s and ≤ 10 s).
+
+use std::path::PathBuf;
+
+use blis_replay::output::Collector;
+use blis_replay::run::trace_inputs;
+use blis_replay::setup::{ServerArgs, resolve};
+use blis_replay::sim::{Input, SimOptions};
+use blis_replay::{Instance, SchedulerPolicy, replay};
+use blis_traces::{GenerateOptions, Generator, TraceRecord, WorkloadSpec};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+
+fn shared() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+}
+
+fn server(model: Option<&str>, kv: Option<u32>) -> ServerArgs {
+    ServerArgs {
+        model: model.map(String::from),
+        total_kv_blocks: kv,
+        scheduler: SchedulerPolicy::Fcfs,
+        prefix_caching: true,
+        fast_forward: true,
+        ..ServerArgs::default()
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("replay");
+    g.sample_size(10);
+
+    let src = format!(
+        "vllm-gt:{}",
+        shared()
+            .join("vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen")
+            .display()
+    );
+    let trace = blis_traces::import(&src.parse().expect("source"), 42).expect("import");
+    let resolved = resolve(&server(None, None), Some(&trace.header)).expect("server");
+    let inputs = trace_inputs(&trace.header, trace.records.clone());
+    g.bench_function("gt_llama2_7b_codegen_9000", |b| {
+        b.iter_batched(
+            || inputs.clone(),
+            |inputs| {
+                let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
+                let mut sink = Collector::stats_only();
+                let opts = SimOptions {
+                    sample_interval_us: None,
+                    horizon_us: None,
+                };
+                replay(&mut inst, inputs, &opts, &mut sink)
+                    .counters
+                    .completed
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    let spec = WorkloadSpec::from_yaml_str(&format!(
+        "servegen_data:\n  path: {}\n  span_start_s: 0\n  span_end_s: 1209600\n  aggregate_rate: 2\n",
+        shared().join("servegen/data/language/m-large").display()
+    ))
+    .expect("spec");
+    let resolved = resolve(
+        &server(Some("meta-llama/Llama-3.1-8B-Instruct"), None),
+        None,
+    )
+    .expect("server");
+    for (name, n) in [("servegen_100k", 100_000u64), ("servegen_1m", 1_000_000)] {
+        let reqs: Vec<Input> = Generator::new(
+            &spec,
+            &GenerateOptions {
+                num_requests: Some(n),
+                ..Default::default()
+            },
+        )
+        .expect("generator")
+        .map(|r| Input::from_record(TraceRecord::planned(r.expect("request")), 0))
+        .collect();
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || reqs.clone(),
+                |reqs| {
+                    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
+                    let mut sink = Collector::stats_only();
+                    let opts = SimOptions {
+                        sample_interval_us: None,
+                        horizon_us: None,
+                    };
+                    replay(&mut inst, reqs, &opts, &mut sink).counters.completed
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

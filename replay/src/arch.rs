@@ -12,20 +12,62 @@ use crate::error::{ReplayError, Result};
 
 /// The model configs bundled with the project: (folder name, config.json).
 pub const BUNDLED_MODELS: &[(&str, &str)] = &[
-    ("codellama-34b-instruct-hf", include_str!("../../model-configs/codellama-34b-instruct-hf/config.json")),
-    ("deepseek-v2-lite", include_str!("../../model-configs/deepseek-v2-lite/config.json")),
-    ("glm-5.2-fp8", include_str!("../../model-configs/glm-5.2-fp8/config.json")),
-    ("llama-2-70b-hf", include_str!("../../model-configs/llama-2-70b-hf/config.json")),
-    ("llama-2-7b-hf", include_str!("../../model-configs/llama-2-7b-hf/config.json")),
-    ("llama-3.1-70b-instruct", include_str!("../../model-configs/llama-3.1-70b-instruct/config.json")),
-    ("llama-3.1-8b-instruct", include_str!("../../model-configs/llama-3.1-8b-instruct/config.json")),
-    ("llama-4-scout-17b-16e-instruct-fp8-dynamic", include_str!("../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json")),
-    ("mistral-nemo-instruct-2407", include_str!("../../model-configs/mistral-nemo-instruct-2407/config.json")),
-    ("mixtral-8x7b-v0.1", include_str!("../../model-configs/mixtral-8x7b-v0.1/config.json")),
-    ("qwen2.5-7b-instruct", include_str!("../../model-configs/qwen2.5-7b-instruct/config.json")),
-    ("qwen3-14b", include_str!("../../model-configs/qwen3-14b/config.json")),
-    ("qwen3-30b-a3b", include_str!("../../model-configs/qwen3-30b-a3b/config.json")),
-    ("yi-34b", include_str!("../../model-configs/yi-34b/config.json")),
+    (
+        "codellama-34b-instruct-hf",
+        include_str!("../../model-configs/codellama-34b-instruct-hf/config.json"),
+    ),
+    (
+        "deepseek-v2-lite",
+        include_str!("../../model-configs/deepseek-v2-lite/config.json"),
+    ),
+    (
+        "glm-5.2-fp8",
+        include_str!("../../model-configs/glm-5.2-fp8/config.json"),
+    ),
+    (
+        "llama-2-70b-hf",
+        include_str!("../../model-configs/llama-2-70b-hf/config.json"),
+    ),
+    (
+        "llama-2-7b-hf",
+        include_str!("../../model-configs/llama-2-7b-hf/config.json"),
+    ),
+    (
+        "llama-3.1-70b-instruct",
+        include_str!("../../model-configs/llama-3.1-70b-instruct/config.json"),
+    ),
+    (
+        "llama-3.1-8b-instruct",
+        include_str!("../../model-configs/llama-3.1-8b-instruct/config.json"),
+    ),
+    (
+        "llama-4-scout-17b-16e-instruct-fp8-dynamic",
+        include_str!("../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json"),
+    ),
+    (
+        "mistral-nemo-instruct-2407",
+        include_str!("../../model-configs/mistral-nemo-instruct-2407/config.json"),
+    ),
+    (
+        "mixtral-8x7b-v0.1",
+        include_str!("../../model-configs/mixtral-8x7b-v0.1/config.json"),
+    ),
+    (
+        "qwen2.5-7b-instruct",
+        include_str!("../../model-configs/qwen2.5-7b-instruct/config.json"),
+    ),
+    (
+        "qwen3-14b",
+        include_str!("../../model-configs/qwen3-14b/config.json"),
+    ),
+    (
+        "qwen3-30b-a3b",
+        include_str!("../../model-configs/qwen3-30b-a3b/config.json"),
+    ),
+    (
+        "yi-34b",
+        include_str!("../../model-configs/yi-34b/config.json"),
+    ),
 ];
 
 /// The bundled `hardware_config.json`.
@@ -81,16 +123,23 @@ impl ModelArch {
     pub fn from_hf_json(name: &str, text: &str) -> Result<Self> {
         let root: Value = serde_json::from_str(text)
             .map_err(|e| ReplayError::Config(format!("{name}: invalid JSON: {e}")))?;
-        let c = root.get("text_config").filter(|v| v.is_object()).unwrap_or(&root);
+        let c = root
+            .get("text_config")
+            .filter(|v| v.is_object())
+            .unwrap_or(&root);
         let get = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as u32);
         let need = |k: &str| {
-            get(k).ok_or_else(|| ReplayError::Config(format!("{name}: `{k}` missing or not an integer")))
+            get(k).ok_or_else(|| {
+                ReplayError::Config(format!("{name}: `{k}` missing or not an integer"))
+            })
         };
         let layers = need("num_hidden_layers")?;
         let hidden = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
         if heads == 0 || layers == 0 || hidden == 0 {
-            return Err(ReplayError::Config(format!("{name}: zero layers, hidden size or heads")));
+            return Err(ReplayError::Config(format!(
+                "{name}: zero layers, hidden size or heads"
+            )));
         }
         let kv_heads = get("num_key_value_heads").unwrap_or(heads);
         let head_dim = get("head_dim").unwrap_or(hidden / heads);
@@ -100,7 +149,11 @@ impl ModelArch {
             .or_else(|| get("num_experts"))
             .unwrap_or(0);
         let experts = if experts > 1 { experts } else { 0 };
-        let experts_per_token = if experts > 0 { get("num_experts_per_tok").unwrap_or(1).max(1) } else { 0 };
+        let experts_per_token = if experts > 0 {
+            get("num_experts_per_tok").unwrap_or(1).max(1)
+        } else {
+            0
+        };
         let expert_intermediate = get("moe_intermediate_size").unwrap_or(intermediate);
         let dense_layers = if experts == 0 {
             layers
@@ -115,14 +168,22 @@ impl ModelArch {
             Some(r) if r > 0 => r + get("qk_rope_head_dim").unwrap_or(0),
             _ => 0,
         };
-        let quantized = root.get("quantization_config").is_some()
-            || c.get("quantization_config").is_some();
+        let quantized =
+            root.get("quantization_config").is_some() || c.get("quantization_config").is_some();
         let fp8 = quantized && {
-            let q = root.get("quantization_config").or_else(|| c.get("quantization_config"));
+            let q = root
+                .get("quantization_config")
+                .or_else(|| c.get("quantization_config"));
             let s = q.map(Value::to_string).unwrap_or_default().to_lowercase();
-            s.contains("fp8") || s.contains("float8") || s.contains("e4m3") || s.contains("\"num_bits\":8")
+            s.contains("fp8")
+                || s.contains("float8")
+                || s.contains("e4m3")
+                || s.contains("\"num_bits\":8")
         };
-        let act = c.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
+        let act = c
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("silu");
         Ok(Self {
             name: name.to_string(),
             layers,
@@ -140,7 +201,10 @@ impl ModelArch {
             mla_kv_width,
             weight_bytes: if fp8 { 1.0 } else { 2.0 },
             kv_bytes: 2.0,
-            gated_mlp: matches!(act, "silu" | "swiglu" | "gelu_pytorch_tanh" | "geglu" | "gelu") || experts > 0,
+            gated_mlp: matches!(
+                act,
+                "silu" | "swiglu" | "gelu_pytorch_tanh" | "geglu" | "gelu"
+            ) || experts > 0,
         })
     }
 
@@ -206,12 +270,20 @@ impl Hardware {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .ok_or_else(|| {
                 let known: Vec<&str> = obj.keys().map(String::as_str).collect();
-                ReplayError::Config(format!("unknown hardware {name:?} (known: {})", known.join(", ")))
+                ReplayError::Config(format!(
+                    "unknown hardware {name:?} (known: {})",
+                    known.join(", ")
+                ))
             })?;
         let f = |k: &str| hw.get(k).and_then(Value::as_f64);
-        let need = |k: &str| f(k).ok_or_else(|| ReplayError::Config(format!("hardware {key}: `{k}` missing")));
+        let need = |k: &str| {
+            f(k).ok_or_else(|| ReplayError::Config(format!("hardware {key}: `{k}` missing")))
+        };
         let upper = key.to_uppercase();
-        let default_link = if upper.starts_with("H100") || upper.starts_with("H200") || upper.starts_with("B200") {
+        let default_link = if upper.starts_with("H100")
+            || upper.starts_with("H200")
+            || upper.starts_with("B200")
+        {
             450.0
         } else if upper.starts_with("A100") {
             300.0
@@ -242,7 +314,12 @@ impl Hardware {
 /// The folder name a model id maps to: `meta-llama/Llama-2-7b-hf` →
 /// `llama-2-7b-hf`.
 pub fn model_key(model: &str) -> String {
-    model.rsplit('/').next().unwrap_or(model).trim().to_lowercase()
+    model
+        .rsplit('/')
+        .next()
+        .unwrap_or(model)
+        .trim()
+        .to_lowercase()
 }
 
 /// Finds a model architecture: `config` (a folder with `config.json`, or the
@@ -255,7 +332,11 @@ pub fn model_key(model: &str) -> String {
 /// ones).
 pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArch> {
     if let Some(p) = config {
-        let file: PathBuf = if p.is_dir() { p.join("config.json") } else { p.to_path_buf() };
+        let file: PathBuf = if p.is_dir() {
+            p.join("config.json")
+        } else {
+            p.to_path_buf()
+        };
         let text = std::fs::read_to_string(&file)
             .map_err(|e| ReplayError::Config(format!("{}: {e}", file.display())))?;
         return ModelArch::from_hf_json(&file.display().to_string(), &text);
@@ -297,7 +378,10 @@ mod tests {
     #[test]
     fn architectures_are_read_as_documented() {
         let l = find_model(Some("meta-llama/Llama-2-7b-hf"), None).unwrap();
-        assert_eq!((l.layers, l.hidden, l.heads, l.kv_heads, l.head_dim), (32, 4096, 32, 32, 128));
+        assert_eq!(
+            (l.layers, l.hidden, l.heads, l.kv_heads, l.head_dim),
+            (32, 4096, 32, 32, 128)
+        );
         // 2 (K,V) × 32 heads × 128 × 32 layers × 2 bytes = 512 KiB per token.
         assert_eq!(l.kv_bytes_per_token(), 524_288.0);
         let m = find_model(Some("mistralai/Mixtral-8x7B-v0.1"), None).unwrap();
@@ -305,14 +389,30 @@ mod tests {
         let s = find_model(Some("llama-4-scout-17b-16e-instruct-fp8-dynamic"), None).unwrap();
         assert_eq!((s.experts, s.dense_layers, s.weight_bytes), (16, 24, 1.0));
         let d = find_model(Some("deepseek-v2-lite"), None).unwrap();
-        assert_eq!((d.mla_kv_width, d.dense_layers, d.shared_experts), (576, 1, 2));
-        assert!(find_model(Some("gpt-9"), None).unwrap_err().to_string().contains("Bundled:"));
+        assert_eq!(
+            (d.mla_kv_width, d.dense_layers, d.shared_experts),
+            (576, 1, 2)
+        );
+        assert!(
+            find_model(Some("gpt-9"), None)
+                .unwrap_err()
+                .to_string()
+                .contains("Bundled:")
+        );
     }
 
     #[test]
     fn hardware_is_read_and_unknown_names_listed() {
         let h = Hardware::bundled("h100").unwrap();
-        assert_eq!((h.tflops_peak, h.bw_peak_tbs, h.mfu_prefill, h.mfu_decode), (989.5, 3.35, 0.45, 0.30));
-        assert!(Hardware::bundled("TPU").unwrap_err().to_string().contains("known: "));
+        assert_eq!(
+            (h.tflops_peak, h.bw_peak_tbs, h.mfu_prefill, h.mfu_decode),
+            (989.5, 3.35, 0.45, 0.30)
+        );
+        assert!(
+            Hardware::bundled("TPU")
+                .unwrap_err()
+                .to_string()
+                .contains("known: ")
+        );
     }
 }

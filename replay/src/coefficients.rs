@@ -104,7 +104,12 @@ impl CoefficientsFile {
         let f: CoefficientsFile = serde_saphyr::from_str(text)
             .map_err(|e| ReplayError::Config(format!("{name}: {}", e.without_snippet())))?;
         for (i, r) in f.rows.iter().enumerate() {
-            let extra = [r.mfu_prefill, r.mfu_decode, r.overhead_us, r.allreduce_latency_us];
+            let extra = [
+                r.mfu_prefill,
+                r.mfu_decode,
+                r.overhead_us,
+                r.allreduce_latency_us,
+            ];
             let nums = r
                 .alpha
                 .iter()
@@ -112,11 +117,15 @@ impl CoefficientsFile {
                 .chain(extra.iter().flatten());
             for v in nums {
                 if !v.is_finite() {
-                    return Err(ReplayError::Config(format!("{name}: rows[{i}]: non-finite coefficient")));
+                    return Err(ReplayError::Config(format!(
+                        "{name}: rows[{i}]: non-finite coefficient"
+                    )));
                 }
             }
             if r.latency_model == LatencyKind::Blackbox && r.beta.is_none() {
-                return Err(ReplayError::Config(format!("{name}: rows[{i}]: a blackbox row needs `beta`")));
+                return Err(ReplayError::Config(format!(
+                    "{name}: rows[{i}]: a blackbox row needs `beta`"
+                )));
             }
         }
         Ok(f)
@@ -141,7 +150,13 @@ impl CoefficientsFile {
     }
 
     /// The row for `model` on `gpu` at `tp` with the given latency model.
-    pub fn find(&self, model: &str, gpu: &str, tp: u32, kind: LatencyKind) -> Option<&CoefficientRow> {
+    pub fn find(
+        &self,
+        model: &str,
+        gpu: &str,
+        tp: u32,
+        kind: LatencyKind,
+    ) -> Option<&CoefficientRow> {
         let key = model_key(model);
         self.rows.iter().find(|r| {
             model_key(&r.model) == key
@@ -173,7 +188,12 @@ mod tests {
     fn bundled_file_has_the_known_llama_row() {
         let f = CoefficientsFile::bundled();
         let r = f
-            .find("meta-llama/Llama-3.1-8B-Instruct", "h100", 1, LatencyKind::Blackbox)
+            .find(
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "h100",
+                1,
+                LatencyKind::Blackbox,
+            )
             .unwrap();
         assert_eq!(r.alpha, [10326.27, 0.0, 0.0]);
         assert_eq!(r.beta, Some([6472.008, 19.79721, 304.4021]));
@@ -189,7 +209,12 @@ mod tests {
         f.write(&p).unwrap();
         assert_eq!(CoefficientsFile::read(&p).unwrap(), f);
         let bad = "rows:\n  - model: m\n    gpu: H100\n    alpha: [1, 2, 3]\n";
-        assert!(CoefficientsFile::parse("x", bad).unwrap_err().to_string().contains("needs `beta`"));
+        assert!(
+            CoefficientsFile::parse("x", bad)
+                .unwrap_err()
+                .to_string()
+                .contains("needs `beta`")
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

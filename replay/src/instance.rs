@@ -208,7 +208,11 @@ impl StepReport {
 }
 
 fn visible(step_end: i64, overhead_us: f64, index: u32) -> i64 {
-    step_end + (overhead_us * f64::from(index)).round() as i64
+    if overhead_us == 0.0 {
+        step_end
+    } else {
+        step_end + (overhead_us * f64::from(index)).round() as i64
+    }
 }
 
 /// Counters of an instance since its start.
@@ -317,6 +321,9 @@ pub struct Instance {
     hits: Vec<u32>,
     groups: Vec<Vec<u32>>,
     index: rustc_hash::FxHashMap<u64, u32>,
+    spare_scheduled: Vec<(u32, u32)>,
+    spare_ends: Vec<i64>,
+    spare_phase: Vec<u32>,
 }
 
 impl Instance {
@@ -339,6 +346,9 @@ impl Instance {
             hits: Vec::new(),
             groups: Vec::new(),
             index: rustc_hash::FxHashMap::default(),
+            spare_scheduled: Vec::new(),
+            spare_ends: Vec::new(),
+            spare_phase: Vec::new(),
         }
     }
 
@@ -479,14 +489,16 @@ impl Instance {
         report.token_overhead_us = self.latency.output_token_overhead_us();
         if let Some(run) = self.run.take() {
             debug_assert_eq!(run.ends.last().copied(), Some(now));
-            self.finish_run(run, report);
+            self.finish_run(&run, report);
+            self.spare_scheduled = run.scheduled;
+            self.spare_ends = run.ends;
         }
         self.kick = None;
         self.form_batch(now, limit);
     }
 
     /// Applies the effects of a completed run, in single-step order.
-    fn finish_run(&mut self, run: Run, report: &mut StepReport) {
+    fn finish_run(&mut self, run: &Run, report: &mut StepReport) {
         let k = run.ends.len() as u32;
         let base_step = report.step_ends.len() as u32;
         report.step_ends.extend_from_slice(&run.ends);
@@ -654,7 +666,8 @@ impl Instance {
         let cfg = self.cfg.clone();
         let bs = self.kv.block_size();
         let mut budget = cfg.max_num_batched_tokens;
-        let mut scheduled: Vec<(u32, u32)> = Vec::with_capacity(self.running.len() + 4);
+        let mut scheduled = std::mem::take(&mut self.spare_scheduled);
+        scheduled.clear();
         let mut preempted = false;
         // 1. Running requests.
         let mut i = 0;
@@ -673,7 +686,14 @@ impl Instance {
             let mut scheduled_it = false;
             loop {
                 let a = self.act(slot);
-                let need = self.kv.blocks_for(a.num_computed + n).saturating_sub(a.blocks.len() as u32);
+                let need = self
+                    .kv
+                    .blocks_for(a.num_computed + n)
+                    .saturating_sub(a.blocks.len() as u32);
+                if need == 0 {
+                    scheduled_it = true;
+                    break;
+                }
                 let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
                 let ok = self.kv.allocate(&mut blocks, &[], need);
                 self.act_mut(slot).blocks = blocks;
@@ -707,7 +727,9 @@ impl Instance {
         // 2. Waiting requests.
         if !preempted {
             while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
-                let Some(slot) = self.waiting.peek() else { break };
+                let Some(slot) = self.waiting.peek() else {
+                    break;
+                };
                 let a = self.slots[slot as usize].as_ref().expect("live slot");
                 let num_tokens = a.num_tokens();
                 // Prefix-cache hits: full blocks, at most all but the last token.
@@ -734,7 +756,8 @@ impl Instance {
                 n = n.min(budget);
                 let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
                 let hits = std::mem::take(&mut self.hits);
-                let mut blocks = Vec::with_capacity(self.kv.blocks_for(num_tokens + 1) as usize);
+                let mut blocks =
+                    Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
                 let ok = self.kv.allocate(&mut blocks, &hits, need);
                 self.hits = hits;
                 if !ok {
@@ -759,10 +782,21 @@ impl Instance {
             }
         }
         if scheduled.is_empty() {
-            // Nothing could be scheduled (e.g. all waiting requests are
-            // blocked on KV with nothing running): stay idle until work
-            // arrives. Work conservation holds because every running request
-            // is always schedulable when the wait queue is blocked.
+            self.spare_scheduled = scheduled;
+            if preempted {
+                // The request being scheduled preempted itself (a priority
+                // policy chose it as the victim): like vLLM's next engine
+                // iteration, schedule again with the freed blocks. Each
+                // round preempts a request, so this ends.
+                return self.form_batch(now, limit);
+            }
+            // Nothing waits or runs. (With work in the system one request
+            // is always schedulable: the unservable check guarantees that
+            // any request fits on its own.)
+            debug_assert_eq!(self.in_system(), 0, "work waits but nothing was scheduled");
+            if self.in_system() > 0 {
+                self.kick = Some(now + 1);
+            }
             return;
         }
         // 3. The step's shape and duration.
@@ -786,7 +820,9 @@ impl Instance {
             }
         }
         let dt = self.latency.step_time_us(&self.shape).round().max(1.0) as i64;
-        let mut ends = vec![now + dt];
+        let mut ends = std::mem::take(&mut self.spare_ends);
+        ends.clear();
+        ends.push(now + dt);
         // 4. Fast-forward a run of identical decode steps.
         let all_running_scheduled = scheduled.len() == self.running.len();
         let can_grow = self.waiting.is_empty() || self.running.len() as u32 >= cfg.max_num_seqs;
@@ -795,7 +831,9 @@ impl Instance {
             // Requests needing a new block at step j+1 of the run are those
             // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
             // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
-            let mut per_phase = vec![0u32; bs as usize];
+            let mut per_phase = std::mem::take(&mut self.spare_phase);
+            per_phase.clear();
+            per_phase.resize(bs as usize, 0);
             for &(slot, _) in &scheduled {
                 let c0 = self.act(slot).num_computed;
                 per_phase[((bs - c0 % bs) % bs) as usize] += 1;
@@ -826,6 +864,7 @@ impl Instance {
                 ends.push(end);
                 k += 1;
             }
+            self.spare_phase = per_phase;
         }
         self.run = Some(Run { scheduled, ends });
     }
@@ -883,13 +922,12 @@ impl Instance {
                 c.enqueued, c.completed, c.aborted
             ));
         }
-        let held: usize = self
-            .running
-            .iter()
-            .map(|&s| self.act(s).blocks.len())
-            .sum();
+        let held: usize = self.running.iter().map(|&s| self.act(s).blocks.len()).sum();
         if held < self.kv.used() as usize {
-            return Err(format!("requests hold {held} blocks but {} are used", self.kv.used()));
+            return Err(format!(
+                "requests hold {held} blocks but {} are used",
+                self.kv.used()
+            ));
         }
         Ok(())
     }

@@ -107,12 +107,17 @@ impl KvCache {
     }
 
     /// The block holding content `hash`, if cached.
+    ///
+    /// The map is invalidated lazily: evicting a block only clears the
+    /// block's own hash, and an entry is valid only while its block still
+    /// holds that hash (stale entries are purged when they outnumber the
+    /// blocks). This keeps hash-map traffic off the allocation path.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
-        if self.prefix_caching {
-            self.cached.get(&hash).copied()
-        } else {
-            None
+        if !self.prefix_caching {
+            return None;
         }
+        let b = *self.cached.get(&hash)?;
+        (self.blocks[b as usize].hash == Some(hash)).then_some(b)
     }
 
     /// Whether `new_blocks` fresh blocks can be allocated after taking the
@@ -146,10 +151,8 @@ impl KvCache {
             debug_assert_ne!(b, NIL, "checked by can_allocate");
             self.unlink(b);
             let blk = &mut self.blocks[b as usize];
-            if let Some(h) = blk.hash.take() {
-                if self.cached.get(&h) == Some(&b) {
-                    self.cached.remove(&h);
-                }
+            if blk.hash.take().is_some() {
+                // Its map entry is now stale (see `lookup`).
                 self.evictions += 1;
             }
             blk.ref_cnt = 1;
@@ -179,9 +182,25 @@ impl KvCache {
         if !self.prefix_caching || self.blocks[block as usize].hash.is_some() {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
-            e.insert(block);
-            self.blocks[block as usize].hash = Some(hash);
+        let blocks = &mut self.blocks;
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(block);
+                blocks[block as usize].hash = Some(hash);
+            }
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let holder = *e.get();
+                if blocks[holder as usize].hash != Some(hash) {
+                    // A stale entry: this block takes the content over.
+                    e.insert(block);
+                    blocks[block as usize].hash = Some(hash);
+                }
+            }
+        }
+        if self.cached.len() > 4 * self.blocks.len() + 1024 {
+            let blocks = &self.blocks;
+            self.cached
+                .retain(|h, b| blocks[*b as usize].hash == Some(*h));
         }
     }
 
@@ -238,15 +257,26 @@ impl KvCache {
             b = blk.next;
         }
         if in_list != self.free_count {
-            return Err(format!("free count {} but {} blocks queued", self.free_count, in_list));
+            return Err(format!(
+                "free count {} but {} blocks queued",
+                self.free_count, in_list
+            ));
         }
         let used = self.blocks.iter().filter(|b| b.ref_cnt > 0).count() as u32;
         if used + self.free_count != self.total() {
-            return Err(format!("used {used} + free {} != total {}", self.free_count, self.total()));
+            return Err(format!(
+                "used {used} + free {} != total {}",
+                self.free_count,
+                self.total()
+            ));
         }
-        for (h, &b) in &self.cached {
-            if self.blocks[b as usize].hash != Some(*h) {
-                return Err(format!("cached hash {h:#x} points at block {b} holding another"));
+        for (i, blk) in self.blocks.iter().enumerate() {
+            if let Some(h) = blk.hash
+                && self.cached.get(&h) != Some(&(i as u32))
+            {
+                return Err(format!(
+                    "block {i} holds hash {h:#x} but the map does not point at it"
+                ));
             }
         }
         Ok(())

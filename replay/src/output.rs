@@ -37,7 +37,11 @@ impl Dist {
     pub fn of_us(mut us: Vec<f64>) -> Self {
         us.sort_by(f64::total_cmp);
         let n = us.len();
-        let mean = if n == 0 { f64::NAN } else { us.iter().sum::<f64>() / n as f64 };
+        let mean = if n == 0 {
+            f64::NAN
+        } else {
+            us.iter().sum::<f64>() / n as f64
+        };
         let p = |q| percentile(&us, q) / 1000.0;
         Self {
             n: n as u64,
@@ -58,7 +62,11 @@ impl Dist {
         let p = |q| percentile_of_counts(&v, q) / 1000.0;
         Self {
             n,
-            mean: if n == 0 { f64::NAN } else { sum / n as f64 / 1000.0 },
+            mean: if n == 0 {
+                f64::NAN
+            } else {
+                sum / n as f64 / 1000.0
+            },
             p50: p(50.0),
             p90: p(90.0),
             p95: p(95.0),
@@ -162,7 +170,8 @@ pub struct Collector {
     e2e: Vec<f64>,
     tpot: Vec<f64>,
     itl: FxHashMap<i64, u64>,
-    last_token: FxHashMap<u64, i64>,
+    pending_itl: (i64, u64),
+    last_token: Vec<i64>,
     counts: RequestCounts,
     first_send: i64,
     last_done: i64,
@@ -225,7 +234,8 @@ impl Collector {
             e2e: Vec::new(),
             tpot: Vec::new(),
             itl: FxHashMap::default(),
-            last_token: FxHashMap::default(),
+            pending_itl: (i64::MIN, 0),
+            last_token: Vec::new(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -236,6 +246,26 @@ impl Collector {
             kv_n: 0,
             error: None,
         }
+    }
+
+    /// Counts `n` inter-token gaps of `gap` µs. Consecutive calls mostly
+    /// carry the same gap (all requests of a step), so one pending entry is
+    /// kept out of the map.
+    fn add_itl(&mut self, gap: i64, n: u64) {
+        if gap == self.pending_itl.0 {
+            self.pending_itl.1 += n;
+        } else {
+            self.flush_itl();
+            self.pending_itl = (gap, n);
+        }
+    }
+
+    fn flush_itl(&mut self) {
+        let (g, n) = self.pending_itl;
+        if n > 0 {
+            *self.itl.entry(g).or_default() += n;
+        }
+        self.pending_itl = (i64::MIN, 0);
     }
 
     fn emit(&mut self, rec: TraceRecord) {
@@ -263,6 +293,7 @@ impl Collector {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
+        self.flush_itl();
         if let Some(w) = self.writer.take() {
             w.finish(header)?;
         }
@@ -271,7 +302,13 @@ impl Collector {
         } else {
             0.0
         };
-        let per_s = |x: f64| if duration_s > 0.0 { x / duration_s } else { 0.0 };
+        let per_s = |x: f64| {
+            if duration_s > 0.0 {
+                x / duration_s
+            } else {
+                0.0
+            }
+        };
         let c = last.counters;
         let summary = Summary {
             version: 1,
@@ -300,7 +337,11 @@ impl Collector {
             kv: KvFigures {
                 total_blocks: last.kv_total,
                 peak_usage: self.kv_peak,
-                mean_usage: if self.kv_n > 0 { self.kv_sum / self.kv_n as f64 } else { 0.0 },
+                mean_usage: if self.kv_n > 0 {
+                    self.kv_sum / self.kv_n as f64
+                } else {
+                    0.0
+                },
             },
             steps: c.steps,
             fast_forwarded_steps: c.fast_forwarded_steps,
@@ -314,10 +355,14 @@ impl Sink for Collector {
         true
     }
 
-    fn tokens(&mut self, rec: &TraceRecord, first_index: u32, times: &[i64]) {
+    fn tokens(&mut self, tag: u32, rec: &TraceRecord, first_index: u32, times: &[i64]) {
         let id = rec.request.request_id;
-        let mut prev = if first_index > 1 {
-            self.last_token.get(&id).copied()
+        let tag = tag as usize;
+        if self.last_token.len() <= tag {
+            self.last_token.resize(tag + 1, i64::MIN);
+        }
+        let mut prev = if first_index > 1 && self.last_token[tag] != i64::MIN {
+            Some(self.last_token[tag])
         } else {
             None
         };
@@ -331,7 +376,7 @@ impl Sink for Collector {
                     run_len += 1;
                 } else {
                     if run_len > 0 {
-                        *self.itl.entry(run_gap).or_default() += run_len;
+                        self.add_itl(run_gap, run_len);
                     }
                     run_gap = g;
                     run_len = 1;
@@ -340,10 +385,10 @@ impl Sink for Collector {
             prev = Some(t);
         }
         if run_len > 0 {
-            *self.itl.entry(run_gap).or_default() += run_len;
+            self.add_itl(run_gap, run_len);
         }
         if let Some(p) = prev {
-            self.last_token.insert(id, p);
+            self.last_token[tag] = p;
         }
         if self.itl_companion
             && rec.request.streaming
@@ -370,10 +415,13 @@ impl Sink for Collector {
             fin,
             status,
         } = done;
-        self.last_token.remove(&rec.request.request_id);
         let input = rec.effective_input_tokens().max(1);
         let streaming = rec.request.streaming;
-        let first = if streaming { fin.first_token_us } else { fin.last_token_us };
+        let first = if streaming {
+            fin.first_token_us
+        } else {
+            fin.last_token_us
+        };
         self.counts.total += 1;
         match status {
             Status::Ok => self.counts.completed += 1,
@@ -386,7 +434,8 @@ impl Sink for Collector {
             self.e2e.push((fin.last_token_us - entry_us) as f64);
             if fin.output_tokens > 1 && streaming {
                 self.tpot.push(
-                    (fin.last_token_us - fin.first_token_us) as f64 / f64::from(fin.output_tokens - 1),
+                    (fin.last_token_us - fin.first_token_us) as f64
+                        / f64::from(fin.output_tokens - 1),
                 );
             }
             self.input_tokens += u64::from(input);
@@ -408,7 +457,11 @@ impl Sink for Collector {
             } else {
                 "client cancelled (timeout)".into()
             },
-            finish_reason: if status == Status::Ok { "length".into() } else { "abort".into() },
+            finish_reason: if status == Status::Ok {
+                "length".into()
+            } else {
+                "abort".into()
+            },
             http_status: None,
             cached_tokens: Some(fin.cached_tokens),
             x_request_id: None,
@@ -417,7 +470,6 @@ impl Sink for Collector {
     }
 
     fn not_served(&mut self, mut rec: TraceRecord, entry_us: i64, why: NotServed) {
-        self.last_token.remove(&rec.request.request_id);
         self.counts.total += 1;
         let (status, msg) = match &why {
             NotServed::Dropped(d) => {
@@ -430,7 +482,10 @@ impl Sink for Collector {
             }
             NotServed::CancelledWaiting => {
                 self.counts.cancelled += 1;
-                (Status::Timeout, "client cancelled before the first token".to_string())
+                (
+                    Status::Timeout,
+                    "client cancelled before the first token".to_string(),
+                )
             }
             NotServed::Unfinished => {
                 self.counts.unfinished += 1;

@@ -94,7 +94,10 @@ impl Roofline {
         Self {
             linear_flops_per_token: 2.0 * linear_params_per_token,
             logits_flops: 2.0 * d * f64::from(a.vocab),
-            attn_core_flops_per_ctx_token: 4.0 * f64::from(a.heads) * f64::from(a.head_dim) * layers,
+            attn_core_flops_per_ctx_token: 4.0
+                * f64::from(a.heads)
+                * f64::from(a.head_dim)
+                * layers,
             static_weight_bytes: static_weight_params * a.weight_bytes,
             moe_layer_expert_bytes: expert_params * a.weight_bytes,
             moe_layers,
@@ -140,8 +143,8 @@ impl Roofline {
         } else {
             0.0
         };
-        let weight_bytes =
-            self.static_weight_bytes + self.moe_layer_expert_bytes * experts_touched * self.moe_layers;
+        let weight_bytes = self.static_weight_bytes
+            + self.moe_layer_expert_bytes * experts_touched * self.moe_layers;
         let kv_bytes = (kv_read_tokens + tokens) * a.kv_bytes_per_token();
         let act_bytes = tokens * f64::from(a.hidden) * f64::from(a.layers) * 2.0 * 2.0;
         let memory = (weight_bytes + kv_bytes + act_bytes) / tp / (self.hw.bw_peak_tbs * 1e12);
@@ -187,13 +190,21 @@ mod tests {
     use crate::latency::PrefillChunk;
 
     fn llama7b() -> Roofline {
-        Roofline::new(find_model(Some("llama-2-7b-hf"), None).unwrap(), Hardware::bundled("H100").unwrap(), 1)
+        Roofline::new(
+            find_model(Some("llama-2-7b-hf"), None).unwrap(),
+            Hardware::bundled("H100").unwrap(),
+            1,
+        )
     }
 
     #[test]
     fn small_decode_batches_are_memory_bound_at_weights_over_bandwidth() {
         let r = llama7b();
-        let b = BatchShape { prefill: vec![], decode_count: 1, decode_context_sum: 100 };
+        let b = BatchShape {
+            prefill: vec![],
+            decode_count: 1,
+            decode_context_sum: 100,
+        };
         let (compute, memory, _) = r.components(&b);
         assert!(memory > compute);
         // ~6.7e9 params × 2 bytes / 3.35e12 B/s ≈ 4.0 ms.
@@ -204,7 +215,14 @@ mod tests {
     #[test]
     fn long_prefills_are_compute_bound_and_grow_superlinearly() {
         let r = llama7b();
-        let p = |n| BatchShape { prefill: vec![PrefillChunk { computed_before: 0, new_tokens: n }], decode_count: 0, decode_context_sum: 0 };
+        let p = |n| BatchShape {
+            prefill: vec![PrefillChunk {
+                computed_before: 0,
+                new_tokens: n,
+            }],
+            decode_count: 0,
+            decode_context_sum: 0,
+        };
         let (c, m, _) = r.components(&p(2048));
         assert!(c > m);
         let t1 = r.step_time_us(&p(1024));
@@ -218,7 +236,11 @@ mod tests {
     fn tensor_parallelism_divides_work_and_adds_communication() {
         let arch = find_model(Some("llama-2-70b-hf"), None).unwrap();
         let hw = Hardware::bundled("H100").unwrap();
-        let b = BatchShape { prefill: vec![], decode_count: 32, decode_context_sum: 32 * 800 };
+        let b = BatchShape {
+            prefill: vec![],
+            decode_count: 32,
+            decode_context_sum: 32 * 800,
+        };
         let t1 = Roofline::new(arch.clone(), hw.clone(), 1).step_time_us(&b);
         let t4 = Roofline::new(arch, hw, 4).step_time_us(&b);
         assert!(t4 < t1 / 3.0 && t4 > t1 / 4.0, "{t1} {t4}");

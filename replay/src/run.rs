@@ -155,11 +155,18 @@ pub fn replay_header(input: &TraceHeader, resolved: &Resolved) -> TraceHeader {
 
 fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let workload = load_workload(args)?;
-    let resolved = resolve(&server_args(args), Some(&workload.header)).context("configuring the server")?;
+    let resolved =
+        resolve(&server_args(args), Some(&workload.header)).context("configuring the server")?;
     let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
-    let mut sink = Collector::to_files(&args.out, &header, &workload.extras, !args.no_itl, sample.is_some())
-        .with_context(|| format!("creating the outputs at {}", args.out.display()))?;
+    let mut sink = Collector::to_files(
+        &args.out,
+        &header,
+        &workload.extras,
+        !args.no_itl,
+        sample.is_some(),
+    )
+    .with_context(|| format!("creating the outputs at {}", args.out.display()))?;
     let bar = progress(workload.len);
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
     let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
@@ -179,15 +186,20 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let summary_path = args.out.with_extension("summary.json");
     let mut json = serde_json::to_string_pretty(&summary)?;
     json.push('\n');
-    std::fs::write(&summary_path, json).with_context(|| format!("writing {}", summary_path.display()))?;
+    std::fs::write(&summary_path, json)
+        .with_context(|| format!("writing {}", summary_path.display()))?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
     } else {
         write!(out, "{}", render_summary(&summary, &resolved))?;
-        writeln!(out, "\nwrote {}.{{yaml,csv{}{}}} and {}", args.out.display(),
+        writeln!(
+            out,
+            "\nwrote {}.{{yaml,csv{}{}}} and {}",
+            args.out.display(),
             if args.no_itl { "" } else { ",itl.csv" },
             if sample.is_some() { ",metrics.csv" } else { "" },
-            summary_path.display())?;
+            summary_path.display()
+        )?;
     }
     eprintln!(
         "replayed {} requests ({} steps) in {:.1} ms of wall time",
@@ -204,7 +216,9 @@ fn progress(len: Option<u64>) -> ProgressBar {
         None => ProgressBar::no_length(),
     };
     bar.set_draw_target(ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{spinner} replaying {pos}/{len} requests {wide_bar} {eta}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} replaying {pos}/{len} requests {wide_bar} {eta}")
+    {
         bar.set_style(style);
     }
     bar
@@ -226,7 +240,11 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
     let _ = writeln!(
         o,
         "## blis-replay: {} on {} TP{} ({} latency model)\n",
-        if r.model.is_empty() { "(model unset)" } else { &r.model },
+        if r.model.is_empty() {
+            "(model unset)"
+        } else {
+            &r.model
+        },
         r.gpu,
         r.tp,
         s.latency_model
@@ -249,7 +267,12 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
     );
     let _ = writeln!(o, "| metric (ms) | n | mean | p50 | p90 | p95 | p99 |");
     let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
-    for (name, d) in [("TTFT", &s.ttft_ms), ("ITL", &s.itl_ms), ("TPOT", &s.tpot_ms), ("E2E", &s.e2e_ms)] {
+    for (name, d) in [
+        ("TTFT", &s.ttft_ms),
+        ("ITL", &s.itl_ms),
+        ("TPOT", &s.tpot_ms),
+        ("E2E", &s.e2e_ms),
+    ] {
         let _ = writeln!(
             o,
             "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",

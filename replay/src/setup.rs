@@ -98,14 +98,24 @@ impl Resolved {
 /// KV blocks that fit in `tp` GPUs of `hw` at `util` after the weights
 /// (vLLM profiles the same: memory × utilisation − weights − activations;
 /// activations are taken as 5% of the remainder).
-pub fn estimate_kv_blocks(arch: &ModelArch, hw: &Hardware, tp: u32, util: f64, block_size: u32) -> u32 {
+pub fn estimate_kv_blocks(
+    arch: &ModelArch,
+    hw: &Hardware,
+    tp: u32,
+    util: f64,
+    block_size: u32,
+) -> u32 {
     let mem = hw.memory_gib * 1024.0 * 1024.0 * 1024.0 * f64::from(tp) * util;
     let a = arch;
     let d = f64::from(a.hidden);
     let moe_layers = f64::from(a.layers - a.dense_layers);
     let params = a.attention_params_per_layer() * f64::from(a.layers)
         + a.mlp_matrices() * d * f64::from(a.intermediate) * f64::from(a.dense_layers)
-        + a.mlp_matrices() * d * f64::from(a.expert_intermediate) * f64::from(a.experts + a.shared_experts) * moe_layers
+        + a.mlp_matrices()
+            * d
+            * f64::from(a.expert_intermediate)
+            * f64::from(a.experts + a.shared_experts)
+            * moe_layers
         + 2.0 * d * f64::from(a.vocab);
     let free = (mem - params * a.weight_bytes) * 0.95;
     let per_block = a.kv_bytes_per_token() * f64::from(block_size);
@@ -116,7 +126,13 @@ pub fn estimate_kv_blocks(arch: &ModelArch, hw: &Hardware, tp: u32, util: f64, b
     }
 }
 
-fn pick(prov: &mut Vec<String>, name: &str, flag: Option<u64>, hdr: Option<u64>, default: Option<u64>) -> Option<u64> {
+fn pick(
+    prov: &mut Vec<String>,
+    name: &str,
+    flag: Option<u64>,
+    hdr: Option<u64>,
+    default: Option<u64>,
+) -> Option<u64> {
     let (v, from) = match (flag, hdr, default) {
         (Some(v), _, _) => (Some(v), "flag"),
         (None, Some(v), _) => (Some(v), "trace header"),
@@ -142,8 +158,14 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         .clone()
         .or_else(|| hs.and_then(|s| s.model.clone()))
         .unwrap_or_default();
-    let tp = pick(&mut prov, "tensor_parallel", args.tp.map(u64::from), hs.and_then(|s| s.tensor_parallel).map(u64::from), Some(1))
-        .unwrap_or(1) as u32;
+    let tp = pick(
+        &mut prov,
+        "tensor_parallel",
+        args.tp.map(u64::from),
+        hs.and_then(|s| s.tensor_parallel).map(u64::from),
+        Some(1),
+    )
+    .unwrap_or(1) as u32;
     let gpu = args
         .hardware
         .clone()
@@ -155,7 +177,11 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     };
     let kind = match args.latency {
         Some(k) => k,
-        None if !model.is_empty() && coefs.find(&model, &gpu, tp, LatencyKind::Blackbox).is_some() => {
+        None if !model.is_empty()
+            && coefs
+                .find(&model, &gpu, tp, LatencyKind::Blackbox)
+                .is_some() =>
+        {
             LatencyKind::Blackbox
         }
         None => LatencyKind::Roofline,
@@ -169,7 +195,10 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     };
     let needs_arch = kind == LatencyKind::Roofline;
     let arch = if needs_arch || args.model_config.is_some() || !model.is_empty() {
-        match find_model((!model.is_empty()).then_some(model.as_str()), args.model_config.as_deref()) {
+        match find_model(
+            (!model.is_empty()).then_some(model.as_str()),
+            args.model_config.as_deref(),
+        ) {
             Ok(a) => Some(a),
             Err(e) if needs_arch => return Err(e),
             Err(_) => None,
@@ -180,12 +209,14 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     let hw = Hardware::from_json(&hardware_text, &gpu);
     let latency = match kind {
         LatencyKind::Blackbox => {
-            let row = coefs.find(&model, &gpu, tp, LatencyKind::Blackbox).ok_or_else(|| {
-                ReplayError::Config(format!(
-                    "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; \
+            let row = coefs
+                .find(&model, &gpu, tp, LatencyKind::Blackbox)
+                .ok_or_else(|| {
+                    ReplayError::Config(format!(
+                        "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; \
                      give --coefficients with such a row, or use --latency-model roofline"
-                ))
-            })?;
+                    ))
+                })?;
             prov.push(format!(
                 "blackbox alpha={:?} beta={:?} ({})",
                 row.alpha,
@@ -199,7 +230,10 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         }
         LatencyKind::Roofline => {
             let arch = arch.clone().expect("checked above");
-            let hw = hw.as_ref().map_err(|e| ReplayError::Config(e.to_string()))?.clone();
+            let hw = hw
+                .as_ref()
+                .map_err(|e| ReplayError::Config(e.to_string()))?
+                .clone();
             let mut params = RooflineParams {
                 mfu_prefill: hw.mfu_prefill,
                 mfu_decode: hw.mfu_decode,
@@ -225,8 +259,14 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
         }
     };
-    let block_size = pick(&mut prov, "block_size", args.block_size.map(u64::from), hs.and_then(|s| s.block_size).map(u64::from), Some(16))
-        .unwrap_or(16) as u32;
+    let block_size = pick(
+        &mut prov,
+        "block_size",
+        args.block_size.map(u64::from),
+        hs.and_then(|s| s.block_size).map(u64::from),
+        Some(16),
+    )
+    .unwrap_or(16) as u32;
     let row_blocks = coefs
         .find(&model, &gpu, tp, kind)
         .and_then(|r| r.total_kv_blocks);
@@ -252,11 +292,19 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         )
     })? as u32;
     if total_kv_blocks == 0 {
-        return Err(ReplayError::Config("total_kv_blocks must be positive".into()));
+        return Err(ReplayError::Config(
+            "total_kv_blocks must be positive".into(),
+        ));
     }
     let engine = EngineConfig {
-        max_num_seqs: pick(&mut prov, "max_num_seqs", args.max_num_seqs.map(u64::from), hs.and_then(|s| s.max_num_seqs).map(u64::from), Some(256))
-            .unwrap_or(256) as u32,
+        max_num_seqs: pick(
+            &mut prov,
+            "max_num_seqs",
+            args.max_num_seqs.map(u64::from),
+            hs.and_then(|s| s.max_num_seqs).map(u64::from),
+            Some(256),
+        )
+        .unwrap_or(256) as u32,
         max_num_batched_tokens: pick(
             &mut prov,
             "max_num_batched_tokens",
@@ -268,8 +316,14 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         long_prefill_token_threshold: args.long_prefill_token_threshold.unwrap_or(0),
         block_size,
         total_kv_blocks,
-        max_model_len: pick(&mut prov, "max_model_len", args.max_model_len.map(u64::from), hs.and_then(|s| s.max_model_len), Some(0))
-            .unwrap_or(0) as u32,
+        max_model_len: pick(
+            &mut prov,
+            "max_model_len",
+            args.max_model_len.map(u64::from),
+            hs.and_then(|s| s.max_model_len),
+            Some(0),
+        )
+        .unwrap_or(0) as u32,
         scheduler: args.scheduler,
         prefix_caching: args.prefix_caching,
         fast_forward: args.fast_forward,

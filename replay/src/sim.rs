@@ -20,7 +20,9 @@ use blis_traces::content;
 use blis_traces::{SharedStr, Status, TraceRecord};
 use rustc_hash::FxHashMap;
 
-use crate::instance::{DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan};
+use crate::instance::{
+    DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
+};
 use crate::latency::LatencyModel;
 use crate::scheduler::slo_priority;
 
@@ -31,8 +33,10 @@ pub trait Sink {
         false
     }
     /// Tokens of one request; `times[m]` is the client-visible time of
-    /// output token `first_index + m`, µs since the run start.
-    fn tokens(&mut self, _rec: &TraceRecord, _first_index: u32, _times: &[i64]) {}
+    /// output token `first_index + m`, µs since the run start. `tag` is a
+    /// small integer identifying the request while it is in flight (reused
+    /// afterwards), for sinks that keep per-request state in a vector.
+    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _first_index: u32, _times: &[i64]) {}
     /// A request completed.
     fn finished(&mut self, done: Done<'_>);
     /// A request was dropped (never served) or skipped (a failed request of
@@ -440,7 +444,7 @@ impl Driver<'_> {
                 self.times.clear();
                 self.times
                     .extend((0..span.count).map(|m| report.token_time(&span, m)));
-                sink.tokens(&f.rec, span.first_index, &self.times);
+                sink.tokens(span.tag, &f.rec, span.first_index, &self.times);
             }
         }
         for fin in &report.finished {

@@ -155,6 +155,24 @@ pub const ROOT_HASH: u64 = 0x9E37_79B9_7F4A_7C15;
 pub fn block_hash(segs: &[Segment], block_size: u32, index: u32, parent: u64) -> u64 {
     let bs = u64::from(block_size.max(1));
     let mut start = u64::from(index) * bs;
+    // Fast path: the block lies within one segment (one piece).
+    let mut seg_start = 0u64;
+    for s in segs {
+        let len = u64::from(s.len);
+        if start < seg_start + len {
+            if start + bs <= seg_start + len {
+                let mut piece = [0u8; 24];
+                piece[..8].copy_from_slice(&parent.to_le_bytes());
+                piece[8..16].copy_from_slice(&s.key.to_le_bytes());
+                piece[16..20]
+                    .copy_from_slice(&(s.offset + (start - seg_start) as u32).to_le_bytes());
+                piece[20..].copy_from_slice(&(bs as u32).to_le_bytes());
+                return xxh3_64(&piece);
+            }
+            break;
+        }
+        seg_start += len;
+    }
     let mut need = bs;
     let mut buf = [0u8; 8 + 16 * 8];
     buf[..8].copy_from_slice(&parent.to_le_bytes());

@@ -229,7 +229,11 @@ mod tests {
             .flat_map(|(v, c)| std::iter::repeat_n(*v, *c as usize))
             .collect();
         for q in [0.0, 10.0, 25.0, 50.0, 62.5, 90.0, 99.0, 100.0] {
-            assert_eq!(percentile_of_counts(&counts, q), percentile(&expanded, q), "q {q}");
+            assert_eq!(
+                percentile_of_counts(&counts, q),
+                percentile(&expanded, q),
+                "q {q}"
+            );
         }
         assert!(percentile_of_counts(&[], 50.0).is_nan());
     }

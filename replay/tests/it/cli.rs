@@ -1,0 +1,183 @@
+//! The `blis-replay` binary as a user runs it.
+
+use assert_cmd::Command;
+use blis_traces::{Mode, Status, Trace};
+
+use crate::common::shared;
+
+fn replay() -> Command {
+    Command::cargo_bin("blis-replay").expect("binary built")
+}
+
+#[test]
+fn a_spec_replays_to_a_readable_trace_summary_and_time_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pred");
+    let assert = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "300",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
+    assert!(stdout.contains("blackbox latency model"), "{stdout}");
+    assert!(stdout.contains("| TTFT |"), "{stdout}");
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.header.mode, Mode::Replayed);
+    assert_eq!(t.records.len(), 300);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+    let chunks = t.chunks.unwrap();
+    let streamed: u64 = t
+        .records
+        .iter()
+        .filter(|r| r.request.streaming)
+        .map(|r| u64::from(r.outcome.num_chunks))
+        .sum();
+    assert_eq!(chunks.len() as u64, streamed);
+    let metrics = t.metrics.unwrap();
+    assert!(
+        metrics
+            .iter()
+            .any(|m| m.name == "vllm:num_requests_running")
+    );
+    assert!(metrics.iter().any(|m| m.name == "vllm:kv_cache_usage_perc"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["requests"]["completed"], 300);
+    assert!(summary["ttft_ms"]["p99"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn the_same_inputs_give_byte_identical_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str| {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let out = dir.path().join(name).join("pred");
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "200",
+                "--latency-model",
+                "roofline",
+                "--model",
+                "qwen2.5-7b-instruct",
+                "--out",
+            ])
+            .arg(&out)
+            .assert()
+            .success();
+        ["yaml", "csv", "itl.csv", "metrics.csv", "summary.json"]
+            .map(|ext| std::fs::read(out.with_extension(ext)).unwrap())
+    };
+    let (a, b) = (run("a"), run("b"));
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(x == y, "output file {i} differs between two runs");
+    }
+}
+
+#[test]
+fn a_ground_truth_run_replays_with_its_recorded_server_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gt");
+    let src = format!(
+        "vllm-gt:{}",
+        shared()
+            .join("vllm-ground-truth/train/20260218-155500-codellama-34b-tp2-roleplay")
+            .display()
+    );
+    replay()
+        .args([
+            "run",
+            "--import",
+            &src,
+            "--num-requests",
+            "400",
+            "--no-itl",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let s = t.header.server.unwrap();
+    assert_eq!(
+        (
+            s.max_num_seqs,
+            s.max_num_batched_tokens,
+            s.total_kv_blocks,
+            s.tensor_parallel
+        ),
+        (Some(128), Some(2048), Some(26602), Some(2))
+    );
+    // Predicted send times are the recorded ones (same run start).
+    let real = blis_traces::import(&src.parse().unwrap(), 42).unwrap();
+    let sends: std::collections::BTreeMap<u64, i64> = real
+        .records
+        .iter()
+        .map(|r| (r.request.request_id, r.outcome.send_time_us.unwrap()))
+        .collect();
+    for r in &t.records {
+        assert_eq!(Some(sends[&r.request.request_id]), r.outcome.send_time_us);
+    }
+}
+
+#[test]
+fn errors_are_one_line_and_exit_nonzero() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "10",
+            "--model",
+            "gpt-9",
+            "--latency-model",
+            "roofline",
+            "--out",
+        ])
+        .arg(dir.path().join("x"))
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no bundled config for model \"gpt-9\""),
+        "{err}"
+    );
+    let a = replay()
+        .args(["run", "--trace"])
+        .arg(dir.path().join("missing.yaml"))
+        .args(["--out"])
+        .arg(dir.path().join("x"))
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("missing.yaml"), "{err}");
+    replay()
+        .args([
+            "run",
+            "--out",
+            "x",
+            "--trace",
+            "a",
+            "--import",
+            "mooncake:b",
+        ])
+        .assert()
+        .code(2);
+}

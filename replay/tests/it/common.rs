@@ -1,0 +1,81 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use blis_replay::output::{Collector, Summary};
+use blis_replay::sim::{Input, SimOptions};
+use blis_replay::{Blackbox, EngineConfig, Instance, Model, replay};
+use blis_traces::{Mode, Request, TraceHeader, TraceRecord};
+
+pub fn shared() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+}
+
+/// Blackbox with round numbers: step = 1000 + 10·prefill + 100·decode µs.
+pub fn simple_model() -> Model {
+    Model::Blackbox(Blackbox {
+        alpha: [0.0; 3],
+        beta: [1000.0, 10.0, 100.0],
+    })
+}
+
+pub fn req(id: u64, at_us: i64, input: u32, output: u32) -> Request {
+    Request {
+        request_id: id,
+        input_tokens: input,
+        output_tokens: output,
+        streaming: true,
+        arrival_time_us: at_us,
+        ..Request::default()
+    }
+}
+
+pub fn with_prefix(mut r: Request, group: &str, len: u32) -> Request {
+    r.prefix_group = Arc::from(group);
+    r.prefix_length = len;
+    r
+}
+
+/// Replays `reqs` and returns the summary and the predicted records sorted
+/// by request id.
+pub fn run(cfg: EngineConfig, model: Model, reqs: Vec<Request>) -> (Summary, Vec<TraceRecord>) {
+    run_opts(
+        cfg,
+        model,
+        reqs,
+        SimOptions {
+            sample_interval_us: None,
+            horizon_us: None,
+        },
+    )
+}
+
+pub fn run_opts(
+    cfg: EngineConfig,
+    model: Model,
+    reqs: Vec<Request>,
+    opts: SimOptions,
+) -> (Summary, Vec<TraceRecord>) {
+    let mut inst = Instance::new(cfg, model);
+    let mut inputs: Vec<Input> = reqs
+        .into_iter()
+        .map(|r| Input::from_record(TraceRecord::planned(r), 0))
+        .collect();
+    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    let mut sink = Collector::in_memory(0);
+    let last = replay(&mut inst, inputs, &opts, &mut sink);
+    inst.check().expect("invariants at the end");
+    let (s, recs) = sink
+        .finish(&TraceHeader::new(Mode::Replayed), &last, "test")
+        .expect("finish");
+    let mut recs = recs.expect("kept");
+    recs.sort_by_key(|r| r.request.request_id);
+    (s, recs)
+}
+
+pub fn ttft(r: &TraceRecord) -> i64 {
+    r.ttft_us().expect("ttft")
+}
+
+pub fn e2e(r: &TraceRecord) -> i64 {
+    r.e2e_us().expect("e2e")
+}

@@ -1,0 +1,88 @@
+//! Executing runs of identical decode steps as one event must not change a
+//! single byte of the results.
+
+use blis_replay::roofline::Roofline;
+use blis_replay::sim::SimOptions;
+use blis_replay::{EngineConfig, Model, SchedulerPolicy};
+use proptest::prelude::*;
+
+use crate::common::{req, run_opts, simple_model, with_prefix};
+
+fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample: Option<i64>) {
+    let opts = SimOptions {
+        sample_interval_us: sample,
+        horizon_us: None,
+    };
+    let on = EngineConfig {
+        fast_forward: true,
+        ..cfg.clone()
+    };
+    let off = EngineConfig {
+        fast_forward: false,
+        ..cfg
+    };
+    let (s1, r1) = run_opts(on, model.clone(), reqs.clone(), opts);
+    let (s2, r2) = run_opts(off, model, reqs, opts);
+    assert_eq!(r1, r2);
+    assert_eq!(s1.steps, s2.steps);
+    assert_eq!(s2.fast_forwarded_steps, 0);
+    let strip = |mut s: blis_replay::output::Summary| {
+        s.fast_forwarded_steps = 0;
+        serde_json::to_string(&s).unwrap()
+    };
+    assert_eq!(strip(s1), strip(s2));
+}
+
+fn roofline() -> Model {
+    let arch = blis_replay::arch::find_model(Some("llama-2-7b-hf"), None).unwrap();
+    let hw = blis_replay::arch::Hardware::bundled("H100").unwrap();
+    Model::Roofline(Box::new(Roofline::new(arch, hw, 1)))
+}
+
+#[test]
+fn fast_forward_is_exact_on_a_busy_mixed_workload() {
+    let reqs: Vec<_> = (0..300)
+        .map(|i| {
+            let r = req(
+                i,
+                (i as i64) * 7_000,
+                50 + (i as u32 * 37) % 900,
+                20 + (i as u32 * 53) % 400,
+            );
+            if i % 3 == 0 {
+                with_prefix(r, "sys", 64)
+            } else {
+                r
+            }
+        })
+        .collect();
+    let cfg = EngineConfig {
+        total_kv_blocks: 600,
+        max_num_seqs: 32,
+        ..EngineConfig::default()
+    };
+    both(cfg.clone(), simple_model(), reqs.clone(), None);
+    both(cfg.clone(), simple_model(), reqs.clone(), Some(50_000));
+    both(cfg, roofline(), reqs, Some(100_000));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn fast_forward_is_exact_for_random_workloads(
+        reqs in proptest::collection::vec((0i64..2_000_000, 1u32..1500, 1u32..300, 0u8..3), 1..80),
+        blocks in 40u32..400,
+        seqs in 1u32..24,
+        budget in 64u32..4096,
+        sched in 0u8..3,
+    ) {
+        let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, g))| {
+            let r = req(i as u64, t, inp, out);
+            if g == 0 { with_prefix(r, "g", 48) } else { r }
+        }).collect();
+        let scheduler = [SchedulerPolicy::Fcfs, SchedulerPolicy::Sjf, SchedulerPolicy::PriorityFcfs][sched as usize];
+        let cfg = EngineConfig { total_kv_blocks: blocks, max_num_seqs: seqs, max_num_batched_tokens: budget, scheduler, ..EngineConfig::default() };
+        both(cfg, simple_model(), reqs, Some(20_000));
+    }
+}

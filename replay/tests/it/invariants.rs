@@ -1,0 +1,142 @@
+//! Invariants of the engine at every step, over random configurations and
+//! workloads: request conservation (injected = completed + dropped +
+//! queued + running), KV conservation (used + free = total), a monotone
+//! clock, causality (arrival ≤ schedule ≤ first token ≤ completion) and work
+//! conservation (a step is pending whenever work waits).
+
+use std::collections::VecDeque;
+
+use blis_replay::instance::StepReport;
+use blis_replay::{EngineConfig, Instance, SchedulerPolicy, SimRequest};
+use blis_traces::content;
+use proptest::prelude::*;
+
+use crate::common::{req, simple_model, with_prefix};
+
+fn sim_request(r: &blis_traces::Request) -> SimRequest {
+    let mut segments = Vec::new();
+    content::sequence_segments(r, r.input_tokens, r.output_tokens, &mut segments);
+    SimRequest {
+        id: r.request_id,
+        input_tokens: r.input_tokens,
+        output_tokens: r.output_tokens,
+        priority: (r.request_id % 3) as i32,
+        segments,
+        tag: r.request_id as u32,
+    }
+}
+
+fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(), TestCaseError> {
+    reqs.sort_by_key(|r| (r.arrival_time_us, r.request_id));
+    let arrivals: Vec<i64> = {
+        let mut a = vec![0; reqs.len()];
+        for r in &reqs {
+            a[r.request_id as usize] = r.arrival_time_us;
+        }
+        a
+    };
+    let mut pending: VecDeque<_> = reqs.iter().collect();
+    let mut inst = Instance::new(cfg, simple_model());
+    let mut report = StepReport::default();
+    let (mut now, mut injected, mut dropped, mut completed) = (i64::MIN, 0u64, 0u64, 0u64);
+    loop {
+        let t_arr = pending.front().map(|r| r.arrival_time_us);
+        let t_step = inst.next_time();
+        let (t, arrival) = match (t_arr, t_step) {
+            (None, None) => break,
+            (Some(a), None) => (a, true),
+            (None, Some(s)) => (s, false),
+            (Some(a), Some(s)) => {
+                if a <= s {
+                    (a, true)
+                } else {
+                    (s, false)
+                }
+            }
+        };
+        prop_assert!(t >= now, "clock went back from {now} to {t}");
+        now = t;
+        if arrival {
+            let r = pending.pop_front().unwrap();
+            injected += 1;
+            if inst.enqueue(now, sim_request(r)).is_err() {
+                dropped += 1;
+            }
+        } else {
+            let limit = pending
+                .front()
+                .map_or(i64::MAX, |r| r.arrival_time_us - 1)
+                .max(now);
+            inst.step(now, limit, &mut report);
+            for f in &report.finished {
+                let arr = arrivals[f.id as usize];
+                prop_assert!(
+                    arr <= f.scheduled_us,
+                    "arrival {arr} > scheduled {}",
+                    f.scheduled_us
+                );
+                prop_assert!(
+                    f.scheduled_us < f.first_token_us,
+                    "scheduled {} >= first {}",
+                    f.scheduled_us,
+                    f.first_token_us
+                );
+                prop_assert!(f.first_token_us <= f.last_token_us);
+                completed += 1;
+            }
+            for w in report.step_ends.windows(2) {
+                prop_assert!(w[0] < w[1]);
+            }
+        }
+        if let Err(e) = inst.check() {
+            return Err(TestCaseError::fail(e));
+        }
+        prop_assert_eq!(injected, completed + dropped + inst.in_system() as u64);
+        let snap = inst.snapshot();
+        prop_assert_eq!(snap.kv_used + inst.kv().free(), snap.kv_total);
+        if inst.in_system() > 0 {
+            prop_assert!(
+                inst.next_time().is_some(),
+                "work waits but no step is pending"
+            );
+        }
+    }
+    prop_assert_eq!(injected, reqs.len() as u64);
+    prop_assert_eq!(completed + dropped, injected);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn invariants_hold_at_every_step(
+        reqs in proptest::collection::vec((0i64..3_000_000, 1u32..2000, 1u32..400, any::<bool>()), 1..120),
+        blocks in 8u32..600,
+        block_size in prop_oneof![Just(1u32), Just(16), Just(32)],
+        seqs in 1u32..40,
+        budget in 1u32..4096,
+        threshold in prop_oneof![Just(0u32), 1u32..512],
+        sched in 0u8..4,
+        prefix_caching in any::<bool>(),
+        fast_forward in any::<bool>(),
+    ) {
+        let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, shared))| {
+            let r = req(i as u64, t, inp, out);
+            if shared { with_prefix(r, "g", 40) } else { r }
+        }).collect();
+        let scheduler = [SchedulerPolicy::Fcfs, SchedulerPolicy::PriorityFcfs, SchedulerPolicy::Sjf, SchedulerPolicy::ReversePriority][sched as usize];
+        let cfg = EngineConfig {
+            max_num_seqs: seqs,
+            max_num_batched_tokens: budget,
+            long_prefill_token_threshold: threshold,
+            block_size,
+            total_kv_blocks: blocks,
+            max_model_len: 0,
+            scheduler,
+            prefix_caching,
+            fast_forward,
+        };
+        check_run(cfg, reqs)?;
+    }
+}

@@ -1,0 +1,7 @@
+//! Integration tests of `blis-replay`: one binary, one module per concern.
+
+mod behaviour; // known answers: timings, batching limits, caching, preemption, policies
+mod cli; // the binary: outputs, determinism, errors
+mod common; // helpers
+mod fast_forward; // runs of decode steps as one event give identical results
+mod invariants; // conservation, causality, monotone clock, work conservation (proptest)

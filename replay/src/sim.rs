@@ -145,6 +145,9 @@ const CANCEL: u8 = 2;
 #[derive(Debug)]
 struct Flight {
     rec: TraceRecord,
+    /// Tags are reused: events for a tag carry the generation they were
+    /// meant for.
+    generation: u32,
     entry_us: i64,
     last_token_us: Option<i64>,
     cancelled: bool,
@@ -169,6 +172,8 @@ where
         done_rounds: FxHashMap::default(),
         report: StepReport::default(),
         times: Vec::new(),
+        next_generation: 0,
+        cancels: FxHashMap::default(),
     };
     let mut inputs = inputs.into_iter().peekable();
     let mut next_sample = opts.sample_interval_us.map(|_| 0i64);
@@ -208,11 +213,14 @@ where
                 d.arrive(now, input, sink);
             }
             1 => {
-                let Reverse((_, class, _, tag)) = d.events.pop().expect("peeked");
+                let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
                 match class {
                     ARRIVAL => d.deferred_arrival(now, tag, sink),
                     ENQUEUE => d.enqueue(now, tag, sink),
-                    _ => d.cancel(now, tag, sink),
+                    _ => {
+                        let (tag, generation) = d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
+                        d.cancel(now, tag, generation, sink);
+                    }
                 }
             }
             2 => {
@@ -263,6 +271,8 @@ struct Driver<'a> {
     done_rounds: FxHashMap<SessionKey, i64>,
     report: StepReport,
     times: Vec<i64>,
+    next_generation: u32,
+    cancels: FxHashMap<u64, (u32, u32)>,
 }
 
 impl Driver<'_> {
@@ -334,8 +344,11 @@ impl Driver<'_> {
             .latency()
             .queueing_delay_us(input.rec.effective_input_tokens())
             .round() as i64;
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1);
         let flight = Flight {
             rec: input.rec,
+            generation,
             entry_us: now,
             last_token_us: None,
             cancelled: false,
@@ -353,6 +366,7 @@ impl Driver<'_> {
         };
         self.push(now + delay, ENQUEUE, tag);
         if let Some(c) = input.cancel_at_us {
+            self.cancels.insert(self.seq, (tag, generation));
             self.push(c.max(now), CANCEL, tag);
         }
     }
@@ -392,10 +406,13 @@ impl Driver<'_> {
         }
     }
 
-    fn cancel<S: Sink>(&mut self, now: i64, tag: u32, sink: &mut S) {
+    fn cancel<S: Sink>(&mut self, now: i64, tag: u32, generation: u32, sink: &mut S) {
         let Some(f) = self.flights[tag as usize].as_mut() else {
             return; // finished before its cancellation time
         };
+        if f.generation != generation {
+            return; // the tag now belongs to another request
+        }
         if !f.enqueued {
             f.cancelled = true;
             return;

@@ -330,34 +330,21 @@ struct GtTruth {
     ttft_s: Option<f64>,
 }
 
-/// The `output_len` requested by a run (`data.shared_prefix.output_len` of
-/// `results/config.yaml`, else of `profile.yaml`).
-fn gt_output_len(dir: &Path) -> Result<Option<u32>> {
+/// The shared-prefix data settings a run's client used: those of
+/// `results/config.yaml` (what inference-perf actually ran), else of
+/// `profile.yaml`.
+fn gt_shared_prefix(dir: &Path) -> Result<Option<crate::spec::InferencePerfSharedPrefix>> {
     #[derive(Deserialize)]
     struct F {
         #[serde(default)]
-        data: Option<D>,
-    }
-    #[derive(Deserialize)]
-    struct D {
-        #[serde(default)]
-        shared_prefix: Option<S>,
-    }
-    #[derive(Deserialize)]
-    struct S {
-        #[serde(default)]
-        output_len: Option<u32>,
+        data: Option<crate::spec::InferencePerfData>,
     }
     for name in ["results/config.yaml", "profile.yaml"] {
         let p = dir.join(name);
         if let Ok(text) = std::fs::read_to_string(&p) {
             let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
-            if let Some(n) = f
-                .data
-                .and_then(|d| d.shared_prefix)
-                .and_then(|s| s.output_len)
-            {
-                return Ok(Some(n));
+            if let Some(sp) = f.data.and_then(|d| d.shared_prefix) {
+                return Ok(Some(sp));
             }
         }
     }
@@ -382,7 +369,13 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 ///
 /// Output length is the requested `output_len` (every request generated
 /// exactly that many tokens: `ignore_eos`), the client's re-tokenized count
-/// is kept as the extra column `client_output_tokens`. Failed requests
+/// is kept as the extra column `client_output_tokens`. Prompt content
+/// follows the client's shared-prefix data: `num_groups × num_prompts_per_group`
+/// distinct prompts (each starting with its group's `system_prompt_len`-token
+/// system prompt) sent in a repeating cycle; as the prompt of each request
+/// is not recorded, request i carries prompt i mod N (`content_key`,
+/// `prefix_group`), which reproduces the cycle's reuse of the prefix cache
+/// but not the exact order within a cycle. Failed requests
 /// (client timeouts) get the run's median prompt length and status
 /// `timeout`. Send times are `run_start_unix_us` (the experiment name's
 /// timestamp, read as UTC) plus `arrival_time_us`.
@@ -425,7 +418,16 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         serde_json::from_str(&read_json(&replay_path)?).map_err(|e| json_err(&replay_path, e))?;
     let truth: Vec<GtTruth> =
         serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))?;
-    let output_len = gt_output_len(dir)?;
+    let shared_prefix = gt_shared_prefix(dir)?;
+    let output_len = shared_prefix.map(|s| s.output_len).filter(|n| *n > 0);
+    // inference-perf sent `groups × prompts` distinct prompts in a repeating
+    // cycle; which prompt a request carried is not recorded, so request i is
+    // given prompt i mod N (the same reuse distance as the real cycle).
+    let prompts = shared_prefix.map(|s| {
+        let groups = s.num_groups.unwrap_or(10).max(1);
+        let per = s.num_prompts_per_group.unwrap_or(10).max(1);
+        (groups * per, per, s.system_prompt_len)
+    });
     let mut ok_inputs: Vec<u32> = replay
         .requests
         .iter()
@@ -469,7 +471,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         };
         let output = output_len.unwrap_or(r.output_tokens).max(1);
         let send = run_start + r.arrival_time_us;
-        let request = Request {
+        let mut request = Request {
             request_id: r.index,
             client_id: client.clone(),
             model: model.clone(),
@@ -479,6 +481,16 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             arrival_time_us: r.arrival_time_us,
             ..Request::default()
         };
+        if let Some((n, per, system)) = prompts {
+            let p = (r.index % u64::from(n)) as u32;
+            request.content_key = Some(xxhash_rust::xxh3::xxh3_64(
+                format!("{exp_name}/prompt/{p}").as_bytes(),
+            ));
+            if system > 0 {
+                request.prefix_group = Arc::from(format!("ip-group-{}", p / per));
+                request.prefix_length = system.min(input);
+            }
+        }
         let to_us = |s: f64| (s * 1e6).round() as i64;
         let outcome = Outcome {
             send_time_us: Some(send),

@@ -280,6 +280,23 @@ fn a_recorded_client_timeout_cancels_the_request() {
 }
 
 #[test]
+fn a_cancellation_only_hits_its_own_request() {
+    // Request slots are reused: the cancellation of a request that already
+    // completed must not cancel the request now in its slot.
+    let reqs: Vec<_> = (0..50)
+        .map(|i| {
+            // ~2 s each, one a second, deadlines long after completion.
+            let mut r = req(i, i as i64 * 1_000_000, 50, 1500);
+            r.deadline_us = Some(r.arrival_time_us + 30_000_000);
+            r
+        })
+        .collect();
+    let (s, r) = run(cfg(), simple_model(), reqs);
+    assert_eq!(s.requests.completed, 50, "{:?}", s.requests);
+    assert!(r.iter().all(|r| r.outcome.status == Some(Status::Ok)));
+}
+
+#[test]
 fn non_streaming_responses_arrive_whole() {
     let mut r = req(0, 0, 100, 5);
     r.streaming = false;

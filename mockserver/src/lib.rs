@@ -1,1 +1,183 @@
-//! blis-mockserver (work in progress; see the project README).
+//! # blis-mockserver
+//!
+//! An OpenAI-compatible server (`/v1/completions`, `/v1/chat/completions`,
+//! `/v1/models`, `/tokenize`, `/health`, `/metrics`) whose timing is the
+//! `blis-replay` engine driven by the wall clock: it batches, queues,
+//! caches prefixes and preempts as the engine predicts, so the whole
+//! observe → replay → calibrate loop can run without a GPU, and a correct
+//! loop must reproduce its timing almost exactly.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use clap::Parser;
+//! let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
+//! let server = blis_mockserver::start(&opts).await?;
+//! println!("listening on http://{}", server.addr);
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod cli;
+pub mod engine;
+pub mod faults;
+pub mod metrics;
+pub mod server;
+pub mod tokenizer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use blis_replay::coefficients::LatencyKind;
+use blis_replay::setup::{ServerArgs, resolve};
+
+pub use cli::Opts;
+
+use crate::engine::{Clock, EngineHandle};
+use crate::faults::{FaultConfig, Faults};
+use crate::metrics::Metrics;
+use crate::server::AppState;
+
+/// A running server.
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// Its engine.
+    pub engine: EngineHandle,
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Stops accepting, finishes open responses, and returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(());
+        let _ = self.join.await;
+    }
+
+    /// Waits until the server stops (after a shutdown signal).
+    pub async fn wait(self) {
+        let _ = self.join.await;
+    }
+
+    /// Stops on SIGINT or SIGTERM.
+    pub async fn run_until_signal(self) {
+        shutdown_signal().await;
+        self.shutdown().await;
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// Starts the server described by `opts` on the current tokio runtime.
+///
+/// # Errors
+/// Invalid settings (unknown model, fault rates) or an address in use.
+pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
+    let faults = FaultConfig {
+        http_500: opts.fault_500_rate,
+        http_503: opts.fault_503_rate,
+        http_429: opts.fault_429_rate,
+        retry_after_s: opts.retry_after_s,
+        drop: opts.fault_drop_rate,
+        stall: opts.fault_stall_rate,
+        stall_ms: opts.fault_stall_ms,
+        malformed: opts.fault_malformed_rate,
+        missing_usage: opts.fault_missing_usage_rate,
+    };
+    faults.validate().map_err(anyhow::Error::msg)?;
+    if !(opts.time_scale > 0.0 && opts.time_scale.is_finite()) {
+        anyhow::bail!(
+            "--time-scale must be a positive number, got {}",
+            opts.time_scale
+        );
+    }
+    let args = ServerArgs {
+        model: Some(opts.model.clone()),
+        latency: opts.latency_model.map(|l| match l {
+            blis_replay::cli::LatencyChoice::Blackbox => LatencyKind::Blackbox,
+            blis_replay::cli::LatencyChoice::Roofline => LatencyKind::Roofline,
+        }),
+        coefficients: opts.coefficients.clone(),
+        model_config: opts.model_config.clone(),
+        hardware: opts.hardware.clone(),
+        tp: opts.tp,
+        max_num_seqs: opts.max_num_seqs,
+        max_num_batched_tokens: opts.max_num_batched_tokens,
+        block_size: opts.block_size,
+        total_kv_blocks: opts.total_kv_blocks,
+        long_prefill_token_threshold: opts.long_prefill_token_threshold,
+        max_model_len: opts.max_model_len,
+        scheduler: opts.scheduler,
+        prefix_caching: !opts.no_prefix_caching,
+        fast_forward: false,
+        ..ServerArgs::default()
+    };
+    let resolved = resolve(&args, None).context("configuring the engine")?;
+    let metrics = Arc::new(Metrics::new(&opts.model, opts.metrics_style));
+    let clock = Arc::new(Clock::new(opts.time_scale));
+    let instance = blis_replay::Instance::new(resolved.engine.clone(), resolved.latency.clone());
+    let engine = EngineHandle::start(instance, clock, metrics.clone());
+    let state = Arc::new(AppState::new(
+        opts.model.clone(),
+        opts.api_key.clone(),
+        Duration::from_millis(opts.startup_delay_ms),
+        engine.clone(),
+        resolved.engine.clone(),
+        metrics.clone(),
+        Faults::new(faults, opts.seed),
+        opts.output_dist,
+        opts.seed,
+    ));
+    let listener = server::bind(SocketAddr::new(opts.host, opts.port))
+        .await
+        .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
+    let addr = listener.local_addr()?;
+    // Streams are many small writes: send each at once (no Nagle delay).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let app = server::router(state);
+    let join = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    Ok(RunningServer {
+        addr,
+        metrics,
+        engine,
+        shutdown: tx,
+        join,
+    })
+}

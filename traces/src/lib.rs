@@ -58,6 +58,7 @@ pub mod generate;
 pub mod header;
 pub mod import;
 mod locate;
+pub mod prom;
 pub mod record;
 pub mod servegen;
 pub mod spec;

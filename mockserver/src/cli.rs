@@ -1,0 +1,117 @@
+//! Command-line options of `blis-mockserver`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::metrics::MetricsStyle;
+use crate::server::OutputDist;
+
+/// An OpenAI-compatible server with vLLM-style `/metrics` whose timing is
+/// the blis-replay engine run in real time.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "blis-mockserver", version, about, long_about = None, after_help = "Examples:\n  \
+    blis-mockserver --port 8000 --model meta-llama/Llama-3.1-8B-Instruct\n  \
+    blis-mockserver --port 0 --latency-model roofline --model qwen2.5-7b-instruct --time-scale 10\n  \
+    blis-mockserver --fault-500-rate 0.05 --fault-drop-rate 0.01\n\n\
+    The first line on stdout is `listening on http://HOST:PORT`.")]
+pub struct Opts {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port (0: the OS picks one).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Served model name (also selects coefficients and the model config).
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    pub model: String,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long, env = "BLIS_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// /health answers 503 for this long after start.
+    #[arg(long, default_value_t = 0)]
+    pub startup_delay_ms: u64,
+    /// Simulated seconds per wall second (2: twice as fast as real time).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Metric names: vllm or sglang.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub metrics_style: MetricsStyle,
+    /// Response length when the request does not force max_tokens:
+    /// constant:N, exponential:MEAN or uniform:A,B (capped by max_tokens).
+    #[arg(long, default_value = "exponential:256")]
+    pub output_dist: OutputDist,
+    /// Seed of output lengths and fault draws.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
+    /// Latency model: blackbox or roofline (default: blackbox when the
+    /// coefficients file has a row for the model, else roofline).
+    #[arg(long, value_enum)]
+    pub latency_model: Option<blis_replay::cli::LatencyChoice>,
+    /// Coefficients file (default: bundled).
+    #[arg(long)]
+    pub coefficients: Option<PathBuf>,
+    /// Model config.json or folder.
+    #[arg(long)]
+    pub model_config: Option<PathBuf>,
+    /// GPU name.
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// Tensor parallelism.
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// vLLM --max-num-seqs.
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// vLLM --max-num-batched-tokens.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// vLLM --block-size.
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// GPU KV blocks.
+    #[arg(long)]
+    pub total_kv_blocks: Option<u32>,
+    /// vLLM --long-prefill-token-threshold.
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<u32>,
+    /// vLLM --max-model-len.
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Scheduler: fcfs, priority-fcfs, sjf.
+    #[arg(long, default_value = "fcfs")]
+    pub scheduler: blis_replay::SchedulerPolicy,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+
+    /// Probability of HTTP 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_500_rate: f64,
+    /// Probability of HTTP 503.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_503_rate: f64,
+    /// Probability of HTTP 429 (with Retry-After).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_429_rate: f64,
+    /// Retry-After of injected 429s, seconds.
+    #[arg(long, default_value_t = 1)]
+    pub retry_after_s: u32,
+    /// Probability of a connection dropped mid-stream.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_drop_rate: f64,
+    /// Probability of a stall mid-stream.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_stall_rate: f64,
+    /// Stall length, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub fault_stall_ms: u64,
+    /// Probability of a malformed JSON chunk.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_malformed_rate: f64,
+    /// Probability of a response without usage.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_missing_usage_rate: f64,
+}

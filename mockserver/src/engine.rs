@@ -1,0 +1,313 @@
+//! The replay engine driven by the wall clock.
+//!
+//! One OS thread owns a [`blis_replay::Instance`] and processes its events
+//! in simulated time, waiting for the wall clock (scaled by `time_scale`) to
+//! reach each event before handling it. Requests arriving over HTTP are
+//! stamped with the simulated time of their arrival. Because each event is
+//! processed at its own simulated time (never at the later wall time the
+//! thread woke up at), wake-up jitter delays deliveries slightly but never
+//! accumulates: the timeline is exactly the one `blis-replay` computes for
+//! the same arrivals.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blis_replay::instance::{Finished, Snapshot, StepReport};
+use blis_replay::{Instance, LatencyModel, SimRequest};
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::Metrics;
+
+/// Simulated time from the wall clock: µs since start × `scale`.
+#[derive(Debug)]
+pub struct Clock {
+    start: Instant,
+    scale: f64,
+}
+
+impl Clock {
+    /// A clock starting now; `scale` > 1 runs faster than real time.
+    pub fn new(scale: f64) -> Self {
+        Self {
+            start: Instant::now(),
+            scale: if scale > 0.0 { scale } else { 1.0 },
+        }
+    }
+
+    /// Simulated µs now.
+    pub fn now(&self) -> i64 {
+        (self.start.elapsed().as_secs_f64() * 1e6 * self.scale) as i64
+    }
+
+    /// The wall instant of simulated time `t_us`.
+    pub fn wall(&self, t_us: i64) -> Instant {
+        self.start + Duration::from_secs_f64((t_us.max(0) as f64) / 1e6 / self.scale)
+    }
+
+    /// The time scale.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+}
+
+/// What the engine tells a request's HTTP handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Output token `index` (1-based) becomes visible at simulated
+    /// `visible_us`.
+    Token {
+        /// 1-based output index.
+        index: u32,
+        /// Client-visible simulated time.
+        visible_us: i64,
+    },
+    /// The request completed.
+    Finished(Finished),
+    /// The engine cannot serve it (message for a 400 response).
+    Rejected(String),
+}
+
+/// A request for the engine.
+#[derive(Debug)]
+pub struct Submission {
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Output tokens to generate.
+    pub output_tokens: u32,
+    /// Priority (lower is more urgent).
+    pub priority: i32,
+    /// Content, for prefix caching.
+    pub segments: Vec<blis_traces::content::Segment>,
+    /// Where its events go.
+    pub events: UnboundedSender<Event>,
+}
+
+enum Cmd {
+    Submit(u64, Submission),
+    Abort(u64),
+}
+
+/// A handle to the engine thread (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: Sender<CmdBox>,
+    next_id: Arc<AtomicU64>,
+    clock: Arc<Clock>,
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+/// `Cmd` is private; this keeps the channel type nameable in the handle.
+pub struct CmdBox(Cmd);
+
+impl std::fmt::Debug for CmdBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cmd")
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread.
+    pub fn start(instance: Instance, clock: Arc<Clock>, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<CmdBox>();
+        let snapshot = Arc::new(Mutex::new(instance.snapshot()));
+        let snap = snapshot.clone();
+        let c = clock.clone();
+        std::thread::Builder::new()
+            .name("blis-engine".into())
+            .spawn(move || run(instance, rx, c, snap, metrics))
+            .expect("spawning the engine thread");
+        Self {
+            tx,
+            next_id: Arc::new(AtomicU64::new(0)),
+            clock,
+            snapshot,
+        }
+    }
+
+    /// Submits a request; returns its id.
+    pub fn submit(&self, s: Submission) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let _ = self.tx.send(CmdBox(Cmd::Submit(id, s)));
+        id
+    }
+
+    /// Cancels a request whose client went away.
+    pub fn abort(&self, id: u64) {
+        let _ = self.tx.send(CmdBox(Cmd::Abort(id)));
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The latest snapshot of the instance.
+    pub fn snapshot(&self) -> Snapshot {
+        *self.snapshot.lock().expect("snapshot lock")
+    }
+}
+
+struct Flight {
+    events: UnboundedSender<Event>,
+    arrival: i64,
+    enqueued: i64,
+    last_token: Option<i64>,
+}
+
+fn run(
+    mut inst: Instance,
+    rx: Receiver<CmdBox>,
+    clock: Arc<Clock>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    metrics: Arc<Metrics>,
+) {
+    let mut flights: FxHashMap<u64, Flight> = FxHashMap::default();
+    let mut pending: FxHashMap<u64, SimRequest> = FxHashMap::default();
+    let mut enq: BinaryHeap<Reverse<(i64, u64)>> = BinaryHeap::new();
+    let mut report = StepReport::default();
+    let mut last = 0i64;
+    loop {
+        // Everything due by now, in simulated-time order (entries before
+        // the step at equal times).
+        let now = clock.now().max(last);
+        process_due(
+            now,
+            &mut last,
+            &mut inst,
+            &mut enq,
+            &mut pending,
+            &mut flights,
+            &mut report,
+            &metrics,
+        );
+        *snapshot.lock().expect("snapshot lock") = inst.snapshot();
+        metrics.set_snapshot(inst.snapshot());
+        let next = [enq.peek().map(|Reverse((t, _))| *t), inst.next_time()]
+            .into_iter()
+            .flatten()
+            .min();
+        let msg = match next {
+            Some(t) => {
+                let wait = clock.wall(t).saturating_duration_since(Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            },
+        };
+        // Events due before the command arrived happen first.
+        let stamp = clock.now().max(last);
+        process_due(
+            stamp,
+            &mut last,
+            &mut inst,
+            &mut enq,
+            &mut pending,
+            &mut flights,
+            &mut report,
+            &metrics,
+        );
+        last = stamp;
+        match msg.0 {
+            Cmd::Submit(id, s) => {
+                let delay = inst.latency().queueing_delay_us(s.input_tokens).round() as i64;
+                let req = SimRequest {
+                    id,
+                    input_tokens: s.input_tokens,
+                    output_tokens: s.output_tokens,
+                    priority: s.priority,
+                    segments: s.segments,
+                    tag: 0,
+                };
+                flights.insert(
+                    id,
+                    Flight {
+                        events: s.events,
+                        arrival: stamp,
+                        enqueued: stamp + delay,
+                        last_token: None,
+                    },
+                );
+                pending.insert(id, req);
+                enq.push(Reverse((stamp + delay, id)));
+            }
+            Cmd::Abort(id) => {
+                pending.remove(&id);
+                if flights.remove(&id).is_some() {
+                    inst.abort(id);
+                    metrics.aborted();
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn process_due(
+    now: i64,
+    last: &mut i64,
+    inst: &mut Instance,
+    enq: &mut BinaryHeap<Reverse<(i64, u64)>>,
+    pending: &mut FxHashMap<u64, SimRequest>,
+    flights: &mut FxHashMap<u64, Flight>,
+    report: &mut StepReport,
+    metrics: &Metrics,
+) {
+    loop {
+        let te = enq.peek().map(|Reverse((t, _))| *t).filter(|t| *t <= now);
+        let ts = inst.next_time().filter(|t| *t <= now);
+        match (te, ts) {
+            (Some(t), s) if s.is_none_or(|s| t <= s) => {
+                let Reverse((_, id)) = enq.pop().expect("peeked");
+                *last = t;
+                let Some(req) = pending.remove(&id) else {
+                    continue;
+                };
+                if let Err(why) = inst.enqueue(t, req)
+                    && let Some(f) = flights.remove(&id)
+                {
+                    let _ = f.events.send(Event::Rejected(why.to_string()));
+                }
+            }
+            (_, Some(t)) => {
+                *last = t;
+                // No fast-forward: outside events (HTTP requests) are not
+                // known in advance.
+                inst.step(t, t, report);
+                for span in &report.spans {
+                    let Some(f) = flights.get_mut(&span.id) else {
+                        continue;
+                    };
+                    for m in 0..span.count {
+                        let v = report.token_time(span, m);
+                        if let Some(p) = f.last_token {
+                            metrics.observe_itl(v - p);
+                        }
+                        f.last_token = Some(v);
+                        let _ = f.events.send(Event::Token {
+                            index: span.first_index + m,
+                            visible_us: v,
+                        });
+                    }
+                }
+                for fin in &report.finished {
+                    if let Some(f) = flights.remove(&fin.id) {
+                        metrics.finished(fin, f.arrival, f.enqueued);
+                        let _ = f.events.send(Event::Finished(*fin));
+                    }
+                }
+            }
+            _ => return,
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! The HTTP server: routes, handlers, streaming.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use blis_replay::EngineConfig;
+use rand::SeedableRng;
+use rand::rngs::ChaCha8Rng;
+use rand_distr::{Distribution, Exp, Uniform};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::api::{self, Parsed};
+use crate::engine::{EngineHandle, Event, Submission};
+use crate::faults::{Fault, Faults};
+use crate::metrics::Metrics;
+use crate::tokenizer;
+
+/// How long responses are when the request does not force `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OutputDist {
+    /// Always this many tokens.
+    Constant(u32),
+    /// Exponential with this mean.
+    Exponential(f64),
+    /// Uniform in [a, b].
+    Uniform(u32, u32),
+}
+
+impl std::str::FromStr for OutputDist {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, args) = s.split_once(':').unwrap_or((s, ""));
+        let num = |v: &str| {
+            v.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("invalid number {v:?} in {s:?}"))
+        };
+        match kind {
+            "constant" => Ok(Self::Constant(num(args)?.max(1.0) as u32)),
+            "exponential" => {
+                let m = num(args)?;
+                if m > 0.0 {
+                    Ok(Self::Exponential(m))
+                } else {
+                    Err("exponential mean must be positive".into())
+                }
+            }
+            "uniform" => {
+                let (a, b) = args.split_once(',').ok_or("uniform:A,B")?;
+                let (a, b) = (num(a)? as u32, num(b)? as u32);
+                if a >= 1 && b >= a {
+                    Ok(Self::Uniform(a, b))
+                } else {
+                    Err("uniform:A,B needs 1 ≤ A ≤ B".into())
+                }
+            }
+            _ => Err(format!(
+                "unknown output distribution {s:?} (constant:N, exponential:MEAN, uniform:A,B)"
+            )),
+        }
+    }
+}
+
+impl OutputDist {
+    fn draw(&self, rng: &mut ChaCha8Rng) -> u32 {
+        match *self {
+            OutputDist::Constant(n) => n,
+            OutputDist::Exponential(m) => {
+                Exp::new(1.0 / m).map_or(1, |d| d.sample(rng).round().max(1.0) as u32)
+            }
+            OutputDist::Uniform(a, b) => Uniform::new_inclusive(a, b).map_or(a, |d| d.sample(rng)),
+        }
+    }
+}
+
+/// What the HTTP layer needs to serve.
+#[derive(Debug)]
+pub struct AppState {
+    /// Served model name.
+    pub model: String,
+    /// Required bearer token.
+    pub api_key: Option<String>,
+    /// When `/health` turns 200.
+    pub ready_at: Instant,
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The engine's settings.
+    pub engine_cfg: EngineConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Faults.
+    pub faults: Faults,
+    /// Output lengths.
+    pub output: OutputDist,
+    rng: Mutex<ChaCha8Rng>,
+    counter: AtomicU64,
+}
+
+impl AppState {
+    /// Builds the state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: String,
+        api_key: Option<String>,
+        startup_delay: Duration,
+        engine: EngineHandle,
+        engine_cfg: EngineConfig,
+        metrics: Arc<Metrics>,
+        faults: Faults,
+        output: OutputDist,
+        seed: u64,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(0x0075_7470_7574);
+        Self {
+            model,
+            api_key,
+            ready_at: Instant::now() + startup_delay,
+            engine,
+            engine_cfg,
+            metrics,
+            faults,
+            output,
+            rng: Mutex::new(rng),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        Instant::now() >= self.ready_at
+    }
+
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        match &self.api_key {
+            None => true,
+            Some(k) => headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|t| t == k),
+        }
+    }
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn err(code: StatusCode, kind: &str, msg: &str) -> Response {
+    json_response(code, &api::error(code.as_u16(), kind, msg))
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.ready() {
+        StatusCode::OK.into_response()
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if !st.authorized(&headers) {
+        return err(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "invalid or missing API key",
+        );
+    }
+    let m = st.engine_cfg.max_model_len;
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "list",
+            "data": [{
+                "id": st.model, "object": "model", "created": unix_s(), "owned_by": "vllm",
+                "root": st.model, "parent": null, "max_model_len": if m > 0 { json!(m) } else { json!(null) },
+            }],
+        }),
+    )
+}
+
+async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !st.authorized(&headers) {
+        return err(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "invalid or missing API key",
+        );
+    }
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &format!("invalid JSON body: {e}"),
+            );
+        }
+    };
+    let chat = v.get("messages").is_some();
+    let mut with_model = v.clone();
+    if with_model.get("model").is_none() {
+        with_model["model"] = json!(st.model);
+    }
+    let p = match api::parse(with_model.to_string().as_bytes(), chat) {
+        Ok(p) => p,
+        Err(m) => return err(StatusCode::BAD_REQUEST, "BadRequestError", &m),
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({ "count": p.prompt_tokens, "max_model_len": st.engine_cfg.max_model_len, "tokens": tokenizer::ids(&p.text) }),
+    )
+}
+
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(st, headers, body, false).await
+}
+
+async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(st, headers, body, true).await
+}
+
+fn unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Aborts the engine request when the response is dropped before the end
+/// (client disconnected), as vLLM aborts requests of closed connections.
+struct AbortGuard {
+    engine: EngineHandle,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.abort(self.id);
+        }
+    }
+}
+
+async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool) -> Response {
+    if !st.authorized(&headers) {
+        return err(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "invalid or missing API key",
+        );
+    }
+    if !st.ready() {
+        return err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "the server is starting",
+        );
+    }
+    let p = match api::parse(&body, chat) {
+        Ok(p) => p,
+        Err(m) => return err(StatusCode::BAD_REQUEST, "BadRequestError", &m),
+    };
+    if p.model != st.model {
+        return err(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("The model `{}` does not exist.", p.model),
+        );
+    }
+    let fault = st.faults.decide(&headers);
+    if let Some(f) = fault {
+        st.metrics.fault(f.kind());
+    }
+    if let Some(Fault::Http(code)) = fault {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = err(status, "InjectedFault", &format!("injected HTTP {code}"));
+        if code == 429 {
+            let secs = st.faults.config().retry_after_s.max(1);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        return r;
+    }
+    let cfg = &st.engine_cfg;
+    let default_max = if chat {
+        if cfg.max_model_len > 0 {
+            cfg.max_model_len.saturating_sub(p.prompt_tokens).max(1)
+        } else {
+            4096
+        }
+    } else {
+        16
+    };
+    let max_tokens = p.max_tokens.unwrap_or(default_max);
+    if cfg.max_model_len > 0 && p.prompt_tokens + max_tokens > cfg.max_model_len {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion).",
+                cfg.max_model_len,
+                p.prompt_tokens + max_tokens,
+                p.prompt_tokens,
+                max_tokens
+            ),
+        );
+    }
+    let out = if p.ignore_eos || p.min_tokens >= max_tokens {
+        max_tokens
+    } else {
+        let drawn = st.output.draw(
+            &mut st
+                .rng
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        drawn.clamp(p.min_tokens.max(1), max_tokens)
+    };
+    let bs = cfg.block_size.max(1);
+    if (p.prompt_tokens + out - 1).div_ceil(bs) > cfg.total_kv_blocks {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "prompt and output need more than the {} KV blocks of this server",
+                cfg.total_kv_blocks
+            ),
+        );
+    }
+    let finish = if out >= max_tokens { "length" } else { "stop" };
+    let n = st.counter.fetch_add(1, Ordering::Relaxed);
+    let key = xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()) ^ 0x6d6f_636b;
+    let (tx, rx) = unbounded_channel();
+    let id = st.engine.submit(Submission {
+        input_tokens: p.prompt_tokens,
+        output_tokens: out,
+        priority: p.priority,
+        segments: tokenizer::segments(&p.text, bs, key, out),
+        events: tx,
+    });
+    let guard = AbortGuard {
+        engine: st.engine.clone(),
+        id,
+        done: false,
+    };
+    let resp_id = format!("{}-{n:x}", if chat { "chatcmpl" } else { "cmpl" });
+    let ctx = Ctx {
+        st: st.clone(),
+        p,
+        id: resp_id,
+        created: unix_s(),
+        out,
+        finish,
+        fault,
+        guard,
+        rx,
+    };
+    if ctx.p.stream {
+        stream_response(ctx)
+    } else {
+        whole_response(ctx).await
+    }
+}
+
+struct Ctx {
+    st: Arc<AppState>,
+    p: Parsed,
+    id: String,
+    created: u64,
+    out: u32,
+    finish: &'static str,
+    fault: Option<Fault>,
+    guard: AbortGuard,
+    rx: UnboundedReceiver<Event>,
+}
+
+impl Ctx {
+    /// Waits until the wall time of simulated `visible_us`.
+    async fn wait_visible(&self, visible_us: i64) {
+        let at = self.st.engine.clock().wall(visible_us);
+        if at > Instant::now() + Duration::from_micros(200) {
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
+
+    fn stall_ms(&self) -> u64 {
+        self.st.faults.config().stall_ms
+    }
+}
+
+async fn whole_response(mut c: Ctx) -> Response {
+    let mut tokens = 0u32;
+    let fin = loop {
+        match c.rx.recv().await {
+            Some(Event::Token { index, .. }) => tokens = index,
+            Some(Event::Finished(f)) => break f,
+            Some(Event::Rejected(m)) => {
+                c.guard.done = true;
+                return err(StatusCode::BAD_REQUEST, "BadRequestError", &m);
+            }
+            None => {
+                return err(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                    "engine stopped",
+                );
+            }
+        }
+    };
+    c.guard.done = true;
+    c.wait_visible(fin.last_token_us).await;
+    let text: String = (1..=tokens.max(fin.output_tokens))
+        .map(tokenizer::output_token)
+        .collect();
+    match c.fault {
+        Some(Fault::Drop) => {
+            let s = futures::stream::once(async {
+                Err::<Bytes, _>(std::io::Error::other("injected connection drop"))
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(s))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        }
+        Some(Fault::Stall) => tokio::time::sleep(Duration::from_millis(c.stall_ms())).await,
+        Some(Fault::Malformed) => {
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                format!("{{\"id\": \"{}\", \"choices\": [", c.id),
+            )
+                .into_response();
+        }
+        _ => {}
+    }
+    c.st.metrics.success(c.finish);
+    let usage = (c.fault != Some(Fault::MissingUsage)).then(|| {
+        api::usage(
+            c.p.prompt_tokens,
+            fin.output_tokens,
+            Some(fin.cached_tokens),
+        )
+    });
+    json_response(
+        StatusCode::OK,
+        &api::full(&c.p, &c.id, c.created, &text, c.finish, usage),
+    )
+}
+
+type SseItem = Result<SseEvent, std::io::Error>;
+
+fn stream_response(c: Ctx) -> Response {
+    enum Phase {
+        Tokens,
+        Done,
+        End,
+    }
+    let fault_at = c.out.div_ceil(2).max(1);
+    let state = (c, Phase::Tokens, false);
+    let stream = futures::stream::unfold(state, move |(mut c, phase, mut faulted)| async move {
+        match phase {
+            Phase::End => None,
+            Phase::Done => Some((
+                Ok::<_, std::io::Error>(SseEvent::default().data("[DONE]")),
+                (c, Phase::End, faulted),
+            )),
+            Phase::Tokens => match c.rx.recv().await {
+                Some(Event::Token { index, visible_us }) => {
+                    c.wait_visible(visible_us).await;
+                    if index == fault_at && !faulted {
+                        faulted = true;
+                        match c.fault {
+                            Some(Fault::Drop) => {
+                                let e: SseItem =
+                                    Err(std::io::Error::other("injected connection drop"));
+                                return Some((e, (c, Phase::End, faulted)));
+                            }
+                            Some(Fault::Stall) => {
+                                tokio::time::sleep(Duration::from_millis(c.stall_ms())).await
+                            }
+                            Some(Fault::Malformed) => {
+                                let ev = SseEvent::default().data(format!(
+                                    "{{\"id\": \"{}\", \"choices\": [{{\"text\": ",
+                                    c.id
+                                ));
+                                return Some((Ok(ev), (c, Phase::Tokens, faulted)));
+                            }
+                            _ => {}
+                        }
+                    }
+                    let last = index >= c.out;
+                    let mut v = api::chunk(
+                        &c.p,
+                        &c.id,
+                        c.created,
+                        &tokenizer::output_token(index),
+                        index == 1,
+                        last.then_some(c.finish),
+                    );
+                    if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
+                        v["usage"] = api::usage(c.p.prompt_tokens, index, None);
+                    }
+                    Some((
+                        Ok(SseEvent::default().data(v.to_string())),
+                        (c, Phase::Tokens, faulted),
+                    ))
+                }
+                Some(Event::Finished(fin)) => {
+                    c.guard.done = true;
+                    c.st.metrics.success(c.finish);
+                    if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
+                        let u = api::usage(
+                            c.p.prompt_tokens,
+                            fin.output_tokens,
+                            Some(fin.cached_tokens),
+                        );
+                        let v = api::usage_chunk(&c.p, &c.id, c.created, u);
+                        return Some((
+                            Ok(SseEvent::default().data(v.to_string())),
+                            (c, Phase::Done, faulted),
+                        ));
+                    }
+                    Some((
+                        Ok(SseEvent::default().data("[DONE]")),
+                        (c, Phase::End, faulted),
+                    ))
+                }
+                Some(Event::Rejected(m)) => {
+                    c.guard.done = true;
+                    let v = json!({ "error": api::error(400, "BadRequestError", &m) });
+                    Some((
+                        Ok(SseEvent::default().data(v.to_string())),
+                        (c, Phase::Done, faulted),
+                    ))
+                }
+                None => None,
+            },
+        }
+    });
+    Sse::new(stream).into_response()
+}
+
+/// Binds the server.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}

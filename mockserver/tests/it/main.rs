@@ -1,0 +1,9 @@
+//! Integration tests of `blis-mockserver`, served in-process on port 0.
+
+#[allow(
+    dead_code,
+    reason = "shared with the timing test binary, which uses other parts"
+)]
+mod common; // starting servers, small clients
+mod conformance; // OpenAI/vLLM shapes, usage, errors, auth, /metrics
+mod faults; // injected faults at configured rates, server stays up

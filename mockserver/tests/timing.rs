@@ -1,0 +1,216 @@
+//! Timing fidelity (its own test binary, so that no other test competes
+//! for the CPU while it measures): a fixed open-loop sequence sent to the mock gets, at the
+//! client, the first-token and completion times that `blis-replay` predicts
+//! for the same sequence and settings (within 2 ms or 2%), at a load where
+//! batching and queueing happen.
+//!
+//! The engine is discrete: a request that reaches the queue a few hundred
+//! microseconds later can miss a step and wait one more (~7 ms here).
+//! Client-to-server latency is such a jitter, so the sequence is chosen
+//! (from the prediction itself) to keep every request's entry into the
+//! queue at least 2.5 ms from any step boundary; what is tested is that the
+//! mock runs the engine's timeline without drift, not how a discrete
+//! scheduler reacts to jitter.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use blis_replay::output::Collector;
+use blis_replay::setup::{Resolved, ServerArgs, resolve};
+use blis_replay::sim::{Done, Input, NotServed, SimOptions, Sink};
+use blis_replay::{Instance, LatencyModel, replay};
+use blis_traces::{Mode, Request, TraceHeader, TraceRecord};
+use serde_json::json;
+
+#[path = "it/common.rs"]
+#[allow(
+    dead_code,
+    reason = "shared with the it test binary, which uses other parts"
+)]
+mod common;
+
+use common::{MODEL, client, server, stream_with};
+
+const SEQS: u32 = 6;
+const BUDGET: u32 = 1024;
+
+#[derive(Default)]
+struct Boundaries(BTreeSet<i64>);
+
+impl Sink for Boundaries {
+    fn wants_tokens(&self) -> bool {
+        true
+    }
+    fn tokens(&mut self, _: u32, _: &TraceRecord, _: u32, times: &[i64]) {
+        self.0.extend(times);
+    }
+    fn finished(&mut self, _: Done<'_>) {}
+    fn not_served(&mut self, _: TraceRecord, _: i64, _: NotServed) {}
+}
+
+fn request(i: u64, arrival_us: i64) -> Request {
+    Request {
+        request_id: i,
+        input_tokens: 100 + ((i * 397) % 1400) as u32,
+        output_tokens: 8 + ((i * 13) % 33) as u32,
+        streaming: true,
+        arrival_time_us: arrival_us,
+        ..Request::default()
+    }
+}
+
+fn inputs(reqs: &[Request]) -> Vec<Input> {
+    reqs.iter()
+        .map(|r| Input::from_record(TraceRecord::planned(r.clone()), 0))
+        .collect()
+}
+
+/// Arrivals every 35 ms, each moved later by 3 ms steps until its queue
+/// entry is ≥ 2.5 ms from every predicted step boundary.
+fn plan(n: u64, r: &Resolved) -> Vec<Request> {
+    let alpha0 = r.latency.queueing_delay_us(0).round() as i64;
+    let mut reqs: Vec<Request> = (0..n)
+        .map(|i| request(i, 100_000 + i as i64 * 35_000))
+        .collect();
+    for _ in 0..50 {
+        let mut b = Boundaries::default();
+        let mut inst = Instance::new(r.engine.clone(), r.latency.clone());
+        replay(
+            &mut inst,
+            inputs(&reqs),
+            &SimOptions {
+                sample_interval_us: None,
+                horizon_us: None,
+            },
+            &mut b,
+        );
+        let mut moved = false;
+        for q in &mut reqs {
+            let enq = q.arrival_time_us + alpha0;
+            let near = b.0.range(enq - 2500..=enq + 2500).next().is_some();
+            if near {
+                q.arrival_time_us += 3000;
+                moved = true;
+                break;
+            }
+        }
+        if !moved {
+            return reqs;
+        }
+    }
+    panic!("no sequence clear of step boundaries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_timings_match_the_replay_prediction() {
+    let resolved = resolve(
+        &ServerArgs {
+            model: Some(MODEL.into()),
+            max_num_seqs: Some(SEQS),
+            max_num_batched_tokens: Some(BUDGET),
+            prefix_caching: true,
+            fast_forward: true,
+            ..ServerArgs::default()
+        },
+        None,
+    )
+    .unwrap();
+    let n = 30u64;
+    let reqs = plan(n, &resolved);
+    let (s, url) = server(&["--max-num-seqs", "6", "--max-num-batched-tokens", "1024"]).await;
+    // Warm a connection per concurrent request.
+    let c = client();
+    let warm: Vec<_> = (0..n)
+        .map(|_| c.get(format!("{url}/health")).send())
+        .collect();
+    for w in futures::future::join_all(warm).await {
+        w.unwrap();
+    }
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for q in &reqs {
+        let (url, c, q) = (url.clone(), c.clone(), q.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until((t0 + Duration::from_micros(q.arrival_time_us as u64)).into())
+                .await;
+            // A unique 4-digit start: no prefix-cache hits, as in the replay.
+            let text = format!(
+                "{:04}{}",
+                q.request_id,
+                "z".repeat(q.input_tokens as usize * 4 - 4)
+            );
+            let sent = Instant::now();
+            let r = stream_with(&c, &url, "/v1/completions", json!({
+                "model": MODEL, "prompt": text, "max_tokens": q.output_tokens, "ignore_eos": true,
+                "stream": true, "stream_options": {"include_usage": true},
+            })).await;
+            (q, sent, r)
+        }));
+    }
+    let mut records = Vec::new();
+    let mut measured = Vec::new();
+    for t in tasks {
+        let (mut q, sent, r) = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        let usage = r.json().last().unwrap()["usage"].clone();
+        assert_eq!(
+            usage["prompt_tokens"].as_u64(),
+            Some(u64::from(q.input_tokens))
+        );
+        assert_eq!(
+            usage["completion_tokens"].as_u64(),
+            Some(u64::from(q.output_tokens))
+        );
+        let first = (r.times[0] - sent).as_micros() as i64;
+        let last = (r.times[r.times.len() - 3] - sent).as_micros() as i64; // before the usage chunk and [DONE]
+        q.arrival_time_us = (sent - t0).as_micros() as i64;
+        measured.push((q.request_id, first, last));
+        records.push(TraceRecord::planned(q));
+    }
+    s.shutdown().await;
+    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
+    let mut sink = Collector::in_memory(0);
+    let ins: Vec<Input> = records
+        .into_iter()
+        .map(|r| Input::from_record(r, 0))
+        .collect();
+    let last = replay(
+        &mut inst,
+        ins,
+        &SimOptions {
+            sample_interval_us: None,
+            horizon_us: None,
+        },
+        &mut sink,
+    );
+    let (summary, pred) = sink
+        .finish(&TraceHeader::new(Mode::Replayed), &last, "blackbox")
+        .unwrap();
+    let pred = pred.unwrap();
+    assert_eq!(summary.requests.completed, n);
+    assert!(
+        summary.ttft_ms.p99 > summary.ttft_ms.p50 * 1.5,
+        "the load should queue requests: {:?}",
+        summary.ttft_ms
+    );
+    for (i, first, last) in measured {
+        let p = pred.iter().find(|r| r.request.request_id == i).unwrap();
+        for (what, real, sim) in [
+            ("TTFT", first, p.ttft_us().unwrap()),
+            ("E2E", last, p.e2e_us().unwrap()),
+        ] {
+            let tol = (0.02 * sim as f64).max(2000.0);
+            if std::env::var("BLIS_DEBUG_TIMING").is_ok() {
+                eprintln!(
+                    "request {i} {what}: client {real} µs, replay {sim} µs, diff {}",
+                    real - sim
+                );
+                continue;
+            }
+            assert!(
+                ((real - sim).abs() as f64) <= tol,
+                "request {i} {what}: client {real} µs, replay {sim} µs"
+            );
+        }
+    }
+}

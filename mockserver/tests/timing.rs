@@ -8,7 +8,7 @@
 //! microseconds later can miss a step and wait one more (~7 ms here).
 //! Client-to-server latency is such a jitter, so the sequence is chosen
 //! (from the prediction itself) to keep every request's entry into the
-//! queue at least 2.5 ms from any step boundary; what is tested is that the
+//! queue at least 3 ms from any step boundary; what is tested is that the
 //! mock runs the engine's timeline without drift, not how a discrete
 //! scheduler reacts to jitter.
 
@@ -59,20 +59,24 @@ fn request(i: u64, arrival_us: i64) -> Request {
     }
 }
 
+/// Inputs in entry order, as `replay` requires.
 fn inputs(reqs: &[Request]) -> Vec<Input> {
-    reqs.iter()
+    let mut v: Vec<Input> = reqs
+        .iter()
         .map(|r| Input::from_record(TraceRecord::planned(r.clone()), 0))
-        .collect()
+        .collect();
+    v.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    v
 }
 
-/// Arrivals every 35 ms, each moved later by 3 ms steps until its queue
-/// entry is ≥ 2.5 ms from every predicted step boundary.
+/// Arrivals every 35 ms, each moved later by 1.5 ms steps until its queue
+/// entry is ≥ 3 ms from every predicted step boundary.
 fn plan(n: u64, r: &Resolved) -> Vec<Request> {
     let alpha0 = r.latency.queueing_delay_us(0).round() as i64;
     let mut reqs: Vec<Request> = (0..n)
         .map(|i| request(i, 100_000 + i as i64 * 35_000))
         .collect();
-    for _ in 0..50 {
+    for _ in 0..400 {
         let mut b = Boundaries::default();
         let mut inst = Instance::new(r.engine.clone(), r.latency.clone());
         replay(
@@ -87,9 +91,9 @@ fn plan(n: u64, r: &Resolved) -> Vec<Request> {
         let mut moved = false;
         for q in &mut reqs {
             let enq = q.arrival_time_us + alpha0;
-            let near = b.0.range(enq - 2500..=enq + 2500).next().is_some();
+            let near = b.0.range(enq - 3000..=enq + 3000).next().is_some();
             if near {
-                q.arrival_time_us += 3000;
+                q.arrival_time_us += 1500;
                 moved = true;
                 break;
             }
@@ -170,10 +174,11 @@ async fn client_timings_match_the_replay_prediction() {
     s.shutdown().await;
     let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let mut sink = Collector::in_memory(0);
-    let ins: Vec<Input> = records
+    let mut ins: Vec<Input> = records
         .into_iter()
         .map(|r| Input::from_record(r, 0))
         .collect();
+    ins.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
     let last = replay(
         &mut inst,
         ins,

@@ -205,7 +205,10 @@ where
         if now > horizon {
             break;
         }
-        debug_assert!(now >= last_t, "clock went back: {now} < {last_t}");
+        debug_assert!(
+            now >= last_t,
+            "clock went back: {now} < {last_t} (source {src}, input {t_input:?}, event {t_event:?}, step {t_step:?})"
+        );
         last_t = now;
         match src {
             0 => {

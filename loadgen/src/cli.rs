@@ -24,10 +24,22 @@ pub enum Command {
         blis-loadgen generate --workload-spec examples/chat.yaml --out out/chat\n  \
         blis-loadgen generate --import mooncake:conversation_trace.jsonl --out out/mooncake\n  \
         blis-loadgen generate --workload-spec w.yaml --seed 7 --horizon-s 60 --out out/w")]
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
+    /// Send a workload to an OpenAI-compatible server on its exact schedule,
+    /// record every request and streamed chunk, scrape /metrics, and write a
+    /// trace (`mode: real`).
+    #[command(after_help = "Examples:\n  \
+        blis-loadgen run --server-url http://127.0.0.1:8000 --model meta-llama/Llama-3.1-8B-Instruct \\\n      \
+            --workload-spec examples/servegen-language.yaml --out out/real\n  \
+        blis-loadgen run --server-url http://127.0.0.1:8000 --model m --rate 20 --num-requests 1000 \\\n      \
+            --input-tokens gaussian:512,128 --output-tokens 128 --out out/synthetic\n  \
+        blis-loadgen run --server-url http://127.0.0.1:8000 --model m --trace out/real.yaml --out out/again\n\n\
+        Exit codes: 0 valid run; 1 error; 2 usage; 3 client-bound with --strict; 4 interrupted.")]
+    Run(Box<RunArgs>),
 }
 
-/// Where a workload comes from: exactly one of a spec or an import.
+/// Where a workload comes from: exactly one of a spec, an import, a trace,
+/// or a synthetic rate.
 #[derive(Args, Debug, Clone)]
 #[group(required = true, multiple = false)]
 pub struct WorkloadArgs {
@@ -38,6 +50,24 @@ pub struct WorkloadArgs {
     /// inference-perf:PROFILE, vllm-gt:RUN_DIR.
     #[arg(long, value_name = "KIND:PATH")]
     pub import: Option<ImportSource>,
+    /// The requests of a trace (its planned arrivals and lengths).
+    #[arg(long, value_name = "H.yaml")]
+    pub trace: Option<PathBuf>,
+    /// A synthetic Poisson workload at this many requests/s (with
+    /// --num-requests or --duration-s, --input-tokens, --output-tokens).
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+}
+
+/// Lengths of a synthetic `--rate` workload.
+#[derive(Args, Debug, Clone)]
+pub struct SyntheticArgs {
+    /// Input tokens: N, gaussian:MEAN,STD, exponential:MEAN or uniform:A,B.
+    #[arg(long, default_value = "512")]
+    pub input_tokens: String,
+    /// Output tokens: same forms as --input-tokens.
+    #[arg(long, default_value = "128")]
+    pub output_tokens: String,
 }
 
 /// `generate` options.
@@ -46,6 +76,9 @@ pub struct GenerateArgs {
     /// The workload.
     #[command(flatten)]
     pub workload: WorkloadArgs,
+    /// Lengths of a --rate workload.
+    #[command(flatten)]
+    pub synthetic: SyntheticArgs,
     /// Output prefix: writes PREFIX.yaml and PREFIX.csv.
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
@@ -58,4 +91,103 @@ pub struct GenerateArgs {
     /// Stop after this many requests (overrides the spec's num_requests).
     #[arg(long, value_name = "N")]
     pub num_requests: Option<u64>,
+}
+
+/// The API a run speaks.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// The server family (selects how output length is forced and the metric
+/// names understood).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerType {
+    /// vLLM: `max_tokens` with `ignore_eos` and `min_tokens`.
+    Vllm,
+    /// SGLang: `max_tokens` with `ignore_eos`.
+    Sglang,
+    /// llama.cpp's server: `max_tokens` with `ignore_eos`.
+    Llamacpp,
+    /// Any OpenAI-compatible server: `max_tokens` only.
+    Openai,
+}
+
+/// `run` options.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Base URL of the server, e.g. http://127.0.0.1:8000.
+    #[arg(long, env = "BLIS_SERVER_URL")]
+    pub server_url: String,
+    /// Model name to send.
+    #[arg(long)]
+    pub model: String,
+    /// The workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Lengths of a --rate workload.
+    #[command(flatten)]
+    pub synthetic: SyntheticArgs,
+    /// Output prefix: PREFIX.yaml, .csv, .itl.csv, .metrics.csv.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
+    /// API to use.
+    #[arg(long, value_enum, default_value = "completions")]
+    pub api: Api,
+    /// Server family.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub server_type: ServerType,
+    /// Ask for whole responses instead of streams (overrides the workload).
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Closed loop: N users, each sending its next request when its last
+    /// response ends (arrival times are ignored).
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// Requests in flight at most (open loop; later sends wait and their
+    /// lag is recorded).
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<usize>,
+    /// Client timeout per request, seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout_s: f64,
+    /// Leading requests marked as warm-up (excluded from statistics).
+    #[arg(long, default_value_t = 0)]
+    pub warmup_requests: u64,
+    /// Stop sending after this many seconds.
+    #[arg(long, value_name = "S")]
+    pub duration_s: Option<f64>,
+    /// Stop after this many requests.
+    #[arg(long, value_name = "N")]
+    pub num_requests: Option<u64>,
+    /// Seed of the workload and the prompt texts.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// API key sent as a Bearer token (never written anywhere).
+    #[arg(long, env = "BLIS_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Prometheus endpoint (default: SERVER_URL/metrics).
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+    /// Scrape interval, ms (0: no scraping).
+    #[arg(long, default_value_t = 1000)]
+    pub scrape_interval_ms: u64,
+    /// Client-bound when the p99 send lag exceeds this, ms.
+    #[arg(long, default_value_t = 10.0)]
+    pub max_send_lag_ms: f64,
+    /// Exit with code 3 when the run was client-bound.
+    #[arg(long)]
+    pub strict: bool,
+    /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub grace_s: f64,
+    /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000.
+    #[arg(long)]
+    pub slo: Option<String>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

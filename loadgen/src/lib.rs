@@ -1,24 +1,36 @@
 //! # blis-loadgen
 //!
-//! The *observe* tool of BLIS. Today it plans workloads: `blis-loadgen
-//! generate` turns a workload spec or an imported trace into a trace-v2
-//! bundle (`mode: generated`) and prints a one-screen summary. Sending the
-//! workload to a server comes with the `run` subcommand.
+//! The *observe* tool of BLIS. `blis-loadgen run` sends a workload (a spec,
+//! an imported trace, a trace's requests, or a synthetic rate) to an
+//! OpenAI-compatible server (vLLM, SGLang, llama.cpp, `blis-mockserver`) on
+//! its exact schedule, records every request and streamed chunk, scrapes
+//! the server's Prometheus `/metrics`, writes a trace-v2 bundle (`mode:
+//! real`) and prints a summary that says whether the client kept up.
+//! `blis-loadgen generate` writes the planned trace (`mode: generated`)
+//! without sending anything.
 //!
 //! ```no_run
 //! use clap::Parser;
 //! let opts = blis_loadgen::Opts::parse_from([
 //!     "blis-loadgen", "generate", "--workload-spec", "w.yaml", "--out", "out/plan",
 //! ]);
-//! blis_loadgen::run(opts, &mut std::io::stdout())?;
+//! let code = blis_loadgen::run(opts, &mut std::io::stdout())?;
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod clock;
+pub mod http;
 pub mod plan;
+pub mod probe;
+pub mod prompt;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod scrape;
 
-pub use cli::{Command, GenerateArgs, Opts, WorkloadArgs};
+pub use cli::{Command, GenerateArgs, Opts, RunArgs, WorkloadArgs};
 
 use std::io::Write;
 
@@ -30,14 +42,20 @@ pub mod exit_code {
     pub const ERROR: i32 = 1;
     /// Bad command-line usage (clap's own code).
     pub const USAGE: i32 = 2;
+    /// `run --strict` and the client could not keep to the schedule.
+    pub const CLIENT_BOUND: i32 = 3;
+    /// `run` was interrupted by SIGINT/SIGTERM (the trace is complete).
+    pub const INTERRUPTED: i32 = 4;
 }
 
-/// Runs the command in `opts`, writing its human-readable output to `out`.
+/// Runs the command in `opts`, writing its human-readable output to `out`,
+/// and returns the process exit code ([`exit_code`]).
 ///
 /// # Errors
 /// Any failure, with a chain of context naming the file or field.
-pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
     match opts.command {
-        Command::Generate(args) => plan::generate_command(&args, out),
+        Command::Generate(args) => plan::generate_command(&args, out).map(|()| exit_code::OK),
+        Command::Run(args) => run::run_command(&args, out),
     }
 }

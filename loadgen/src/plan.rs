@@ -9,7 +9,7 @@ use blis_traces::{
     WorkloadSpec, WorkloadSummary,
 };
 
-use crate::cli::{GenerateArgs, WorkloadArgs};
+use crate::cli::{GenerateArgs, SyntheticArgs, WorkloadArgs};
 
 /// Default seed when neither the spec nor the command line gives one.
 pub const DEFAULT_SEED: u64 = 42;
@@ -21,8 +21,63 @@ pub const DEFAULT_SEED: u64 = 42;
 /// Unreadable or invalid spec or import.
 pub fn load_workload(
     w: &WorkloadArgs,
+    synthetic: &SyntheticArgs,
     opts: &GenerateOptions,
 ) -> anyhow::Result<(TraceHeader, Vec<TraceRecord>)> {
+    if let Some(rate) = w.rate {
+        if !(rate > 0.0 && rate.is_finite()) {
+            bail!("--rate must be a positive number of requests/s, got {rate}");
+        }
+        if opts.num_requests.is_none() && opts.horizon_us.is_none() {
+            bail!("--rate needs --num-requests or a duration");
+        }
+        let yaml = format!(
+            "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: poisson}}\n    input_distribution: {}\n    output_distribution: {}\n",
+            dist_yaml("--input-tokens", &synthetic.input_tokens)?,
+            dist_yaml("--output-tokens", &synthetic.output_tokens)?
+        );
+        let spec = WorkloadSpec::from_yaml_str(&yaml)?;
+        let seed = opts.seed.unwrap_or(DEFAULT_SEED);
+        let records = Generator::new(
+            &spec,
+            &GenerateOptions {
+                seed: Some(seed),
+                ..*opts
+            },
+        )?
+        .map(|r| r.map(TraceRecord::planned))
+        .collect::<Result<Vec<_>, _>>()?;
+        let mut header = TraceHeader::new(Mode::Generated);
+        header.workload_seed = Some(seed);
+        header.workload_spec = Some(format!(
+            "synthetic: poisson {rate} req/s, input {}, output {}",
+            synthetic.input_tokens, synthetic.output_tokens
+        ));
+        return Ok((header, records));
+    }
+    if let Some(path) = &w.trace {
+        let trace = blis_traces::Trace::read(path)
+            .with_context(|| format!("reading the trace {}", path.display()))?;
+        let mut records = trace.records;
+        records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
+        if let Some(h) = opts.horizon_us {
+            records.retain(|r| r.request.arrival_time_us < h as i64);
+        }
+        if let Some(n) = opts.num_requests {
+            records.truncate(n as usize);
+        }
+        for r in &mut records {
+            // Replanned: what the server reported becomes the plan.
+            if let Some(n) = r.outcome.server_input_tokens {
+                r.request.input_tokens = n;
+            }
+            r.outcome = Default::default();
+        }
+        let mut header = trace.header;
+        header.mode = Mode::Generated;
+        header.workload_spec = Some(path.display().to_string());
+        return Ok((header, records));
+    }
     if let Some(path) = &w.workload_spec {
         let spec = WorkloadSpec::from_file(path)?;
         let seed = opts.seed.unwrap_or_else(|| spec.seed_or_default());
@@ -66,7 +121,7 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
     {
         bail!("--horizon-s must be a positive number of seconds, got {h}");
     }
-    let (mut header, mut records) = load_workload(&args.workload, &opts)?;
+    let (mut header, mut records) = load_workload(&args.workload, &args.synthetic, &opts)?;
     // A generated trace is a plan: keep the requests, drop any outcome.
     if header.mode == Mode::Real {
         header.mode = Mode::Generated;
@@ -90,4 +145,52 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
         paths.data.display()
     )?;
     Ok(())
+}
+
+/// The YAML of a length distribution given on the command line: `N`,
+/// `gaussian:MEAN,STD`, `exponential:MEAN` or `uniform:A,B`.
+///
+/// # Errors
+/// Anything else, naming the flag.
+pub fn dist_yaml(flag: &str, s: &str) -> anyhow::Result<String> {
+    let num = |v: &str| -> anyhow::Result<f64> {
+        let x: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{flag}: invalid number {v:?} in {s:?}"))?;
+        if !(x.is_finite() && x >= 0.0) {
+            bail!("{flag}: {x} must be a finite non-negative number");
+        }
+        Ok(x)
+    };
+    let (kind, args) = s.split_once(':').unwrap_or(("constant", s));
+    Ok(match kind {
+        "constant" => format!("{{type: constant, params: {{value: {}}}}}", num(args)?),
+        "exponential" => format!("{{type: exponential, params: {{mean: {}}}}}", num(args)?),
+        "gaussian" => {
+            let (m, sd) = args
+                .split_once(',')
+                .ok_or_else(|| anyhow::anyhow!("{flag}: gaussian:MEAN,STD"))?;
+            format!(
+                "{{type: gaussian, params: {{mean: {}, std_dev: {}}}}}",
+                num(m)?,
+                num(sd)?
+            )
+        }
+        "uniform" => {
+            let (a, b) = args
+                .split_once(',')
+                .ok_or_else(|| anyhow::anyhow!("{flag}: uniform:A,B"))?;
+            let (a, b) = (num(a)?.round() as u64, num(b)?.round() as u64);
+            if b < a {
+                bail!("{flag}: uniform:A,B needs A ≤ B");
+            }
+            let p = 1.0 / (b - a + 1) as f64;
+            let pmf: Vec<String> = (a..=b).map(|v| format!("{v}: {p}")).collect();
+            format!("{{type: empirical, pmf: {{{}}}}}", pmf.join(", "))
+        }
+        _ => bail!(
+            "{flag}: unknown form {s:?} (N, gaussian:MEAN,STD, exponential:MEAN, uniform:A,B)"
+        ),
+    })
 }

@@ -114,4 +114,9 @@ pub struct Opts {
     /// Probability of a response without usage.
     #[arg(long, default_value_t = 0.0)]
     pub fault_missing_usage_rate: f64,
+    /// Keep every completed request's served timings in memory
+    /// ([`crate::server::ServedLog`]), for tests that check a client's
+    /// measurements against what the server did.
+    #[arg(long, hide = true)]
+    pub record_served: bool,
 }

@@ -50,6 +50,8 @@ pub struct RunningServer {
     pub metrics: Arc<Metrics>,
     /// Its engine.
     pub engine: EngineHandle,
+    /// Served timings (with `--record-served`).
+    pub served: Option<Arc<server::ServedLog>>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     join: tokio::task::JoinHandle<()>,
 }
@@ -141,11 +143,17 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         ..ServerArgs::default()
     };
     let resolved = resolve(&args, None).context("configuring the engine")?;
-    let metrics = Arc::new(Metrics::new(&opts.model, opts.metrics_style));
+    let metrics = Arc::new(
+        Metrics::new(&opts.model, opts.metrics_style)
+            .with_cache_config(resolved.engine.block_size, resolved.engine.total_kv_blocks),
+    );
     let clock = Arc::new(Clock::new(opts.time_scale));
     let instance = blis_replay::Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let engine = EngineHandle::start(instance, clock, metrics.clone());
-    let state = Arc::new(AppState::new(
+    let served = opts
+        .record_served
+        .then(|| Arc::new(server::ServedLog::default()));
+    let mut state = AppState::new(
         opts.model.clone(),
         opts.api_key.clone(),
         Duration::from_millis(opts.startup_delay_ms),
@@ -155,7 +163,9 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         Faults::new(faults, opts.seed),
         opts.output_dist,
         opts.seed,
-    ));
+    );
+    state.served = served.clone();
+    let state = Arc::new(state);
     let listener = server::bind(SocketAddr::new(opts.host, opts.port))
         .await
         .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
@@ -177,6 +187,7 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         addr,
         metrics,
         engine,
+        served,
         shutdown: tx,
         join,
     })

@@ -94,6 +94,7 @@ pub struct Metrics {
     inner: Mutex<Inner>,
     model: String,
     style: MetricsStyle,
+    cache: Option<(u32, u32)>,
 }
 
 /// Fault kinds counted in `blis_mock_faults_total{kind}`.
@@ -125,7 +126,16 @@ impl Metrics {
             }),
             model: model.to_string(),
             style,
+            cache: None,
         }
+    }
+
+    /// Also exposes vLLM's `vllm:cache_config_info` gauge (value 1, the
+    /// settings as labels `block_size` and `num_gpu_blocks`), which clients
+    /// read to learn the KV cache size.
+    pub fn with_cache_config(mut self, block_size: u32, num_gpu_blocks: u32) -> Self {
+        self.cache = Some((block_size, num_gpu_blocks));
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -206,6 +216,12 @@ impl Metrics {
         };
         match self.style {
             MetricsStyle::Vllm => {
+                if let Some((bs, blocks)) = self.cache {
+                    let _ = writeln!(
+                        o,
+                        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{bs}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{blocks}\"}} 1.0"
+                    );
+                }
                 gauge(&mut o, "vllm:num_requests_running", f64::from(s.running));
                 gauge(&mut o, "vllm:num_requests_waiting", f64::from(s.waiting));
                 gauge(&mut o, "vllm:kv_cache_usage_perc", s.kv_usage());

@@ -83,6 +83,49 @@ impl OutputDist {
     }
 }
 
+/// What the server did for one completed request, measured on the
+/// server's monotonic clock from when its handler started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The client's `x-request-id` header, when sent.
+    pub x_request_id: Option<String>,
+    /// From the request's arrival to handing the first token's chunk to the
+    /// connection (streaming), or the whole body (non-streaming), µs.
+    pub ttft_us: i64,
+    /// From the request's arrival to handing the last chunk to the
+    /// connection, µs.
+    pub e2e_us: i64,
+    /// Output tokens served.
+    pub output_tokens: u32,
+    /// Content chunks sent (one per token when streaming, 1 otherwise).
+    pub chunks: u32,
+    /// When the handler started, Unix µs (the wall clock: comparable with
+    /// a client's times only in the same process or on one host).
+    pub received_unix_us: i64,
+}
+
+/// Served timings of completed requests (kept only with
+/// `--record-served`).
+#[derive(Debug, Default)]
+pub struct ServedLog(Mutex<Vec<Served>>);
+
+impl ServedLog {
+    fn push(&self, s: Served) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(s);
+    }
+
+    /// Everything recorded so far, in completion order.
+    pub fn entries(&self) -> Vec<Served> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// What the HTTP layer needs to serve.
 #[derive(Debug)]
 pub struct AppState {
@@ -102,6 +145,8 @@ pub struct AppState {
     pub faults: Faults,
     /// Output lengths.
     pub output: OutputDist,
+    /// Served timings, when recorded.
+    pub served: Option<Arc<ServedLog>>,
     rng: Mutex<ChaCha8Rng>,
     counter: AtomicU64,
 }
@@ -131,6 +176,7 @@ impl AppState {
             metrics,
             faults,
             output,
+            served: None,
             rng: Mutex::new(rng),
             counter: AtomicU64::new(0),
         }
@@ -281,6 +327,7 @@ impl Drop for AbortGuard {
 }
 
 async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool) -> Response {
+    let received = Instant::now();
     if !st.authorized(&headers) {
         return err(
             StatusCode::UNAUTHORIZED,
@@ -383,7 +430,16 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
         done: false,
     };
     let resp_id = format!("{}-{n:x}", if chat { "chatcmpl" } else { "cmpl" });
+    let x_request_id = st.served.as_ref().and_then(|_| {
+        headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    });
     let ctx = Ctx {
+        received,
+        first_sent: None,
+        x_request_id,
         st: st.clone(),
         p,
         id: resp_id,
@@ -402,6 +458,9 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
 }
 
 struct Ctx {
+    received: Instant,
+    first_sent: Option<Instant>,
+    x_request_id: Option<String>,
     st: Arc<AppState>,
     p: Parsed,
     id: String,
@@ -424,6 +483,25 @@ impl Ctx {
 
     fn stall_ms(&self) -> u64 {
         self.st.faults.config().stall_ms
+    }
+
+    /// Records the served timings of a completed response.
+    fn log_served(&mut self, output_tokens: u32, chunks: u32) {
+        if let Some(log) = &self.st.served {
+            let now = Instant::now();
+            let us = |t: Instant| t.duration_since(self.received).as_micros() as i64;
+            let unix_now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            log.push(Served {
+                received_unix_us: unix_now - us(now),
+                x_request_id: self.x_request_id.take(),
+                ttft_us: us(self.first_sent.unwrap_or(now)),
+                e2e_us: us(now),
+                output_tokens,
+                chunks,
+            });
+        }
     }
 }
 
@@ -474,6 +552,7 @@ async fn whole_response(mut c: Ctx) -> Response {
         _ => {}
     }
     c.st.metrics.success(c.finish);
+    c.log_served(fin.output_tokens, 1);
     let usage = (c.fault != Some(Fault::MissingUsage)).then(|| {
         api::usage(
             c.p.prompt_tokens,
@@ -540,6 +619,9 @@ fn stream_response(c: Ctx) -> Response {
                     if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
                         v["usage"] = api::usage(c.p.prompt_tokens, index, None);
                     }
+                    if c.first_sent.is_none() {
+                        c.first_sent = Some(Instant::now());
+                    }
                     Some((
                         Ok(SseEvent::default().data(v.to_string())),
                         (c, Phase::Tokens, faulted),
@@ -548,6 +630,7 @@ fn stream_response(c: Ctx) -> Response {
                 Some(Event::Finished(fin)) => {
                     c.guard.done = true;
                     c.st.metrics.success(c.finish);
+                    c.log_served(fin.output_tokens, fin.output_tokens);
                     if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
                         let u = api::usage(
                             c.p.prompt_tokens,

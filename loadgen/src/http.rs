@@ -1,0 +1,649 @@
+//! One request to an OpenAI-compatible server, measured: the request body
+//! for each server family, and the response read event by event with the
+//! arrival time of every SSE chunk, the usage, the finish reason and, for a
+//! failure, what went wrong.
+//!
+//! A [`Capture`] is filled in place while the response arrives, so that a
+//! request cut short (timeout, SIGINT) keeps everything received so far.
+
+use std::time::Duration;
+
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::cli::{Api, ServerType};
+use crate::clock::RunClock;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: &'static str,
+    /// Its text.
+    pub content: String,
+}
+
+/// A prompt: completion text or chat messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    /// `/v1/completions` text.
+    Text(String),
+    /// `/v1/chat/completions` messages.
+    Chat(Vec<Message>),
+}
+
+/// Why a request did not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The server answered with a non-2xx HTTP status.
+    Http(u16),
+    /// No connection, or the request could not be written.
+    Connect,
+    /// The connection closed mid-response.
+    Dropped,
+    /// A chunk or body was not the JSON (or SSE) expected.
+    Malformed,
+    /// The server reported an error inside a 200 stream.
+    ServerError,
+    /// The client's timeout expired.
+    Timeout,
+    /// The run stopped while the request was in flight.
+    Cancelled,
+    /// The run stopped before the request was sent.
+    NotSent,
+}
+
+impl ErrorKind {
+    /// The stable label that starts the trace's `error_message`
+    /// (`http_429`, `dropped`, ...), used to count errors by kind.
+    pub fn label(self) -> String {
+        match self {
+            ErrorKind::Http(code) => format!("http_{code}"),
+            ErrorKind::Connect => "connect".into(),
+            ErrorKind::Dropped => "dropped".into(),
+            ErrorKind::Malformed => "malformed".into(),
+            ErrorKind::ServerError => "server_error".into(),
+            ErrorKind::Timeout => "timeout".into(),
+            ErrorKind::Cancelled => "cancelled".into(),
+            ErrorKind::NotSent => "not_sent".into(),
+        }
+    }
+}
+
+/// The kind label of a trace row's `error_message` (the text before the
+/// first `:`), or `other`.
+pub fn error_label(message: &str) -> &str {
+    match message.split_once(':') {
+        Some((k, _)) if !k.is_empty() && !k.contains(' ') => k,
+        _ => "other",
+    }
+}
+
+/// A failed request: its kind and a one-line description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What went wrong.
+    pub kind: ErrorKind,
+    /// Details (never credentials).
+    pub detail: String,
+}
+
+impl Failure {
+    fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// The trace's `error_message`: `LABEL: detail`.
+    pub fn message(&self) -> String {
+        format!("{}: {}", self.kind.label(), self.detail)
+    }
+}
+
+/// What was received of one response. Times are Unix µs.
+#[derive(Debug, Default, Clone)]
+pub struct Capture {
+    /// When the request was handed to the connection.
+    pub send_us: Option<i64>,
+    /// When the first content chunk (or the first byte of a whole body)
+    /// arrived.
+    pub first_us: Option<i64>,
+    /// When the response ended (or the last byte before a failure).
+    pub last_us: Option<i64>,
+    /// Arrival time of every content chunk.
+    pub chunk_times: Vec<i64>,
+    /// Tokens of each content chunk, when the server reported running usage
+    /// (vLLM's `continuous_usage_stats`); empty otherwise.
+    pub chunk_tokens: Vec<u32>,
+    /// HTTP status.
+    pub http_status: Option<u16>,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u32>,
+    /// `usage.completion_tokens`.
+    pub completion_tokens: Option<u32>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u32>,
+    /// The last `finish_reason` seen.
+    pub finish_reason: String,
+    /// Keep the generated text (for the next round of a session).
+    pub keep_text: bool,
+    /// The generated text (with `keep_text`).
+    pub text: String,
+    running_completion: u32,
+    running_chunks: bool,
+}
+
+impl Capture {
+    /// A capture that keeps the generated text when `keep_text`.
+    pub fn new(keep_text: bool) -> Self {
+        Self {
+            keep_text,
+            ..Self::default()
+        }
+    }
+
+    /// Output tokens: the server's count, else the tokens carried by the
+    /// content chunks (for a stream without usage).
+    pub fn output_tokens(&self) -> Option<u32> {
+        self.completion_tokens.or_else(|| {
+            if self.chunk_tokens.len() == self.chunk_times.len() && !self.chunk_tokens.is_empty() {
+                Some(self.chunk_tokens.iter().sum())
+            } else if !self.chunk_times.is_empty() {
+                Some(self.chunk_times.len() as u32)
+            } else {
+                None
+            }
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    message: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+impl Choice {
+    fn content(&self) -> Option<&str> {
+        let d = self.delta.as_ref().or(self.message.as_ref());
+        [
+            self.text.as_deref(),
+            d.and_then(|d| d.content.as_deref()),
+            d.and_then(|d| d.reasoning_content.as_deref()),
+            d.and_then(|d| d.reasoning.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|s| !s.is_empty())
+    }
+}
+
+/// The text of an error object (`{"message": ...}`) or value.
+fn error_text(v: &Value) -> String {
+    let m = v
+        .get("message")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| v.to_string());
+    one_line(&m, 300)
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let s: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let s = s.trim();
+    if s.chars().count() > max {
+        let mut t: String = s.chars().take(max).collect();
+        t.push('…');
+        t
+    } else {
+        s.to_string()
+    }
+}
+
+/// A transport error and its causes on one line.
+pub fn describe(e: &reqwest::Error) -> String {
+    let mut s = String::new();
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = cur {
+        let t = err.to_string();
+        if !s.contains(&t) {
+            if !s.is_empty() {
+                s.push_str(": ");
+            }
+            s.push_str(&t);
+        }
+        cur = err.source();
+    }
+    one_line(&s, 300)
+}
+
+/// Where and how requests are sent.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    client: reqwest::Client,
+    url: String,
+    api: Api,
+    server: ServerType,
+    model: String,
+    auth: Option<HeaderValue>,
+}
+
+/// An HTTP client tuned for measuring: no proxies (a proxy would be in
+/// every measurement), no Nagle delay, pooled keep-alive connections.
+///
+/// # Errors
+/// The TLS backend or resolver could not be set up.
+pub fn client() -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+}
+
+/// The `Authorization` header value of an API key, marked sensitive so it
+/// never appears in debug output.
+pub fn bearer(key: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+impl Endpoint {
+    /// An endpoint at `base_url` (e.g. `http://127.0.0.1:8000`).
+    pub fn new(
+        client: reqwest::Client,
+        base_url: &str,
+        api: Api,
+        server: ServerType,
+        model: &str,
+        api_key: Option<&str>,
+    ) -> Self {
+        let path = match api {
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
+        };
+        Self {
+            client,
+            url: format!("{}{path}", base_url.trim_end_matches('/')),
+            api,
+            server,
+            model: model.to_string(),
+            auth: api_key.and_then(bearer),
+        }
+    }
+
+    /// The API spoken.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// Whether chunks carry running usage (so per-chunk token counts are
+    /// known): vLLM's `stream_options.continuous_usage_stats`.
+    pub fn per_chunk_tokens(&self) -> bool {
+        self.server == ServerType::Vllm
+    }
+
+    /// The JSON body of a request for `max_tokens` output tokens, forced to
+    /// exactly that length where the server supports it: vLLM
+    /// `ignore_eos` + `min_tokens`, SGLang and llama.cpp `ignore_eos`; plain
+    /// OpenAI servers only get the cap.
+    pub fn body(&self, prompt: &Prompt, max_tokens: u32, stream: bool) -> Value {
+        let max_tokens = max_tokens.max(1);
+        let mut b = json!({ "model": self.model, "max_tokens": max_tokens, "stream": stream });
+        match prompt {
+            Prompt::Text(t) => b["prompt"] = json!(t),
+            Prompt::Chat(msgs) => {
+                b["messages"] = msgs
+                    .iter()
+                    .map(|m| json!({"role": m.role, "content": m.content}))
+                    .collect();
+            }
+        }
+        match self.server {
+            ServerType::Vllm => {
+                b["ignore_eos"] = json!(true);
+                b["min_tokens"] = json!(max_tokens);
+            }
+            ServerType::Sglang | ServerType::Llamacpp => b["ignore_eos"] = json!(true),
+            ServerType::Openai => {}
+        }
+        if stream {
+            b["stream_options"] = if self.server == ServerType::Vllm {
+                json!({"include_usage": true, "continuous_usage_stats": true})
+            } else {
+                json!({"include_usage": true})
+            };
+        }
+        b
+    }
+
+    /// Sends `body` with `x-request-id: xid` and reads the response into
+    /// `cap` (times from `clock`). Returns when the response is complete or
+    /// has failed; a caller's timeout may drop this future at any await,
+    /// and `cap` then holds what had arrived.
+    ///
+    /// # Errors
+    /// The failure, classified ([`ErrorKind`]).
+    pub async fn send(
+        &self,
+        body: Vec<u8>,
+        stream: bool,
+        xid: &str,
+        clock: &RunClock,
+        cap: &mut Capture,
+    ) -> Result<(), Failure> {
+        let mut req = self
+            .client
+            .post(&self.url)
+            .header(CONTENT_TYPE, "application/json")
+            .header("x-request-id", xid)
+            .body(body);
+        if let Some(a) = &self.auth {
+            req = req.header(AUTHORIZATION, a.clone());
+        }
+        cap.send_us = Some(clock.now_us());
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| Failure::new(ErrorKind::Connect, describe(&e)))?;
+        let status = resp.status();
+        cap.http_status = Some(status.as_u16());
+        if !status.is_success() {
+            let retry = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| format!(" (Retry-After: {v})"))
+                .unwrap_or_default();
+            let text = resp.text().await.unwrap_or_default();
+            cap.last_us = Some(clock.now_us());
+            let detail = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").map(error_text))
+                .unwrap_or_else(|| one_line(&text, 300));
+            return Err(Failure::new(
+                ErrorKind::Http(status.as_u16()),
+                format!("HTTP {status}{retry}: {detail}"),
+            ));
+        }
+        if stream {
+            read_stream(resp, clock, cap).await
+        } else {
+            read_whole(resp, clock, cap).await
+        }
+    }
+}
+
+fn apply_usage(cap: &mut Capture, u: &Usage) {
+    if let Some(p) = u.prompt_tokens {
+        cap.prompt_tokens = Some(p);
+    }
+    if let Some(c) = u.completion_tokens {
+        cap.completion_tokens = Some(c);
+    }
+    if let Some(c) = u
+        .prompt_tokens_details
+        .as_ref()
+        .and_then(|d| d.cached_tokens)
+    {
+        cap.cached_tokens = Some(c);
+    }
+}
+
+async fn read_stream(
+    resp: reqwest::Response,
+    clock: &RunClock,
+    cap: &mut Capture,
+) -> Result<(), Failure> {
+    let mut events = resp.bytes_stream().eventsource();
+    let mut done = false;
+    while let Some(ev) = events.next().await {
+        let now = clock.now_us();
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(EventStreamError::Transport(e)) => {
+                cap.last_us = Some(now);
+                return Err(Failure::new(
+                    ErrorKind::Dropped,
+                    format!(
+                        "connection failed after {} chunks: {}",
+                        cap.chunk_times.len(),
+                        describe(&e)
+                    ),
+                ));
+            }
+            Err(e) => {
+                cap.last_us = Some(now);
+                return Err(Failure::new(
+                    ErrorKind::Malformed,
+                    format!("bad SSE: {}", one_line(&e.to_string(), 200)),
+                ));
+            }
+        };
+        cap.last_us = Some(now);
+        let data = ev.data.trim();
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            Failure::new(
+                ErrorKind::Malformed,
+                format!(
+                    "chunk {}: {e}: {}",
+                    cap.chunk_times.len(),
+                    one_line(data, 120)
+                ),
+            )
+        })?;
+        if let Some(e) = &chunk.error {
+            return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
+        }
+        let mut content = false;
+        for c in &chunk.choices {
+            if let Some(t) = c.content() {
+                content = true;
+                if cap.keep_text {
+                    cap.text.push_str(t);
+                }
+            }
+            if let Some(f) = &c.finish_reason {
+                cap.finish_reason.clone_from(f);
+            }
+        }
+        if let Some(u) = &chunk.usage {
+            apply_usage(cap, u);
+            if content && let Some(c) = u.completion_tokens {
+                cap.chunk_tokens
+                    .push(c.saturating_sub(cap.running_completion));
+                cap.running_completion = c;
+                cap.running_chunks = true;
+            }
+        }
+        if content {
+            if cap.first_us.is_none() {
+                cap.first_us = Some(now);
+            }
+            cap.chunk_times.push(now);
+        }
+    }
+    if !cap.running_chunks {
+        cap.chunk_tokens.clear();
+    }
+    if !done {
+        return Err(Failure::new(
+            ErrorKind::Dropped,
+            format!(
+                "stream ended without [DONE] after {} chunks",
+                cap.chunk_times.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn read_whole(
+    resp: reqwest::Response,
+    clock: &RunClock,
+    cap: &mut Capture,
+) -> Result<(), Failure> {
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(b) = stream.next().await {
+        let now = clock.now_us();
+        cap.last_us = Some(now);
+        match b {
+            Ok(b) => {
+                if cap.first_us.is_none() {
+                    cap.first_us = Some(now);
+                }
+                body.extend_from_slice(&b);
+            }
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorKind::Dropped,
+                    format!("connection failed mid-body: {}", describe(&e)),
+                ));
+            }
+        }
+    }
+    let v: Chunk = serde_json::from_slice(&body).map_err(|e| {
+        Failure::new(
+            ErrorKind::Malformed,
+            format!(
+                "body: {e}: {}",
+                one_line(&String::from_utf8_lossy(&body), 120)
+            ),
+        )
+    })?;
+    if let Some(e) = &v.error {
+        return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
+    }
+    for c in &v.choices {
+        if let Some(t) = c.content()
+            && cap.keep_text
+        {
+            cap.text.push_str(t);
+        }
+        if let Some(f) = &c.finish_reason {
+            cap.finish_reason.clone_from(f);
+        }
+    }
+    if let Some(u) = &v.usage {
+        apply_usage(cap, u);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(server: ServerType, api: Api) -> Endpoint {
+        Endpoint::new(
+            client().unwrap(),
+            "http://h:1/",
+            api,
+            server,
+            "m",
+            Some("k"),
+        )
+    }
+
+    #[test]
+    fn bodies_force_the_output_length_per_server_family() {
+        let p = Prompt::Text("hi".into());
+        let v = ep(ServerType::Vllm, Api::Completions).body(&p, 7, true);
+        assert_eq!(v["max_tokens"], 7);
+        assert_eq!(v["ignore_eos"], true);
+        assert_eq!(v["min_tokens"], 7);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
+        let v = ep(ServerType::Openai, Api::Completions).body(&p, 7, false);
+        assert!(v.get("ignore_eos").is_none() && v.get("stream_options").is_none());
+        let v = ep(ServerType::Sglang, Api::Chat).body(
+            &Prompt::Chat(vec![Message {
+                role: "user",
+                content: "q".into(),
+            }]),
+            0,
+            true,
+        );
+        assert_eq!(v["max_tokens"], 1);
+        assert_eq!(v["ignore_eos"], true);
+        assert!(v.get("min_tokens").is_none());
+        assert_eq!(v["messages"][0]["role"], "user");
+        assert!(v["stream_options"].get("continuous_usage_stats").is_none());
+    }
+
+    #[test]
+    fn error_labels_come_from_the_message_prefix() {
+        let f = Failure::new(ErrorKind::Http(429), "HTTP 429 Too Many Requests");
+        assert_eq!(f.message(), "http_429: HTTP 429 Too Many Requests");
+        assert_eq!(error_label(&f.message()), "http_429");
+        assert_eq!(error_label("free text without kind"), "other");
+    }
+
+    #[test]
+    fn api_keys_are_marked_sensitive() {
+        let v = bearer("secret").unwrap();
+        assert!(v.is_sensitive());
+        assert!(!format!("{:?}", ep(ServerType::Vllm, Api::Chat)).contains("secret"));
+    }
+}

@@ -1,0 +1,216 @@
+//! What is learned about the server before a run: that it answers and
+//! serves the model, its context length and KV cache size where it says,
+//! the round-trip time, and how many tokens its tokenizer makes of our
+//! prompt text.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use reqwest::StatusCode;
+use reqwest::header::AUTHORIZATION;
+use serde_json::Value;
+
+use crate::cli::Api;
+use crate::http::{Endpoint, Prompt, bearer, describe};
+use crate::prompt;
+
+/// How many tokens a word of prompt text makes, and how that was learned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokensPerWord {
+    /// Tokens per word.
+    pub value: f64,
+    /// `tokenize`, `calibration request` or `assumed`.
+    pub source: &'static str,
+}
+
+/// What the server told us before the run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ServerInfo {
+    /// Models listed by `/v1/models` (empty when it has none).
+    pub models: Vec<String>,
+    /// `max_model_len` from `/v1/models` (vLLM).
+    pub max_model_len: Option<u64>,
+    /// Minimum HTTP round trip to `/v1/models`, ms.
+    pub rtt_ms: Option<f64>,
+}
+
+/// A GET with the API key.
+async fn get(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+) -> reqwest::Result<reqwest::Response> {
+    let mut r = client.get(url).timeout(Duration::from_secs(10));
+    if let Some(v) = api_key.and_then(bearer) {
+        r = r.header(AUTHORIZATION, v);
+    }
+    r.send().await
+}
+
+/// Checks that the server answers and serves `model`, waiting up to
+/// `wait` while it reports 503 (starting up), and measures the round trip.
+///
+/// # Errors
+/// Unreachable server, rejected API key, or a model it does not serve; each
+/// as one line naming the URL.
+pub async fn check_server(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+    api_key: Option<&str>,
+    wait: Duration,
+) -> anyhow::Result<ServerInfo> {
+    let url = format!("{}/v1/models", base.trim_end_matches('/'));
+    let deadline = Instant::now() + wait;
+    let resp = loop {
+        let r = get(client, &url, api_key)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {}", describe(&e)))?;
+        if r.status() == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        break r;
+    };
+    let status = resp.status();
+    let mut info = ServerInfo::default();
+    match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+            bail!(
+                "the server at {base} refused the API key (HTTP {status}): give --api-key or BLIS_API_KEY"
+            )
+        }
+        StatusCode::SERVICE_UNAVAILABLE => {
+            bail!(
+                "the server at {base} is not ready (HTTP 503 for {:.0} s)",
+                wait.as_secs_f64()
+            )
+        }
+        s if s.is_success() => {
+            let v: Value = resp
+                .json()
+                .await
+                .with_context(|| format!("reading {url}"))?;
+            for m in v["data"].as_array().into_iter().flatten() {
+                if let Some(id) = m["id"].as_str() {
+                    info.models.push(id.to_string());
+                    if id == model {
+                        info.max_model_len = m["max_model_len"].as_u64();
+                    }
+                }
+            }
+            if !info.models.is_empty() && !info.models.iter().any(|m| m == model) {
+                bail!(
+                    "the server at {base} does not serve the model {model:?}; it serves: {}",
+                    info.models.join(", ")
+                );
+            }
+        }
+        // Some OpenAI-compatible servers have no model list: go on.
+        _ => {}
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        if get(client, &url, api_key).await.is_ok() {
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    info.rtt_ms = best.is_finite().then_some(best);
+    Ok(info)
+}
+
+/// Measures tokens per word of prompt text: `/tokenize` (vLLM, llama.cpp)
+/// when the server has it, else the `usage.prompt_tokens` of one
+/// calibration request; 1.3 (typical of English with BPE tokenizers) when
+/// neither works.
+pub async fn tokens_per_word(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+    api_key: Option<&str>,
+    ep: &Endpoint,
+) -> TokensPerWord {
+    let (text, words) = prompt::sample_text();
+    let url = format!("{}/tokenize", base.trim_end_matches('/'));
+    for body in prompt::tokenize_bodies(model, &text) {
+        let mut r = client
+            .post(&url)
+            .json(&body)
+            .timeout(Duration::from_secs(10));
+        if let Some(v) = api_key.and_then(bearer) {
+            r = r.header(AUTHORIZATION, v);
+        }
+        if let Ok(resp) = r.send().await
+            && resp.status().is_success()
+            && let Ok(v) = resp.json::<Value>().await
+            && let Some(n) = prompt::tokens_from_tokenize_response(&v)
+            && n > 0
+        {
+            return TokensPerWord {
+                value: prompt::measure_tokens_per_word(n, words),
+                source: "tokenize",
+            };
+        }
+    }
+    // One short request; its prompt_tokens include any chat template, which
+    // is what a chat request of the run will pay too.
+    let p = match ep.api() {
+        Api::Completions => Prompt::Text(text),
+        Api::Chat => Prompt::Chat(vec![crate::http::Message {
+            role: "user",
+            content: text,
+        }]),
+    };
+    let body = ep.body(&p, 1, false);
+    let clock = crate::clock::RunClock::new();
+    let mut cap = crate::http::Capture::new(false);
+    let sent = tokio::time::timeout(
+        Duration::from_secs(60),
+        ep.send(
+            serde_json::to_vec(&body).unwrap_or_default(),
+            false,
+            "blis-calibration",
+            &clock,
+            &mut cap,
+        ),
+    )
+    .await;
+    if let Ok(Ok(())) = sent
+        && let Some(n) = cap.prompt_tokens
+        && n > 0
+    {
+        return TokensPerWord {
+            value: prompt::measure_tokens_per_word(u64::from(n), words),
+            source: "calibration request",
+        };
+    }
+    TokensPerWord {
+        value: 1.3,
+        source: "assumed",
+    }
+}
+
+/// KV cache settings from a vLLM `/metrics` body
+/// (`vllm:cache_config_info{block_size, num_gpu_blocks}`).
+pub fn cache_config(samples: &[blis_traces::prom::Sample]) -> Option<(u64, u64)> {
+    let s = samples
+        .iter()
+        .find(|s| s.name == "vllm:cache_config_info")?;
+    let bs = s.label("block_size")?.parse().ok()?;
+    let blocks = s.label("num_gpu_blocks")?.parse().ok()?;
+    Some((bs, blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_config_is_read_from_vllm_metrics() {
+        let text = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"29205\"} 1.0\n";
+        let s = blis_traces::prom::parse(text).unwrap();
+        assert_eq!(cache_config(&s), Some((16, 29205)));
+        assert_eq!(cache_config(&[]), None);
+    }
+}

@@ -1,0 +1,125 @@
+//! The recorder: one thread that owns the trace files. Finished requests
+//! (with their chunk times) and metric scrapes arrive over a channel and
+//! are appended at once; the files are flushed whenever the channel is
+//! momentarily empty, so a killed run loses at most the rows of the last
+//! burst and an interrupted one loses nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::thread::JoinHandle;
+
+use blis_traces::{ChunkRecord, MetricSample, Status, TraceRecord, TraceWriter};
+
+/// A message to the recorder.
+#[derive(Debug)]
+pub enum Msg {
+    /// A request that ended (any status), with the Unix-µs arrival times of
+    /// its content chunks and, when known, their token counts.
+    Done(Box<TraceRecord>, Vec<i64>, Vec<u32>),
+    /// One scrape's samples.
+    Metrics(Vec<MetricSample>),
+}
+
+/// What the recorder hands back when the channel closes.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The open bundle, for the final header.
+    pub writer: TraceWriter,
+    /// Every request row written, in completion order.
+    pub records: Vec<TraceRecord>,
+    /// Inter-token latencies (µs) of `ok` streamed requests past warm-up,
+    /// as value → count.
+    pub itl_us: BTreeMap<i64, u64>,
+    /// Metric samples written.
+    pub metric_rows: u64,
+    /// The first write error; rows after it were not written.
+    pub error: Option<blis_traces::Error>,
+}
+
+/// Starts the recorder thread. `failed` is raised on a write error so that
+/// the run stops sending.
+pub fn spawn(
+    writer: TraceWriter,
+    warmup: u64,
+    rx: Receiver<Msg>,
+    failed: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<Recorded>> {
+    std::thread::Builder::new()
+        .name("blis-recorder".into())
+        .spawn(move || record(writer, warmup, &rx, &failed))
+}
+
+fn record(writer: TraceWriter, warmup: u64, rx: &Receiver<Msg>, failed: &AtomicBool) -> Recorded {
+    let mut out = Recorded {
+        writer,
+        records: Vec::new(),
+        itl_us: BTreeMap::new(),
+        metric_rows: 0,
+        error: None,
+    };
+    let mut next = rx.recv().ok();
+    while let Some(msg) = next {
+        if let Err(e) = write(&mut out, warmup, msg)
+            && out.error.is_none()
+        {
+            out.error = Some(e);
+            failed.store(true, Ordering::SeqCst);
+        }
+        next = match rx.try_recv() {
+            Ok(m) => Some(m),
+            Err(TryRecvError::Empty) => {
+                if out.error.is_none()
+                    && let Err(e) = out.writer.flush()
+                {
+                    out.error = Some(e);
+                    failed.store(true, Ordering::SeqCst);
+                }
+                rx.recv().ok()
+            }
+            Err(TryRecvError::Disconnected) => None,
+        };
+    }
+    out
+}
+
+fn write(out: &mut Recorded, warmup: u64, msg: Msg) -> blis_traces::Result<()> {
+    match msg {
+        Msg::Done(rec, times, tokens) => {
+            let id = rec.request.request_id;
+            if rec.outcome.status == Some(Status::Ok) && rec.request.streaming && id >= warmup {
+                for w in times.windows(2) {
+                    *out.itl_us.entry(w[1] - w[0]).or_default() += 1;
+                }
+            }
+            let res = if out.error.is_none() {
+                out.writer.write_record(&rec).and_then(|()| {
+                    for (i, &t) in times.iter().enumerate() {
+                        out.writer.write_chunk(&ChunkRecord {
+                            request_id: id,
+                            chunk_index: i as u32,
+                            timestamp_us: t,
+                            tokens: tokens.get(i).copied(),
+                        })?;
+                    }
+                    Ok(())
+                })
+            } else {
+                Ok(())
+            };
+            out.records.push(*rec);
+            res
+        }
+        Msg::Metrics(samples) => {
+            if out.error.is_some() {
+                return Ok(());
+            }
+            for m in &samples {
+                out.writer.write_metric(m)?;
+            }
+            out.metric_rows += samples.len() as u64;
+            Ok(())
+        }
+    }
+}

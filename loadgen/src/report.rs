@@ -1,0 +1,628 @@
+//! The end-of-run summary: latency percentiles from the raw samples (linear
+//! interpolation, numpy's default), measured both from the actual send and
+//! from the intended send (corrected for coordinated omission), throughput,
+//! goodput under SLOs, errors by kind, send lag, achieved vs requested
+//! rate, and the verdict on whether the client kept up.
+//!
+//! Every count is computed from the trace rows themselves, so the summary
+//! always agrees with the trace.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::bail;
+use blis_traces::{Status, TraceRecord, percentile, percentile_of_counts};
+use serde::Serialize;
+
+use crate::http::error_label;
+
+/// Goodput SLOs: a request attains its SLO when it is `ok` and every given
+/// bound holds (times from its intended send).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Slo {
+    /// Time to first token bound, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Time per output token bound, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    /// End-to-end latency bound, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_ms: Option<f64>,
+}
+
+impl std::str::FromStr for Slo {
+    type Err = anyhow::Error;
+
+    /// `ttft_ms=500,tpot_ms=50,e2e_ms=10000` (any subset, at least one).
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let mut slo = Slo::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((k, v)) = part.split_once('=') else {
+                bail!("--slo: expected KEY=MS, got {part:?}");
+            };
+            let v: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--slo: {k}: invalid number {v:?}"))?;
+            if !(v > 0.0 && v.is_finite()) {
+                bail!("--slo: {k} must be a positive number of ms, got {v}");
+            }
+            match k.trim() {
+                "ttft_ms" => slo.ttft_ms = Some(v),
+                "tpot_ms" => slo.tpot_ms = Some(v),
+                "e2e_ms" => slo.e2e_ms = Some(v),
+                other => bail!("--slo: unknown key {other:?} (ttft_ms, tpot_ms, e2e_ms)"),
+            }
+        }
+        if slo == Slo::default() {
+            bail!("--slo: give at least one of ttft_ms, tpot_ms, e2e_ms");
+        }
+        Ok(slo)
+    }
+}
+
+/// Distribution of one latency, ms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stats {
+    /// Samples.
+    pub n: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Stats {
+    /// Of raw samples in ms (sorted here); `None` when empty.
+    pub fn of(mut v: Vec<f64>) -> Option<Self> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(Self {
+            n: v.len() as u64,
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            p50: percentile(&v, 50.0),
+            p90: percentile(&v, 90.0),
+            p95: percentile(&v, 95.0),
+            p99: percentile(&v, 99.0),
+            max: v[v.len() - 1],
+        })
+    }
+
+    /// Of counted samples in µs (value → count), reported in ms.
+    pub fn of_counts_us(counts: &BTreeMap<i64, u64>) -> Option<Self> {
+        let n: u64 = counts.values().sum();
+        if n == 0 {
+            return None;
+        }
+        let sorted: Vec<(f64, u64)> = counts.iter().map(|(&k, &c)| (k as f64 / 1e3, c)).collect();
+        let sum: f64 = sorted.iter().map(|(v, c)| v * *c as f64).sum();
+        Some(Self {
+            n,
+            mean: sum / n as f64,
+            p50: percentile_of_counts(&sorted, 50.0),
+            p90: percentile_of_counts(&sorted, 90.0),
+            p95: percentile_of_counts(&sorted, 95.0),
+            p99: percentile_of_counts(&sorted, 99.0),
+            max: sorted[sorted.len() - 1].0,
+        })
+    }
+}
+
+/// Request counts by outcome.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counts {
+    /// Requests in the plan (every one is a trace row).
+    pub planned: u64,
+    /// Requests actually sent.
+    pub sent: u64,
+    /// `ok`.
+    pub ok: u64,
+    /// `error`.
+    pub error: u64,
+    /// `timeout`.
+    pub timeout: u64,
+    /// `cancelled` (sent and cut short, or never sent).
+    pub cancelled: u64,
+    /// Leading requests left out of the latency statistics.
+    pub warmup: u64,
+}
+
+/// Throughput over the measured window (first intended send past warm-up
+/// to the last response end).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Throughput {
+    /// Window length, seconds.
+    pub duration_s: f64,
+    /// Completed (`ok`) requests per second.
+    pub requests_per_s: f64,
+    /// Prompt tokens per second (server counts where reported).
+    pub input_tokens_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+}
+
+/// Goodput: requests that met every SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Goodput {
+    /// The SLOs.
+    pub slo: Slo,
+    /// Requests past warm-up that met them (failed requests never do).
+    pub attained: u64,
+    /// Of all requests past warm-up.
+    pub attainment: f64,
+    /// Attained requests per second.
+    pub requests_per_s: f64,
+}
+
+/// How well the client kept to the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Schedule {
+    /// Planned send rate, requests/s (open loop only).
+    pub requested_rate: Option<f64>,
+    /// Achieved send rate, requests/s.
+    pub achieved_rate: Option<f64>,
+    /// Send lag (actual minus intended send) median, ms.
+    pub send_lag_p50_ms: Option<f64>,
+    /// 99th-percentile send lag, ms.
+    pub send_lag_p99_ms: Option<f64>,
+    /// Largest send lag, ms.
+    pub send_lag_max_ms: Option<f64>,
+    /// The p99 send lag above which the run is client-bound, ms.
+    pub max_send_lag_ms: f64,
+    /// Whether the client, not the server, set the pace.
+    pub client_bound: bool,
+}
+
+/// The client's own cost.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct ClientCost {
+    /// CPU time of the whole loadgen process (user + system), seconds.
+    pub cpu_time_s: Option<f64>,
+    /// That over the requests sent, µs.
+    pub cpu_us_per_request: Option<f64>,
+}
+
+/// The end-of-run summary (`--json` prints it as is; schema version 1).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Schema version of this JSON.
+    pub schema_version: u32,
+    /// Request counts.
+    pub requests: Counts,
+    /// Non-`ok` requests by kind (`http_429`, `dropped`, `timeout`, ...).
+    pub errors: BTreeMap<String, u64>,
+    /// `ok` requests whose response had no `usage`.
+    pub missing_usage: u64,
+    /// Latencies, ms: `ttft`, `itl`, `tpot`, `e2e` from the actual send, and
+    /// `ttft_from_intended`, `e2e_from_intended` from the intended send.
+    pub latency_ms: BTreeMap<String, Stats>,
+    /// Throughput.
+    pub throughput: Throughput,
+    /// Goodput, with `--slo`.
+    pub goodput: Option<Goodput>,
+    /// Schedule keeping.
+    pub schedule: Schedule,
+    /// Client CPU cost.
+    pub client: ClientCost,
+    /// The run was interrupted (SIGINT/SIGTERM).
+    pub interrupted: bool,
+    /// `valid`, `client-bound: ...` or `interrupted: ...`.
+    pub verdict: String,
+}
+
+/// Inputs of [`summarize`] besides the rows.
+#[derive(Debug, Clone, Default)]
+pub struct SummaryInputs {
+    /// Requests with `request_id` below this are warm-up.
+    pub warmup_below_id: u64,
+    /// Warm-up requests.
+    pub warmup: u64,
+    /// Unix µs of the schedule's origin.
+    pub run_start_unix_us: i64,
+    /// Planned rate (open loop).
+    pub requested_rate: Option<f64>,
+    /// Client-bound threshold on the p99 send lag, ms.
+    pub max_send_lag_ms: f64,
+    /// Goodput SLOs.
+    pub slo: Option<Slo>,
+    /// Process CPU seconds.
+    pub cpu_time_s: Option<f64>,
+    /// Interrupted by a signal.
+    pub interrupted: bool,
+}
+
+/// The intended send time of a row, Unix µs.
+fn intended_us(r: &TraceRecord, run_start: i64) -> i64 {
+    run_start + r.request.arrival_time_us
+}
+
+/// The error-kind key of a non-`ok` row.
+pub fn error_kind(r: &TraceRecord) -> String {
+    match r.outcome.status {
+        Some(Status::Timeout) => "timeout".into(),
+        _ => error_label(&r.outcome.error_message).to_string(),
+    }
+}
+
+/// Summarises a run from its rows and the ITL samples.
+pub fn summarize(
+    records: &[TraceRecord],
+    itl_us: &BTreeMap<i64, u64>,
+    inp: &SummaryInputs,
+) -> Summary {
+    let ms = |us: i64| us as f64 / 1e3;
+    let mut counts = Counts {
+        planned: records.len() as u64,
+        warmup: inp.warmup,
+        ..Counts::default()
+    };
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut missing_usage = 0;
+    let mut lags = Vec::new();
+    let mut sends = Vec::new();
+    let (mut ttft, mut ttft_i, mut e2e, mut e2e_i, mut tpot) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut start, mut end) = (i64::MAX, i64::MIN);
+    let (mut in_tok, mut out_tok) = (0u64, 0u64);
+    let mut past_warmup = 0u64;
+    let mut attained = 0u64;
+    for r in records {
+        let o = &r.outcome;
+        let intended = intended_us(r, inp.run_start_unix_us);
+        if let Some(s) = o.send_time_us {
+            counts.sent += 1;
+            lags.push(ms(s - intended));
+            sends.push(s);
+        }
+        match o.status {
+            Some(Status::Ok) => counts.ok += 1,
+            Some(Status::Error) => counts.error += 1,
+            Some(Status::Timeout) => counts.timeout += 1,
+            Some(Status::Cancelled) | None => counts.cancelled += 1,
+        }
+        if o.status != Some(Status::Ok) {
+            *errors.entry(error_kind(r)).or_default() += 1;
+        } else if o.error_message.starts_with("warning: no usage") {
+            missing_usage += 1;
+        }
+        if r.request.request_id < inp.warmup_below_id {
+            continue;
+        }
+        past_warmup += 1;
+        if o.send_time_us.is_some() || o.status == Some(Status::Ok) {
+            start = start.min(intended);
+        }
+        if o.status != Some(Status::Ok) {
+            continue;
+        }
+        let (Some(send), Some(last)) = (o.send_time_us, o.last_chunk_time_us) else {
+            continue;
+        };
+        end = end.max(last);
+        in_tok += u64::from(r.effective_input_tokens());
+        out_tok += u64::from(r.request.output_tokens);
+        e2e.push(ms(last - send));
+        e2e_i.push(ms(last - intended));
+        let mut met = inp.slo.is_some();
+        let slo = inp.slo.unwrap_or_default();
+        if let Some(b) = slo.e2e_ms {
+            met &= ms(last - intended) <= b;
+        }
+        if r.request.streaming
+            && let Some(first) = o.first_chunk_time_us
+        {
+            ttft.push(ms(first - send));
+            ttft_i.push(ms(first - intended));
+            if let Some(b) = slo.ttft_ms {
+                met &= ms(first - intended) <= b;
+            }
+            let n = r.request.output_tokens;
+            if n > 1 {
+                let t = ms(last - first) / f64::from(n - 1);
+                tpot.push(t);
+                if let Some(b) = slo.tpot_ms {
+                    met &= t <= b;
+                }
+            }
+        } else if slo.ttft_ms.is_some() || slo.tpot_ms.is_some() {
+            // Not streamed: TTFT and TPOT are unknown; judge by E2E alone.
+        }
+        if met {
+            attained += 1;
+        }
+    }
+    let mut latency = BTreeMap::new();
+    for (k, v) in [
+        ("ttft", ttft),
+        ("ttft_from_intended", ttft_i),
+        ("tpot", tpot),
+        ("e2e", e2e),
+        ("e2e_from_intended", e2e_i),
+    ] {
+        if let Some(s) = Stats::of(v) {
+            latency.insert(k.to_string(), s);
+        }
+    }
+    if let Some(s) = Stats::of_counts_us(itl_us) {
+        latency.insert("itl".to_string(), s);
+    }
+    let duration_s = if end > start {
+        (end - start) as f64 / 1e6
+    } else {
+        0.0
+    };
+    let per_s = |x: u64| {
+        if duration_s > 0.0 {
+            x as f64 / duration_s
+        } else {
+            0.0
+        }
+    };
+    let ok_past: u64 = records
+        .iter()
+        .filter(|r| {
+            r.request.request_id >= inp.warmup_below_id && r.outcome.status == Some(Status::Ok)
+        })
+        .count() as u64;
+    let throughput = Throughput {
+        duration_s,
+        requests_per_s: per_s(ok_past),
+        input_tokens_per_s: per_s(in_tok),
+        output_tokens_per_s: per_s(out_tok),
+    };
+    let goodput = inp.slo.map(|slo| Goodput {
+        slo,
+        attained,
+        attainment: if past_warmup > 0 {
+            attained as f64 / past_warmup as f64
+        } else {
+            0.0
+        },
+        requests_per_s: per_s(attained),
+    });
+    sends.sort_unstable();
+    let achieved_rate = (sends.len() >= 2 && sends[sends.len() - 1] > sends[0])
+        .then(|| (sends.len() - 1) as f64 / ((sends[sends.len() - 1] - sends[0]) as f64 / 1e6));
+    lags.sort_by(f64::total_cmp);
+    let lag = |q: f64| (!lags.is_empty()).then(|| percentile(&lags, q));
+    let p99 = lag(99.0);
+    let client_bound = p99.is_some_and(|p| p > inp.max_send_lag_ms);
+    let schedule = Schedule {
+        requested_rate: inp.requested_rate,
+        achieved_rate,
+        send_lag_p50_ms: lag(50.0),
+        send_lag_p99_ms: p99,
+        send_lag_max_ms: lags.last().copied(),
+        max_send_lag_ms: inp.max_send_lag_ms,
+        client_bound,
+    };
+    let client = ClientCost {
+        cpu_time_s: inp.cpu_time_s,
+        cpu_us_per_request: inp
+            .cpu_time_s
+            .filter(|_| counts.sent > 0)
+            .map(|s| s * 1e6 / counts.sent as f64),
+    };
+    let verdict = if inp.interrupted {
+        format!(
+            "interrupted: {} of {} requests completed; the rest are recorded as cancelled",
+            counts.ok + counts.error + counts.timeout,
+            counts.planned
+        )
+    } else if client_bound {
+        format!(
+            "client-bound: p99 send lag {:.2} ms > {:.2} ms; the client, not the server, limited this run, so its latencies understate the load",
+            p99.unwrap_or(0.0),
+            inp.max_send_lag_ms
+        )
+    } else {
+        "valid".to_string()
+    };
+    Summary {
+        schema_version: 1,
+        requests: counts,
+        errors,
+        missing_usage,
+        latency_ms: latency,
+        throughput,
+        goodput,
+        schedule,
+        client,
+        interrupted: inp.interrupted,
+        verdict,
+    }
+}
+
+impl Summary {
+    /// The summary as Markdown (what `run` prints).
+    pub fn to_markdown(&self) -> String {
+        let mut o = String::new();
+        let c = &self.requests;
+        let _ = writeln!(
+            o,
+            "requests: {} planned, {} sent, {} ok, {} error, {} timeout, {} cancelled ({} warm-up excluded)\n",
+            c.planned, c.sent, c.ok, c.error, c.timeout, c.cancelled, c.warmup
+        );
+        if !self.latency_ms.is_empty() {
+            let _ = writeln!(
+                o,
+                "| latency (ms) | n | mean | p50 | p90 | p95 | p99 | max |"
+            );
+            let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|");
+            for k in [
+                "ttft",
+                "ttft_from_intended",
+                "itl",
+                "tpot",
+                "e2e",
+                "e2e_from_intended",
+            ] {
+                if let Some(s) = self.latency_ms.get(k) {
+                    let _ = writeln!(
+                        o,
+                        "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                        k.replace('_', " ")
+                            .to_uppercase()
+                            .replace("FROM INTENDED", "from intended send"),
+                        s.n,
+                        s.mean,
+                        s.p50,
+                        s.p90,
+                        s.p95,
+                        s.p99,
+                        s.max
+                    );
+                }
+            }
+            o.push('\n');
+        }
+        let t = &self.throughput;
+        let _ = writeln!(
+            o,
+            "throughput: {:.2} req/s, {:.1} input tok/s, {:.1} output tok/s over {:.2} s",
+            t.requests_per_s, t.input_tokens_per_s, t.output_tokens_per_s, t.duration_s
+        );
+        if let Some(g) = &self.goodput {
+            let _ = writeln!(
+                o,
+                "goodput: {:.2} req/s; SLO attainment {:.1}% ({} of the requests past warm-up)",
+                g.requests_per_s,
+                g.attainment * 100.0,
+                g.attained
+            );
+        }
+        if !self.errors.is_empty() {
+            let list: Vec<String> = self
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = writeln!(o, "not ok by kind: {}", list.join(", "));
+        }
+        if self.missing_usage > 0 {
+            let _ = writeln!(
+                o,
+                "warning: {} ok responses had no usage (output tokens counted from chunks)",
+                self.missing_usage
+            );
+        }
+        let s = &self.schedule;
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
+        let _ = writeln!(
+            o,
+            "send lag (ms): p50 {}, p99 {}, max {}",
+            f(s.send_lag_p50_ms),
+            f(s.send_lag_p99_ms),
+            f(s.send_lag_max_ms)
+        );
+        let _ = writeln!(
+            o,
+            "rate (req/s): requested {}, achieved {}",
+            s.requested_rate
+                .map_or("- (closed loop)".to_string(), |r| format!("{r:.2}")),
+            f(s.achieved_rate)
+        );
+        if let Some(us) = self.client.cpu_us_per_request {
+            let _ = writeln!(
+                o,
+                "client CPU: {:.2} s, {:.1} µs per request",
+                self.client.cpu_time_s.unwrap_or(0.0),
+                us
+            );
+        }
+        let _ = writeln!(o, "verdict: {}", self.verdict);
+        o
+    }
+}
+
+/// CPU time (user + system) of this process so far, seconds (Linux).
+pub fn process_cpu_time_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on every Linux architecture's user-space ABI.
+    Some((utime + stime) / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blis_traces::{Outcome, Request};
+
+    fn row(id: u64, arrival: i64, send: i64, first: i64, last: i64, out: u32) -> TraceRecord {
+        TraceRecord {
+            request: Request {
+                request_id: id,
+                arrival_time_us: arrival,
+                streaming: true,
+                output_tokens: out,
+                input_tokens: 10,
+                ..Request::default()
+            },
+            outcome: Outcome {
+                send_time_us: Some(send),
+                first_chunk_time_us: Some(first),
+                last_chunk_time_us: Some(last),
+                status: Some(Status::Ok),
+                ..Outcome::default()
+            },
+            other: vec![],
+        }
+    }
+
+    #[test]
+    fn latencies_from_actual_and_intended_send() {
+        let start = 1_000_000;
+        let recs = vec![
+            row(0, 0, start + 1000, start + 11_000, start + 31_000, 3),
+            row(1, 10_000, start + 10_000, start + 30_000, start + 50_000, 3),
+        ];
+        let s = summarize(
+            &recs,
+            &BTreeMap::new(),
+            &SummaryInputs {
+                run_start_unix_us: start,
+                max_send_lag_ms: 0.5,
+                slo: Some("ttft_ms=15".parse().unwrap()),
+                ..SummaryInputs::default()
+            },
+        );
+        assert_eq!(s.latency_ms["ttft"].p50, 15.0);
+        assert_eq!(s.latency_ms["ttft_from_intended"].max, 20.0);
+        assert_eq!(s.latency_ms["tpot"].mean, 10.0);
+        assert_eq!(s.schedule.send_lag_max_ms, Some(1.0));
+        assert!(s.schedule.client_bound);
+        let g = s.goodput.unwrap();
+        assert_eq!((g.attained, g.attainment), (1, 0.5));
+        assert!(s.verdict.starts_with("client-bound"));
+    }
+
+    #[test]
+    fn slo_parsing_rejects_unknown_keys_and_bad_numbers() {
+        assert!("ttft_ms=1,e2e_ms=2".parse::<Slo>().is_ok());
+        assert!("ttft=1".parse::<Slo>().is_err());
+        assert!("ttft_ms=NaN".parse::<Slo>().is_err());
+        assert!("".parse::<Slo>().is_err());
+    }
+
+    #[test]
+    fn cpu_time_is_readable_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(process_cpu_time_s().is_some());
+        }
+    }
+}

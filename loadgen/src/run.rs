@@ -1,0 +1,1014 @@
+//! `blis-loadgen run`: send a planned workload to a server on its exact
+//! schedule and record everything.
+//!
+//! ```text
+//! plan ──▶ units (single requests, or the rounds of one session)
+//!   open loop:   dispatcher thread ── sleep until start + arrival ──▶ spawn unit task
+//!   closed loop: N worker tasks, each taking the next unit when its last ends
+//! unit task ──▶ [max-in-flight permit] ──▶ HTTP request ──▶ Capture ──▶ recorder thread ──▶ PREFIX.csv, .itl.csv
+//! scraper task ── every interval ──▶ /metrics ──▶ recorder ──▶ PREFIX.metrics.csv
+//! ```
+//!
+//! The schedule is absolute: each send waits until `run_start + arrival`
+//! (a dedicated thread with `thread::sleep`, which is precise to tens of
+//! µs, unlike tokio's millisecond timer), never a sum of sleeps, so delays
+//! never accumulate; how late each send was (the send lag) is recorded and
+//! judged. Later rounds of a session wait for the previous round's response
+//! plus the think time.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use blis_traces::spec::ContextGrowth;
+use blis_traces::{
+    ExtraColumn, GenerateOptions, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, Status,
+    TraceHeader, TraceRecord, TraceWriter, WorkloadSpec,
+};
+use tokio::sync::{Semaphore, watch};
+
+use crate::cli::{Api, RunArgs, ServerType};
+use crate::clock::RunClock;
+use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
+use crate::plan::load_workload;
+use crate::record::{Msg, Recorded};
+use crate::report::{Slo, Summary, SummaryInputs, process_cpu_time_s, summarize};
+use crate::{exit_code, probe, prompt, scrape};
+
+/// Live counters for the progress line.
+#[derive(Debug, Default)]
+struct Progress {
+    sent: AtomicU64,
+    done: AtomicU64,
+    not_ok: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// What every request task shares.
+#[derive(Debug)]
+struct Shared {
+    ep: Endpoint,
+    clock: RunClock,
+    run_start_us: i64,
+    tokens_per_word: f64,
+    no_stream: bool,
+    timeout: Duration,
+    tx: Sender<Msg>,
+    sem: Option<Arc<Semaphore>>,
+    /// No new sends (signal, duration, writer failure).
+    stopping: watch::Sender<bool>,
+    /// Abort requests in flight.
+    cancel: watch::Sender<bool>,
+    progress: Progress,
+    growth: BTreeMap<String, ContextGrowth>,
+    xid_prefix: String,
+    record_failed: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn stopping(&self) -> bool {
+        *self.stopping.borrow() || self.record_failed.load(Ordering::Relaxed)
+    }
+
+    fn instant(&self, rel_us: i64) -> Instant {
+        self.clock.instant(self.run_start_us + rel_us)
+    }
+
+    fn emit(&self, rec: TraceRecord, times: Vec<i64>, tokens: Vec<u32>) {
+        self.progress.done.fetch_add(1, Ordering::Relaxed);
+        if rec.outcome.status != Some(Status::Ok) {
+            self.progress.not_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        // The recorder only goes away when the run is over.
+        let _ = self.tx.send(Msg::Done(Box::new(rec), times, tokens));
+    }
+
+    /// Records `rec` as never sent.
+    fn not_sent(&self, mut rec: TraceRecord, why: &str) {
+        rec.outcome.status = Some(Status::Cancelled);
+        rec.outcome.error_message = Failure {
+            kind: ErrorKind::NotSent,
+            detail: why.to_string(),
+        }
+        .message();
+        self.emit(rec, Vec::new(), Vec::new());
+    }
+}
+
+/// The conversation so far of a session whose context accumulates.
+#[derive(Debug, Clone)]
+struct History {
+    prompt: Prompt,
+    answer: String,
+    planned_in: u32,
+    planned_out: u32,
+}
+
+/// A unit of the schedule: one request, or a session's rounds in order.
+type Unit = Vec<TraceRecord>;
+
+/// Groups planned rows into units ordered by their first send.
+fn units(records: Vec<TraceRecord>) -> Vec<Unit> {
+    let mut sessions: BTreeMap<Arc<str>, Unit> = BTreeMap::new();
+    let mut out: Vec<Unit> = Vec::new();
+    for r in records {
+        if r.request.session_id.is_empty() {
+            out.push(vec![r]);
+        } else {
+            sessions
+                .entry(r.request.session_id.clone())
+                .or_default()
+                .push(r);
+        }
+    }
+    for (_, mut s) in sessions {
+        s.sort_by_key(|r| (r.request.round_index, r.request.request_id));
+        out.push(s);
+    }
+    out.sort_by_key(|u| (u[0].request.arrival_time_us, u[0].request.request_id));
+    out
+}
+
+/// The prompt of a request: its prefix group's shared text and its own.
+fn first_prompt(api: Api, r: &TraceRecord, tpw: f64) -> Prompt {
+    let req = &r.request;
+    let prefix = prompt::prefix_text(req, tpw);
+    let own = req.input_tokens.saturating_sub(if prefix.is_empty() {
+        0
+    } else {
+        req.prefix_length
+    });
+    let body = prompt::body_text(req, own, tpw);
+    match api {
+        Api::Completions => Prompt::Text(format!("{prefix}{body}")),
+        Api::Chat => {
+            let mut m = Vec::new();
+            if !prefix.is_empty() {
+                m.push(Message {
+                    role: "system",
+                    content: prefix.trim_start().to_string(),
+                });
+            }
+            m.push(Message {
+                role: "user",
+                content: body.trim_start().to_string(),
+            });
+            Prompt::Chat(m)
+        }
+    }
+}
+
+/// The prompt of a later round that carries the conversation: the previous
+/// prompt, the real previous answer, and a new question of the planned
+/// growth.
+fn next_prompt(h: &History, r: &TraceRecord, tpw: f64) -> Prompt {
+    let question_tokens = r
+        .request
+        .input_tokens
+        .saturating_sub(h.planned_in.saturating_add(h.planned_out));
+    let q = prompt::body_text(&r.request, question_tokens.max(1), tpw);
+    match &h.prompt {
+        Prompt::Text(t) => Prompt::Text(format!("{t}{}\n{q}", h.answer)),
+        Prompt::Chat(m) => {
+            let mut m = m.clone();
+            m.push(Message {
+                role: "assistant",
+                content: h.answer.clone(),
+            });
+            m.push(Message {
+                role: "user",
+                content: q.trim_start().to_string(),
+            });
+            Prompt::Chat(m)
+        }
+    }
+}
+
+fn accumulates(sh: &Shared, r: &TraceRecord, prev: &TraceRecord) -> bool {
+    match sh.growth.get(&*r.request.client_id) {
+        Some(g) => *g == ContextGrowth::Accumulate,
+        None => {
+            r.request.input_tokens
+                >= prev
+                    .request
+                    .input_tokens
+                    .saturating_add(prev.request.output_tokens)
+        }
+    }
+}
+
+/// Sleeps until `at` unless the run stops first; returns false if it did.
+async fn wait_until(sh: &Shared, at: Instant) -> bool {
+    let mut stop = sh.stopping.subscribe();
+    if sh.stopping() {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep_until(at.into()) => !sh.stopping(),
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}
+
+/// Runs one unit. `closed_loop_start` is the intended send of the first
+/// round in closed-loop mode (when its worker took it).
+async fn run_unit(sh: Arc<Shared>, unit: Unit, closed_loop_start: Option<i64>) {
+    let mut prev: Option<(TraceRecord, i64)> = None; // (row, response end, rel µs)
+    let mut history: Option<History> = None;
+    let mut rounds = unit.into_iter();
+    while let Some(mut rec) = rounds.next() {
+        let intended = match &prev {
+            None => closed_loop_start.unwrap_or(rec.request.arrival_time_us),
+            Some((_, end)) => {
+                let after = end + rec.request.think_time_us.unwrap_or(0).max(0);
+                if closed_loop_start.is_some() {
+                    after
+                } else {
+                    after.max(rec.request.arrival_time_us)
+                }
+            }
+        };
+        if prev.is_some() && !wait_until(&sh, sh.instant(intended)).await {
+            sh.not_sent(rec, "the run stopped before this round");
+            for r in rounds {
+                sh.not_sent(r, "the run stopped before this round");
+            }
+            return;
+        }
+        let keep_text = rounds.len() > 0;
+        let p = match (&history, &prev) {
+            (Some(h), Some((p, _))) if accumulates(&sh, &rec, p) => {
+                next_prompt(h, &rec, sh.tokens_per_word)
+            }
+            _ => first_prompt(sh.ep.api(), &rec, sh.tokens_per_word),
+        };
+        rec.request.arrival_time_us = intended;
+        let (rec, cap, ok) = send_one(&sh, rec, intended, &p, keep_text).await;
+        if !ok {
+            let why = if rec.outcome.status == Some(Status::Cancelled) {
+                "the run stopped before this round"
+            } else {
+                "an earlier round of the session failed"
+            };
+            let rest: Vec<TraceRecord> = rounds.collect();
+            emit_done(&sh, rec, cap);
+            for r in rest {
+                sh.not_sent(r, why);
+            }
+            return;
+        }
+        let end = cap.last_us.unwrap_or(sh.run_start_us) - sh.run_start_us;
+        history = Some(History {
+            prompt: p,
+            answer: cap.text.clone(),
+            planned_in: rec.request.input_tokens,
+            planned_out: rec.request.output_tokens,
+        });
+        // Keep the planned lengths for the growth of the next round.
+        let planned = rec.clone();
+        emit_done(&sh, rec, cap);
+        prev = Some((planned, end));
+    }
+}
+
+/// Sends one request, returning its row (outcome filled in, output tokens
+/// as the server counted them), its capture and whether it succeeded.
+async fn send_one(
+    sh: &Shared,
+    mut rec: TraceRecord,
+    intended_rel_us: i64,
+    p: &Prompt,
+    keep_text: bool,
+) -> (TraceRecord, Capture, bool) {
+    let mut cap = Capture::new(keep_text);
+    let mut stop = sh.stopping.subscribe();
+    let _permit = match &sh.sem {
+        Some(sem) => tokio::select! {
+            p = sem.clone().acquire_owned() => p.ok(),
+            _ = stop.wait_for(|s| *s) => None,
+        },
+        None => None,
+    };
+    if sh.stopping() {
+        rec.outcome.status = Some(Status::Cancelled);
+        rec.outcome.error_message = Failure {
+            kind: ErrorKind::NotSent,
+            detail: "the run stopped before this request".into(),
+        }
+        .message();
+        return (rec, cap, false);
+    }
+    let stream = rec.request.streaming && !sh.no_stream;
+    rec.request.streaming = stream;
+    let planned_out = rec.request.output_tokens;
+    let body = serde_json::to_vec(&sh.ep.body(p, planned_out, stream)).unwrap_or_default();
+    let xid = format!("{}-{}", sh.xid_prefix, rec.request.request_id);
+    let timeout = match rec.request.deadline_us {
+        Some(d) if d > intended_rel_us => sh
+            .timeout
+            .min(Duration::from_micros((d - intended_rel_us) as u64)),
+        _ => sh.timeout,
+    };
+    sh.progress.sent.fetch_add(1, Ordering::Relaxed);
+    sh.progress.in_flight.fetch_add(1, Ordering::Relaxed);
+    let mut cancel = sh.cancel.subscribe();
+    let res = tokio::select! {
+        r = tokio::time::timeout(timeout, sh.ep.send(body, stream, &xid, &sh.clock, &mut cap)) => match r {
+            Ok(r) => r,
+            Err(_) => Err(Failure { kind: ErrorKind::Timeout, detail: String::new() }),
+        },
+        _ = cancel.wait_for(|c| *c) => Err(Failure { kind: ErrorKind::Cancelled, detail: String::new() }),
+    };
+    sh.progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let o = &mut rec.outcome;
+    o.send_time_us = cap.send_us;
+    o.first_chunk_time_us = cap.first_us;
+    o.last_chunk_time_us = cap.last_us;
+    o.num_chunks = if stream {
+        cap.chunk_times.len() as u32
+    } else {
+        u32::from(cap.first_us.is_some())
+    };
+    o.http_status = cap.http_status;
+    o.server_input_tokens = cap.prompt_tokens;
+    o.cached_tokens = cap.cached_tokens;
+    o.finish_reason.clone_from(&cap.finish_reason);
+    o.x_request_id = Some(xid);
+    let ok = match res {
+        Ok(()) => {
+            o.status = Some(Status::Ok);
+            if let Some(n) = cap.output_tokens() {
+                rec.request.output_tokens = n;
+            }
+            if cap.completion_tokens.is_none() {
+                o.error_message =
+                    "warning: no usage in the response; output tokens counted from content chunks"
+                        .into();
+            }
+            true
+        }
+        Err(mut f) => {
+            let got = format!(
+                "after {:.1} ms, {} chunks received",
+                cap.send_us
+                    .map_or(0.0, |s| (sh.clock.now_us() - s) as f64 / 1e3),
+                cap.chunk_times.len()
+            );
+            o.status = Some(match f.kind {
+                ErrorKind::Timeout => {
+                    f.detail = format!(
+                        "no complete response within {:.1} s ({got})",
+                        timeout.as_secs_f64()
+                    );
+                    Status::Timeout
+                }
+                ErrorKind::Cancelled => {
+                    f.detail = format!("the run was interrupted ({got})");
+                    Status::Cancelled
+                }
+                _ => Status::Error,
+            });
+            if o.last_chunk_time_us.is_none() && f.kind != ErrorKind::Connect {
+                o.last_chunk_time_us = Some(sh.clock.now_us());
+            }
+            o.error_message = f.message();
+            false
+        }
+    };
+    (rec, cap, ok)
+}
+
+fn emit_done(sh: &Shared, rec: TraceRecord, cap: Capture) {
+    if rec.request.streaming {
+        sh.emit(rec, cap.chunk_times, cap.chunk_tokens);
+    } else {
+        sh.emit(rec, Vec::new(), Vec::new());
+    }
+}
+
+/// Waits for SIGINT or SIGTERM.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Validated numeric options.
+fn check_args(args: &RunArgs) -> anyhow::Result<Option<Slo>> {
+    if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
+        bail!(
+            "--timeout-s must be a positive number of seconds, got {}",
+            args.timeout_s
+        );
+    }
+    if !(args.grace_s >= 0.0 && args.grace_s.is_finite()) {
+        bail!(
+            "--grace-s must be a non-negative number of seconds, got {}",
+            args.grace_s
+        );
+    }
+    if !(args.max_send_lag_ms > 0.0 && args.max_send_lag_ms.is_finite()) {
+        bail!(
+            "--max-send-lag-ms must be positive, got {}",
+            args.max_send_lag_ms
+        );
+    }
+    if let Some(d) = args.duration_s
+        && !(d > 0.0 && d.is_finite())
+    {
+        bail!("--duration-s must be a positive number of seconds, got {d}");
+    }
+    if args.concurrency == Some(0) {
+        bail!("--concurrency must be at least 1");
+    }
+    if args.max_in_flight == Some(0) {
+        bail!("--max-in-flight must be at least 1");
+    }
+    if !(args.server_url.starts_with("http://") || args.server_url.starts_with("https://")) {
+        bail!(
+            "--server-url must start with http:// or https://, got {:?}",
+            args.server_url
+        );
+    }
+    args.slo.as_deref().map(str::parse::<Slo>).transpose()
+}
+
+/// The requests with the `n` smallest ids are warm-up: ids below the
+/// returned one.
+fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let mut ids: Vec<u64> = records.iter().map(|r| r.request.request_id).collect();
+    ids.sort_unstable();
+    ids.get(n as usize).copied().unwrap_or(u64::MAX)
+}
+
+/// `blis-loadgen run`. Returns the process exit code: 0 valid, 3
+/// client-bound with `--strict`, 4 interrupted.
+///
+/// # Errors
+/// Bad options or workload, an unreachable server, unwritable output.
+pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let slo = check_args(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("blis-loadgen")
+        .build()
+        .context("starting the async runtime")?;
+    let summary = rt.block_on(run_async(args, slo))?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        write!(out, "{}", summary.to_markdown())?;
+    }
+    Ok(if summary.interrupted {
+        exit_code::INTERRUPTED
+    } else if summary.schedule.client_bound && args.strict {
+        exit_code::CLIENT_BOUND
+    } else {
+        exit_code::OK
+    })
+}
+
+async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> {
+    let mut signals = Signals::new().context("installing signal handlers")?;
+    let closed_loop = args.concurrency.is_some();
+    let opts = GenerateOptions {
+        seed: args.seed,
+        horizon_us: if closed_loop {
+            None
+        } else {
+            args.duration_s.map(|s| (s * 1e6).round() as u64)
+        },
+        num_requests: args.num_requests,
+    };
+    let (plan_header, mut records) =
+        load_workload(&args.workload, &args.synthetic, &opts).context("planning the workload")?;
+    for r in &mut records {
+        r.outcome = Default::default();
+        r.other.clear();
+    }
+    records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
+    if records.is_empty() {
+        bail!("the workload has no requests");
+    }
+    let growth: BTreeMap<String, ContextGrowth> = match &args.workload.workload_spec {
+        Some(p) => WorkloadSpec::from_file(p)?
+            .clients
+            .iter()
+            .filter_map(|c| {
+                let m = c.reasoning.as_ref()?.multi_turn?;
+                Some((c.id.clone(), m.context_growth))
+            })
+            .collect(),
+        None => BTreeMap::new(),
+    };
+    let warmup = if args.warmup_requests > 0 {
+        args.warmup_requests
+    } else {
+        plan_header.warm_up_requests
+    };
+    let warmup_below = warmup_threshold(&records, warmup);
+    let requested_rate = if closed_loop || records.len() < 2 {
+        None
+    } else {
+        let span =
+            records[records.len() - 1].request.arrival_time_us - records[0].request.arrival_time_us;
+        (span > 0).then(|| (records.len() - 1) as f64 / (span as f64 / 1e6))
+    };
+
+    // The server.
+    let base = args.server_url.trim_end_matches('/').to_string();
+    let client = crate::http::client().context("building the HTTP client")?;
+    let info = probe::check_server(
+        &client,
+        &base,
+        &args.model,
+        args.api_key.as_deref(),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let ep = Endpoint::new(
+        client.clone(),
+        &base,
+        args.api,
+        args.server_type,
+        &args.model,
+        args.api_key.as_deref(),
+    );
+    let tpw =
+        probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
+    let metrics_url = args
+        .metrics_url
+        .clone()
+        .unwrap_or_else(|| format!("{base}/metrics"));
+    let mut scrape_on = args.scrape_interval_ms > 0;
+    let mut cache = None;
+    if scrape_on {
+        match scrape::scrape_once(
+            &client,
+            &metrics_url,
+            args.api_key.as_deref(),
+            Duration::from_secs(5),
+        )
+        .await
+        {
+            Ok(s) => cache = probe::cache_config(&s),
+            Err(e) => {
+                eprintln!("warning: no metrics at {metrics_url} ({e}); scraping is off");
+                scrape_on = false;
+            }
+        }
+    }
+    eprintln!(
+        "server {base}: model {}, round trip {}, {:.3} tokens per word ({}){}",
+        args.model,
+        info.rtt_ms
+            .map_or("unknown".into(), |r| format!("{r:.2} ms")),
+        tpw.value,
+        tpw.source,
+        cache.map_or(String::new(), |(bs, n)| format!(
+            ", KV cache {n} blocks of {bs} tokens"
+        ))
+    );
+
+    // The trace.
+    let clock = RunClock::new();
+    // A short lead so that the first sends are not late from set-up.
+    let run_start_us = clock.now_us() + 200_000;
+    let mut header = TraceHeader::new(Mode::Real);
+    header.created_at = Some(jiff::Timestamp::now().to_string());
+    header.warm_up_requests = warmup;
+    header.workload_seed = plan_header.workload_seed;
+    header.workload_spec = plan_header.workload_spec.clone();
+    header.server = Some(ServerConfig {
+        server_type: Some(server_type_name(args.server_type).to_string()),
+        model: Some(args.model.clone()),
+        block_size: cache.and_then(|c| u32::try_from(c.0).ok()),
+        total_kv_blocks: cache.map(|c| c.1),
+        max_model_len: info.max_model_len,
+        ..ServerConfig::default()
+    });
+    header.network = Some(NetworkInfo {
+        measured_rtt_ms: info.rtt_ms,
+    });
+    header.run_start_unix_us = Some(run_start_us);
+    let mut extras = ExtraColumn::needed_for(&records);
+    for e in [
+        ExtraColumn::HttpStatus,
+        ExtraColumn::CachedTokens,
+        ExtraColumn::XRequestId,
+    ] {
+        if !extras.contains(&e) {
+            extras.push(e);
+        }
+    }
+    let any_stream = !args.no_stream && records.iter().any(|r| r.request.streaming);
+    let writer = TraceWriter::create(
+        &args.out,
+        &header,
+        &extras,
+        any_stream.then_some(ep.per_chunk_tokens()),
+        scrape_on,
+    )
+    .with_context(|| format!("creating the trace at {}", args.out.display()))?;
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let record_failed = Arc::new(AtomicBool::new(false));
+    let recorder = crate::record::spawn(writer, warmup_below, rx, record_failed.clone())
+        .context("starting the recorder thread")?;
+    let (stopping, _) = watch::channel(false);
+    let (cancel, _) = watch::channel(false);
+    let total = records.len() as u64;
+    let sh = Arc::new(Shared {
+        ep,
+        clock,
+        run_start_us,
+        tokens_per_word: tpw.value,
+        no_stream: args.no_stream,
+        timeout: Duration::from_secs_f64(args.timeout_s),
+        tx: tx.clone(),
+        sem: args.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+        stopping,
+        cancel,
+        progress: Progress::default(),
+        growth,
+        xid_prefix: format!("blis-{:x}", run_start_us),
+        record_failed: record_failed.clone(),
+    });
+
+    // Scraper and progress.
+    let scrape_stats = Arc::new(scrape::ScrapeStats::default());
+    let (scrape_stop, scrape_stop_rx) = watch::channel(false);
+    let scraper = scrape_on.then(|| {
+        tokio::spawn(scrape::run(scrape::ScrapeConfig {
+            client: client.clone(),
+            url: metrics_url.clone(),
+            api_key: args.api_key.clone(),
+            interval: Duration::from_millis(args.scrape_interval_ms),
+            clock,
+            out: tx.clone(),
+            stats: scrape_stats.clone(),
+            stop: scrape_stop_rx,
+        }))
+    });
+    drop(tx);
+    let bar = progress_bar(total);
+    let ticker = {
+        let sh = sh.clone();
+        let bar = bar.clone();
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                t.tick().await;
+                let p = &sh.progress;
+                let elapsed = (sh.clock.now_us() - sh.run_start_us).max(1) as f64 / 1e6;
+                let sent = p.sent.load(Ordering::Relaxed);
+                bar.set_position(p.done.load(Ordering::Relaxed));
+                bar.set_message(format!(
+                    "sent {sent}, in flight {}, not ok {}, {:.1} req/s",
+                    p.in_flight.load(Ordering::Relaxed),
+                    p.not_ok.load(Ordering::Relaxed),
+                    sent as f64 / elapsed
+                ));
+            }
+        })
+    };
+
+    // Dispatch.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let units = units(records);
+    let dispatcher = if let Some(n) = args.concurrency {
+        let queue = Arc::new(Mutex::new(VecDeque::from(units)));
+        let deadline = args
+            .duration_s
+            .map(|s| run_start_us + (s * 1e6).round() as i64);
+        for _ in 0..n {
+            let (sh, queue, done) = (sh.clone(), queue.clone(), done_tx.clone());
+            tokio::spawn(async move {
+                let start = sh.instant(0);
+                if !wait_until(&sh, start).await {
+                    drop(sh);
+                    drop(done);
+                    return;
+                }
+                loop {
+                    let now = sh.clock.now_us();
+                    if sh.stopping() || deadline.is_some_and(|d| now >= d) {
+                        break;
+                    }
+                    let unit = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .pop_front();
+                    let Some(unit) = unit else { break };
+                    run_unit(sh.clone(), unit, Some(now - sh.run_start_us)).await;
+                }
+                drop(sh);
+                drop(done);
+            });
+        }
+        Dispatcher::Closed(queue)
+    } else {
+        let (sh2, done) = (sh.clone(), done_tx.clone());
+        let handle = tokio::runtime::Handle::current();
+        let thread = std::thread::Builder::new()
+            .name("blis-dispatcher".into())
+            .spawn(move || dispatch_open_loop(&sh2, units, &handle, &done))
+            .context("starting the dispatcher thread")?;
+        Dispatcher::Open(thread)
+    };
+    drop(done_tx);
+
+    // Wait for the end, a signal, or both.
+    let mut interrupted = false;
+    {
+        let all_done = async { while done_rx.recv().await.is_some() {} };
+        tokio::pin!(all_done);
+        tokio::select! {
+            () = &mut all_done => {}
+            () = signals.recv() => {
+                interrupted = true;
+                sh.stopping.send_replace(true);
+                let n = sh.progress.in_flight.load(Ordering::Relaxed);
+                bar.suspend(|| eprintln!(
+                    "interrupted: no more sends; waiting up to {:.1} s for {n} requests in flight (signal again to cancel them now)",
+                    args.grace_s
+                ));
+                tokio::select! {
+                    () = &mut all_done => {}
+                    () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => {}
+                    () = signals.recv() => {}
+                }
+                sh.cancel.send_replace(true);
+                all_done.await;
+            }
+        }
+    }
+    ticker.abort();
+    let _ = ticker.await;
+    scrape_stop.send_replace(true);
+    if let Some(s) = scraper {
+        let _ = s.await;
+    }
+    match dispatcher {
+        Dispatcher::Open(t) => {
+            let _ = t.join();
+        }
+        Dispatcher::Closed(queue) => {
+            // Units never started: part of the plan only if the run was cut
+            // short; a closed loop that ran its duration leaves them out.
+            let left: Vec<Unit> = queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .drain(..)
+                .collect();
+            if interrupted {
+                for u in left {
+                    for r in u {
+                        sh.not_sent(r, "the run was interrupted before this request");
+                    }
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    // Every task has ended; the last references go as they unwind.
+    let mut sh = sh;
+    let mut waited = 0;
+    let sh = loop {
+        match Arc::try_unwrap(sh) {
+            Ok(s) => break s,
+            Err(_) if waited >= 5000 => bail!("internal error: request tasks outlived the run"),
+            Err(again) => {
+                sh = again;
+                waited += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    drop(sh.tx);
+    let Recorded {
+        writer,
+        records,
+        itl_us,
+        metric_rows,
+        error,
+    } = recorder
+        .join()
+        .map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
+    let cpu = process_cpu_time_s();
+    let summary = summarize(
+        &records,
+        &itl_us,
+        &SummaryInputs {
+            warmup_below_id: warmup_below,
+            warmup: records
+                .iter()
+                .filter(|r| r.request.request_id < warmup_below)
+                .count() as u64,
+            run_start_unix_us: run_start_us,
+            requested_rate,
+            max_send_lag_ms: args.max_send_lag_ms,
+            slo,
+            cpu_time_s: cpu,
+            interrupted,
+        },
+    );
+    header.load_generator = Some(LoadGeneratorInfo {
+        requested_rate: summary.schedule.requested_rate,
+        achieved_rate: summary.schedule.achieved_rate,
+        send_lag_p50_ms: summary.schedule.send_lag_p50_ms,
+        send_lag_p99_ms: summary.schedule.send_lag_p99_ms,
+        client_bound: Some(summary.schedule.client_bound),
+    });
+    if let Some(e) = error {
+        return Err(
+            anyhow::Error::new(e).context("writing the trace (rows after this error are missing)")
+        );
+    }
+    let paths = writer.finish(&header)?;
+    let attempts = scrape_stats.attempts.load(Ordering::Relaxed);
+    let failures = scrape_stats.failures.load(Ordering::Relaxed);
+    if failures > 0 {
+        eprintln!(
+            "warning: {failures} of {attempts} metric scrapes failed (first: {})",
+            scrape_stats.first_error().unwrap_or_default()
+        );
+    }
+    eprintln!(
+        "wrote {} ({} requests{}{})",
+        paths.header.display(),
+        records.len(),
+        if any_stream { ", per-chunk times" } else { "" },
+        if scrape_on {
+            format!(", {metric_rows} metric samples from {attempts} scrapes")
+        } else {
+            String::new()
+        }
+    );
+    Ok(summary)
+}
+
+enum Dispatcher {
+    Open(std::thread::JoinHandle<()>),
+    Closed(Arc<Mutex<VecDeque<Unit>>>),
+}
+
+/// The open-loop schedule: for each unit in order, sleep on this thread
+/// until its send time and hand it to the runtime. Stopping records every
+/// unit not yet started as not sent.
+fn dispatch_open_loop(
+    sh: &Arc<Shared>,
+    units: Vec<Unit>,
+    handle: &tokio::runtime::Handle,
+    done: &tokio::sync::mpsc::Sender<()>,
+) {
+    let mut units = units.into_iter();
+    for unit in units.by_ref() {
+        let due = sh.instant(unit[0].request.arrival_time_us);
+        let mut stopped = false;
+        loop {
+            if sh.stopping() {
+                stopped = true;
+                break;
+            }
+            let now = Instant::now();
+            if now >= due {
+                break;
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(20)));
+        }
+        if stopped {
+            for r in unit {
+                sh.not_sent(r, "the run was interrupted before this request");
+            }
+            break;
+        }
+        let (sh, done) = (sh.clone(), done.clone());
+        handle.spawn(async move {
+            run_unit(sh, unit, None).await;
+            drop(done);
+        });
+    }
+    for unit in units {
+        for r in unit {
+            sh.not_sent(r, "the run was interrupted before this request");
+        }
+    }
+}
+
+fn server_type_name(t: ServerType) -> &'static str {
+    match t {
+        ServerType::Vllm => "vllm",
+        ServerType::Sglang => "sglang",
+        ServerType::Llamacpp => "llamacpp",
+        ServerType::Openai => "openai",
+    }
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {pos}/{len} done, {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blis_traces::Request;
+
+    fn rec(id: u64, arrival: i64, session: &str, round: u32) -> TraceRecord {
+        TraceRecord::planned(Request {
+            request_id: id,
+            arrival_time_us: arrival,
+            session_id: Arc::from(session),
+            round_index: round,
+            input_tokens: 100,
+            output_tokens: 10,
+            ..Request::default()
+        })
+    }
+
+    #[test]
+    fn sessions_become_one_unit_in_round_order() {
+        let u = units(vec![
+            rec(0, 0, "a", 0),
+            rec(1, 5, "", 0),
+            rec(3, 20, "a", 2),
+            rec(2, 10, "a", 1),
+        ]);
+        assert_eq!(u.len(), 2);
+        let ids: Vec<u64> = u[0].iter().map(|r| r.request.request_id).collect();
+        assert_eq!(ids, [0, 2, 3]);
+        assert_eq!(u[1][0].request.request_id, 1);
+    }
+
+    #[test]
+    fn warmup_is_the_smallest_ids() {
+        let r = vec![rec(5, 0, "", 0), rec(7, 1, "", 0), rec(6, 2, "", 0)];
+        assert_eq!(warmup_threshold(&r, 2), 7);
+        assert_eq!(warmup_threshold(&r, 0), 0);
+        assert_eq!(warmup_threshold(&r, 9), u64::MAX);
+    }
+
+    #[test]
+    fn accumulated_prompts_carry_the_answer() {
+        let h = History {
+            prompt: Prompt::Chat(vec![Message {
+                role: "user",
+                content: "q1".into(),
+            }]),
+            answer: "a1".into(),
+            planned_in: 100,
+            planned_out: 10,
+        };
+        let mut r = rec(1, 0, "s", 1);
+        r.request.input_tokens = 150;
+        let Prompt::Chat(m) = next_prompt(&h, &r, 1.0) else {
+            panic!("chat expected")
+        };
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1].content, "a1");
+        assert_eq!(m[2].content.split(' ').count(), 40);
+    }
+}

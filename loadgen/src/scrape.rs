@@ -1,0 +1,168 @@
+//! Scraping the server's Prometheus `/metrics` during a run, in its own
+//! task, at a fixed interval; every kept sample is stamped with the time
+//! the scrape completed (Unix µs) and goes to the metrics companion.
+//!
+//! Kept: the serving engine's own metrics, i.e. names in a `ns:` namespace
+//! (`vllm:`, `sglang:`, `llamacpp:`) and the mock's `blis_` ones; process,
+//! Python and HTTP-framework metrics are dropped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use blis_traces::MetricSample;
+use blis_traces::prom;
+use reqwest::header::AUTHORIZATION;
+use tokio::sync::watch;
+
+use crate::clock::RunClock;
+use crate::http::{bearer, describe};
+
+/// Whether a metric belongs to the serving engine.
+pub fn keep(name: &str) -> bool {
+    name.contains(':') || name.starts_with("blis_")
+}
+
+/// Scrape counters, for the end-of-run summary.
+#[derive(Debug, Default)]
+pub struct ScrapeStats {
+    /// Scrapes attempted.
+    pub attempts: AtomicU64,
+    /// Scrapes that failed (transport, HTTP status or parse error).
+    pub failures: AtomicU64,
+    /// Samples kept.
+    pub samples: AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl ScrapeStats {
+    /// The first failure's description.
+    pub fn first_error(&self) -> Option<String> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn fail(&self, msg: String) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let mut e = self
+            .first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if e.is_none() {
+            *e = Some(msg);
+        }
+    }
+}
+
+/// Fetches and parses one scrape.
+///
+/// # Errors
+/// A one-line description of what failed.
+pub async fn scrape_once(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+    timeout: Duration,
+) -> Result<Vec<prom::Sample>, String> {
+    let mut r = client.get(url).timeout(timeout);
+    if let Some(v) = api_key.and_then(bearer) {
+        r = r.header(AUTHORIZATION, v);
+    }
+    let resp = r.send().await.map_err(|e| describe(&e))?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    let text = resp.text().await.map_err(|e| describe(&e))?;
+    prom::parse(&text)
+}
+
+/// What the scraper task needs.
+#[derive(Debug)]
+pub struct ScrapeConfig {
+    /// HTTP client.
+    pub client: reqwest::Client,
+    /// The `/metrics` URL.
+    pub url: String,
+    /// API key, sent as a bearer token.
+    pub api_key: Option<String>,
+    /// Time between scrape starts.
+    pub interval: Duration,
+    /// The run's clock.
+    pub clock: RunClock,
+    /// Where samples go.
+    pub out: std::sync::mpsc::Sender<crate::record::Msg>,
+    /// Counters.
+    pub stats: Arc<ScrapeStats>,
+    /// Turns true when the run ends.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// Scrapes every `interval` until `stop` turns true, sending each
+/// scrape's kept samples to `out`. A failed scrape is counted and skipped.
+pub async fn run(cfg: ScrapeConfig) {
+    let ScrapeConfig {
+        client,
+        url,
+        api_key,
+        interval,
+        clock,
+        out,
+        stats,
+        mut stop,
+    } = cfg;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        stats.attempts.fetch_add(1, Ordering::Relaxed);
+        match scrape_once(
+            &client,
+            &url,
+            api_key.as_deref(),
+            interval.max(Duration::from_secs(2)),
+        )
+        .await
+        {
+            Ok(samples) => {
+                let t = clock.now_us();
+                let kept: Vec<MetricSample> = samples
+                    .into_iter()
+                    .filter(|s| keep(&s.name))
+                    .map(|s| MetricSample {
+                        timestamp_us: t,
+                        labels: s.labels_text(),
+                        name: s.name,
+                        value: s.value,
+                    })
+                    .collect();
+                stats
+                    .samples
+                    .fetch_add(kept.len() as u64, Ordering::Relaxed);
+                if out.send(crate::record::Msg::Metrics(kept)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => stats.fail(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_metrics_are_kept_and_process_metrics_dropped() {
+        assert!(keep("vllm:num_requests_running"));
+        assert!(keep("sglang:num_queue_reqs"));
+        assert!(keep("llamacpp:requests_processing"));
+        assert!(keep("blis_mock_faults_total"));
+        assert!(!keep("python_gc_objects_collected_total"));
+        assert!(!keep("process_cpu_seconds_total"));
+    }
+}

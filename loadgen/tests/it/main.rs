@@ -1,0 +1,8 @@
+//! Integration tests of `blis-loadgen`: `generate` as a user runs it, and
+//! `run` against `blis-mockserver` served in-process on port 0.
+
+mod common; // an in-process mock, running loadgen, reading its output
+mod errors; // unreachable server, wrong model, API keys never leak
+mod faults; // injected faults: every request present with the right status
+mod generate_cli; // `generate`: files, summary, exit codes
+mod observe; // a spec observed exactly: rows, chunks, timing vs the mock, metrics

@@ -1,0 +1,266 @@
+use std::collections::BTreeMap;
+
+use blis_traces::{Mode, Status, Trace, TraceRecord};
+use serde_json::Value;
+
+use crate::common::{MODEL, Mock, loadgen, s, serial, write};
+
+const SPEC: &str = "
+category: reasoning
+seed: 7
+aggregate_rate: 25
+num_requests: 120
+clients:
+  - id: chat
+    rate_fraction: 0.6
+    streaming: true
+    prefix_group: sys
+    prefix_length: 64
+    input_distribution: {type: gaussian, params: {mean: 200, std_dev: 60, min: 20, max: 600}}
+    output_distribution: {type: empirical, pmf: {4: 0.3, 12: 0.4, 30: 0.3}}
+    reasoning:
+      reason_ratio_distribution: {type: empirical, pmf: {0.0: 1.0}}
+  - id: agent
+    rate_fraction: 0.4
+    streaming: true
+    input_distribution: {type: constant, params: {value: 120}}
+    output_distribution: {type: constant, params: {value: 16}}
+    reasoning:
+      reason_ratio_distribution: {type: empirical, pmf: {0.0: 1.0}}
+      multi_turn: {max_rounds: 3, think_time_us: 50000, context_growth: accumulate}
+";
+
+fn by_id(t: &Trace) -> BTreeMap<u64, &TraceRecord> {
+    let mut m = BTreeMap::new();
+    for r in &t.records {
+        assert!(
+            m.insert(r.request.request_id, r).is_none(),
+            "request {} appears twice",
+            r.request.request_id
+        );
+    }
+    m
+}
+
+/// Acceptance 1: every request of a spec once, one chunk per token, TTFT
+/// and E2E as the mock served them (±2 ms), usage, sessions in order with
+/// the real answers, metrics at the scrape interval.
+#[test]
+fn a_spec_is_observed_exactly_as_the_mock_served_it() {
+    let _g = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write(dir.path(), "w.yaml", SPEC);
+    let out = dir.path().join("real");
+    let plan = dir.path().join("plan");
+    let (code, _) = loadgen(&["generate", "--workload-spec", s(&spec), "--out", s(&plan)]).unwrap();
+    assert_eq!(code, 0);
+    let planned = Trace::read(&plan.with_extension("yaml")).unwrap();
+    let (code, stdout) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--api",
+        "chat",
+        "--workload-spec",
+        s(&spec),
+        "--scrape-interval-ms",
+        "100",
+        "--json",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["verdict"], "valid", "{stdout}");
+
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.header.mode, Mode::Real);
+    let run_start = t.header.run_start_unix_us.expect("run start recorded");
+    let lg = t.header.load_generator.as_ref().unwrap();
+    assert_eq!(lg.client_bound, Some(false));
+    assert!(lg.send_lag_p99_ms.unwrap() < 10.0);
+    let server = t.header.server.as_ref().unwrap();
+    assert_eq!(
+        (server.block_size, server.total_kv_blocks),
+        (Some(16), Some(29205))
+    );
+
+    // Every planned request exactly once, with its plan.
+    let rows = by_id(&t);
+    let plan_rows = by_id(&planned);
+    assert_eq!(
+        rows.keys().collect::<Vec<_>>(),
+        plan_rows.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(summary["requests"]["ok"], rows.len() as u64);
+
+    // One chunk per token; usage recorded; chunk rows match.
+    let mut chunks: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for c in t.chunks.as_deref().unwrap() {
+        assert_eq!(c.tokens, Some(1), "one token per chunk");
+        chunks.entry(c.request_id).or_default().push(c.timestamp_us);
+    }
+    let mut cached = 0;
+    for (id, r) in &rows {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{id}: {}", o.error_message);
+        assert_eq!(
+            r.request.output_tokens, plan_rows[id].request.output_tokens,
+            "{id}"
+        );
+        assert_eq!(o.num_chunks, r.request.output_tokens, "{id}");
+        assert_eq!(chunks[id].len() as u32, r.request.output_tokens, "{id}");
+        assert_eq!(chunks[id][0], o.first_chunk_time_us.unwrap());
+        assert!(o.server_input_tokens.unwrap() > 0);
+        assert_eq!(o.finish_reason, "length");
+        assert_eq!(o.http_status, Some(200));
+        cached += o.cached_tokens.unwrap();
+    }
+    assert!(
+        cached > 0,
+        "the shared prefix is served from the prefix cache"
+    );
+
+    // TTFT and E2E as the mock served them. This machine's own scheduling
+    // jitter (a thread sleeping 1 ms wakes up to 3 ms late, about once in a
+    // thousand sleeps, idle) can delay one chunk of a run, so at most 1% of
+    // the comparisons may exceed 2 ms, and none 10 ms.
+    let served: BTreeMap<String, _> = mock
+        .served()
+        .into_iter()
+        .map(|s| (s.x_request_id.clone().unwrap(), s))
+        .collect();
+    assert_eq!(served.len(), rows.len());
+    let mut diffs = Vec::new();
+    for r in rows.values() {
+        let sv = &served[r.outcome.x_request_id.as_ref().unwrap()];
+        let (ttft, e2e) = (r.ttft_us().unwrap(), r.e2e_us().unwrap());
+        for (ours, theirs) in [(ttft, sv.ttft_us), (e2e, sv.e2e_us)] {
+            assert!(
+                ours >= theirs,
+                "the client cannot see a chunk before it is sent"
+            );
+            let d = (ours - theirs) as f64 / 1e3;
+            assert!(
+                d <= 10.0,
+                "{}: loadgen {ours} µs vs mock {theirs} µs",
+                r.request.request_id
+            );
+            diffs.push(d);
+        }
+        assert_eq!(sv.output_tokens, r.request.output_tokens);
+    }
+    diffs.sort_by(f64::total_cmp);
+    let over = diffs.iter().filter(|&&d| d > 2.0).count();
+    eprintln!(
+        "loadgen minus mock, TTFT and E2E (ms): median {:.3}, p99 {:.3}, max {:.3}; {over} of {} over 2 ms",
+        blis_traces::percentile(&diffs, 50.0),
+        blis_traces::percentile(&diffs, 99.0),
+        diffs[diffs.len() - 1],
+        diffs.len()
+    );
+    assert!(
+        over * 100 <= diffs.len(),
+        "{over} of {} differences over 2 ms",
+        diffs.len()
+    );
+
+    // Sessions: each round after the previous response plus the think
+    // time, its input carrying the previous round's input and answer.
+    let mut sessions: BTreeMap<&str, Vec<&TraceRecord>> = BTreeMap::new();
+    for r in rows.values().filter(|r| !r.request.session_id.is_empty()) {
+        sessions.entry(&r.request.session_id).or_default().push(r);
+    }
+    assert!(sessions.len() >= 5);
+    for rounds in sessions.values_mut() {
+        rounds.sort_by_key(|r| r.request.round_index);
+        for w in rounds.windows(2) {
+            let (a, b) = (&w[0].outcome, &w[1].outcome);
+            assert!(b.send_time_us.unwrap() >= a.last_chunk_time_us.unwrap() + 50_000);
+            assert_eq!(
+                w[1].request.arrival_time_us,
+                a.last_chunk_time_us.unwrap() - run_start + 50_000,
+                "the intended send of a later round is the response end plus think time"
+            );
+            assert!(
+                b.server_input_tokens.unwrap()
+                    > a.server_input_tokens.unwrap() + w[0].request.output_tokens,
+                "round {} carries the conversation",
+                w[1].request.round_index
+            );
+        }
+    }
+
+    // Metrics at the scrape interval.
+    let mut times: Vec<i64> = t
+        .metrics
+        .as_deref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.name == "vllm:num_requests_running")
+        .map(|m| m.timestamp_us)
+        .collect();
+    times.sort_unstable();
+    let span = (times[times.len() - 1] - times[0]) as f64 / 1e3;
+    assert!(times.len() >= 20, "{} scrapes", times.len());
+    let mean_gap = span / (times.len() - 1) as f64;
+    assert!(
+        (90.0..=130.0).contains(&mean_gap),
+        "mean scrape gap {mean_gap} ms"
+    );
+    assert!(
+        t.metrics
+            .as_deref()
+            .unwrap()
+            .iter()
+            .any(|m| m.name == "vllm:num_requests_running" && m.value > 0.0)
+    );
+}
+
+#[test]
+fn whole_responses_and_completions_are_recorded() {
+    let _g = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("whole");
+    let (code, stdout) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "40",
+        "--num-requests",
+        "20",
+        "--input-tokens",
+        "100",
+        "--output-tokens",
+        "8",
+        "--no-stream",
+        "--scrape-interval-ms",
+        "0",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("verdict: valid"), "{stdout}");
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 20);
+    assert!(t.chunks.is_none() && t.metrics.is_none());
+    assert!(!out.with_extension("itl.csv").exists());
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Ok));
+        assert!(!r.request.streaming);
+        assert_eq!((r.outcome.num_chunks, r.request.output_tokens), (1, 8));
+        assert_eq!(
+            r.outcome.server_input_tokens.map(|n| n.abs_diff(100) <= 10),
+            Some(true)
+        );
+    }
+}

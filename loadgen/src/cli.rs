@@ -190,4 +190,8 @@ pub struct RunArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Threads that send and receive (0: one per CPU core). When the server
+    /// shares this machine, 1 leaves it more CPU.
+    #[arg(long, default_value_t = 0)]
+    pub client_threads: usize,
 }

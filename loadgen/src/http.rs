@@ -11,8 +11,8 @@ use std::time::Duration;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::cli::{Api, ServerType};
 use crate::clock::RunClock;
@@ -272,7 +272,7 @@ pub fn describe(e: &reqwest::Error) -> String {
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     client: reqwest::Client,
-    url: String,
+    url: reqwest::Url,
     api: Api,
     server: ServerType,
     model: String,
@@ -310,19 +310,22 @@ impl Endpoint {
         server: ServerType,
         model: &str,
         api_key: Option<&str>,
-    ) -> Self {
+    ) -> Result<Self, String> {
         let path = match api {
             Api::Completions => "/v1/completions",
             Api::Chat => "/v1/chat/completions",
         };
-        Self {
+        let url = format!("{}{path}", base_url.trim_end_matches('/'));
+        let url =
+            reqwest::Url::parse(&url).map_err(|e| format!("invalid server URL {url:?}: {e}"))?;
+        Ok(Self {
             client,
-            url: format!("{}{path}", base_url.trim_end_matches('/')),
+            url,
             api,
             server,
             model: model.to_string(),
             auth: api_key.and_then(bearer),
-        }
+        })
     }
 
     /// The API spoken.
@@ -339,35 +342,67 @@ impl Endpoint {
     /// The JSON body of a request for `max_tokens` output tokens, forced to
     /// exactly that length where the server supports it: vLLM
     /// `ignore_eos` + `min_tokens`, SGLang and llama.cpp `ignore_eos`; plain
-    /// OpenAI servers only get the cap.
-    pub fn body(&self, prompt: &Prompt, max_tokens: u32, stream: bool) -> Value {
+    /// OpenAI servers only get the cap. Streams ask for `usage` in the last
+    /// chunk (`stream_options.include_usage`), and vLLM for running usage in
+    /// every chunk (`continuous_usage_stats`), which gives tokens per chunk.
+    pub fn body(&self, prompt: &Prompt, max_tokens: u32, stream: bool) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Msg<'a> {
+            role: &'a str,
+            content: &'a str,
+        }
+        #[derive(Serialize)]
+        struct StreamOptions {
+            include_usage: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            continuous_usage_stats: Option<bool>,
+        }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            model: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            prompt: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            messages: Option<Vec<Msg<'a>>>,
+            max_tokens: u32,
+            stream: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            ignore_eos: Option<bool>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            min_tokens: Option<u32>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            stream_options: Option<StreamOptions>,
+        }
         let max_tokens = max_tokens.max(1);
-        let mut b = json!({ "model": self.model, "max_tokens": max_tokens, "stream": stream });
-        match prompt {
-            Prompt::Text(t) => b["prompt"] = json!(t),
-            Prompt::Chat(msgs) => {
-                b["messages"] = msgs
-                    .iter()
-                    .map(|m| json!({"role": m.role, "content": m.content}))
-                    .collect();
-            }
-        }
-        match self.server {
-            ServerType::Vllm => {
-                b["ignore_eos"] = json!(true);
-                b["min_tokens"] = json!(max_tokens);
-            }
-            ServerType::Sglang | ServerType::Llamacpp => b["ignore_eos"] = json!(true),
-            ServerType::Openai => {}
-        }
-        if stream {
-            b["stream_options"] = if self.server == ServerType::Vllm {
-                json!({"include_usage": true, "continuous_usage_stats": true})
-            } else {
-                json!({"include_usage": true})
-            };
-        }
-        b
+        let vllm = self.server == ServerType::Vllm;
+        let (prompt, messages) = match prompt {
+            Prompt::Text(t) => (Some(t.as_str()), None),
+            Prompt::Chat(m) => (
+                None,
+                Some(
+                    m.iter()
+                        .map(|m| Msg {
+                            role: m.role,
+                            content: &m.content,
+                        })
+                        .collect(),
+                ),
+            ),
+        };
+        let body = Body {
+            model: &self.model,
+            prompt,
+            messages,
+            max_tokens,
+            stream,
+            ignore_eos: (self.server != ServerType::Openai).then_some(true),
+            min_tokens: vllm.then_some(max_tokens),
+            stream_options: stream.then_some(StreamOptions {
+                include_usage: true,
+                continuous_usage_stats: vllm.then_some(true),
+            }),
+        };
+        serde_json::to_vec(&body).unwrap_or_default()
     }
 
     /// Sends `body` with `x-request-id: xid` and reads the response into
@@ -387,7 +422,7 @@ impl Endpoint {
     ) -> Result<(), Failure> {
         let mut req = self
             .client
-            .post(&self.url)
+            .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("x-request-id", xid)
             .body(body);
@@ -604,20 +639,26 @@ mod tests {
             "m",
             Some("k"),
         )
+        .unwrap()
+    }
+
+    fn body(e: &Endpoint, p: &Prompt, max: u32, stream: bool) -> Value {
+        serde_json::from_slice(&e.body(p, max, stream)).unwrap()
     }
 
     #[test]
     fn bodies_force_the_output_length_per_server_family() {
         let p = Prompt::Text("hi".into());
-        let v = ep(ServerType::Vllm, Api::Completions).body(&p, 7, true);
+        let v = body(&ep(ServerType::Vllm, Api::Completions), &p, 7, true);
         assert_eq!(v["max_tokens"], 7);
         assert_eq!(v["ignore_eos"], true);
         assert_eq!(v["min_tokens"], 7);
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
-        let v = ep(ServerType::Openai, Api::Completions).body(&p, 7, false);
+        let v = body(&ep(ServerType::Openai, Api::Completions), &p, 7, false);
         assert!(v.get("ignore_eos").is_none() && v.get("stream_options").is_none());
-        let v = ep(ServerType::Sglang, Api::Chat).body(
+        let v = body(
+            &ep(ServerType::Sglang, Api::Chat),
             &Prompt::Chat(vec![Message {
                 role: "user",
                 content: "q".into(),

@@ -167,13 +167,7 @@ pub async fn tokens_per_word(
     let mut cap = crate::http::Capture::new(false);
     let sent = tokio::time::timeout(
         Duration::from_secs(60),
-        ep.send(
-            serde_json::to_vec(&body).unwrap_or_default(),
-            false,
-            "blis-calibration",
-            &clock,
-            &mut cap,
-        ),
+        ep.send(body, false, "blis-calibration", &clock, &mut cap),
     )
     .await;
     if let Ok(Ok(())) = sent

@@ -1,14 +1,14 @@
 //! The recorder: one thread that owns the trace files. Finished requests
 //! (with their chunk times) and metric scrapes arrive over a channel and
-//! are appended at once; the files are flushed whenever the channel is
-//! momentarily empty, so a killed run loses at most the rows of the last
-//! burst and an interrupted one loses nothing.
+//! are written every few milliseconds and flushed, so a killed run loses at
+//! most the last few milliseconds of rows and an interrupted one nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use blis_traces::{ChunkRecord, MetricSample, Status, TraceRecord, TraceWriter};
 
@@ -51,6 +51,11 @@ pub fn spawn(
         .spawn(move || record(writer, warmup, &rx, &failed))
 }
 
+/// How often the recorder wakes to write what has arrived: a sender never
+/// wakes it (a wake-up per request costs more CPU than the request), and a
+/// killed run loses at most this much.
+const PERIOD: Duration = Duration::from_millis(10);
+
 fn record(writer: TraceWriter, warmup: u64, rx: &Receiver<Msg>, failed: &AtomicBool) -> Recorded {
     let mut out = Recorded {
         writer,
@@ -59,29 +64,39 @@ fn record(writer: TraceWriter, warmup: u64, rx: &Receiver<Msg>, failed: &AtomicB
         metric_rows: 0,
         error: None,
     };
-    let mut next = rx.recv().ok();
-    while let Some(msg) = next {
-        if let Err(e) = write(&mut out, warmup, msg)
+    loop {
+        let mut closed = false;
+        let mut wrote = false;
+        loop {
+            match rx.try_recv() {
+                Ok(msg) => {
+                    wrote = true;
+                    if let Err(e) = write(&mut out, warmup, msg)
+                        && out.error.is_none()
+                    {
+                        out.error = Some(e);
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if wrote
             && out.error.is_none()
+            && let Err(e) = out.writer.flush()
         {
             out.error = Some(e);
             failed.store(true, Ordering::SeqCst);
         }
-        next = match rx.try_recv() {
-            Ok(m) => Some(m),
-            Err(TryRecvError::Empty) => {
-                if out.error.is_none()
-                    && let Err(e) = out.writer.flush()
-                {
-                    out.error = Some(e);
-                    failed.store(true, Ordering::SeqCst);
-                }
-                rx.recv().ok()
-            }
-            Err(TryRecvError::Disconnected) => None,
-        };
+        if closed {
+            return out;
+        }
+        std::thread::sleep(PERIOD);
     }
-    out
 }
 
 fn write(out: &mut Recorded, warmup: u64, msg: Msg) -> blis_traces::Result<()> {

@@ -3,16 +3,16 @@
 //!
 //! ```text
 //! plan ──▶ units (single requests, or the rounds of one session)
-//!   open loop:   dispatcher thread ── sleep until start + arrival ──▶ spawn unit task
+//!   open loop:   dispatcher task ── sleep until start + arrival ──▶ spawn unit task
 //!   closed loop: N worker tasks, each taking the next unit when its last ends
 //! unit task ──▶ [max-in-flight permit] ──▶ HTTP request ──▶ Capture ──▶ recorder thread ──▶ PREFIX.csv, .itl.csv
 //! scraper task ── every interval ──▶ /metrics ──▶ recorder ──▶ PREFIX.metrics.csv
 //! ```
 //!
 //! The schedule is absolute: each send waits until `run_start + arrival`
-//! (a dedicated thread with `thread::sleep`, which is precise to tens of
-//! µs, unlike tokio's millisecond timer), never a sum of sleeps, so delays
-//! never accumulate; how late each send was (the send lag) is recorded and
+//! (with a timerfd precise to tens of µs, unlike tokio's millisecond timer;
+//! see [`crate::timer`]), never a sum of sleeps, so delays never
+//! accumulate; how late each send was (the send lag) is recorded and
 //! judged. Later rounds of a session wait for the previous round's response
 //! plus the think time.
 
@@ -37,6 +37,7 @@ use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
 use crate::plan::load_workload;
 use crate::record::{Msg, Recorded};
 use crate::report::{Slo, Summary, SummaryInputs, process_cpu_time_s, summarize};
+use crate::timer::PreciseTimer;
 use crate::{exit_code, probe, prompt, scrape};
 
 /// Live counters for the progress line.
@@ -207,8 +208,12 @@ async fn wait_until(sh: &Shared, at: Instant) -> bool {
     if sh.stopping() {
         return false;
     }
+    if at <= Instant::now() {
+        return true;
+    }
+    let timer = PreciseTimer::new();
     tokio::select! {
-        _ = tokio::time::sleep_until(at.into()) => !sh.stopping(),
+        () = timer.sleep_until(at) => !sh.stopping(),
         _ = stop.wait_for(|s| *s) => false,
     }
 }
@@ -304,7 +309,7 @@ async fn send_one(
     let stream = rec.request.streaming && !sh.no_stream;
     rec.request.streaming = stream;
     let planned_out = rec.request.output_tokens;
-    let body = serde_json::to_vec(&sh.ep.body(p, planned_out, stream)).unwrap_or_default();
+    let body = sh.ep.body(p, planned_out, stream);
     let xid = format!("{}-{}", sh.xid_prefix, rec.request.request_id);
     let timeout = match rec.request.deadline_us {
         Some(d) if d > intended_rel_us => sh
@@ -482,7 +487,11 @@ fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
 /// Bad options or workload, an unreachable server, unwritable output.
 pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     let slo = check_args(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if args.client_threads > 0 {
+        rt.worker_threads(args.client_threads);
+    }
+    let rt = rt
         .enable_all()
         .thread_name("blis-loadgen")
         .build()
@@ -567,7 +576,8 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         args.server_type,
         &args.model,
         args.api_key.as_deref(),
-    );
+    )
+    .map_err(anyhow::Error::msg)?;
     let tpw =
         probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
     let metrics_url = args
@@ -742,13 +752,11 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         }
         Dispatcher::Closed(queue)
     } else {
-        let (sh2, done) = (sh.clone(), done_tx.clone());
-        let handle = tokio::runtime::Handle::current();
-        let thread = std::thread::Builder::new()
-            .name("blis-dispatcher".into())
-            .spawn(move || dispatch_open_loop(&sh2, units, &handle, &done))
-            .context("starting the dispatcher thread")?;
-        Dispatcher::Open(thread)
+        Dispatcher::Open(tokio::spawn(dispatch_open_loop(
+            sh.clone(),
+            units,
+            done_tx.clone(),
+        )))
     };
     drop(done_tx);
 
@@ -785,7 +793,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     }
     match dispatcher {
         Dispatcher::Open(t) => {
-            let _ = t.join();
+            let _ = t.await;
         }
         Dispatcher::Closed(queue) => {
             // Units never started: part of the plan only if the run was cut
@@ -883,42 +891,37 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
 }
 
 enum Dispatcher {
-    Open(std::thread::JoinHandle<()>),
+    Open(tokio::task::JoinHandle<()>),
     Closed(Arc<Mutex<VecDeque<Unit>>>),
 }
 
-/// The open-loop schedule: for each unit in order, sleep on this thread
-/// until its send time and hand it to the runtime. Stopping records every
-/// unit not yet started as not sent.
-fn dispatch_open_loop(
-    sh: &Arc<Shared>,
+/// The open-loop schedule: for each unit in order, sleep (precisely, see
+/// [`PreciseTimer`]) until its send time and start it. Stopping records
+/// every unit not yet started as not sent.
+async fn dispatch_open_loop(
+    sh: Arc<Shared>,
     units: Vec<Unit>,
-    handle: &tokio::runtime::Handle,
-    done: &tokio::sync::mpsc::Sender<()>,
+    done: tokio::sync::mpsc::Sender<()>,
 ) {
+    let timer = PreciseTimer::new();
+    let mut stop = sh.stopping.subscribe();
     let mut units = units.into_iter();
     for unit in units.by_ref() {
         let due = sh.instant(unit[0].request.arrival_time_us);
-        let mut stopped = false;
-        loop {
-            if sh.stopping() {
-                stopped = true;
-                break;
+        if Instant::now() < due {
+            tokio::select! {
+                () = timer.sleep_until(due) => {}
+                _ = stop.wait_for(|s| *s) => {}
             }
-            let now = Instant::now();
-            if now >= due {
-                break;
-            }
-            std::thread::sleep((due - now).min(Duration::from_millis(20)));
         }
-        if stopped {
+        if sh.stopping() {
             for r in unit {
                 sh.not_sent(r, "the run was interrupted before this request");
             }
             break;
         }
         let (sh, done) = (sh.clone(), done.clone());
-        handle.spawn(async move {
+        tokio::spawn(async move {
             run_unit(sh, unit, None).await;
             drop(done);
         });

@@ -71,6 +71,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether `rec` is sent as a stream.
+    fn streams(&self, rec: &TraceRecord) -> bool {
+        rec.request.streaming && !self.no_stream
+    }
+
     fn stopping(&self) -> bool {
         *self.stopping.borrow() || self.record_failed.load(Ordering::Relaxed)
     }
@@ -97,6 +102,27 @@ impl Shared {
         }
         .message();
         self.emit(rec, Vec::new(), Vec::new());
+    }
+}
+
+/// A request ready to send: its prompt and the JSON body.
+#[derive(Debug)]
+struct Ready {
+    prompt: Prompt,
+    body: Vec<u8>,
+}
+
+impl Ready {
+    fn new(sh: &Shared, rec: &TraceRecord, prompt: Prompt) -> Self {
+        let body = sh
+            .ep
+            .body(&prompt, rec.request.output_tokens, sh.streams(rec));
+        Self { prompt, body }
+    }
+
+    /// A first round (or single request): prefix and own text.
+    fn first(sh: &Shared, rec: &TraceRecord) -> Self {
+        Self::new(sh, rec, first_prompt(sh.ep.api(), rec, sh.tokens_per_word))
     }
 }
 
@@ -220,7 +246,12 @@ async fn wait_until(sh: &Shared, at: Instant) -> bool {
 
 /// Runs one unit. `closed_loop_start` is the intended send of the first
 /// round in closed-loop mode (when its worker took it).
-async fn run_unit(sh: Arc<Shared>, unit: Unit, closed_loop_start: Option<i64>) {
+async fn run_unit(
+    sh: Arc<Shared>,
+    unit: Unit,
+    closed_loop_start: Option<i64>,
+    mut first: Option<Ready>,
+) {
     let mut prev: Option<(TraceRecord, i64)> = None; // (row, response end, rel µs)
     let mut history: Option<History> = None;
     let mut rounds = unit.into_iter();
@@ -244,14 +275,16 @@ async fn run_unit(sh: Arc<Shared>, unit: Unit, closed_loop_start: Option<i64>) {
             return;
         }
         let keep_text = rounds.len() > 0;
-        let p = match (&history, &prev) {
-            (Some(h), Some((p, _))) if accumulates(&sh, &rec, p) => {
-                next_prompt(h, &rec, sh.tokens_per_word)
+        let ready = match (first.take(), &history, &prev) {
+            (Some(r), _, _) => r,
+            (None, Some(h), Some((p, _))) if accumulates(&sh, &rec, p) => {
+                Ready::new(&sh, &rec, next_prompt(h, &rec, sh.tokens_per_word))
             }
-            _ => first_prompt(sh.ep.api(), &rec, sh.tokens_per_word),
+            _ => Ready::first(&sh, &rec),
         };
         rec.request.arrival_time_us = intended;
-        let (rec, cap, ok) = send_one(&sh, rec, intended, &p, keep_text).await;
+        let Ready { prompt: p, body } = ready;
+        let (rec, cap, ok) = send_one(&sh, rec, intended, body, keep_text).await;
         if !ok {
             let why = if rec.outcome.status == Some(Status::Cancelled) {
                 "the run stopped before this round"
@@ -285,7 +318,7 @@ async fn send_one(
     sh: &Shared,
     mut rec: TraceRecord,
     intended_rel_us: i64,
-    p: &Prompt,
+    body: Vec<u8>,
     keep_text: bool,
 ) -> (TraceRecord, Capture, bool) {
     let mut cap = Capture::new(keep_text);
@@ -306,10 +339,8 @@ async fn send_one(
         .message();
         return (rec, cap, false);
     }
-    let stream = rec.request.streaming && !sh.no_stream;
+    let stream = sh.streams(&rec);
     rec.request.streaming = stream;
-    let planned_out = rec.request.output_tokens;
-    let body = sh.ep.body(p, planned_out, stream);
     let xid = format!("{}-{}", sh.xid_prefix, rec.request.request_id);
     let timeout = match rec.request.deadline_us {
         Some(d) if d > intended_rel_us => sh
@@ -744,7 +775,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .pop_front();
                     let Some(unit) = unit else { break };
-                    run_unit(sh.clone(), unit, Some(now - sh.run_start_us)).await;
+                    run_unit(sh.clone(), unit, Some(now - sh.run_start_us), None).await;
                 }
                 drop(sh);
                 drop(done);
@@ -895,9 +926,16 @@ enum Dispatcher {
     Closed(Arc<Mutex<VecDeque<Unit>>>),
 }
 
-/// The open-loop schedule: for each unit in order, sleep (precisely, see
-/// [`PreciseTimer`]) until its send time and start it. Stopping records
-/// every unit not yet started as not sent.
+/// How far ahead of its send time a request's body is built, so that a
+/// burst of sends is not slowed by building prompts.
+const PREPARE_AHEAD: Duration = Duration::from_millis(20);
+/// Bodies built ahead at most.
+const PREPARE_MAX: usize = 4096;
+
+/// The open-loop schedule: for each unit in order, build its first body
+/// ahead of time, sleep (precisely, see [`PreciseTimer`]) until its send
+/// time and start it. Stopping records every unit not yet started as not
+/// sent.
 async fn dispatch_open_loop(
     sh: Arc<Shared>,
     units: Vec<Unit>,
@@ -905,8 +943,21 @@ async fn dispatch_open_loop(
 ) {
     let timer = PreciseTimer::new();
     let mut stop = sh.stopping.subscribe();
-    let mut units = units.into_iter();
-    for unit in units.by_ref() {
+    let mut pending = units.into_iter().peekable();
+    let mut ready: VecDeque<(Unit, Ready)> = VecDeque::new();
+    loop {
+        let horizon = Instant::now() + PREPARE_AHEAD;
+        while ready.len() < PREPARE_MAX
+            && let Some(u) = pending.peek()
+            && (ready.is_empty() || sh.instant(u[0].request.arrival_time_us) <= horizon)
+        {
+            let Some(u) = pending.next() else { break };
+            let r = Ready::first(&sh, &u[0]);
+            ready.push_back((u, r));
+        }
+        let Some((unit, first)) = ready.pop_front() else {
+            break;
+        };
         let due = sh.instant(unit[0].request.arrival_time_us);
         if Instant::now() < due {
             tokio::select! {
@@ -915,21 +966,21 @@ async fn dispatch_open_loop(
             }
         }
         if sh.stopping() {
-            for r in unit {
-                sh.not_sent(r, "the run was interrupted before this request");
+            let rest = std::iter::once(unit)
+                .chain(ready.drain(..).map(|(u, _)| u))
+                .chain(pending.by_ref());
+            for u in rest {
+                for r in u {
+                    sh.not_sent(r, "the run was interrupted before this request");
+                }
             }
             break;
         }
         let (sh, done) = (sh.clone(), done.clone());
         tokio::spawn(async move {
-            run_unit(sh, unit, None).await;
+            run_unit(sh, unit, None, Some(first)).await;
             drop(done);
         });
-    }
-    for unit in units {
-        for r in unit {
-            sh.not_sent(r, "the run was interrupted before this request");
-        }
     }
 }
 

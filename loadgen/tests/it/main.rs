@@ -5,4 +5,5 @@ mod common; // an in-process mock, running loadgen, reading its output
 mod errors; // unreachable server, wrong model, API keys never leak
 mod faults; // injected faults: every request present with the right status
 mod generate_cli; // `generate`: files, summary, exit codes
+mod modes; // closed loop, max in flight, duration, warm-up, goodput
 mod observe; // a spec observed exactly: rows, chunks, timing vs the mock, metrics

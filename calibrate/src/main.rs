@@ -1,10 +1,13 @@
 use clap::Parser;
 
-/// blis-calibrate: not implemented yet.
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Opts {}
-
 fn main() {
-    let _ = Opts::parse();
+    let opts = blis_calibrate::Opts::parse();
+    let code = match blis_calibrate::run(opts, &mut std::io::stdout().lock()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            blis_calibrate::exit_code::ERROR
+        }
+    };
+    std::process::exit(code);
 }

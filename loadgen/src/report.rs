@@ -10,57 +10,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use anyhow::bail;
+pub use blis_traces::Slo;
 use blis_traces::{Status, TraceRecord, percentile, percentile_of_counts};
 use serde::Serialize;
 
 use crate::http::error_label;
-
-/// Goodput SLOs: a request attains its SLO when it is `ok` and every given
-/// bound holds (times from its intended send).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
-pub struct Slo {
-    /// Time to first token bound, ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttft_ms: Option<f64>,
-    /// Time per output token bound, ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tpot_ms: Option<f64>,
-    /// End-to-end latency bound, ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub e2e_ms: Option<f64>,
-}
-
-impl std::str::FromStr for Slo {
-    type Err = anyhow::Error;
-
-    /// `ttft_ms=500,tpot_ms=50,e2e_ms=10000` (any subset, at least one).
-    fn from_str(s: &str) -> anyhow::Result<Self> {
-        let mut slo = Slo::default();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((k, v)) = part.split_once('=') else {
-                bail!("--slo: expected KEY=MS, got {part:?}");
-            };
-            let v: f64 = v
-                .trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--slo: {k}: invalid number {v:?}"))?;
-            if !(v > 0.0 && v.is_finite()) {
-                bail!("--slo: {k} must be a positive number of ms, got {v}");
-            }
-            match k.trim() {
-                "ttft_ms" => slo.ttft_ms = Some(v),
-                "tpot_ms" => slo.tpot_ms = Some(v),
-                "e2e_ms" => slo.e2e_ms = Some(v),
-                other => bail!("--slo: unknown key {other:?} (ttft_ms, tpot_ms, e2e_ms)"),
-            }
-        }
-        if slo == Slo::default() {
-            bail!("--slo: give at least one of ttft_ms, tpot_ms, e2e_ms");
-        }
-        Ok(slo)
-    }
-}
 
 /// Distribution of one latency, ms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -204,6 +158,12 @@ pub struct Summary {
     pub errors: BTreeMap<String, u64>,
     /// `ok` requests whose response had no `usage`.
     pub missing_usage: u64,
+    /// Prompt tokens the server served from its prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`), of all prompt tokens.
+    pub cached_prompt_share: Option<f64>,
+    /// A warning when the very first requests already hit the prefix
+    /// cache (the server held these prompts before the run).
+    pub warm_cache_warning: Option<String>,
     /// Latencies, ms: `ttft`, `itl`, `tpot`, `e2e` from the actual send, and
     /// `ttft_from_intended`, `e2e_from_intended` from the intended send.
     pub latency_ms: BTreeMap<String, Stats>,
@@ -342,6 +302,33 @@ pub fn summarize(
             attained += 1;
         }
     }
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for r in records {
+        if let (Some(c), Some(p)) = (r.outcome.cached_tokens, r.outcome.server_input_tokens) {
+            cached += u64::from(c);
+            prompt += u64::from(p);
+        }
+    }
+    let cached_prompt_share = (prompt > 0).then(|| cached as f64 / prompt as f64);
+    let mut by_send: Vec<&TraceRecord> = records
+        .iter()
+        .filter(|r| r.outcome.send_time_us.is_some())
+        .collect();
+    by_send.sort_by_key(|r| r.outcome.send_time_us);
+    let warm = by_send
+        .iter()
+        .take(5)
+        .filter(|r| {
+            r.request.prefix_group.is_empty()
+                && r.request.session_id.is_empty()
+                && matches!((r.outcome.cached_tokens, r.outcome.server_input_tokens), (Some(c), Some(p)) if p > 0 && 2 * c >= p)
+        })
+        .count();
+    let warm_cache_warning = (warm >= 2).then(|| {
+        format!(
+            "{warm} of the first 5 requests found most of their prompt in the server's prefix cache: it held these prompts before the run (an earlier run with the same --seed?); restart the server or change --seed for a cold-cache run"
+        )
+    });
     let mut latency = BTreeMap::new();
     for (k, v) in [
         ("ttft", ttft),
@@ -434,6 +421,8 @@ pub fn summarize(
         requests: counts,
         errors,
         missing_usage,
+        cached_prompt_share,
+        warm_cache_warning,
         latency_ms: latency,
         throughput,
         goodput,
@@ -516,6 +505,16 @@ impl Summary {
                 "warning: {} ok responses had no usage (output tokens counted from chunks)",
                 self.missing_usage
             );
+        }
+        if let Some(c) = self.cached_prompt_share {
+            let _ = writeln!(
+                o,
+                "prefix cache: {:.1}% of prompt tokens served from it",
+                100.0 * c
+            );
+        }
+        if let Some(w) = &self.warm_cache_warning {
+            let _ = writeln!(o, "warning: {w}");
         }
         let s = &self.schedule;
         let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
@@ -612,11 +611,40 @@ mod tests {
     }
 
     #[test]
-    fn slo_parsing_rejects_unknown_keys_and_bad_numbers() {
-        assert!("ttft_ms=1,e2e_ms=2".parse::<Slo>().is_ok());
-        assert!("ttft=1".parse::<Slo>().is_err());
-        assert!("ttft_ms=NaN".parse::<Slo>().is_err());
-        assert!("".parse::<Slo>().is_err());
+    fn a_prefix_cache_warm_before_the_run_is_reported() {
+        let mut recs: Vec<TraceRecord> = (0..6)
+            .map(|i| row(i, i as i64, i as i64, i as i64 + 5, i as i64 + 9, 3))
+            .collect();
+        for r in &mut recs {
+            r.outcome.server_input_tokens = Some(100);
+            r.outcome.cached_tokens = Some(96);
+        }
+        let s = summarize(
+            &recs,
+            &BTreeMap::new(),
+            &SummaryInputs {
+                max_send_lag_ms: 10.0,
+                ..SummaryInputs::default()
+            },
+        );
+        assert_eq!(s.cached_prompt_share, Some(0.96));
+        assert!(s.warm_cache_warning.is_some());
+        assert!(
+            s.to_markdown()
+                .contains("restart the server or change --seed")
+        );
+        for r in &mut recs {
+            r.outcome.cached_tokens = Some(0);
+        }
+        let s = summarize(
+            &recs,
+            &BTreeMap::new(),
+            &SummaryInputs {
+                max_send_lag_ms: 10.0,
+                ..SummaryInputs::default()
+            },
+        );
+        assert!(s.warm_cache_warning.is_none());
     }
 
     #[test]

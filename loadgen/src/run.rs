@@ -497,7 +497,11 @@ fn check_args(args: &RunArgs) -> anyhow::Result<Option<Slo>> {
             args.server_url
         );
     }
-    args.slo.as_deref().map(str::parse::<Slo>).transpose()
+    args.slo
+        .as_deref()
+        .map(str::parse::<Slo>)
+        .transpose()
+        .map_err(anyhow::Error::msg)
 }
 
 /// The requests with the `n` smallest ids are warm-up: ids below the

@@ -122,6 +122,7 @@ pub fn server_args(args: &RunArgs) -> ServerArgs {
             LatencyChoice::Roofline => LatencyKind::Roofline,
         }),
         coefficients: args.coefficients.clone(),
+        coefficient_rows: None,
         model_config: args.model_config.clone(),
         hardware: args.hardware.clone(),
         hardware_config: args.hardware_config.clone(),

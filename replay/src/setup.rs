@@ -24,6 +24,9 @@ pub struct ServerArgs {
     pub latency: Option<LatencyKind>,
     /// Coefficients file (None: bundled).
     pub coefficients: Option<PathBuf>,
+    /// Coefficient rows given directly (take precedence over
+    /// `coefficients`), e.g. by a fitter trying candidates.
+    pub coefficient_rows: Option<CoefficientsFile>,
     /// Model config.json or folder.
     pub model_config: Option<PathBuf>,
     /// GPU name.
@@ -171,9 +174,10 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         .clone()
         .or_else(|| hh.and_then(|h| h.gpu.clone()))
         .unwrap_or_else(|| "H100".to_string());
-    let coefs = match &args.coefficients {
-        Some(p) => CoefficientsFile::read(p)?,
-        None => CoefficientsFile::bundled(),
+    let coefs = match (&args.coefficient_rows, &args.coefficients) {
+        (Some(rows), _) => rows.clone(),
+        (None, Some(p)) => CoefficientsFile::read(p)?,
+        (None, None) => CoefficientsFile::bundled(),
     };
     let kind = match args.latency {
         Some(k) => k,

@@ -61,6 +61,7 @@ mod locate;
 pub mod prom;
 pub mod record;
 pub mod servegen;
+pub mod slo;
 pub mod spec;
 pub mod summary;
 
@@ -72,5 +73,6 @@ pub use generate::{GenerateOptions, Generator, generate};
 pub use header::{Hardware, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, TraceHeader};
 pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
+pub use slo::Slo;
 pub use spec::WorkloadSpec;
 pub use summary::{WorkloadSummary, percentile, percentile_of_counts};

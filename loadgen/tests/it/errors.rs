@@ -17,6 +17,7 @@ fn one_line_error(out: &std::process::Output) -> String {
 
 #[test]
 fn an_unreachable_server_is_a_one_line_error() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     let out = loadgen()
         .args(["run", "--server-url", "http://127.0.0.1:9", "--model", "m"])
@@ -34,6 +35,7 @@ fn an_unreachable_server_is_a_one_line_error() {
 
 #[test]
 fn a_model_the_server_does_not_serve_is_named() {
+    let _g = crate::common::serial();
     let mock = Mock::start(&[]);
     let dir = tempfile::tempdir().unwrap();
     let out = loadgen()
@@ -53,6 +55,7 @@ fn a_model_the_server_does_not_serve_is_named() {
 
 #[test]
 fn bad_options_are_rejected_before_anything_is_sent() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     for (flag, value, needle) in [
         ("--timeout-s", "0", "--timeout-s must be a positive"),
@@ -77,6 +80,7 @@ fn bad_options_are_rejected_before_anything_is_sent() {
 
 #[test]
 fn the_api_key_never_appears_in_output_or_trace() {
+    let _g = crate::common::serial();
     let key = "sk-very-secret-4711";
     let mock = Mock::start(&["--api-key", key]);
     let dir = tempfile::tempdir().unwrap();

@@ -15,6 +15,7 @@ fn loadgen() -> Command {
 
 #[test]
 fn generate_writes_a_planned_trace_and_prints_a_summary() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("plan");
     let assert = loadgen()
@@ -51,6 +52,7 @@ fn generate_writes_a_planned_trace_and_prints_a_summary() {
 
 #[test]
 fn generate_imports_and_truncates() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("az");
     let src = format!(
@@ -76,6 +78,7 @@ fn generate_imports_and_truncates() {
 
 #[test]
 fn a_real_import_becomes_a_plan_without_outcomes() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("gt");
     let src = format!(
@@ -110,6 +113,7 @@ fn a_real_import_becomes_a_plan_without_outcomes() {
 
 #[test]
 fn bad_spec_fails_with_one_line_naming_file_line_and_field() {
+    let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("bad.yaml");
     std::fs::write(&spec, "aggregate_rate: 10\nnum_requests: 5\nclients:\n  - id: a\n    rate_fraction: .nan\n    input_distribution: {type: constant, params: {value: 1}}\n    output_distribution: {type: constant, params: {value: 1}}\n").unwrap();
@@ -131,6 +135,7 @@ fn bad_spec_fails_with_one_line_naming_file_line_and_field() {
 
 #[test]
 fn usage_errors_exit_2() {
+    let _g = crate::common::serial();
     loadgen().args(["generate", "--out", "x"]).assert().code(2);
     let assert = loadgen()
         .args(["generate", "--import", "bogus:x", "--out", "x"])

@@ -1,0 +1,105 @@
+//! Command-line options (clap), kept in the library so tests can build them
+//! with `Opts::parse_from`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Say how far to trust the simulator: compare traces, fit coefficients.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "blis-calibrate", version, about, long_about = None)]
+pub struct Opts {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Compare two traces of the same requests (real vs predicted, or real
+    /// vs real for the noise floor).
+    #[command(after_help = "Examples:\n  \
+        blis-calibrate compare --real out/real.yaml --sim out/sim.yaml --out out/report --html\n  \
+        blis-calibrate compare --real a.yaml --sim b.yaml --out r --warmup 50 --slo ttft_ms=500,tpot_ms=50\n\n\
+        Writes REPORT.json (schema v1, times in ms), REPORT.md (also printed) and, with --html, REPORT.html.")]
+    Compare(CompareArgs),
+    /// Fit latency coefficients to real traces by replaying them.
+    #[command(after_help = "Examples:\n  \
+        blis-calibrate fit --trace out/real.yaml --model meta-llama/Llama-3.1-8B-Instruct --out coeffs.yaml\n  \
+        blis-calibrate fit --trace a.yaml --trace b.yaml --latency-model roofline --out coeffs.yaml --budget-evals 300")]
+    Fit(FitArgs),
+}
+
+/// `compare` options.
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The real trace (header YAML, or KIND:PATH of a public trace such as
+    /// vllm-gt:RUN_DIR).
+    #[arg(long, value_name = "A.yaml")]
+    pub real: PathBuf,
+    /// The simulated (or second real) trace.
+    #[arg(long, value_name = "B.yaml")]
+    pub sim: PathBuf,
+    /// Output prefix: REPORT.json, REPORT.md, REPORT.html.
+    #[arg(long, value_name = "REPORT")]
+    pub out: PathBuf,
+    /// Leading requests to leave out (default: the real header's).
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Round trip added to simulated TTFT and E2E, ms (default: the real
+    /// header's measured RTT).
+    #[arg(long)]
+    pub rtt_ms: Option<f64>,
+    /// SLOs for goodput and attainment: ttft_ms=..,tpot_ms=..,e2e_ms=..
+    #[arg(long)]
+    pub slo: Option<String>,
+    /// Also write a self-contained HTML report with plots.
+    #[arg(long)]
+    pub html: bool,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 1000)]
+    pub resamples: usize,
+    /// Bootstrap seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Threads for the bootstrap (0: one per core; the result is the same).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+/// `fit` options.
+#[derive(Args, Debug, Clone)]
+pub struct FitArgs {
+    /// Real traces to fit on (jointly): header YAMLs, or KIND:PATH of public
+    /// traces such as vllm-gt:RUN_DIR.
+    #[arg(long = "trace", value_name = "REAL.yaml", required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Model id (default: the first trace header's).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Latency model to fit.
+    #[arg(long, value_enum, default_value = "blackbox")]
+    pub latency_model: blis_replay::cli::LatencyChoice,
+    /// Output coefficients file (the format blis-replay and blis-mockserver
+    /// read).
+    #[arg(long, value_name = "COEFFS.yaml")]
+    pub out: PathBuf,
+    /// Fraction of each trace (by arrival time, the end) held out.
+    #[arg(long, default_value_t = 0.3)]
+    pub holdout_fraction: f64,
+    /// Replays allowed to the optimiser.
+    #[arg(long, default_value_t = 400)]
+    pub budget_evals: u64,
+    /// GPU name for the coefficients row (default: the trace header's, else
+    /// H100).
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// Starting coefficients (default: the bundled row, else a generic
+    /// start).
+    #[arg(long)]
+    pub coefficients: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,729 @@
+//! `compare`: everything said about two traces of the same requests, as
+//! one [`Report`] that is written as JSON (stable schema), Markdown and
+//! HTML.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use blis_traces::{Slo, Status, Trace, TraceRecord};
+use serde::Serialize;
+
+use crate::bootstrap::{Paired as BootPaired, bootstrap_many};
+use crate::metrics::{MetricReport, QUANTILES, report};
+use crate::pairs::{Matching, Paired, Series, pair, warmup_below};
+use crate::saturation::Saturation;
+use crate::stats::{grade, mape, pearson, percentile, sorted};
+use crate::timeseries::{Aligned, HitRates, TimeSeriesReport};
+
+/// Version of the JSON schema.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Settings of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompareOptions {
+    /// Leading requests left out (default: the real header's
+    /// `warm_up_requests`).
+    pub warmup: Option<u64>,
+    /// Round trip added to simulated TTFT and E2E, ms (default: the real
+    /// header's `network.measured_rtt_ms`, else 0).
+    pub rtt_ms: Option<f64>,
+    /// SLOs for goodput and attainment.
+    pub slo: Option<Slo>,
+    /// Bootstrap resamples.
+    pub resamples: usize,
+    /// Bootstrap seed.
+    pub seed: u64,
+    /// Threads for the bootstrap (the result does not depend on it).
+    pub threads: usize,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        Self {
+            warmup: None,
+            rtt_ms: None,
+            slo: None,
+            resamples: 1000,
+            seed: 42,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// What a side is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SideInfo {
+    /// Where it was read from.
+    pub path: String,
+    /// `real`, `generated` or `replayed`.
+    pub mode: String,
+    /// Rows.
+    pub requests: u64,
+}
+
+/// Settings as applied.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Applied {
+    /// Warm-up requests left out.
+    pub warmup: u64,
+    /// Round trip added to the simulated side, ms.
+    pub rtt_ms: f64,
+    /// Bootstrap resamples.
+    pub resamples: usize,
+    /// Bootstrap seed.
+    pub seed: u64,
+}
+
+/// Throughput of one side over its window (first send to last response
+/// of the paired requests).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rates {
+    /// Window, seconds.
+    pub duration_s: f64,
+    /// Completed requests per second.
+    pub requests_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+}
+
+/// Throughput of both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Real.
+    pub real: Rates,
+    /// Simulated.
+    pub sim: Rates,
+    /// Relative error of requests/s.
+    pub requests_per_s_error: f64,
+    /// Relative error of output tokens/s.
+    pub output_tokens_per_s_error: f64,
+}
+
+/// A group's (SLO class or client) agreement on TTFT and E2E.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupReport {
+    /// Pairs.
+    pub n: u64,
+    /// Per metric (`ttft`, `e2e`): real/sim p50 and p99, MAPE, r, grade.
+    pub metrics: BTreeMap<&'static str, GroupMetric>,
+}
+
+/// One metric of a group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupMetric {
+    /// Pairs.
+    pub n: u64,
+    /// Real median, ms.
+    pub real_p50: f64,
+    /// Simulated median, ms.
+    pub sim_p50: f64,
+    /// Real p99, ms.
+    pub real_p99: f64,
+    /// Simulated p99, ms.
+    pub sim_p99: f64,
+    /// MAPE, %.
+    pub mape: f64,
+    /// Pearson's r.
+    pub pearson_r: f64,
+    /// Grade.
+    pub grade: &'static str,
+}
+
+/// SLO attainment and goodput of one side.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SloSide {
+    /// Requests judged (past warm-up, on both sides).
+    pub requests: u64,
+    /// Requests that met every bound (failed ones never do).
+    pub attained: u64,
+    /// `attained / requests`.
+    pub attainment: f64,
+    /// Attained requests per second of the side's window.
+    pub goodput_per_s: f64,
+}
+
+/// SLO attainment on both sides.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SloReport {
+    /// The SLOs.
+    pub slo: Slo,
+    /// Real.
+    pub real: SloSide,
+    /// Simulated.
+    pub sim: SloSide,
+}
+
+/// Everything a comparison says (the JSON report).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Schema version.
+    pub schema_version: u32,
+    /// The real side.
+    pub real: SideInfo,
+    /// The simulated side.
+    pub sim: SideInfo,
+    /// Settings applied.
+    pub settings: Applied,
+    /// How the requests matched.
+    pub matching: Matching,
+    /// `ttft`, `e2e`, `itl`, `tpot`, where both sides have them.
+    pub metrics: BTreeMap<&'static str, MetricReport>,
+    /// Throughput.
+    pub throughput: Option<Throughput>,
+    /// Per SLO class and per client (when there are several).
+    pub groups: BTreeMap<&'static str, BTreeMap<String, GroupReport>>,
+    /// SLO attainment and goodput, with `--slo`.
+    pub slo: Option<SloReport>,
+    /// Server time series, when both sides have them.
+    pub timeseries: Option<TimeSeriesReport>,
+    /// Prefix-cache hit rates.
+    pub prefix_cache_hit_rate: HitRates,
+    /// Saturation verdicts.
+    pub saturation: Saturation,
+    /// What this comparison cannot tell.
+    pub limitations: Vec<String>,
+}
+
+/// A report with the data its plots need.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The report.
+    pub report: Report,
+    /// Per metric: sorted real and simulated samples (CDF plots).
+    pub samples: BTreeMap<&'static str, (Vec<f64>, Vec<f64>)>,
+    /// Per metric: the per-request pairs (scatter plots).
+    pub per_request: BTreeMap<&'static str, (Vec<f64>, Vec<f64>)>,
+    /// Aligned time series.
+    pub aligned: Vec<Aligned>,
+}
+
+fn rates(records: &[TraceRecord], pairs: &[usize]) -> Rates {
+    let (mut lo, mut hi, mut tokens) = (i64::MAX, i64::MIN, 0u64);
+    for &i in pairs {
+        let r = &records[i];
+        if let (Some(s), Some(e)) = (r.outcome.send_time_us, r.outcome.last_chunk_time_us) {
+            lo = lo.min(s);
+            hi = hi.max(e);
+            tokens += u64::from(r.request.output_tokens);
+        }
+    }
+    let d = if hi > lo { (hi - lo) as f64 / 1e6 } else { 0.0 };
+    let per = |x: f64| if d > 0.0 { x / d } else { 0.0 };
+    Rates {
+        duration_s: d,
+        requests_per_s: per(pairs.len() as f64),
+        output_tokens_per_s: per(tokens as f64),
+    }
+}
+
+fn group_metric(s: &Series, keep: &dyn Fn(u32) -> bool) -> Option<GroupMetric> {
+    let (mut r, mut x) = (Vec::new(), Vec::new());
+    for ((a, b), p) in s.real.iter().zip(&s.sim).zip(&s.pair) {
+        if keep(*p) {
+            r.push(*a);
+            x.push(*b);
+        }
+    }
+    if r.is_empty() {
+        return None;
+    }
+    let (m, pr) = (mape(&r, &x), pearson(&r, &x));
+    let (sr, sx) = (sorted(&r), sorted(&x));
+    Some(GroupMetric {
+        n: r.len() as u64,
+        real_p50: percentile(&sr, 50.0),
+        sim_p50: percentile(&sx, 50.0),
+        real_p99: percentile(&sr, 99.0),
+        sim_p99: percentile(&sx, 99.0),
+        mape: m,
+        pearson_r: pr,
+        grade: grade(m, pr),
+    })
+}
+
+fn groups(real: &Trace, p: &Paired) -> BTreeMap<&'static str, BTreeMap<String, GroupReport>> {
+    let mut out = BTreeMap::new();
+    for (kind, key) in [
+        (
+            "slo_class",
+            (|r: &TraceRecord| r.request.slo_class.to_string()) as fn(&TraceRecord) -> String,
+        ),
+        ("client", |r: &TraceRecord| r.request.client_id.to_string()),
+    ] {
+        let labels: Vec<String> = p.pairs.iter().map(|q| key(&real.records[q.real])).collect();
+        let mut distinct: Vec<&String> = labels.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        if distinct.len() < 2 {
+            continue;
+        }
+        let mut m = BTreeMap::new();
+        for label in distinct {
+            let keep = |i: u32| &labels[i as usize] == label;
+            let mut metrics = BTreeMap::new();
+            if let Some(g) = group_metric(&p.ttft, &keep) {
+                metrics.insert("ttft", g);
+            }
+            if let Some(g) = group_metric(&p.e2e, &keep) {
+                metrics.insert("e2e", g);
+            }
+            let n = labels.iter().filter(|l| *l == label).count() as u64;
+            m.insert(
+                if label.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    label.clone()
+                },
+                GroupReport { n, metrics },
+            );
+        }
+        out.insert(kind, m);
+    }
+    out
+}
+
+/// SLO attainment of one side over the requests past warm-up present on
+/// both sides; failed requests count against it.
+fn slo_side(t: &Trace, ids: &[u64], slo: &Slo, rtt_ms: f64) -> SloSide {
+    let by_id: BTreeMap<u64, &TraceRecord> = t
+        .records
+        .iter()
+        .map(|r| (r.request.request_id, r))
+        .collect();
+    let (mut attained, mut n, mut lo, mut hi) = (0u64, 0u64, i64::MAX, i64::MIN);
+    for id in ids {
+        let Some(r) = by_id.get(id) else { continue };
+        n += 1;
+        let o = &r.outcome;
+        if let Some(s) = o.send_time_us {
+            lo = lo.min(s);
+        }
+        if let Some(e) = o.last_chunk_time_us {
+            hi = hi.max(e);
+        }
+        if o.status != Some(Status::Ok) {
+            continue;
+        }
+        let (Some(s), Some(e)) = (o.send_time_us, o.last_chunk_time_us) else {
+            continue;
+        };
+        let e2e = (e - s) as f64 / 1e3 + rtt_ms;
+        let ttft = o
+            .first_chunk_time_us
+            .filter(|_| r.request.streaming)
+            .map(|f| (f - s) as f64 / 1e3 + rtt_ms);
+        let tpot = match (o.first_chunk_time_us, r.request.output_tokens) {
+            (Some(f), n) if n > 1 && r.request.streaming => {
+                Some((e - f) as f64 / 1e3 / f64::from(n - 1))
+            }
+            _ => None,
+        };
+        if slo.attained(ttft, tpot, e2e) {
+            attained += 1;
+        }
+    }
+    let d = if hi > lo { (hi - lo) as f64 / 1e6 } else { 0.0 };
+    SloSide {
+        requests: n,
+        attained,
+        attainment: if n > 0 {
+            attained as f64 / n as f64
+        } else {
+            f64::NAN
+        },
+        goodput_per_s: if d > 0.0 { attained as f64 / d } else { 0.0 },
+    }
+}
+
+/// Compares `real` (read from `real_path`) with `sim`.
+pub fn compare(
+    real: &Trace,
+    real_path: &str,
+    sim: &Trace,
+    sim_path: &str,
+    o: &CompareOptions,
+) -> Comparison {
+    let warmup = o.warmup.unwrap_or(real.header.warm_up_requests);
+    let rtt = o
+        .rtt_ms
+        .or(real.header.network.as_ref().and_then(|n| n.measured_rtt_ms))
+        .unwrap_or(0.0);
+    let p = pair(real, sim, warmup, rtt);
+    let series: [(&'static str, &Series); 4] = [
+        ("ttft", &p.ttft),
+        ("e2e", &p.e2e),
+        ("tpot", &p.tpot),
+        ("itl", &p.itl),
+    ];
+    let boot: Vec<BootPaired> = series
+        .iter()
+        .map(|(_, s)| BootPaired {
+            real: &s.real,
+            sim: &s.sim,
+            pair: &s.pair,
+        })
+        .collect();
+    let cis = bootstrap_many(
+        p.pairs.len(),
+        &boot,
+        &QUANTILES,
+        o.resamples,
+        o.seed,
+        o.threads,
+    );
+    let mut metrics = BTreeMap::new();
+    let mut samples = BTreeMap::new();
+    let mut per_request = BTreeMap::new();
+    for ((name, s), ci) in series.iter().zip(&cis) {
+        let dists = (*name == "itl").then(|| (sorted(&p.itl_gaps.0), sorted(&p.itl_gaps.1)));
+        if let Some(m) = report(s, dists.clone(), ci) {
+            metrics.insert(*name, m);
+            samples.insert(
+                *name,
+                dists.unwrap_or_else(|| (sorted(&s.real), sorted(&s.sim))),
+            );
+            per_request.insert(*name, (s.real.clone(), s.sim.clone()));
+        }
+    }
+    let throughput = (!p.pairs.is_empty()).then(|| {
+        let rr = rates(
+            &real.records,
+            &p.pairs.iter().map(|q| q.real).collect::<Vec<_>>(),
+        );
+        let rs = rates(
+            &sim.records,
+            &p.pairs.iter().map(|q| q.sim).collect::<Vec<_>>(),
+        );
+        let rel = |a: f64, b: f64| if a > 0.0 { (b - a) / a } else { f64::NAN };
+        Throughput {
+            requests_per_s_error: rel(rr.requests_per_s, rs.requests_per_s),
+            output_tokens_per_s_error: rel(rr.output_tokens_per_s, rs.output_tokens_per_s),
+            real: rr,
+            sim: rs,
+        }
+    });
+    let below = warmup_below(&real.records, warmup);
+    let sim_ids: std::collections::BTreeSet<u64> =
+        sim.records.iter().map(|r| r.request.request_id).collect();
+    let judged: Vec<u64> = real
+        .records
+        .iter()
+        .map(|r| r.request.request_id)
+        .filter(|id| *id >= below && sim_ids.contains(id))
+        .collect();
+    let slo = o.slo.map(|s| SloReport {
+        slo: s,
+        real: slo_side(real, &judged, &s, 0.0),
+        sim: slo_side(sim, &judged, &s, rtt),
+    });
+    let ts = crate::timeseries::compare(real, sim);
+    let hit = ts
+        .as_ref()
+        .map(|t| t.0.prefix_cache_hit_rate)
+        .unwrap_or_else(|| crate::timeseries::hit_rates(real, sim));
+    let saturation = crate::saturation::compare(&real.records, &sim.records);
+    let limitations = limitations(real, sim, &p, &metrics, ts.is_some(), rtt);
+    let (timeseries, aligned) = match ts {
+        Some((t, a)) => (Some(t), a),
+        None => (None, Vec::new()),
+    };
+    let report = Report {
+        schema_version: SCHEMA_VERSION,
+        real: SideInfo {
+            path: real_path.to_string(),
+            mode: format!("{:?}", real.header.mode).to_lowercase(),
+            requests: real.records.len() as u64,
+        },
+        sim: SideInfo {
+            path: sim_path.to_string(),
+            mode: format!("{:?}", sim.header.mode).to_lowercase(),
+            requests: sim.records.len() as u64,
+        },
+        settings: Applied {
+            warmup,
+            rtt_ms: rtt,
+            resamples: o.resamples,
+            seed: o.seed,
+        },
+        groups: groups(real, &p),
+        matching: p.matching.clone(),
+        metrics,
+        throughput,
+        slo,
+        timeseries,
+        prefix_cache_hit_rate: hit,
+        saturation,
+        limitations,
+    };
+    Comparison {
+        report,
+        samples,
+        per_request,
+        aligned,
+    }
+}
+
+fn limitations(
+    real: &Trace,
+    sim: &Trace,
+    p: &Paired,
+    metrics: &BTreeMap<&'static str, MetricReport>,
+    timeseries: bool,
+    rtt: f64,
+) -> Vec<String> {
+    let mut l = vec![
+        "Requests are paired by request_id; only requests completed (`ok`) on both sides past warm-up are compared.".to_string(),
+        "Bootstrap intervals are from Poisson resamples of the request pairs; they describe sampling noise of this run, not run-to-run variation of the server (compare two real runs for that floor).".to_string(),
+        "Percentile errors are sim − real of each side's own percentile, not of matched requests.".to_string(),
+    ];
+    if rtt > 0.0 {
+        l.push(format!(
+            "{rtt:.3} ms of network round trip was added to every simulated TTFT and E2E."
+        ));
+    }
+    if let Some(m) = metrics.get("itl") {
+        l.push(format!(
+            "ITL compares inter-chunk gaps ({} real, {} simulated); a server that sends several tokens per chunk, or extra chunks (e.g. a role or usage chunk), shifts it. Its MAPE and r are of each request's mean gap.",
+            m.samples.real, m.samples.sim
+        ));
+    } else if real.chunks.is_none() || sim.chunks.is_none() {
+        l.push("ITL is not compared: a side has no per-chunk (ITL) companion.".into());
+    }
+    if p.matching.token_mismatches.input + p.matching.token_mismatches.output > 0 {
+        l.push(format!(
+            "{} pairs have different input and {} different output token counts between the sides; their latencies are not comparable one to one.",
+            p.matching.token_mismatches.input, p.matching.token_mismatches.output
+        ));
+    }
+    if !timeseries {
+        l.push("Server time series are not compared: a side has no metrics companion (or no queue/running/KV series).".into());
+    }
+    if sim.header.mode == blis_traces::Mode::Real && real.header.mode == blis_traces::Mode::Real {
+        l.push(
+            "Both sides are real runs: the errors measure the server's run-to-run variation."
+                .into(),
+        );
+    }
+    l
+}
+
+fn fmt(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn ci(c: Option<[f64; 2]>, scale: f64) -> String {
+    let unit = if scale == 100.0 { "%" } else { "" };
+    c.map_or(String::new(), |[a, b]| {
+        format!(" [{}{unit}, {}{unit}]", fmt(a * scale), fmt(b * scale))
+    })
+}
+
+impl Report {
+    /// The report as Markdown.
+    pub fn to_markdown(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "# Calibration report\n");
+        let _ = writeln!(
+            o,
+            "real: `{}` ({}, {} requests) · sim: `{}` ({}, {} requests) · {} pairs compared, warm-up {}, RTT added {:.3} ms, {} bootstrap resamples\n",
+            self.real.path,
+            self.real.mode,
+            self.real.requests,
+            self.sim.path,
+            self.sim.mode,
+            self.sim.requests,
+            self.matching.paired,
+            self.settings.warmup,
+            self.settings.rtt_ms,
+            self.settings.resamples
+        );
+        let s = &self.saturation;
+        if !s.agree {
+            let _ = writeln!(
+                o,
+                "> **WARNING: saturation disagrees.** The real server is {} but the simulation is {}: the prediction does not describe this load.\n",
+                if s.real.saturated {
+                    "saturated (backlog growing)"
+                } else {
+                    "stable"
+                },
+                if s.sim.saturated {
+                    "saturated"
+                } else {
+                    "stable"
+                }
+            );
+        } else if s.real.saturated {
+            let _ = writeln!(
+                o,
+                "> Both sides are saturated (backlog growing without bound).\n"
+            );
+        }
+        let _ = writeln!(
+            o,
+            "| metric | n | real mean | sim mean | real p50 | sim p50 | real p99 | sim p99 | p99 error [95% CI] | MAPE % [95% CI] | MPE % | r [95% CI] | KS D (p) | W1 ms | grade |"
+        );
+        let _ = writeln!(
+            o,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---:|---|"
+        );
+        for (name, m) in &self.metrics {
+            let e99 = &m.errors["p99"];
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:+.1}%{} | {}{} | {} | {}{} | {} ({}) | {} | **{}** |",
+                name.to_uppercase(),
+                m.n,
+                fmt(m.real.mean),
+                fmt(m.sim.mean),
+                fmt(m.real.p50),
+                fmt(m.sim.p50),
+                fmt(m.real.p99),
+                fmt(m.sim.p99),
+                100.0 * e99.relative,
+                ci(e99.ci95_relative, 100.0),
+                fmt(m.mape),
+                ci(m.mape_ci95, 1.0),
+                fmt(m.mpe),
+                fmt(m.pearson_r),
+                ci(m.pearson_r_ci95, 1.0),
+                fmt(m.ks_d),
+                if m.ks_p < 1e-4 {
+                    format!("{:.1e}", m.ks_p)
+                } else {
+                    format!("{:.4}", m.ks_p)
+                },
+                fmt(m.wasserstein),
+                m.grade
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nTimes in ms. Errors are sim − real; MPE > 0 means the simulator is slower than reality.\n"
+        );
+        if let Some(t) = &self.throughput {
+            let _ = writeln!(
+                o,
+                "throughput: real {:.2} req/s, {:.1} output tok/s · sim {:.2} req/s ({:+.1}%), {:.1} output tok/s ({:+.1}%)",
+                t.real.requests_per_s,
+                t.real.output_tokens_per_s,
+                t.sim.requests_per_s,
+                100.0 * t.requests_per_s_error,
+                t.sim.output_tokens_per_s,
+                100.0 * t.output_tokens_per_s_error
+            );
+        }
+        if let Some(slo) = &self.slo {
+            let _ = writeln!(
+                o,
+                "SLO attainment: real {:.1}% ({:.2} req/s goodput) · sim {:.1}% ({:.2} req/s)",
+                100.0 * slo.real.attainment,
+                slo.real.goodput_per_s,
+                100.0 * slo.sim.attainment,
+                slo.sim.goodput_per_s
+            );
+        }
+        let h = &self.prefix_cache_hit_rate;
+        if h.real.is_some() || h.sim.is_some() {
+            let pct = |v: Option<f64>| v.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
+            let _ = writeln!(
+                o,
+                "prefix-cache hit rate: real {} · sim {}",
+                pct(h.real),
+                pct(h.sim)
+            );
+        }
+        if let Some(ts) = &self.timeseries {
+            let _ = writeln!(
+                o,
+                "\n| server series (every {:.2} s) | points | real mean | sim mean | MAE | r |",
+                ts.interval_s
+            );
+            let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|");
+            for a in &ts.series {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    a.series,
+                    a.points,
+                    fmt(a.real_mean),
+                    fmt(a.sim_mean),
+                    fmt(a.mae),
+                    fmt(a.pearson_r)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "\nsaturation: real {} (backlog trend ρ {}), sim {} (ρ {})",
+            if s.real.saturated {
+                "saturated"
+            } else {
+                "stable"
+            },
+            fmt(s.real.trend_rho),
+            if s.sim.saturated {
+                "saturated"
+            } else {
+                "stable"
+            },
+            fmt(s.sim.trend_rho)
+        );
+        let m = &self.matching;
+        let _ = writeln!(
+            o,
+            "requests: real ok {} / error {} / timeout {} / cancelled {}; sim ok {} / error {} / timeout {} / cancelled {}; only in real {}, only in sim {}, not ok on a side {}",
+            m.real.ok,
+            m.real.error,
+            m.real.timeout,
+            m.real.cancelled,
+            m.sim.ok,
+            m.sim.error,
+            m.sim.timeout,
+            m.sim.cancelled,
+            m.only_real,
+            m.only_sim,
+            m.not_ok_on_a_side
+        );
+        for (kind, groups) in &self.groups {
+            let _ = writeln!(
+                o,
+                "\n| {kind} | n | TTFT p50 real/sim | TTFT MAPE | E2E p50 real/sim | E2E MAPE | grade (E2E) |"
+            );
+            let _ = writeln!(o, "|---|---:|---|---:|---|---:|---|");
+            for (label, g) in groups {
+                let t = g.metrics.get("ttft");
+                let e = g.metrics.get("e2e");
+                let _ = writeln!(
+                    o,
+                    "| {label} | {} | {} | {} | {} | {} | {} |",
+                    g.n,
+                    t.map_or("-".into(), |t| format!(
+                        "{} / {}",
+                        fmt(t.real_p50),
+                        fmt(t.sim_p50)
+                    )),
+                    t.map_or("-".into(), |t| fmt(t.mape)),
+                    e.map_or("-".into(), |e| format!(
+                        "{} / {}",
+                        fmt(e.real_p50),
+                        fmt(e.sim_p50)
+                    )),
+                    e.map_or("-".into(), |e| fmt(e.mape)),
+                    e.map_or("-", |e| e.grade)
+                );
+            }
+        }
+        let _ = writeln!(o, "\n## Known limitations\n");
+        for l in &self.limitations {
+            let _ = writeln!(o, "- {l}");
+        }
+        o
+    }
+}

@@ -1,0 +1,823 @@
+//! `fit`: latency coefficients fitted to real traces by replaying them.
+//!
+//! Each trace is split by arrival time: the first `1 − holdout` of its
+//! requests are fitted, the rest held out. A candidate's loss is computed by
+//! replaying every trace's fit part in-process with the `blis_replay`
+//! engine (the trace header's server settings) and comparing the
+//! predicted TTFT, E2E and TPOT (the derived mean ITL) with the measured
+//! ones, request by request:
+//!
+//! ```text
+//! loss = mean over traces, over metrics m ∈ {TTFT, E2E, TPOT} with ≥ 10 pairs, of
+//!        MAPE_m / 100 + 0.2 · (|Δp50|/p50 + |Δp90|/p90 + |Δp99|/p99) / 3
+//! ```
+//!
+//! i.e. per-request relative error plus the relative error of the
+//! distribution's body and tail. Requests not completed on both sides are
+//! left out; the measured RTT of the trace is added to the prediction, as
+//! in `compare`.
+//!
+//! The optimiser is argmin's Nelder–Mead over `θ = scale ⊙ |u|` (every
+//! coefficient stays non-negative and may reach 0), started from the best
+//! of the starting coefficients scaled by one common factor (a grid from
+//! 0.03× to 5×) and, for blackbox, a start estimated from the traces' own
+//! timings (per-token time against decode concurrency, TTFT against input
+//! length), then alternates a search of each coefficient alone on a
+//! multiplicative grid (and 0) with a simplex started at the best point,
+//! while a round still improves the loss and the budget lasts. Blackbox fits α0,
+//! α1, α2, β0, β1, β2; roofline fits `mfu_prefill`, `mfu_decode` (≤ 1),
+//! `overhead_us`, `allreduce_latency_us` and α.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use argmin::core::{CostFunction, Executor, State};
+use argmin::solver::neldermead::NelderMead;
+use blis_replay::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::latency::{Blackbox, Model};
+use blis_replay::roofline::{Roofline, RooflineParams};
+use blis_replay::run::replay_trace_in_memory;
+use blis_replay::setup::{Resolved, ServerArgs, resolve};
+use blis_traces::{Status, Trace, TraceRecord};
+use serde::Serialize;
+
+use crate::stats::{mape, mean, percentile, sorted};
+
+/// Weight of the percentile errors in the loss, against the per-request
+/// MAPE: a tie-breaker for the body and tail of the distribution (at weight
+/// 1 the noisy tail percentiles roughen the loss surface enough to stall the
+/// optimiser; measured on mock traces with known coefficients).
+pub const PERCENTILE_WEIGHT: f64 = 0.2;
+
+/// Fitting errors.
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    /// The server could not be configured from a trace.
+    #[error("{trace}: {source}")]
+    Setup {
+        /// The trace.
+        trace: String,
+        /// Why.
+        #[source]
+        source: blis_replay::ReplayError,
+    },
+    /// A trace has too few completed requests to fit.
+    #[error("{0}: fewer than 20 completed requests with send and completion times to fit")]
+    TooFew(String),
+    /// The optimiser failed.
+    #[error("optimiser: {0}")]
+    Optimiser(String),
+    /// Bad options.
+    #[error("{0}")]
+    Options(String),
+}
+
+/// Measured latencies of one request, ms.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    ttft: Option<f64>,
+    e2e: f64,
+    tpot: Option<f64>,
+}
+
+fn measured(r: &TraceRecord) -> Option<Measured> {
+    let o = &r.outcome;
+    if o.status != Some(Status::Ok) {
+        return None;
+    }
+    let (s, e) = (o.send_time_us?, o.last_chunk_time_us?);
+    let ttft = o
+        .first_chunk_time_us
+        .filter(|_| r.request.streaming)
+        .map(|f| (f - s) as f64 / 1e3);
+    let n = r.request.output_tokens;
+    let tpot = match o.first_chunk_time_us {
+        Some(f) if r.request.streaming && n > 1 => Some((e - f) as f64 / 1e3 / f64::from(n - 1)),
+        _ => None,
+    };
+    Some(Measured {
+        ttft,
+        e2e: (e - s) as f64 / 1e3,
+        tpot,
+    })
+}
+
+/// One trace ready to be replayed.
+#[derive(Debug, Clone)]
+pub struct FitTrace {
+    /// Its name (path).
+    pub name: String,
+    trace: Trace,
+    base: Resolved,
+    rtt_ms: f64,
+    /// Ids of the fit part, in arrival order.
+    fit_ids: BTreeSet<u64>,
+    holdout_ids: BTreeSet<u64>,
+    measured: BTreeMap<u64, Measured>,
+}
+
+impl FitTrace {
+    /// Prepares `trace` (read from `name`): server settings from its
+    /// header (and `args`), split at `1 − holdout` of its requests by
+    /// arrival.
+    ///
+    /// # Errors
+    /// Server settings cannot be resolved, or too few completed requests.
+    pub fn new(
+        name: &str,
+        trace: Trace,
+        args: &ServerArgs,
+        holdout: f64,
+    ) -> Result<Self, FitError> {
+        let base = resolve(args, Some(&trace.header)).map_err(|source| FitError::Setup {
+            trace: name.to_string(),
+            source,
+        })?;
+        let mut order: Vec<(i64, u64)> = trace
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    r.outcome
+                        .send_time_us
+                        .map_or(r.request.arrival_time_us, |s| {
+                            s - trace.header.run_start_unix_us.unwrap_or(0)
+                        }),
+                    r.request.request_id,
+                )
+            })
+            .collect();
+        order.sort_unstable();
+        let cut = ((order.len() as f64) * (1.0 - holdout)).round() as usize;
+        let fit_ids: BTreeSet<u64> = order[..cut].iter().map(|x| x.1).collect();
+        let holdout_ids: BTreeSet<u64> = order[cut..].iter().map(|x| x.1).collect();
+        let measured: BTreeMap<u64, Measured> = trace
+            .records
+            .iter()
+            .filter_map(|r| Some((r.request.request_id, measured(r)?)))
+            .collect();
+        if measured.keys().filter(|k| fit_ids.contains(k)).count() < 20 {
+            return Err(FitError::TooFew(name.to_string()));
+        }
+        let rtt_ms = trace
+            .header
+            .network
+            .as_ref()
+            .and_then(|n| n.measured_rtt_ms)
+            .unwrap_or(0.0);
+        Ok(Self {
+            name: name.to_string(),
+            trace,
+            base,
+            rtt_ms,
+            fit_ids,
+            holdout_ids,
+            measured,
+        })
+    }
+
+    /// The latency model the trace's server resolved to (the starting
+    /// point of a fit).
+    pub fn base_model(&self) -> &Model {
+        &self.base.latency
+    }
+
+    /// Errors of the whole trace replayed with `model`.
+    pub fn evaluate(&self, model: &Model) -> PartErrors {
+        let sim = self.predict(model, true);
+        let all: BTreeSet<u64> = self.measured.keys().copied().collect();
+        part_errors(&self.measured, &sim, &all)
+    }
+
+    /// The latency model of a fitted coefficients row, on this trace's
+    /// server.
+    pub fn model_of(&self, row: &CoefficientRow) -> Model {
+        match &self.base.latency {
+            Model::Roofline(r) if row.latency_model == LatencyKind::Roofline => {
+                Model::Roofline(Box::new(Roofline::with_params(
+                    r.arch.clone(),
+                    r.hw.clone(),
+                    r.tp,
+                    RooflineParams {
+                        mfu_prefill: row.mfu_prefill.unwrap_or(r.params.mfu_prefill),
+                        mfu_decode: row.mfu_decode.unwrap_or(r.params.mfu_decode),
+                        overhead_us: row.overhead_us.unwrap_or(0.0),
+                        allreduce_latency_us: row.allreduce_latency_us.unwrap_or(0.0),
+                        alpha: row.alpha,
+                    },
+                )))
+            }
+            _ => Model::Blackbox(Blackbox {
+                alpha: row.alpha,
+                beta: row.beta.unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// Replays the fit part (`whole = false`) or the whole trace with
+    /// `model`, and returns the predicted latencies of completed requests.
+    fn predict(&self, model: &Model, whole: bool) -> BTreeMap<u64, Measured> {
+        let records: Vec<TraceRecord> = self
+            .trace
+            .records
+            .iter()
+            .filter(|r| whole || self.fit_ids.contains(&r.request.request_id))
+            .cloned()
+            .collect();
+        let mut resolved = self.base.clone();
+        resolved.latency = model.clone();
+        let (_, predicted) = replay_trace_in_memory(&self.trace.header, records, &resolved, None);
+        predicted
+            .iter()
+            .filter_map(|r| {
+                let mut m = measured(r)?;
+                m.e2e += self.rtt_ms;
+                m.ttft = m.ttft.map(|t| t + self.rtt_ms);
+                Some((r.request.request_id, m))
+            })
+            .collect()
+    }
+}
+
+/// Errors of one part of one trace.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PartErrors {
+    /// Requests compared.
+    pub n: u64,
+    /// TTFT mean, real / sim, ms.
+    pub ttft_mean: [f64; 2],
+    /// TTFT p99, real / sim.
+    pub ttft_p99: [f64; 2],
+    /// E2E mean, real / sim.
+    pub e2e_mean: [f64; 2],
+    /// E2E p99, real / sim.
+    pub e2e_p99: [f64; 2],
+    /// Derived ITL (TPOT) mean, real / sim.
+    pub itl_mean: [f64; 2],
+    /// Per-request E2E MAPE, %.
+    pub e2e_mape: f64,
+    /// Per-request TTFT MAPE, %.
+    pub ttft_mape: f64,
+    /// The fit loss on this part.
+    pub loss: f64,
+}
+
+fn part_errors(
+    real: &BTreeMap<u64, Measured>,
+    sim: &BTreeMap<u64, Measured>,
+    ids: &BTreeSet<u64>,
+) -> PartErrors {
+    let mut v: [(Vec<f64>, Vec<f64>); 3] = Default::default();
+    for id in ids {
+        let (Some(a), Some(b)) = (real.get(id), sim.get(id)) else {
+            continue;
+        };
+        v[1].0.push(a.e2e);
+        v[1].1.push(b.e2e);
+        if let (Some(x), Some(y)) = (a.ttft, b.ttft) {
+            v[0].0.push(x);
+            v[0].1.push(y);
+        }
+        if let (Some(x), Some(y)) = (a.tpot, b.tpot) {
+            v[2].0.push(x);
+            v[2].1.push(y);
+        }
+    }
+    let stat = |x: &[f64], f: &dyn Fn(&[f64]) -> f64| f(&sorted(x));
+    let p99 = |x: &[f64]| percentile(x, 99.0);
+    let pair = |i: usize, f: &dyn Fn(&[f64]) -> f64| [stat(&v[i].0, f), stat(&v[i].1, f)];
+    let mut loss = 0.0;
+    let mut terms = 0;
+    for (r, s) in &v {
+        if r.len() < 10 {
+            continue;
+        }
+        let (sr, ss) = (sorted(r), sorted(s));
+        let rel = |q: f64| {
+            let a = percentile(&sr, q);
+            if a > 0.0 {
+                (percentile(&ss, q) - a).abs() / a
+            } else {
+                0.0
+            }
+        };
+        loss += mape(r, s) / 100.0 + PERCENTILE_WEIGHT * (rel(50.0) + rel(90.0) + rel(99.0)) / 3.0;
+        terms += 1;
+    }
+    PartErrors {
+        n: v[1].0.len() as u64,
+        ttft_mean: pair(0, &mean),
+        ttft_p99: pair(0, &p99),
+        e2e_mean: pair(1, &mean),
+        e2e_p99: pair(1, &p99),
+        itl_mean: pair(2, &mean),
+        e2e_mape: mape(&v[1].0, &v[1].1),
+        ttft_mape: mape(&v[0].0, &v[0].1),
+        loss: if terms > 0 {
+            loss / f64::from(terms)
+        } else {
+            f64::INFINITY
+        },
+    }
+}
+
+/// The parameters being fitted.
+#[derive(Debug, Clone)]
+enum Space {
+    Blackbox,
+    Roofline(Box<Roofline>),
+}
+
+impl Space {
+    fn names(&self) -> &'static [&'static str] {
+        match self {
+            Space::Blackbox => &["alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2"],
+            Space::Roofline(_) => &[
+                "mfu_prefill",
+                "mfu_decode",
+                "overhead_us",
+                "allreduce_latency_us",
+                "alpha0",
+                "alpha1",
+                "alpha2",
+            ],
+        }
+    }
+
+    fn model(&self, theta: &[f64]) -> Model {
+        match self {
+            Space::Blackbox => Model::Blackbox(Blackbox {
+                alpha: [theta[0], theta[1], theta[2]],
+                beta: [theta[3], theta[4], theta[5]],
+            }),
+            Space::Roofline(r) => Model::Roofline(Box::new(Roofline::with_params(
+                r.arch.clone(),
+                r.hw.clone(),
+                r.tp,
+                RooflineParams {
+                    mfu_prefill: theta[0].clamp(1e-4, 1.0),
+                    mfu_decode: theta[1].clamp(1e-4, 1.0),
+                    overhead_us: theta[2],
+                    allreduce_latency_us: theta[3],
+                    alpha: [theta[4], theta[5], theta[6]],
+                },
+            ))),
+        }
+    }
+
+    fn start(model: &Model) -> (Self, Vec<f64>) {
+        match model {
+            Model::Blackbox(b) => (
+                Space::Blackbox,
+                vec![
+                    b.alpha[0], b.alpha[1], b.alpha[2], b.beta[0], b.beta[1], b.beta[2],
+                ],
+            ),
+            Model::Roofline(r) => {
+                let p = &r.params;
+                (
+                    Space::Roofline(r.clone()),
+                    vec![
+                        p.mfu_prefill,
+                        p.mfu_decode,
+                        p.overhead_us,
+                        p.allreduce_latency_us,
+                        p.alpha[0],
+                        p.alpha[1],
+                        p.alpha[2],
+                    ],
+                )
+            }
+        }
+    }
+
+    /// Scales for parameters that start at 0.
+    fn default_scale(&self, i: usize) -> f64 {
+        match self {
+            Space::Blackbox => [5000.0, 1.0, 10.0, 5000.0, 10.0, 100.0][i],
+            Space::Roofline(_) => [0.5, 0.5, 2000.0, 10.0, 5000.0, 1.0, 10.0][i],
+        }
+    }
+}
+
+/// A data-driven starting point for the blackbox model, from the traces'
+/// own timings (streamed requests only):
+/// - the per-token time of a request (TPOT) against the number of requests
+///   decoding at the middle of its decode phase, fitted by least squares,
+///   gives β2 (slope) and β0 (intercept; α2 = 0);
+/// - TTFT against input tokens gives β1 (slope; α1 = 0), and α0 is the
+///   TTFT intercept minus one step at the typical batch.
+fn moment_start(traces: &[FitTrace]) -> Option<Vec<f64>> {
+    let (mut b, mut tpot, mut inp, mut ttft, mut batch_at_send) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for t in traces {
+        let mut firsts: Vec<i64> = Vec::new();
+        let mut lasts: Vec<i64> = Vec::new();
+        let rows: Vec<&TraceRecord> = t
+            .trace
+            .records
+            .iter()
+            .filter(|r| r.outcome.status == Some(Status::Ok) && r.request.streaming)
+            .collect();
+        for r in &rows {
+            if let (Some(f), Some(l)) =
+                (r.outcome.first_chunk_time_us, r.outcome.last_chunk_time_us)
+            {
+                firsts.push(f);
+                lasts.push(l);
+            }
+        }
+        firsts.sort_unstable();
+        lasts.sort_unstable();
+        let decoding = |at: i64| {
+            (firsts.partition_point(|&x| x <= at) - lasts.partition_point(|&x| x <= at)) as f64
+        };
+        for r in rows {
+            let o = &r.outcome;
+            let (Some(s), Some(f), Some(l)) =
+                (o.send_time_us, o.first_chunk_time_us, o.last_chunk_time_us)
+            else {
+                continue;
+            };
+            let n = r.request.output_tokens;
+            if n > 1 && l > f {
+                b.push(decoding((f + l) / 2));
+                tpot.push((l - f) as f64 / f64::from(n - 1));
+            }
+            inp.push(f64::from(r.effective_input_tokens()));
+            ttft.push((f - s) as f64 - t.rtt_ms * 1e3);
+            batch_at_send.push(decoding(s));
+        }
+    }
+    let fit_line = |x: &[f64], y: &[f64]| -> Option<(f64, f64)> {
+        if x.len() < 10 {
+            return None;
+        }
+        let (mx, my) = (mean(x), mean(y));
+        let (mut sxy, mut sxx) = (0.0, 0.0);
+        for (a, c) in x.iter().zip(y) {
+            sxy += (a - mx) * (c - my);
+            sxx += (a - mx) * (a - mx);
+        }
+        if sxx <= 0.0 {
+            return Some((my, 0.0));
+        }
+        let slope = sxy / sxx;
+        Some((my - slope * mx, slope))
+    };
+    let (a, slope) = fit_line(&b, &tpot)?;
+    let beta2 = slope.max(0.0);
+    let beta0 = a.max(1.0);
+    let (c, s1) = fit_line(&inp, &ttft)?;
+    let beta1 = s1.max(0.0);
+    let alpha0 = (c - beta0 - beta2 * mean(&batch_at_send)).max(0.0);
+    Some(vec![alpha0, 0.0, 0.0, beta0, beta1, beta2])
+}
+
+struct Problem<'a> {
+    traces: &'a [FitTrace],
+    space: &'a Space,
+    scale: Vec<f64>,
+    evals: Cell<u64>,
+}
+
+impl Problem<'_> {
+    fn theta(&self, u: &[f64]) -> Vec<f64> {
+        u.iter()
+            .zip(&self.scale)
+            .map(|(u, s)| u.abs() * s)
+            .collect()
+    }
+
+    fn loss(&self, theta: &[f64]) -> f64 {
+        let model = self.space.model(theta);
+        let mut total = 0.0;
+        for t in self.traces {
+            let sim = t.predict(&model, false);
+            total += part_errors(&t.measured, &sim, &t.fit_ids).loss;
+        }
+        total / self.traces.len() as f64
+    }
+}
+
+impl CostFunction for Problem<'_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+
+    fn cost(&self, u: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+        self.evals.set(self.evals.get() + 1);
+        let l = self.loss(&self.theta(u));
+        Ok(if l.is_finite() { l } else { 1e9 })
+    }
+}
+
+/// Before/after errors of one trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceFit {
+    /// The trace.
+    pub trace: String,
+    /// Fit part with the starting coefficients.
+    pub fit_before: PartErrors,
+    /// Fit part with the fitted coefficients.
+    pub fit_after: PartErrors,
+    /// Held-out part (replaying the whole trace) before.
+    pub holdout_before: Option<PartErrors>,
+    /// Held-out part after.
+    pub holdout_after: Option<PartErrors>,
+}
+
+/// The result of a fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitResult {
+    /// `blackbox` or `roofline`.
+    pub latency_model: &'static str,
+    /// Parameter names.
+    pub names: Vec<&'static str>,
+    /// Starting values.
+    pub start: Vec<f64>,
+    /// Fitted values.
+    pub fitted: Vec<f64>,
+    /// Loss (fit parts) at the start and at the end.
+    pub loss: [f64; 2],
+    /// Replays the optimiser ran.
+    pub evaluations: u64,
+    /// Per trace.
+    pub traces: Vec<TraceFit>,
+    /// The coefficients row written.
+    pub row: CoefficientRow,
+}
+
+/// Fits the latency model of `traces[0]`'s resolved server (all traces
+/// share one model), with at most about `budget` replays per trace.
+///
+/// # Errors
+/// An empty trace list or an optimiser failure.
+pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
+    let first = traces
+        .first()
+        .ok_or_else(|| FitError::Options("give at least one --trace".into()))?;
+    let (space, start) = Space::start(&first.base.latency);
+    let scale: Vec<f64> = start
+        .iter()
+        .enumerate()
+        .map(|(i, v)| if *v > 0.0 { *v } else { space.default_scale(i) })
+        .collect();
+    let u0: Vec<f64> = start
+        .iter()
+        .map(|v| if *v > 0.0 { 1.0 } else { 0.0 })
+        .collect();
+    let problem = Problem {
+        traces,
+        space: &space,
+        scale: scale.clone(),
+        evals: Cell::new(0),
+    };
+    let start_theta = problem.theta(&u0);
+    // Nelder–Mead, restarted from its best point with a fresh simplex while
+    // a restart still improves the loss and the budget lasts: one run easily
+    // stalls on the step-like loss surface of a discrete scheduler.
+    // First the overall speed: a grid over one common factor of every
+    // coefficient (a server faster or slower than the starting row), so
+    // that the simplex starts in the right basin.
+    let mut best_u = u0.clone();
+    let mut best = f64::INFINITY;
+    for c in [
+        0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0,
+    ] {
+        let u: Vec<f64> = u0.iter().map(|x| x * c).collect();
+        let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+        if l < best {
+            best = l;
+            best_u = u;
+        }
+    }
+    // Then alternate (a) each coefficient alone on a multiplicative grid
+    // (and 0), which moves the ones a common factor or a stalled simplex
+    // cannot, and (b) Nelder–Mead refining them together from the best
+    // point with a fresh simplex, while a round still improves the loss and
+    // the budget lasts: one simplex easily stalls in the valleys of a
+    // discrete scheduler's loss surface.
+    // A data-driven start (blackbox), when the traces were streamed.
+    if matches!(space, Space::Blackbox)
+        && let Some(m) = moment_start(traces)
+    {
+        let u: Vec<f64> = m.iter().zip(&scale).map(|(v, s)| v / s).collect();
+        let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+        if l < best {
+            best = l;
+            best_u = u;
+        }
+    }
+    let mut step = 0.5;
+    let mut problem = problem;
+    let mut grid: &[f64] = &[0.0, 0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0];
+    while problem.evals.get() < budget {
+        let round_start = best;
+        for i in 0..best_u.len() {
+            let here = best_u[i];
+            for &m in grid {
+                if problem.evals.get() >= budget {
+                    break;
+                }
+                let mut u = best_u.clone();
+                u[i] = if here.abs() > 1e-12 {
+                    here * m
+                } else {
+                    m * 0.1
+                };
+                let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+                if l < best {
+                    best = l;
+                    best_u = u;
+                }
+            }
+        }
+        if problem.evals.get() >= budget {
+            break;
+        }
+        let mut simplex = vec![best_u.clone()];
+        for i in 0..best_u.len() {
+            let mut v = best_u.clone();
+            v[i] = if v[i].abs() > 1e-9 {
+                v[i] * (1.0 + step)
+            } else {
+                step
+            };
+            simplex.push(v);
+        }
+        let solver = NelderMead::new(simplex)
+            .with_sd_tolerance(1e-7)
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        let left = budget - problem.evals.get();
+        let res = Executor::new(problem, solver)
+            .configure(|s| s.max_iters(left))
+            .run()
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        let cost = res.state().get_best_cost();
+        let u = res.state().get_best_param().cloned();
+        problem = res
+            .problem
+            .problem
+            .expect("the executor returns its problem");
+        if let Some(u) = u
+            && cost < best
+        {
+            best = cost;
+            best_u = u;
+        }
+        if best >= round_start * (1.0 - 1e-4) {
+            break;
+        }
+        step = (step * 0.6).max(0.05);
+        grid = &[0.0, 0.5, 0.7, 0.85, 0.95, 1.05, 1.15, 1.4, 2.0];
+    }
+    let problem = &problem;
+    let evaluations = problem.evals.get();
+    let fitted = problem.theta(&best_u);
+    let (m0, m1) = (space.model(&start_theta), space.model(&fitted));
+    let loss = [problem.loss(&start_theta), problem.loss(&fitted)];
+    let mut per_trace = Vec::new();
+    for t in traces {
+        let (b, a) = (t.predict(&m0, false), t.predict(&m1, false));
+        let (wb, wa) = if t.holdout_ids.is_empty() {
+            (None, None)
+        } else {
+            (Some(t.predict(&m0, true)), Some(t.predict(&m1, true)))
+        };
+        per_trace.push(TraceFit {
+            trace: t.name.clone(),
+            fit_before: part_errors(&t.measured, &b, &t.fit_ids),
+            fit_after: part_errors(&t.measured, &a, &t.fit_ids),
+            holdout_before: wb.map(|w| part_errors(&t.measured, &w, &t.holdout_ids)),
+            holdout_after: wa.map(|w| part_errors(&t.measured, &w, &t.holdout_ids)),
+        });
+    }
+    let base = &first.base;
+    let names: Vec<String> = traces.iter().map(|t| t.name.clone()).collect();
+    let source = format!(
+        "blis-calibrate fit on {} (loss {:.4} -> {:.4}, {} replays)",
+        names.join(", "),
+        loss[0],
+        loss[1],
+        evaluations
+    );
+    let row = match &space {
+        Space::Blackbox => CoefficientRow {
+            model: base.model.clone(),
+            gpu: base.gpu.clone(),
+            tensor_parallel: base.tp,
+            latency_model: LatencyKind::Blackbox,
+            alpha: [fitted[0], fitted[1], fitted[2]],
+            beta: Some([fitted[3], fitted[4], fitted[5]]),
+            mfu_prefill: None,
+            mfu_decode: None,
+            overhead_us: None,
+            allreduce_latency_us: None,
+            total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
+            source: Some(source),
+        },
+        Space::Roofline(_) => CoefficientRow {
+            model: base.model.clone(),
+            gpu: base.gpu.clone(),
+            tensor_parallel: base.tp,
+            latency_model: LatencyKind::Roofline,
+            alpha: [fitted[4], fitted[5], fitted[6]],
+            beta: None,
+            mfu_prefill: Some(fitted[0].clamp(1e-4, 1.0)),
+            mfu_decode: Some(fitted[1].clamp(1e-4, 1.0)),
+            overhead_us: Some(fitted[2]),
+            allreduce_latency_us: Some(fitted[3]),
+            total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
+            source: Some(source),
+        },
+    };
+    Ok(FitResult {
+        latency_model: match space {
+            Space::Blackbox => "blackbox",
+            Space::Roofline(_) => "roofline",
+        },
+        names: space.names().to_vec(),
+        start: start_theta,
+        fitted,
+        loss,
+        evaluations,
+        traces: per_trace,
+        row,
+    })
+}
+
+/// Writes `row` into the coefficients file at `path`, replacing a row of
+/// the same model, GPU, TP and latency model (other rows are kept).
+///
+/// # Errors
+/// The existing file is unreadable, or the write fails.
+pub fn write_row(path: &Path, row: &CoefficientRow) -> Result<(), blis_replay::ReplayError> {
+    let mut file = if path.exists() {
+        CoefficientsFile::read(path)?
+    } else {
+        CoefficientsFile {
+            version: 1,
+            rows: Vec::new(),
+        }
+    };
+    file.rows.retain(|r| {
+        !(blis_replay::arch::model_key(&r.model) == blis_replay::arch::model_key(&row.model)
+            && r.gpu.eq_ignore_ascii_case(&row.gpu)
+            && r.tensor_parallel == row.tensor_parallel
+            && r.latency_model == row.latency_model)
+    });
+    file.rows.push(row.clone());
+    file.write(path)
+}
+
+/// Server arguments for fitting `kind`, starting from `start` (a
+/// coefficients file) or the bundled rows, with a generic blackbox row when
+/// none exists for the model.
+pub fn server_args(
+    model: Option<String>,
+    hardware: Option<String>,
+    kind: LatencyKind,
+    start: Option<CoefficientsFile>,
+    header: &blis_traces::TraceHeader,
+) -> ServerArgs {
+    let mut rows = start.unwrap_or_else(CoefficientsFile::bundled);
+    let model_name = model
+        .clone()
+        .or_else(|| header.server.as_ref().and_then(|s| s.model.clone()))
+        .unwrap_or_default();
+    let gpu = hardware
+        .clone()
+        .or_else(|| header.hardware.as_ref().and_then(|h| h.gpu.clone()))
+        .unwrap_or_else(|| "H100".into());
+    let tp = header
+        .server
+        .as_ref()
+        .and_then(|s| s.tensor_parallel)
+        .unwrap_or(1);
+    if kind == LatencyKind::Blackbox && rows.find(&model_name, &gpu, tp, kind).is_none() {
+        rows.rows.push(CoefficientRow {
+            model: model_name.clone(),
+            gpu: gpu.clone(),
+            tensor_parallel: tp,
+            latency_model: LatencyKind::Blackbox,
+            alpha: [5000.0, 0.0, 0.0],
+            beta: Some([5000.0, 10.0, 100.0]),
+            mfu_prefill: None,
+            mfu_decode: None,
+            overhead_us: None,
+            allreduce_latency_us: None,
+            total_kv_blocks: None,
+            source: Some("generic starting point".into()),
+        });
+    }
+    ServerArgs {
+        model,
+        latency: Some(kind),
+        coefficient_rows: Some(rows),
+        hardware,
+        prefix_caching: true,
+        fast_forward: true,
+        ..ServerArgs::default()
+    }
+}

@@ -1,0 +1,229 @@
+//! The commands, as the binary runs them.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use blis_replay::coefficients::{CoefficientsFile, LatencyKind};
+use blis_traces::{Slo, Trace};
+
+use crate::cli::{Command, CompareArgs, FitArgs, Opts};
+use crate::compare::{CompareOptions, compare};
+use crate::fit::{FitTrace, fit, server_args, write_row};
+
+/// Process exit codes of `blis-calibrate`.
+pub mod exit_code {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// A runtime error (bad input file, I/O).
+    pub const ERROR: i32 = 1;
+    /// Bad command-line usage (clap's own code).
+    pub const USAGE: i32 = 2;
+}
+
+/// Runs the command in `opts`, writing its human-readable output to `out`.
+///
+/// # Errors
+/// Any failure, with a chain of context naming the file or field.
+pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
+    match opts.command {
+        Command::Compare(a) => compare_command(&a, out),
+        Command::Fit(a) => fit_command(&a, out),
+    }
+    .map(|()| exit_code::OK)
+}
+
+/// A trace from a header YAML, or from a public trace given as
+/// `KIND:PATH` (e.g. `vllm-gt:RUN_DIR`, a real run with measured times).
+fn read(path: &Path) -> anyhow::Result<Trace> {
+    let s = path.to_string_lossy();
+    if !path.exists()
+        && let Ok(src) = s.parse::<blis_traces::ImportSource>()
+    {
+        return blis_traces::import(&src, 42).with_context(|| format!("importing {s}"));
+    }
+    Trace::read(path).with_context(|| format!("reading the trace {}", path.display()))
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(d) = path.parent()
+        && !d.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    blis_traces::bundle::write_atomic(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn with_ext(prefix: &Path, ext: &str) -> std::path::PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(".");
+    s.push(ext);
+    s.into()
+}
+
+/// `blis-calibrate compare`.
+///
+/// # Errors
+/// Unreadable traces, bad options, unwritable output.
+pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if let Some(r) = a.rtt_ms
+        && !(r >= 0.0 && r.is_finite())
+    {
+        bail!("--rtt-ms must be a non-negative number, got {r}");
+    }
+    if a.resamples == 1 {
+        bail!("--resamples must be 0 (no intervals) or at least 2");
+    }
+    let slo = a
+        .slo
+        .as_deref()
+        .map(str::parse::<Slo>)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let real = read(&a.real)?;
+    let sim = read(&a.sim)?;
+    let mut o = CompareOptions {
+        warmup: a.warmup,
+        rtt_ms: a.rtt_ms,
+        slo,
+        resamples: a.resamples,
+        seed: a.seed,
+        ..CompareOptions::default()
+    };
+    if a.threads > 0 {
+        o.threads = a.threads;
+    }
+    let c = compare(
+        &real,
+        &a.real.display().to_string(),
+        &sim,
+        &a.sim.display().to_string(),
+        &o,
+    );
+    if c.report.matching.paired == 0 {
+        eprintln!(
+            "warning: no request is completed on both sides (real {} rows, sim {} rows, {} ids in common): nothing to compare",
+            c.report.real.requests,
+            c.report.sim.requests,
+            c.report.real.requests - c.report.matching.only_real
+        );
+    }
+    let md = c.report.to_markdown();
+    let json = serde_json::to_string_pretty(&c.report)?;
+    write_file(&with_ext(&a.out, "json"), &json)?;
+    write_file(&with_ext(&a.out, "md"), &md)?;
+    write!(out, "{md}")?;
+    let mut written = vec![with_ext(&a.out, "json"), with_ext(&a.out, "md")];
+    if a.html {
+        let html = crate::html::render(&c)?;
+        let p = with_ext(&a.out, "html");
+        write_file(&p, &html)?;
+        written.push(p);
+    }
+    writeln!(
+        out,
+        "\nwrote {}",
+        written
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    Ok(())
+}
+
+/// `blis-calibrate fit`.
+///
+/// # Errors
+/// Unreadable traces, bad options, a server that cannot be configured.
+pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if !(0.0..1.0).contains(&a.holdout_fraction) {
+        bail!(
+            "--holdout-fraction must be in [0, 1), got {}",
+            a.holdout_fraction
+        );
+    }
+    if a.budget_evals == 0 {
+        bail!("--budget-evals must be at least 1");
+    }
+    let kind = match a.latency_model {
+        blis_replay::cli::LatencyChoice::Blackbox => LatencyKind::Blackbox,
+        blis_replay::cli::LatencyChoice::Roofline => LatencyKind::Roofline,
+    };
+    let start = a
+        .coefficients
+        .as_deref()
+        .map(CoefficientsFile::read)
+        .transpose()?;
+    let mut traces = Vec::new();
+    for p in &a.traces {
+        let t = read(p)?;
+        let args = server_args(
+            a.model.clone(),
+            a.hardware.clone(),
+            kind,
+            start.clone(),
+            &t.header,
+        );
+        traces.push(FitTrace::new(
+            &p.display().to_string(),
+            t,
+            &args,
+            a.holdout_fraction,
+        )?);
+    }
+    let r = fit(&traces, a.budget_evals)?;
+    write_row(&a.out, &r.row).with_context(|| format!("writing {}", a.out.display()))?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "fitted {} coefficients of {} on {} trace(s): loss {:.4} -> {:.4} in {} replays\n",
+        r.latency_model,
+        r.row.model,
+        r.traces.len(),
+        r.loss[0],
+        r.loss[1],
+        r.evaluations
+    )?;
+    writeln!(out, "| parameter | start | fitted |\n|---|---:|---:|")?;
+    for ((n, s), f) in r.names.iter().zip(&r.start).zip(&r.fitted) {
+        writeln!(out, "| {n} | {s:.6} | {f:.6} |")?;
+    }
+    writeln!(
+        out,
+        "\n| trace | part | n | TTFT mean real/sim | E2E mean real/sim | E2E p99 real/sim | E2E MAPE before → after |\n|---|---|---:|---|---|---|---|"
+    )?;
+    for t in &r.traces {
+        let parts = [
+            ("fit", Some(&t.fit_before), Some(&t.fit_after)),
+            (
+                "holdout",
+                t.holdout_before.as_ref(),
+                t.holdout_after.as_ref(),
+            ),
+        ];
+        for (part, b, a) in parts {
+            let (Some(b), Some(a)) = (b, a) else { continue };
+            writeln!(
+                out,
+                "| {} | {part} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1}% → {:.1}% |",
+                t.trace,
+                a.n,
+                a.ttft_mean[0],
+                a.ttft_mean[1],
+                a.e2e_mean[0],
+                a.e2e_mean[1],
+                a.e2e_p99[0],
+                a.e2e_p99[1],
+                b.e2e_mape,
+                a.e2e_mape
+            )?;
+        }
+    }
+    writeln!(out, "\nwrote {}", a.out.display())?;
+    Ok(())
+}

@@ -1,0 +1,140 @@
+use blis_calibrate::compare::{CompareOptions, compare};
+use serde_json::Value;
+
+use crate::common::{calibrate, replayed, spec};
+
+/// Acceptance 1: a trace compared with itself has no error at all.
+#[test]
+fn a_trace_compared_with_itself_is_perfect() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 400);
+    let (_, t) = replayed(dir.path(), "a", &w, &[]);
+    let c = compare(
+        &t,
+        "a",
+        &t,
+        "a",
+        &CompareOptions {
+            resamples: 200,
+            ..CompareOptions::default()
+        },
+    );
+    let r = &c.report;
+    assert_eq!(r.matching.paired, 400);
+    for name in ["ttft", "e2e", "tpot", "itl"] {
+        let m = r
+            .metrics
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} compared"));
+        assert_eq!(m.real, m.sim, "{name}");
+        for (k, e) in &m.errors {
+            assert_eq!(e.signed_ms, 0.0, "{name} {k}");
+            assert_eq!(e.relative, 0.0, "{name} {k}");
+        }
+        assert_eq!((m.mape, m.mpe, m.pearson_r), (0.0, 0.0, 1.0), "{name}");
+        assert_eq!((m.ks_d, m.ks_p, m.wasserstein), (0.0, 1.0, 0.0), "{name}");
+        assert_eq!(m.grade, "excellent", "{name}");
+        assert!(m.qq.iter().all(|p| p[0] == p[1]));
+    }
+    let e2e = &r.metrics["e2e"];
+    assert_eq!(e2e.mape_ci95, Some([0.0, 0.0]));
+    assert_eq!(e2e.pearson_r_ci95, Some([1.0, 1.0]));
+    let ts = r.timeseries.as_ref().expect("both sides have time series");
+    for a in &ts.series {
+        assert_eq!(a.mae, 0.0, "{}", a.series);
+    }
+    assert!(r.saturation.agree);
+    assert_eq!(r.groups["slo_class"].len(), 2);
+}
+
+/// The JSON schema pipelines rely on, and the files written.
+#[test]
+fn the_cli_writes_json_markdown_and_html() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 300);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let (b, _) = replayed(dir.path(), "b", &w, &["--max-num-batched-tokens", "512"]);
+    let out = dir.path().join("report");
+    let stdout = calibrate(&[
+        "compare",
+        "--real",
+        a.to_str().unwrap(),
+        "--sim",
+        b.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--html",
+        "--slo",
+        "ttft_ms=500,tpot_ms=50",
+        "--resamples",
+        "200",
+    ])
+    .unwrap();
+    assert!(stdout.starts_with("# Calibration report"), "{stdout}");
+    let md = std::fs::read_to_string(out.with_extension("md")).unwrap();
+    assert!(stdout.contains(&md));
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
+            .unwrap();
+    assert_eq!(j["schema_version"], 1);
+    for m in ["ttft", "e2e", "itl", "tpot"] {
+        let x = &j["metrics"][m];
+        for side in ["real", "sim"] {
+            for k in ["mean", "p50", "p90", "p95", "p99"] {
+                assert!(x[side][k].is_f64(), "{m}.{side}.{k}");
+            }
+        }
+        for k in ["mape", "mpe", "pearson_r", "ks_d", "ks_p", "wasserstein"] {
+            assert!(x[k].is_f64(), "{m}.{k}");
+        }
+        assert!(x["grade"].is_string() && x["n"].is_u64());
+    }
+    assert!(j["slo"]["real"]["attainment"].is_f64());
+    let html = std::fs::read_to_string(out.with_extension("html")).unwrap();
+    assert!(html.contains("<svg") && html.matches("<svg").count() >= 12);
+    assert!(html.contains("Calibration report"));
+}
+
+/// A stable simulation of a saturated server is flagged loudly.
+#[test]
+fn disagreeing_saturation_is_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 12.0, 600);
+    let (_, stable) = replayed(dir.path(), "stable", &w, &[]);
+    let (_, saturated) = replayed(dir.path(), "sat", &w, &["--max-num-seqs", "2"]);
+    let c = compare(
+        &saturated,
+        "sat",
+        &stable,
+        "stable",
+        &CompareOptions {
+            resamples: 0,
+            ..CompareOptions::default()
+        },
+    );
+    let s = &c.report.saturation;
+    assert!(s.real.saturated && !s.sim.saturated, "{s:?}");
+    assert!(!s.agree);
+    assert!(
+        c.report
+            .to_markdown()
+            .contains("WARNING: saturation disagrees")
+    );
+}
+
+#[test]
+fn a_missing_trace_is_a_one_line_error_naming_it() {
+    let e = calibrate(&[
+        "compare",
+        "--real",
+        "/nonexistent/a.yaml",
+        "--sim",
+        "/nonexistent/b.yaml",
+        "--out",
+        "/tmp/x",
+    ])
+    .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("/nonexistent/a.yaml"), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+}

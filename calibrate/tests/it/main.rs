@@ -1,0 +1,5 @@
+//! Integration tests of `blis-calibrate`.
+
+mod common; // replayed bundles of a two-client spec, running the CLI in-process
+mod compare; // compare: identity, the JSON schema, saturation, errors
+mod stats_fixtures; // KS and Wasserstein against values computed by scipy

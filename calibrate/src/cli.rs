@@ -29,6 +29,31 @@ pub enum Command {
         blis-calibrate fit --trace out/real.yaml --model meta-llama/Llama-3.1-8B-Instruct --out coeffs.yaml\n  \
         blis-calibrate fit --trace a.yaml --trace b.yaml --latency-model roofline --out coeffs.yaml --budget-evals 300")]
     Fit(FitArgs),
+    /// How accurate is the simulator on real vLLM runs: for each run of a
+    /// folder, fit on the model's other runs and predict it.
+    #[command(after_help = "Examples:\n  \
+        blis-calibrate benchmark ../shared/vllm-ground-truth/train --out docs/accuracy\n  \
+        blis-calibrate benchmark runs/test --fit-on runs/train --out out/accuracy\n\n\
+        Writes PREFIX.md (the table) and PREFIX.json ({\"runs\": [...]}, times in ms).")]
+    Benchmark(BenchmarkArgs),
+}
+
+/// `benchmark` options.
+#[derive(Args, Debug, Clone)]
+pub struct BenchmarkArgs {
+    /// Folder of runs (one sub-folder per run, as vllm-ground-truth/train).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Output prefix: PREFIX.md and PREFIX.json.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
+    /// Fit on this folder's runs (of the same model) instead of
+    /// leave-one-out within DIR.
+    #[arg(long, value_name = "DIR2")]
+    pub fit_on: Option<PathBuf>,
+    /// Replays allowed to each fit.
+    #[arg(long, default_value_t = 300)]
+    pub budget_evals: u64,
 }
 
 /// `compare` options.
@@ -102,4 +127,29 @@ pub struct FitArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The server's settings where the trace header lacks them (vLLM's
+    /// flag names; llama.cpp: slots as max_num_seqs, its batch size as the
+    /// token budget).
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+/// Server settings for replaying a trace (vLLM's flag names).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServerFlags {
+    /// Running requests at most (`--max-num-seqs`).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Token budget per step (`--max-num-batched-tokens`).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// KV blocks.
+    #[arg(long)]
+    pub total_kv_blocks: Option<u32>,
+    /// Maximum prompt + output length.
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
 }

@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod benchmark;
 pub mod bootstrap;
 pub mod cli;
 pub mod compare;

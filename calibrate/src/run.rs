@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use blis_replay::coefficients::{CoefficientsFile, LatencyKind};
 use blis_traces::{Slo, Trace};
 
-use crate::cli::{Command, CompareArgs, FitArgs, Opts};
+use crate::cli::{BenchmarkArgs, Command, CompareArgs, FitArgs, Opts};
 use crate::compare::{CompareOptions, compare};
 use crate::fit::{FitTrace, fit, server_args, write_row};
 
@@ -29,6 +29,7 @@ pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
     match opts.command {
         Command::Compare(a) => compare_command(&a, out),
         Command::Fit(a) => fit_command(&a, out),
+        Command::Benchmark(a) => benchmark_command(&a, out),
     }
     .map(|()| exit_code::OK)
 }
@@ -225,5 +226,40 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     }
     writeln!(out, "\nwrote {}", a.out.display())?;
+    Ok(())
+}
+
+/// `blis-calibrate benchmark`.
+///
+/// # Errors
+/// An unreadable folder or unwritable output.
+pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if a.budget_evals == 0 {
+        bail!("--budget-evals must be at least 1");
+    }
+    let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), a.budget_evals, &mut |l| {
+        eprintln!("{l}")
+    })
+    .with_context(|| format!("reading the runs in {}", a.dir.display()))?;
+    if r.runs.is_empty() {
+        bail!(
+            "no run of {} could be predicted ({} skipped)",
+            a.dir.display(),
+            r.skipped.len()
+        );
+    }
+    let md = r.to_markdown();
+    write_file(&with_ext(&a.out, "md"), &md)?;
+    write_file(
+        &with_ext(&a.out, "json"),
+        &serde_json::to_string_pretty(&r)?,
+    )?;
+    write!(out, "{md}")?;
+    writeln!(
+        out,
+        "\nwrote {} and {}",
+        with_ext(&a.out, "md").display(),
+        with_ext(&a.out, "json").display()
+    )?;
     Ok(())
 }

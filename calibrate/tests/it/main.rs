@@ -1,5 +1,6 @@
 //! Integration tests of `blis-calibrate`.
 
+mod benchmark; // benchmark: leave-one-out and --fit-on over folders of vLLM runs
 mod common; // replayed bundles of a two-client spec, running the CLI in-process
 mod compare; // compare: identity, the JSON schema, saturation, errors
 mod stats_fixtures; // KS and Wasserstein against values computed by scipy

@@ -1,0 +1,126 @@
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::common::calibrate;
+
+fn gt(run: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/vllm-ground-truth/train")
+        .join(run)
+}
+
+const SEVEN_B_CODEGEN: &str = "20260217-155451-llama-2-7b-tp1-codegen";
+const SEVEN_B_REASONING: &str = "20260217-170634-llama-2-7b-tp1-reasoning";
+
+/// Any folder laid out like vllm-ground-truth/train works: each run is
+/// predicted with coefficients fitted on the model's other runs, a run with
+/// no partner or an unreadable folder is listed as skipped, and PREFIX.md
+/// and PREFIX.json carry the documented shape.
+#[test]
+fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
+    if !gt(SEVEN_B_CODEGEN).exists() {
+        eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
+    for r in [SEVEN_B_CODEGEN, SEVEN_B_REASONING] {
+        std::os::unix::fs::symlink(gt(r), runs.join(r)).unwrap();
+    }
+    let out = dir.path().join("acc");
+    let printed = calibrate(&[
+        "benchmark",
+        runs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--budget-evals",
+        "12",
+    ])
+    .unwrap();
+    let md = std::fs::read_to_string(out.with_extension("md")).unwrap();
+    assert!(printed.contains(&md));
+    assert!(
+        md.contains("| meta-llama/Llama-2-7b-hf | codegen | 9000 |"),
+        "{md}"
+    );
+    assert!(md.contains("skipped not-a-run"), "{md}");
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
+            .unwrap();
+    let runs_j = j["runs"].as_array().unwrap();
+    assert_eq!(runs_j.len(), 2);
+    for r in runs_j {
+        for k in ["name", "model", "workload"] {
+            assert!(r[k].is_string(), "{k}");
+        }
+        for m in ["ttft", "e2e"] {
+            for k in ["real_mean", "sim_mean", "real_p99", "sim_p99"] {
+                assert!(r[m][k].as_f64().unwrap() > 0.0, "{m}.{k}");
+            }
+        }
+        assert!(r["itl"]["real_mean"].as_f64().unwrap() > 0.0);
+        assert!(r["e2e_mape"].as_f64().unwrap().is_finite());
+        // Leave-one-out: fitted on the other run, never on itself.
+        let fitted: Vec<&str> = r["fitted_on"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(fitted.len(), 1);
+        assert_ne!(fitted[0], r["name"].as_str().unwrap());
+    }
+    // Real times come from the run, in ms: the 7B codegen run's mean TTFT
+    // is tens of ms, not µs or s.
+    let codegen = runs_j.iter().find(|r| r["workload"] == "codegen").unwrap();
+    let ttft = codegen["ttft"]["real_mean"].as_f64().unwrap();
+    assert!((5.0..200.0).contains(&ttft), "{ttft}");
+}
+
+/// `--fit-on` fits on another folder's runs; a model with none there is
+/// skipped, and nothing predicted at all is an error.
+#[test]
+fn benchmark_fit_on_uses_the_other_folder() {
+    if !gt(SEVEN_B_CODEGEN).exists() {
+        eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (test, train) = (dir.path().join("test"), dir.path().join("train"));
+    std::fs::create_dir_all(&test).unwrap();
+    std::fs::create_dir_all(&train).unwrap();
+    std::os::unix::fs::symlink(gt(SEVEN_B_REASONING), test.join(SEVEN_B_REASONING)).unwrap();
+    std::os::unix::fs::symlink(gt(SEVEN_B_CODEGEN), train.join(SEVEN_B_CODEGEN)).unwrap();
+    let out = dir.path().join("acc");
+    calibrate(&[
+        "benchmark",
+        test.to_str().unwrap(),
+        "--fit-on",
+        train.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--budget-evals",
+        "12",
+    ])
+    .unwrap();
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
+            .unwrap();
+    assert_eq!(j["runs"][0]["name"], SEVEN_B_REASONING);
+    assert_eq!(j["runs"][0]["fitted_on"][0], SEVEN_B_CODEGEN);
+    // The empty train folder predicts nothing: an error naming the folder.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = calibrate(&[
+        "benchmark",
+        test.to_str().unwrap(),
+        "--fit-on",
+        empty.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("could be predicted"), "{e}");
+}

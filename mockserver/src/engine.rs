@@ -8,11 +8,16 @@
 //! thread woke up at), wake-up jitter delays deliveries slightly but never
 //! accumulates: the timeline is exactly the one `blis-replay` computes for
 //! the same arrivals.
+//!
+//! Token and completion events are also *delivered* by this thread at the
+//! wall time they become visible (held in a queue until then), so an HTTP
+//! handler forwards each one the moment it arrives: tokio's timer, with its
+//! millisecond granularity, is never on a token's path.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,7 +124,11 @@ impl EngineHandle {
         let c = clock.clone();
         std::thread::Builder::new()
             .name("blis-engine".into())
-            .spawn(move || run(instance, rx, c, snap, metrics))
+            .spawn(move || {
+                // Timer slack of 1 µs (default 50 µs): sleeps end on time.
+                let _ = nix::sys::prctl::set_timerslack(1_000);
+                run(instance, rx, c, snap, metrics)
+            })
             .expect("spawning the engine thread");
         Self {
             tx,
@@ -152,6 +161,45 @@ impl EngineHandle {
     }
 }
 
+/// Events held until they become visible, in (time, seq) order.
+#[derive(Default)]
+struct Outbox {
+    heap: BinaryHeap<Reverse<(i64, u64)>>,
+    items: FxHashMap<u64, (UnboundedSender<Event>, Event)>,
+    seq: u64,
+}
+
+impl Outbox {
+    fn push(&mut self, at: i64, to: &UnboundedSender<Event>, ev: Event) {
+        let k = self.seq;
+        self.seq += 1;
+        self.heap.push(Reverse((at, k)));
+        self.items.insert(k, (to.clone(), ev));
+    }
+
+    fn next_time(&self) -> Option<i64> {
+        self.heap.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Sends every event visible by `now`.
+    fn deliver(&mut self, now: i64) {
+        while let Some(&Reverse((t, k))) = self.heap.peek() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            if let Some((to, ev)) = self.items.remove(&k) {
+                let _ = to.send(ev);
+            }
+        }
+    }
+}
+
+/// How long before an event's time the engine thread stops sleeping and
+/// polls: a sleeping thread wakes tens to hundreds of µs late, which would
+/// show up in every TTFT.
+const SPIN: Duration = Duration::from_micros(150);
+
 struct Flight {
     events: UnboundedSender<Event>,
     arrival: i64,
@@ -170,6 +218,7 @@ fn run(
     let mut pending: FxHashMap<u64, SimRequest> = FxHashMap::default();
     let mut enq: BinaryHeap<Reverse<(i64, u64)>> = BinaryHeap::new();
     let mut report = StepReport::default();
+    let mut outbox = Outbox::default();
     let mut last = 0i64;
     loop {
         // Everything due by now, in simulated-time order (entries before
@@ -184,20 +233,46 @@ fn run(
             &mut flights,
             &mut report,
             &metrics,
+            &mut outbox,
         );
+        outbox.deliver(clock.now());
         *snapshot.lock().expect("snapshot lock") = inst.snapshot();
         metrics.set_snapshot(inst.snapshot());
-        let next = [enq.peek().map(|Reverse((t, _))| *t), inst.next_time()]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [
+            enq.peek().map(|Reverse((t, _))| *t),
+            inst.next_time(),
+            outbox.next_time(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let msg = match next {
             Some(t) => {
-                let wait = clock.wall(t).saturating_duration_since(Instant::now());
-                match rx.recv_timeout(wait) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
+                let due = clock.wall(t);
+                let wait = due.saturating_duration_since(Instant::now());
+                if wait <= SPIN {
+                    // The last stretch: poll, so the event happens on time
+                    // rather than a scheduler wake-up late.
+                    let polled = loop {
+                        match rx.try_recv() {
+                            Ok(m) => break Some(m),
+                            Err(TryRecvError::Empty) if Instant::now() < due => {
+                                std::thread::yield_now();
+                            }
+                            Err(TryRecvError::Empty) => break None,
+                            Err(TryRecvError::Disconnected) => return,
+                        }
+                    };
+                    match polled {
+                        Some(m) => m,
+                        None => continue,
+                    }
+                } else {
+                    match rx.recv_timeout(wait - SPIN) {
+                        Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
                 }
             }
             None => match rx.recv() {
@@ -216,7 +291,9 @@ fn run(
             &mut flights,
             &mut report,
             &metrics,
+            &mut outbox,
         );
+        outbox.deliver(clock.now());
         last = stamp;
         match msg.0 {
             Cmd::Submit(id, s) => {
@@ -262,6 +339,7 @@ fn process_due(
     flights: &mut FxHashMap<u64, Flight>,
     report: &mut StepReport,
     metrics: &Metrics,
+    outbox: &mut Outbox,
 ) {
     loop {
         let te = enq.peek().map(|Reverse((t, _))| *t).filter(|t| *t <= now);
@@ -294,16 +372,20 @@ fn process_due(
                             metrics.observe_itl(v - p);
                         }
                         f.last_token = Some(v);
-                        let _ = f.events.send(Event::Token {
-                            index: span.first_index + m,
-                            visible_us: v,
-                        });
+                        outbox.push(
+                            v,
+                            &f.events,
+                            Event::Token {
+                                index: span.first_index + m,
+                                visible_us: v,
+                            },
+                        );
                     }
                 }
                 for fin in &report.finished {
                     if let Some(f) = flights.remove(&fin.id) {
                         metrics.finished(fin, f.arrival, f.enqueued);
-                        let _ = f.events.send(Event::Finished(*fin));
+                        outbox.push(fin.last_token_us, &f.events, Event::Finished(*fin));
                     }
                 }
             }

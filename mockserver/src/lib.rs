@@ -52,6 +52,8 @@ pub struct RunningServer {
     pub engine: EngineHandle,
     /// Served timings (with `--record-served`).
     pub served: Option<Arc<server::ServedLog>>,
+    /// The engine's settings (what a replay of its traffic must use).
+    pub engine_cfg: blis_replay::EngineConfig,
     shutdown: tokio::sync::oneshot::Sender<()>,
     join: tokio::task::JoinHandle<()>,
 }
@@ -188,6 +190,7 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         metrics,
         engine,
         served,
+        engine_cfg: resolved.engine.clone(),
         shutdown: tx,
         join,
     })

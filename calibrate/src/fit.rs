@@ -58,8 +58,7 @@ pub enum FitError {
     Setup {
         /// The trace.
         trace: String,
-        /// Why.
-        #[source]
+        /// Why (in the message, not chained, so it prints once).
         source: blis_replay::ReplayError,
     },
     /// A trace has too few completed requests to fit.

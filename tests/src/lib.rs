@@ -50,7 +50,8 @@ pub struct LoopOpts {
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub replay_args: String,
     /// Fraction of the trace (its end) held out of the coefficient fit
-    /// (real servers only).
+    /// (real servers only); the report compares only those requests
+    /// (0: fit and compare everything).
     #[arg(long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
 }
@@ -212,12 +213,12 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     let mut out = Vec::new();
     blis_replay::run::run(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
         .context("replaying the trace (blis-replay run)")?;
+    let on_mock = mock.is_some();
     if let Some(server) = mock.take() {
         rt.block_on(server.shutdown());
     }
     let report = o.out.join("report");
-    log("comparing (blis-calibrate compare --html)");
-    let cmp: Vec<String> = vec![
+    let mut cmp: Vec<String> = vec![
         "blis-calibrate".into(),
         "compare".into(),
         "--real".into(),
@@ -228,6 +229,23 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
         s(&report),
         "--html".into(),
     ];
+    if !on_mock && o.holdout_fraction > 0.0 {
+        // Judge the prediction on the requests the fit did not see: the
+        // fit's split (by arrival, the first 1 − h fitted) is by request id
+        // for open-loop workloads, so the fitted part is compare's warm-up.
+        let n = blis_traces::Trace::read(&real_h)
+            .with_context(|| format!("reading {}", real_h.display()))?
+            .records
+            .len();
+        let fitted = ((n as f64) * (1.0 - o.holdout_fraction)).round() as u64;
+        log(&format!(
+            "comparing the held-out requests (the last {} of {n}; blis-calibrate compare --warmup {fitted} --html)",
+            n as u64 - fitted
+        ));
+        cmp.extend(["--warmup".into(), fitted.to_string()]);
+    } else {
+        log("comparing (blis-calibrate compare --html)");
+    }
     let mut out = Vec::new();
     blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&cmp)?, &mut out)
         .context("comparing (blis-calibrate compare)")?;

@@ -8,11 +8,12 @@
 //! budget, 8192 tokens per slot), and compares the held-out 30%.
 //!
 //! Thresholds come from measurement on the 2-vCPU machine (README, "How
-//! accurate is it"): held-out E2E MAPE 27–40% and TTFT p50 error within
-//! ±25% over the runs measured, against a floor of 15% E2E MAPE between two
-//! runs of the same workload on the same server (its own run-to-run
-//! spread). The assertions leave room for that spread: E2E MAPE ≤ 60%,
-//! |TTFT p50 error| ≤ 50%.
+//! accurate is it"): over four runs, held-out E2E MAPE 28.6–40.1% and TTFT
+//! p50 error −39% to +31% (21 held-out requests, whose TTFT is either a
+//! lone prefill of ~20 ms or one shared with decodes of ~45 ms, so their
+//! median jumps between the two), against the server's own run-to-run
+//! spread of 15–17.5% E2E MAPE between two runs of the same workload. The
+//! assertions leave room for that: E2E MAPE ≤ 60%, |TTFT p50 error| ≤ 60%.
 //!
 //! Skipped, with a message, only when `llama-server` is not installed
 //! (`bash ../shared/realserver/install.sh`; `.ci/run` installs it).
@@ -24,7 +25,7 @@ use blis_tests::{LoopOpts, run_loop};
 use clap::Parser;
 
 const E2E_MAPE_MAX: f64 = 60.0;
-const TTFT_P50_MAX: f64 = 0.50;
+const TTFT_P50_MAX: f64 = 0.60;
 
 fn realserver() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/realserver")

@@ -5,15 +5,21 @@
 //! - `gt_llama2_7b_codegen`: the 9000-request vLLM ground-truth run
 //!   (~1200 s of real time) with the roofline model (target ≤ 60 ms);
 //! - `servegen_100k` / `servegen_1m`: ServeGen m-large language clients on one
-//!   instance with blackbox coefficients (targets ≤ 1 s and ≤ 10 s).
+//!   instance with blackbox coefficients (targets ≤ 1 s and ≤ 10 s);
+//! - `cluster_100k_16_weighted`: 100K requests of
+//!   `examples/policy_search/shared-prefixes.yaml` over 16 instances with
+//!   weighted routing (prefix-affinity:3, queue-depth:2, kv-utilization:2).
 
 use std::path::PathBuf;
 
+use blis_replay::cluster::Control;
 use blis_replay::output::Collector;
+use blis_replay::policy::PolicyBundle;
+use blis_replay::routing::{RoutingPolicy, default_scorers};
 use blis_replay::run::trace_inputs;
 use blis_replay::setup::{ServerArgs, resolve};
 use blis_replay::sim::{Input, SimOptions};
-use blis_replay::{Instance, SchedulerPolicy, replay};
+use blis_replay::{Instance, SchedulerPolicy, replay, replay_cluster};
 use blis_traces::{GenerateOptions, Generator, TraceRecord, WorkloadSpec};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
@@ -100,6 +106,49 @@ fn bench(c: &mut Criterion) {
             )
         });
     }
+
+    let spec = WorkloadSpec::from_file(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/policy_search/shared-prefixes.yaml"),
+    )
+    .expect("spec");
+    let reqs: Vec<Input> = Generator::new(
+        &spec,
+        &GenerateOptions {
+            horizon_us: Some(2_600_000_000),
+            num_requests: Some(100_000),
+            ..Default::default()
+        },
+    )
+    .expect("generator")
+    .map(|r| Input::from_record(TraceRecord::planned(r.expect("request")), 0))
+    .collect();
+    let bundle = PolicyBundle {
+        num_instances: 16,
+        routing: RoutingPolicy::Weighted {
+            scorers: default_scorers().into_iter().collect(),
+        },
+        ..PolicyBundle::default()
+    };
+    g.bench_function("cluster_100k_16_weighted", |b| {
+        b.iter_batched(
+            || reqs.clone(),
+            |reqs| {
+                let mut insts: Vec<Instance> = (0..16)
+                    .map(|_| Instance::new(resolved.engine.clone(), resolved.latency.clone()))
+                    .collect();
+                let mut control = Control::new(&bundle, insts.len());
+                let mut sink = Collector::stats_only();
+                let opts = SimOptions {
+                    sample_interval_us: None,
+                    horizon_us: None,
+                };
+                replay_cluster(&mut insts, &mut control, reqs, &opts, &mut sink);
+                insts.iter().map(|i| i.counters().completed).sum::<u64>()
+            },
+            BatchSize::LargeInput,
+        )
+    });
     g.finish();
 }
 

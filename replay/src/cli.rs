@@ -19,7 +19,8 @@ pub struct Opts {
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
     /// Replay a trace, a workload spec or an imported trace on one simulated
-    /// instance and write the predicted trace.
+    /// instance (or a cluster: --num-instances, --routing, --admission,
+    /// --policy-config) and write the predicted trace.
     #[command(after_help = "Examples:\n  \
         blis-replay run --trace out/real.yaml --out out/pred\n  \
         blis-replay run --import vllm-gt:../shared/vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen \\\n      \
@@ -29,6 +30,68 @@ pub enum Command {
         Outputs: PREFIX.yaml/.csv (mode: replayed), PREFIX.itl.csv (per-token times),\n\
         PREFIX.metrics.csv (vLLM-named time series), PREFIX.summary.json.")]
     Run(RunArgs),
+    /// Evaluate a cluster policy bundle on a workload over several seeds:
+    /// one JSON object with the fitness, the metrics and a short text
+    /// summary (the contract of an OpenEvolve evaluator or a GEPA adapter).
+    #[command(after_help = "Example:\n  \
+        blis-replay evaluate --policy-config examples/policy_search/prefix-affinity.yaml \\\n      \
+            --workload-spec examples/policy_search/shared-prefixes.yaml --seeds 1,2,3 \\\n      \
+            --fitness-weights throughput:0.3,p99_ttft:0.4,mean_e2e:0.3")]
+    Evaluate(EvaluateArgs),
+}
+
+/// `evaluate` options.
+#[derive(Args, Debug, Clone)]
+pub struct EvaluateArgs {
+    /// Workload seeds to evaluate on (the fitness is their mean).
+    #[arg(long, default_value = "1", value_delimiter = ',')]
+    pub seeds: Vec<u64>,
+    /// The workload, server and cluster settings, as for `run` (no --out).
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Cluster settings: instances, admission, routing (flags override
+/// `--policy-config`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClusterArgs {
+    /// A policy bundle YAML (instances, admission, routing, signal
+    /// freshness, scheduler).
+    #[arg(long, value_name = "P.yaml")]
+    pub policy_config: Option<PathBuf>,
+    /// Instances in the cluster (default 1).
+    #[arg(long, value_name = "N")]
+    pub num_instances: Option<u32>,
+    /// Admission: always-admit, reject-all, token-bucket, rate-limit
+    /// (tenant-quota in a --policy-config).
+    #[arg(long, value_name = "POLICY")]
+    pub admission: Option<String>,
+    /// Token-bucket capacity, tokens.
+    #[arg(long)]
+    pub token_bucket_capacity: Option<f64>,
+    /// Token-bucket refill rate, tokens/s.
+    #[arg(long)]
+    pub token_bucket_refill_rate: Option<f64>,
+    /// Rate limit, requests/s.
+    #[arg(long)]
+    pub rate_limit_rps: Option<f64>,
+    /// Rate-limit burst, requests.
+    #[arg(long)]
+    pub rate_limit_burst: Option<f64>,
+    /// Routing: round-robin, least-loaded, weighted, always-busiest.
+    #[arg(long, value_name = "POLICY")]
+    pub routing: Option<String>,
+    /// Scorers of `weighted` routing with weights (normalised), e.g.
+    /// prefix-affinity:3,queue-depth:2,kv-utilization:2.
+    #[arg(long, value_name = "NAME:W,...")]
+    pub routing_scorers: Option<String>,
+    /// Refresh interval of queue depth, batch size and KV usage as the
+    /// router sees them, µs (0: read at every decision).
+    #[arg(long, value_name = "US")]
+    pub snapshot_refresh_interval_us: Option<i64>,
+    /// One fitness from the metrics, e.g. throughput:0.5,p99_ttft:0.3,mean_e2e:0.2.
+    #[arg(long, value_name = "METRIC:W,...")]
+    pub fitness_weights: Option<String>,
 }
 
 /// The latency models.
@@ -52,9 +115,9 @@ pub struct RunArgs {
     /// Input: a public trace, KIND:PATH (mooncake, azure, inference-perf, vllm-gt).
     #[arg(long, value_name = "KIND:PATH", group = "input")]
     pub import: Option<ImportSource>,
-    /// Output prefix.
+    /// Output prefix (required by `run`).
     #[arg(long, value_name = "PREFIX")]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
     /// Model id (default: the trace header's server model).
     #[arg(long)]
     pub model: Option<String>,
@@ -127,4 +190,7 @@ pub struct RunArgs {
     /// Print the summary as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
+    /// Cluster settings.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }

@@ -243,7 +243,7 @@ pub struct Counters {
 }
 
 /// A point-in-time view of an instance (what `/metrics` would show).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Snapshot {
     /// Requests waiting.
     pub waiting: u32,
@@ -497,8 +497,48 @@ impl Instance {
         self.form_batch(now, limit);
     }
 
+    /// Splits a fast-forwarded run in flight at `t`: the steps that ended
+    /// before `t` are finished now (their tokens go to `report`, with their
+    /// own times), and only the step in progress at `t` stays in flight, so
+    /// that an event at `t` (a new request, a cancellation) acts between
+    /// steps exactly as if the run had been planned to stop there. Returns
+    /// whether anything was finished. Owners call it before an event that
+    /// changes the instance at `t`, with `t` no later than the run's end.
+    pub fn split_at(&mut self, t: i64, report: &mut StepReport) -> bool {
+        report.clear();
+        let Some(run) = &mut self.run else {
+            return false;
+        };
+        let n = run.ends.len();
+        if n <= 1 {
+            return false;
+        }
+        let i = run.ends.partition_point(|&e| e < t);
+        if i == 0 {
+            // The first step is in progress: drop the planned ones after it.
+            run.ends.truncate(1);
+            return false;
+        }
+        let rest = run.ends[i.min(n - 1)];
+        let mut run = self.run.take().expect("checked");
+        run.ends.truncate(i.min(n - 1));
+        report.token_overhead_us = self.latency.output_token_overhead_us();
+        self.finish_steps(&run, report, true);
+        run.ends.clear();
+        run.ends.push(rest);
+        self.run = Some(run);
+        true
+    }
+
     /// Applies the effects of a completed run, in single-step order.
     fn finish_run(&mut self, run: &Run, report: &mut StepReport) {
+        self.finish_steps(run, report, false);
+    }
+
+    /// Applies the effects of the steps of `run`; `continues`: the batch
+    /// goes on for another step (a split run), whose new blocks are
+    /// allocated too.
+    fn finish_steps(&mut self, run: &Run, report: &mut StepReport, continues: bool) {
         let k = run.ends.len() as u32;
         let base_step = report.step_ends.len() as u32;
         report.step_ends.extend_from_slice(&run.ends);
@@ -507,7 +547,7 @@ impl Instance {
         self.counters.fast_forwarded_steps += u64::from(k - 1);
         let bs = self.kv.block_size();
         let overhead = report.token_overhead_us;
-        if k > 1 {
+        if k > 1 || continues {
             // Decode-only run of k steps. Block fills and allocations recur
             // every `bs` steps per request; group the requests by phase so
             // that each kv operation is applied in (step, running order).
@@ -530,7 +570,7 @@ impl Instance {
                     let filled = (self.act(slot).num_computed + j) / bs;
                     self.commit_hashes_upto(slot, filled);
                 }
-                if j < k {
+                if j < k || continues {
                     for &slot in g {
                         let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
                         let ok = self.kv.allocate(&mut blocks, &[], 1);

@@ -41,15 +41,21 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod arch;
 pub mod cli;
+pub mod cluster;
 pub mod coefficients;
 pub mod error;
+pub mod evaluate;
+pub mod fitness;
 pub mod instance;
 pub mod kv;
 pub mod latency;
 pub mod output;
+pub mod policy;
 pub mod roofline;
+pub mod routing;
 pub mod run;
 pub mod scheduler;
 pub mod setup;
@@ -60,7 +66,7 @@ pub use error::{ReplayError, Result};
 pub use instance::{EngineConfig, Instance, SimRequest};
 pub use latency::{Blackbox, LatencyModel, Model};
 pub use scheduler::SchedulerPolicy;
-pub use sim::replay;
+pub use sim::{replay, replay_cluster};
 
 /// Process exit codes of `blis-replay`.
 pub mod exit_code {

@@ -90,6 +90,8 @@ pub struct RequestCounts {
     pub input_errors: u64,
     /// Still in the system at the horizon.
     pub unfinished: u64,
+    /// Rejected by the cluster's admission policy.
+    pub rejected: u64,
 }
 
 /// Throughput over the replay.
@@ -156,6 +158,28 @@ pub struct Summary {
     pub steps: u64,
     /// Steps inside fast-forwarded runs.
     pub fast_forwarded_steps: u64,
+    /// Output tokens per second of each tenant (requests with a tenant id).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tenant_output_tokens_per_s: std::collections::BTreeMap<String, f64>,
+    /// Jain's fairness index over the tenants' output throughput
+    /// ((Σx)² / (n·Σx²): 1 when equal), with two tenants or more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jain_fairness: Option<f64>,
+    /// The cluster: instances, policies and per-instance figures (more than
+    /// one instance, or an admission policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::ClusterSummary>,
+    /// The fitness, with `--fitness-weights`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fitness: Option<crate::fitness::FitnessReport>,
+}
+
+/// Jain's fairness index of `xs` ((Σx)² / (n·Σx²)), for two values or more.
+pub fn jain(xs: impl Iterator<Item = f64> + Clone) -> Option<f64> {
+    let n = xs.clone().count();
+    let sum: f64 = xs.clone().sum();
+    let sq: f64 = xs.map(|x| x * x).sum();
+    (n >= 2 && sq > 0.0).then(|| sum * sum / (n as f64 * sq))
 }
 
 /// Accumulates statistics (and optionally writes the predicted trace).
@@ -180,6 +204,7 @@ pub struct Collector {
     kv_peak: f64,
     kv_sum: f64,
     kv_n: u64,
+    tenant_tokens: std::collections::BTreeMap<String, u64>,
     error: Option<crate::error::ReplayError>,
 }
 
@@ -236,6 +261,7 @@ impl Collector {
             itl: FxHashMap::default(),
             pending_itl: (i64::MIN, 0),
             last_token: Vec::new(),
+            tenant_tokens: std::collections::BTreeMap::new(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -345,6 +371,14 @@ impl Collector {
             },
             steps: c.steps,
             fast_forwarded_steps: c.fast_forwarded_steps,
+            tenant_output_tokens_per_s: self
+                .tenant_tokens
+                .iter()
+                .map(|(t, n)| (t.clone(), per_s(*n as f64)))
+                .collect(),
+            jain_fairness: jain(self.tenant_tokens.values().map(|n| *n as f64)),
+            cluster: None,
+            fitness: None,
         };
         Ok((summary, self.keep))
     }
@@ -441,6 +475,12 @@ impl Sink for Collector {
             self.input_tokens += u64::from(input);
         }
         self.output_tokens += u64::from(fin.output_tokens);
+        if !rec.request.tenant_id.is_empty() {
+            *self
+                .tenant_tokens
+                .entry(rec.request.tenant_id.to_string())
+                .or_insert(0) += u64::from(fin.output_tokens);
+        }
         self.first_send = self.first_send.min(entry_us);
         self.last_done = self.last_done.max(fin.last_token_us);
         let rs = self.run_start_us;
@@ -490,6 +530,13 @@ impl Sink for Collector {
             NotServed::Unfinished => {
                 self.counts.unfinished += 1;
                 (Status::Cancelled, "replay horizon reached".to_string())
+            }
+            NotServed::Rejected(policy) => {
+                self.counts.rejected += 1;
+                (
+                    Status::Error,
+                    format!("rejected by admission policy {policy}"),
+                )
             }
         };
         rec.outcome = Outcome {

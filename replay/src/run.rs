@@ -11,11 +11,13 @@ use blis_traces::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{Command, LatencyChoice, Opts, RunArgs};
+use crate::cluster::{ClusterSummary, Control};
 use crate::coefficients::LatencyKind;
-use crate::instance::Instance;
+use crate::instance::{Instance, Snapshot};
 use crate::output::{Collector, Summary};
+use crate::policy::PolicyBundle;
 use crate::setup::{Resolved, ServerArgs, resolve};
-use crate::sim::{Input, SimOptions, replay};
+use crate::sim::{Input, SimOptions, merged, replay, replay_cluster};
 
 /// Runs the command in `opts`, printing its summary to `out`.
 ///
@@ -24,6 +26,7 @@ use crate::sim::{Input, SimOptions, replay};
 pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<()> {
     match opts.command {
         Command::Run(args) => run_replay(&args, out),
+        Command::Evaluate(args) => crate::evaluate::evaluate(&args, out),
     }
 }
 
@@ -154,26 +157,76 @@ pub fn replay_header(input: &TraceHeader, resolved: &Resolved) -> TraceHeader {
     h
 }
 
+/// The instances of a cluster run: `bundle.num_instances` copies of the
+/// resolved engine (the bundle's scheduler, if it names one).
+fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
+    let mut engine = resolved.engine.clone();
+    if let Some(s) = bundle.scheduler {
+        engine.scheduler = s;
+    }
+    (0..bundle.num_instances)
+        .map(|_| Instance::new(engine.clone(), resolved.latency.clone()))
+        .collect()
+}
+
+/// Replays `inputs` on the cluster of `bundle` into `sink`; the
+/// cluster-wide final snapshot and the cluster section (for a cluster).
+pub(crate) fn replay_on<S: crate::sim::Sink>(
+    resolved: &Resolved,
+    bundle: &PolicyBundle,
+    inputs: impl IntoIterator<Item = Input>,
+    opts: &SimOptions,
+    sink: &mut S,
+) -> (Snapshot, Option<ClusterSummary>) {
+    let mut insts = instances(resolved, bundle);
+    let mut control = Control::new(bundle, insts.len());
+    replay_cluster(&mut insts, &mut control, inputs, opts, sink);
+    let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
+    let last = if snaps.len() == 1 {
+        snaps[0]
+    } else {
+        merged(&snaps)
+    };
+    let cluster = (!bundle.is_single()).then(|| ClusterSummary::of(bundle, &control, &insts));
+    (last, cluster)
+}
+
+fn fitness_weights(
+    args: &RunArgs,
+) -> anyhow::Result<Option<Vec<(String, crate::fitness::FitnessMetric, f64)>>> {
+    args.cluster
+        .fitness_weights
+        .as_deref()
+        .map(crate::fitness::parse_weights)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))
+}
+
 fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Some(prefix) = &args.out else {
+        bail!("--out PREFIX is required: where to write the predicted trace");
+    };
+    let bundle = PolicyBundle::from_args(&args.cluster)?;
+    let weights = fitness_weights(args)?;
     let workload = load_workload(args)?;
     let resolved =
         resolve(&server_args(args), Some(&workload.header)).context("configuring the server")?;
     let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
     let mut sink = Collector::to_files(
-        &args.out,
+        prefix,
         &header,
         &workload.extras,
         !args.no_itl,
         sample.is_some(),
     )
-    .with_context(|| format!("creating the outputs at {}", args.out.display()))?;
+    .with_context(|| format!("creating the outputs at {}", prefix.display()))?;
     let bar = progress(workload.len);
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
-    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let started = Instant::now();
-    let last = replay(
-        &mut inst,
+    let (last, cluster) = replay_on(
+        &resolved,
+        &bundle,
         inputs,
         &SimOptions {
             sample_interval_us: sample,
@@ -183,8 +236,10 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     let elapsed = started.elapsed();
     bar.finish_and_clear();
-    let (summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
-    let summary_path = args.out.with_extension("summary.json");
+    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+    summary.cluster = cluster;
+    summary.fitness = weights.map(|w| crate::fitness::report(&summary, &w));
+    let summary_path = prefix.with_extension("summary.json");
     let mut json = serde_json::to_string_pretty(&summary)?;
     json.push('\n');
     std::fs::write(&summary_path, json)
@@ -196,7 +251,7 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(
             out,
             "\nwrote {}.{{yaml,csv{}{}}} and {}",
-            args.out.display(),
+            prefix.display(),
             if args.no_itl { "" } else { ",itl.csv" },
             if sample.is_some() { ",metrics.csv" } else { "" },
             summary_path.display()

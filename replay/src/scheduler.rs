@@ -6,7 +6,8 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The order in which waiting requests are considered for admission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum SchedulerPolicy {
     /// First come, first served; a preempted request goes back to the front.
     #[default]

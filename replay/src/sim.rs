@@ -20,8 +20,9 @@ use blis_traces::content;
 use blis_traces::{SharedStr, Status, TraceRecord};
 use rustc_hash::FxHashMap;
 
+use crate::cluster::Control;
 use crate::instance::{
-    DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
+    Counters, DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
 };
 use crate::latency::LatencyModel;
 use crate::scheduler::slo_priority;
@@ -71,6 +72,8 @@ pub enum NotServed {
     CancelledWaiting,
     /// The replay stopped (horizon) before it completed.
     Unfinished,
+    /// The cluster's admission policy (named) rejected it.
+    Rejected(&'static str),
 }
 
 /// Options of a replay.
@@ -145,6 +148,8 @@ const CANCEL: u8 = 2;
 #[derive(Debug)]
 struct Flight {
     rec: TraceRecord,
+    /// The instance it was routed to.
+    inst: u32,
     /// Tags are reused: events for a tag carry the generation they were
     /// meant for.
     generation: u32,
@@ -161,8 +166,77 @@ where
     I: IntoIterator<Item = Input>,
     S: Sink,
 {
+    let mut control = Control::single();
+    replay_cluster(
+        std::slice::from_mut(instance),
+        &mut control,
+        inputs,
+        opts,
+        sink,
+    );
+    instance.snapshot()
+}
+
+/// The instances' snapshots added up (one cluster-wide view).
+pub fn merged(snaps: &[Snapshot]) -> Snapshot {
+    let mut m = Snapshot::default();
+    for s in snaps {
+        m.waiting += s.waiting;
+        m.running += s.running;
+        m.kv_used += s.kv_used;
+        m.kv_total += s.kv_total;
+        let (a, b) = (&mut m.counters, &s.counters);
+        let Counters {
+            enqueued,
+            completed,
+            dropped,
+            preemptions,
+            prefix_queries,
+            prefix_hits,
+            prompt_tokens,
+            generation_tokens,
+            steps,
+            fast_forwarded_steps,
+            aborted,
+        } = *b;
+        a.enqueued += enqueued;
+        a.completed += completed;
+        a.dropped += dropped;
+        a.preemptions += preemptions;
+        a.prefix_queries += prefix_queries;
+        a.prefix_hits += prefix_hits;
+        a.prompt_tokens += prompt_tokens;
+        a.generation_tokens += generation_tokens;
+        a.steps += steps;
+        a.fast_forwarded_steps += fast_forwarded_steps;
+        a.aborted += aborted;
+    }
+    m
+}
+
+/// Replays `inputs` (sorted by `entry_us`) on a cluster of `instances`
+/// sharing one clock: each request is admitted and routed by `control` on
+/// arrival, then follows the single-instance lifecycle on its instance.
+/// At equal times cluster events (refreshes of the routing signals,
+/// arrivals, entries, cancellations) come before instance steps, and
+/// instances step in index order. Metric samples are of the whole cluster
+/// ([`merged`]). With one instance and [`Control::single`] this is
+/// [`replay`].
+pub fn replay_cluster<I, S>(
+    instances: &mut [Instance],
+    control: &mut Control,
+    inputs: I,
+    opts: &SimOptions,
+    sink: &mut S,
+) where
+    I: IntoIterator<Item = Input>,
+    S: Sink,
+{
+    assert!(!instances.is_empty(), "a cluster needs an instance");
+    let refresh = control.refresh_interval_us();
     let mut d = Driver {
-        inst: instance,
+        insts: instances,
+        control,
         events: BinaryHeap::new(),
         seq: 0,
         flights: Vec::new(),
@@ -174,17 +248,29 @@ where
         times: Vec::new(),
         next_generation: 0,
         cancels: FxHashMap::default(),
+        snaps: Vec::new(),
     };
     let mut inputs = inputs.into_iter().peekable();
     let mut next_sample = opts.sample_interval_us.map(|_| 0i64);
+    let mut next_refresh = refresh.map(|_| 0i64);
     let horizon = opts.horizon_us.unwrap_or(i64::MAX);
     let mut last_t = i64::MIN;
     loop {
         let t_input = inputs.peek().map(|i| i.entry_us);
         let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
-        let t_step = d.inst.next_time();
+        // The earliest instance step; the lowest index on ties.
+        let mut step_at: Option<(i64, usize)> = None;
+        for (i, inst) in d.insts.iter().enumerate() {
+            if let Some(t) = inst.next_time()
+                && step_at.is_none_or(|(b, _)| t < b)
+            {
+                step_at = Some((t, i));
+            }
+        }
+        let t_step = step_at.map(|(t, _)| t);
         let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
         let t_sample = next_sample.filter(|_| busy);
+        let t_refresh = next_refresh.filter(|_| busy);
         // (time, class): input arrivals share class ARRIVAL with deferred
         // ones and come first among them.
         let mut best: Option<(i64, u8, u8)> = None;
@@ -195,12 +281,14 @@ where
                 best = Some((t, class, src));
             }
         };
-        consider(t_input, ARRIVAL, 0);
+        // A refresh of the routing signals at T comes before arrivals at T.
+        consider(t_refresh, ARRIVAL, 0);
+        consider(t_input, ARRIVAL, 1);
         if let Some((t, c)) = t_event {
-            consider(Some(t), c, 1);
+            consider(Some(t), c, 2);
         }
-        consider(t_step, 3, 2);
-        consider(t_sample, 4, 3);
+        consider(t_step, 3, 3);
+        consider(t_sample, 4, 4);
         let Some((now, _, src)) = best else { break };
         if now > horizon {
             break;
@@ -212,10 +300,14 @@ where
         last_t = now;
         match src {
             0 => {
+                d.control.refresh(d.insts);
+                next_refresh = Some(now + refresh.unwrap_or(i64::MAX / 4));
+            }
+            1 => {
                 let input = inputs.next().expect("peeked");
                 d.arrive(now, input, sink);
             }
-            1 => {
+            2 => {
                 let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
                 match class {
                     ARRIVAL => d.deferred_arrival(now, tag, sink),
@@ -226,21 +318,28 @@ where
                     }
                 }
             }
-            2 => {
-                let limit = [
-                    inputs.peek().map(|i| i.entry_us),
-                    d.events.peek().map(|Reverse((t, ..))| *t),
-                    next_sample,
-                    opts.horizon_us,
-                ]
-                .into_iter()
-                .flatten()
-                .min()
-                .map_or(i64::MAX, |t| t - 1);
-                d.step(now, limit, sink);
+            3 => {
+                // A run of identical decode steps may extend past arrivals
+                // and entries: an entry or a cancellation splits it at its
+                // time ([`Instance::split_at`]). Samples and refreshes read
+                // the instances between steps, so runs stop before them.
+                let limit = [next_sample, next_refresh, opts.horizon_us]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map_or(i64::MAX, |t| t - 1);
+                let i = step_at.map_or(0, |(_, i)| i);
+                d.step(now, limit, i, sink);
             }
             _ => {
-                sink.sample(now, &d.inst.snapshot());
+                d.snaps.clear();
+                d.snaps.extend(d.insts.iter().map(Instance::snapshot));
+                let snap = if d.snaps.len() == 1 {
+                    d.snaps[0]
+                } else {
+                    merged(&d.snaps)
+                };
+                sink.sample(now, &snap);
                 next_sample = Some(now + opts.sample_interval_us.unwrap_or(i64::MAX / 4));
             }
         }
@@ -258,13 +357,14 @@ where
     for input in d.deferred.into_iter().flatten() {
         sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
     }
-    d.inst.snapshot()
 }
 
 type SessionKey = (SharedStr, u32);
 
 struct Driver<'a> {
-    inst: &'a mut Instance,
+    insts: &'a mut [Instance],
+    control: &'a mut Control,
+    snaps: Vec<Snapshot>,
     events: BinaryHeap<Reverse<(i64, u8, u64, u32)>>,
     seq: u64,
     flights: Vec<Option<Flight>>,
@@ -342,8 +442,13 @@ impl Driver<'_> {
             sink.not_served(input.rec, input.entry_us, NotServed::InputError);
             return;
         }
-        let delay = self
-            .inst
+        let Some(inst) = self.control.decide(now, &input.rec, self.insts) else {
+            let why = NotServed::Rejected(self.control.admission.policy().name());
+            self.round_done(&input.rec, now);
+            sink.not_served(input.rec, input.entry_us, why);
+            return;
+        };
+        let delay = self.insts[inst]
             .latency()
             .queueing_delay_us(input.rec.effective_input_tokens())
             .round() as i64;
@@ -351,6 +456,7 @@ impl Driver<'_> {
         self.next_generation = self.next_generation.wrapping_add(1);
         let flight = Flight {
             rec: input.rec,
+            inst: inst as u32,
             generation,
             entry_us: now,
             last_token_us: None,
@@ -374,9 +480,13 @@ impl Driver<'_> {
         }
     }
 
+    /// Ends a request's flight: its tag is free, its instance has one
+    /// request fewer in flight.
     fn take_flight(&mut self, tag: u32) -> Flight {
         let f = self.flights[tag as usize].take().expect("live flight");
         self.free.push(tag);
+        self.control
+            .left(f.inst as usize, f.rec.request.tenant_id.as_ref());
         f
     }
 
@@ -402,7 +512,9 @@ impl Driver<'_> {
             segments,
             tag,
         };
-        if let Err(why) = self.inst.enqueue(now, req) {
+        let inst = f.inst as usize;
+        self.sync(inst, now, sink);
+        if let Err(why) = self.insts[inst].enqueue(now, req) {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
             sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
@@ -421,7 +533,9 @@ impl Driver<'_> {
             return;
         }
         let id = f.rec.request.request_id;
-        let Some((generated, first)) = self.inst.abort(id) else {
+        let inst = f.inst as usize;
+        self.sync(inst, now, sink);
+        let Some((generated, first)) = self.insts[inst].abort(id) else {
             return;
         };
         let f = self.take_flight(tag);
@@ -449,9 +563,26 @@ impl Driver<'_> {
         });
     }
 
-    fn step<S: Sink>(&mut self, now: i64, limit: i64, sink: &mut S) {
+    /// Brings instance `inst` to time `now` before an event changes it:
+    /// the steps of its run in flight that ended before `now` are finished
+    /// and reported.
+    fn sync<S: Sink>(&mut self, inst: usize, now: i64, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
-        self.inst.step(now, limit.max(now), &mut report);
+        if self.insts[inst].split_at(now, &mut report) {
+            self.deliver(&report, sink);
+        }
+        self.report = report;
+    }
+
+    fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
+        let mut report = std::mem::take(&mut self.report);
+        self.insts[inst].step(now, limit.max(now), &mut report);
+        self.deliver(&report, sink);
+        self.report = report;
+    }
+
+    /// Hands a step report's tokens and completions to `sink`.
+    fn deliver<S: Sink>(&mut self, report: &StepReport, sink: &mut S) {
         let wants = sink.wants_tokens();
         for span in &report.spans {
             let span: TokenSpan = *span;
@@ -477,6 +608,5 @@ impl Driver<'_> {
                 status: Status::Ok,
             });
         }
-        self.report = report;
     }
 }

@@ -2,6 +2,7 @@
 
 mod behaviour; // known answers: timings, batching limits, caching, preemption, policies
 mod cli; // the binary: outputs, determinism, errors
+mod cluster; // clusters: one instance = single path, determinism, policy behaviour, invariants
 mod common; // helpers
 mod fast_forward; // runs of decode steps as one event give identical results
 mod invariants; // conservation, causality, monotone clock, work conservation (proptest)

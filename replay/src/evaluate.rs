@@ -1,0 +1,255 @@
+//! `blis-replay evaluate`: one cluster policy bundle on one workload over
+//! several seeds, as one JSON object — the fitness, the raw metrics and a
+//! short text for LLM reflection. This is the contract a policy-search
+//! loop (an OpenEvolve evaluator, a GEPA adapter) calls
+//! (`../shared/design/policy-optimization-design.md`); each call is
+//! single-threaded and deterministic, so a search runs many in parallel.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::cli::EvaluateArgs;
+use crate::cluster::ClusterSummary;
+use crate::output::{Collector, Dist, Summary};
+use crate::policy::PolicyBundle;
+use crate::routing::RoutingPolicy;
+use crate::setup::resolve;
+use crate::sim::SimOptions;
+
+/// Mean, p50 and p99 of a latency, ms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Lat {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Lat {
+    fn of(d: &Dist) -> Self {
+        Self {
+            mean: d.mean,
+            p50: d.p50,
+            p99: d.p99,
+        }
+    }
+}
+
+/// The metrics of one seed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedMetrics {
+    /// The workload seed.
+    pub seed: u64,
+    /// The fitness, with `--fitness-weights`.
+    pub fitness: Option<f64>,
+    /// TTFT, ms.
+    pub ttft_ms: Lat,
+    /// E2E, ms.
+    pub e2e_ms: Lat,
+    /// ITL, ms.
+    pub itl_ms: Lat,
+    /// Completed requests per second.
+    pub throughput_rps: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Requests in the workload.
+    pub requests: u64,
+    /// Rejected by admission.
+    pub rejected: u64,
+    /// Dropped as unservable.
+    pub dropped: u64,
+    /// Preemptions, all instances.
+    pub preemptions: u64,
+    /// Prefix-cache hit rate, all instances.
+    pub prefix_cache_hit_rate: f64,
+    /// Most over least routed instance.
+    pub routing_imbalance: f64,
+    /// Requests routed to each instance.
+    pub routed: Vec<u64>,
+    /// Jain's fairness over tenants' output throughput.
+    pub jain_fairness: Option<f64>,
+}
+
+/// What `evaluate` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Schema version.
+    pub version: u32,
+    /// The bundle evaluated (after flags).
+    pub policy: PolicyBundle,
+    /// Mean fitness over the seeds (with `--fitness-weights`).
+    pub fitness: Option<f64>,
+    /// Per seed.
+    pub seeds: Vec<SeedMetrics>,
+    /// A short text: what happened and the main issues.
+    pub summary: String,
+}
+
+fn seed_metrics(seed: u64, s: &Summary, c: Option<&ClusterSummary>) -> SeedMetrics {
+    SeedMetrics {
+        seed,
+        fitness: s.fitness.as_ref().map(|f| f.score),
+        ttft_ms: Lat::of(&s.ttft_ms),
+        e2e_ms: Lat::of(&s.e2e_ms),
+        itl_ms: Lat::of(&s.itl_ms),
+        throughput_rps: s.throughput.requests_per_s,
+        output_tokens_per_s: s.throughput.output_tokens_per_s,
+        requests: s.requests.total,
+        rejected: s.requests.rejected,
+        dropped: s.requests.dropped,
+        preemptions: s.preemptions,
+        prefix_cache_hit_rate: s.prefix_cache.hit_rate,
+        routing_imbalance: c.map_or(1.0, |c| c.routing_imbalance),
+        routed: c.map_or_else(
+            || vec![s.requests.total - s.requests.rejected],
+            |c| c.instances.iter().map(|i| i.routed).collect(),
+        ),
+        jain_fairness: s.jain_fairness,
+    }
+}
+
+fn describe(b: &PolicyBundle) -> String {
+    let routing = match &b.routing {
+        RoutingPolicy::Weighted { scorers } => {
+            let sum: f64 = scorers.values().sum();
+            let parts: Vec<String> = scorers
+                .iter()
+                .map(|(s, w)| format!("{} {:.2}", s.name(), w / sum))
+                .collect();
+            format!("weighted routing ({})", parts.join(", "))
+        }
+        r => format!("{} routing", r.name()),
+    };
+    format!(
+        "{routing} over {} instance(s), admission {}",
+        b.num_instances,
+        b.admission.name()
+    )
+}
+
+/// The text for reflection: the outcome, then the issues worth fixing.
+fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
+    let mut o = String::new();
+    let n = seeds.len() as f64;
+    let mean = |f: &dyn Fn(&SeedMetrics) -> f64| seeds.iter().map(f).sum::<f64>() / n;
+    let _ = write!(
+        o,
+        "{}: over {} seed(s), TTFT p50 {:.1} ms, p99 {:.1} ms; E2E p99 {:.0} ms; {:.2} req/s; prefix-cache hit rate {:.1}%; routing imbalance {:.2} (most/least routed instance).",
+        describe(b),
+        seeds.len(),
+        mean(&|s| s.ttft_ms.p50),
+        mean(&|s| s.ttft_ms.p99),
+        mean(&|s| s.e2e_ms.p99),
+        mean(&|s| s.throughput_rps),
+        100.0 * mean(&|s| s.prefix_cache_hit_rate),
+        mean(&|s| s.routing_imbalance),
+    );
+    let mut issues = Vec::new();
+    let imbalance = mean(&|s| s.routing_imbalance);
+    if imbalance > 1.5 {
+        let r = &seeds[0].routed;
+        let (lo, hi) = (
+            r.iter().enumerate().min_by_key(|x| x.1),
+            r.iter().enumerate().max_by_key(|x| x.1),
+        );
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            issues.push(format!(
+                "uneven load: instance {} got {} requests, instance {} only {} (seed {})",
+                hi.0, hi.1, lo.0, lo.1, seeds[0].seed
+            ));
+        }
+    }
+    let tail = mean(&|s| s.ttft_ms.p99 / s.ttft_ms.p50.max(1e-9));
+    if tail > 10.0 {
+        issues.push(format!(
+            "long TTFT tail: p99 is {tail:.0}× p50 (requests queue behind busy instances)"
+        ));
+    }
+    let hit = mean(&|s| s.prefix_cache_hit_rate);
+    if hit < 0.2 {
+        issues.push(format!(
+            "low prefix reuse: {:.1}% of prompt tokens hit the cache (requests sharing a prefix are spread across instances, or the workload shares little)",
+            100.0 * hit
+        ));
+    }
+    let pre = mean(&|s| s.preemptions as f64);
+    if pre > 0.0 {
+        issues.push(format!(
+            "KV pressure: {pre:.0} preemptions per run (recomputed prefills)"
+        ));
+    }
+    let rej = mean(&|s| s.rejected as f64 / (s.requests.max(1)) as f64);
+    if rej > 0.01 {
+        issues.push(format!("admission rejects {:.1}% of requests", 100.0 * rej));
+    }
+    if issues.is_empty() {
+        o.push_str(" No main issue found.");
+    } else {
+        o.push_str(" Main issues: ");
+        o.push_str(&issues.join("; "));
+        o.push('.');
+    }
+    o
+}
+
+/// `blis-replay evaluate`.
+///
+/// # Errors
+/// Bad input or settings.
+pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let bundle = PolicyBundle::from_args(&args.run.cluster)?;
+    let weights = args
+        .run
+        .cluster
+        .fitness_weights
+        .as_deref()
+        .map(crate::fitness::parse_weights)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))?;
+    if args.seeds.is_empty() {
+        anyhow::bail!("--seeds: give at least one seed");
+    }
+    let mut seeds = Vec::new();
+    for &seed in &args.seeds {
+        let mut run = args.run.clone();
+        run.seed = Some(seed);
+        let workload = crate::run::load_workload(&run)?;
+        let resolved = resolve(&crate::run::server_args(&run), Some(&workload.header))
+            .context("configuring the server")?;
+        let mut sink = Collector::stats_only();
+        let (last, cluster) = crate::run::replay_on(
+            &resolved,
+            &bundle,
+            workload.inputs,
+            &SimOptions {
+                sample_interval_us: Some(100_000),
+                horizon_us: None,
+            },
+            &mut sink,
+        );
+        let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
+        let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+        summary.fitness = weights
+            .as_ref()
+            .map(|w| crate::fitness::report(&summary, w));
+        seeds.push(seed_metrics(seed, &summary, cluster.as_ref()));
+    }
+    let fitness = weights
+        .as_ref()
+        .map(|_| seeds.iter().filter_map(|s| s.fitness).sum::<f64>() / seeds.len() as f64);
+    let summary = reflect(&bundle, &seeds);
+    let e = Evaluation {
+        version: 1,
+        policy: bundle,
+        fitness,
+        seeds,
+        summary,
+    };
+    writeln!(out, "{}", serde_json::to_string_pretty(&e)?)?;
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! The cluster's control policies as one bundle: admission, routing, the
+//! signals' freshness and the instance count (`--policy-config P.yaml`,
+//! strictly parsed; flags override its fields).
+//!
+//! ```yaml
+//! num_instances: 4
+//! admission: {policy: token-bucket, capacity: 200000, refill_rate: 100000}
+//! routing:
+//!   policy: weighted
+//!   scorers: {prefix-affinity: 3, queue-depth: 2, kv-utilization: 2}
+//! snapshot_refresh_interval_us: 0     # 0: signals read at routing time
+//! prefix_index_capacity: 10000        # blocks per instance in the router's index
+//! scheduler: priority-fcfs            # each instance's wait-queue order
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::admission::AdmissionPolicy;
+use crate::error::{ReplayError, Result};
+use crate::routing::RoutingPolicy;
+use crate::scheduler::SchedulerPolicy;
+
+/// A policy bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyBundle {
+    /// Instances in the cluster (default 1).
+    pub num_instances: u32,
+    /// Admission policy (default always-admit).
+    pub admission: AdmissionPolicy,
+    /// Routing policy (default round-robin).
+    pub routing: RoutingPolicy,
+    /// How often queue depth, batch size and KV usage are re-read from the
+    /// instances, µs (0: at every routing decision), as a Prometheus scrape
+    /// interval would make them stale.
+    pub snapshot_refresh_interval_us: i64,
+    /// Blocks per instance in the router's prefix index (default 10,000).
+    pub prefix_index_capacity: u32,
+    /// Each instance's wait-queue order (default: the `--scheduler` flag).
+    pub scheduler: Option<SchedulerPolicy>,
+}
+
+impl Default for PolicyBundle {
+    fn default() -> Self {
+        Self {
+            num_instances: 1,
+            admission: AdmissionPolicy::default(),
+            routing: RoutingPolicy::default(),
+            snapshot_refresh_interval_us: 0,
+            prefix_index_capacity: 10_000,
+            scheduler: None,
+        }
+    }
+}
+
+impl PolicyBundle {
+    /// Reads and checks a bundle.
+    ///
+    /// # Errors
+    /// An unreadable file, malformed YAML or an unknown field (with its
+    /// line), or an invalid value.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ReplayError::Config(format!("reading the policy config {}: {e}", path.display()))
+        })?;
+        let b: Self = serde_saphyr::from_str(&text).map_err(|e| {
+            ReplayError::Config(format!("{}: {}", path.display(), one_line(&e.to_string())))
+        })?;
+        b.validate()
+            .map_err(|e| ReplayError::Config(format!("{}: {e}", path.display())))?;
+        Ok(b)
+    }
+
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// The offending field, named.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.num_instances == 0 {
+            return Err("num_instances must be at least 1".into());
+        }
+        if self.snapshot_refresh_interval_us < 0 {
+            return Err("snapshot_refresh_interval_us must be ≥ 0".into());
+        }
+        if self.prefix_index_capacity == 0 {
+            return Err("prefix_index_capacity must be at least 1".into());
+        }
+        if let RoutingPolicy::Weighted { scorers } = &self.routing {
+            if scorers.values().any(|w| !w.is_finite() || *w < 0.0) {
+                return Err("routing scorers: weights must be finite and ≥ 0".into());
+            }
+            if scorers.values().all(|w| *w == 0.0) {
+                return Err("routing scorers: at least one weight must be positive".into());
+            }
+        }
+        self.admission.validate()
+    }
+}
+
+impl PolicyBundle {
+    /// The bundle of `--policy-config` (or the default), with the flags of
+    /// `a` applied over it.
+    ///
+    /// # Errors
+    /// An unreadable or invalid bundle, an unknown policy name, or a
+    /// policy missing its parameters (named by flag).
+    pub fn from_args(a: &crate::cli::ClusterArgs) -> Result<Self> {
+        let mut b = match &a.policy_config {
+            Some(p) => Self::from_file(p)?,
+            None => Self::default(),
+        };
+        let bad = |m: String| ReplayError::Config(m);
+        if let Some(n) = a.num_instances {
+            b.num_instances = n;
+        }
+        if let Some(name) = &a.admission {
+            b.admission = match name.as_str() {
+                "always-admit" => AdmissionPolicy::AlwaysAdmit,
+                "reject-all" => AdmissionPolicy::RejectAll,
+                "token-bucket" => AdmissionPolicy::TokenBucket {
+                    capacity: a.token_bucket_capacity.ok_or_else(|| {
+                        bad("--admission token-bucket needs --token-bucket-capacity".into())
+                    })?,
+                    refill_rate: a.token_bucket_refill_rate.ok_or_else(|| {
+                        bad("--admission token-bucket needs --token-bucket-refill-rate".into())
+                    })?,
+                },
+                "rate-limit" => AdmissionPolicy::RateLimit {
+                    rate: a.rate_limit_rps.ok_or_else(|| {
+                        bad("--admission rate-limit needs --rate-limit-rps".into())
+                    })?,
+                    burst: a.rate_limit_burst.unwrap_or(1.0),
+                },
+                "tenant-quota" => {
+                    return Err(bad(
+                        "--admission tenant-quota: give its quotas in a --policy-config".into(),
+                    ));
+                }
+                other => {
+                    return Err(bad(format!(
+                        "--admission: unknown policy {other:?} (always-admit, reject-all, token-bucket, rate-limit, tenant-quota)"
+                    )));
+                }
+            };
+        }
+        if let Some(name) = &a.routing {
+            b.routing = match name.as_str() {
+                "round-robin" => RoutingPolicy::RoundRobin,
+                "least-loaded" => RoutingPolicy::LeastLoaded,
+                "always-busiest" => RoutingPolicy::AlwaysBusiest,
+                "weighted" => RoutingPolicy::Weighted {
+                    scorers: crate::routing::default_scorers().into_iter().collect(),
+                },
+                other => {
+                    return Err(bad(format!(
+                        "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest)"
+                    )));
+                }
+            };
+        }
+        if let Some(sc) = &a.routing_scorers {
+            let scorers = crate::routing::parse_scorers(sc)
+                .map_err(|e| bad(format!("--routing-scorers: {e}")))?;
+            match &mut b.routing {
+                RoutingPolicy::Weighted { scorers: s } => *s = scorers.into_iter().collect(),
+                _ if a.routing.is_none() => {
+                    b.routing = RoutingPolicy::Weighted {
+                        scorers: scorers.into_iter().collect(),
+                    };
+                }
+                other => {
+                    return Err(bad(format!(
+                        "--routing-scorers applies to weighted routing, not {}",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        if let Some(r) = a.snapshot_refresh_interval_us {
+            b.snapshot_refresh_interval_us = r;
+        }
+        b.validate().map_err(bad)?;
+        Ok(b)
+    }
+
+    /// Whether this is a plain single instance (no cluster section needed).
+    pub fn is_single(&self) -> bool {
+        self.num_instances == 1 && self.admission == AdmissionPolicy::AlwaysAdmit
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::Scorer;
+
+    #[test]
+    fn a_bundle_parses_strictly() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.yaml");
+        std::fs::write(
+            &p,
+            "num_instances: 4\nadmission: {policy: token-bucket, capacity: 1000, refill_rate: 10}\nrouting:\n  policy: weighted\n  scorers: {prefix-affinity: 3, queue-depth: 2}\n",
+        )
+        .unwrap();
+        let b = PolicyBundle::from_file(&p).unwrap();
+        assert_eq!(b.num_instances, 4);
+        assert_eq!(
+            b.routing,
+            RoutingPolicy::Weighted {
+                scorers: [(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)].into()
+            }
+        );
+        std::fs::write(
+            &p,
+            "num_instances: 4\nrouting: {policy: weighted, scorer: {}}\n",
+        )
+        .unwrap();
+        let e = PolicyBundle::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("p.yaml") && e.contains("scorer"), "{e}");
+        std::fs::write(
+            &p,
+            "admission: {policy: token-bucket, capacity: .nan, refill_rate: 1}\n",
+        )
+        .unwrap();
+        let e = PolicyBundle::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("capacity"), "{e}");
+        std::fs::write(&p, "num_instances: 0\n").unwrap();
+        assert!(PolicyBundle::from_file(&p).is_err());
+    }
+}

@@ -1,0 +1,513 @@
+//! Routing policies: which instance receives an admitted request
+//! (`../shared/design/cluster-architecture.md`, "Routing Pipeline").
+//!
+//! Effective load is `waiting + running + in-flight` (the design's
+//! QueueDepth + BatchSize + InFlightRequests, as llm-d and Envoy count it);
+//! in-flight counts and the router's prefix index are synchronous, the
+//! other signals come from snapshots refreshed at the configured interval.
+//! Every tie goes to the lowest instance index.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+/// A scorer of the `weighted` policy; each gives every instance a score in
+/// [0, 1] (higher is better).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scorer {
+    /// Share of the request's prompt blocks (chained hashes, so a matching
+    /// prefix) in the router's per-instance LRU index of the blocks it
+    /// routed there; the index learns after each decision.
+    PrefixAffinity,
+    /// Prompt blocks found in the instance's actual KV cache, min-max
+    /// normalised across instances.
+    PrecisePrefixCache,
+    /// Cold requests (no instance's index has their first block) go to the
+    /// instance least recently given a cold request (1 for the least
+    /// recent, 0 for the most); warm requests score 0.5 everywhere.
+    NoHitLru,
+    /// Effective load, min-max normalised (least loaded 1, most 0).
+    QueueDepth,
+    /// 1 − KV-cache usage.
+    KvUtilization,
+    /// 1 / (1 + effective load).
+    LoadBalance,
+}
+
+impl Scorer {
+    /// The scorer's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PrefixAffinity => "prefix-affinity",
+            Self::PrecisePrefixCache => "precise-prefix-cache",
+            Self::NoHitLru => "no-hit-lru",
+            Self::QueueDepth => "queue-depth",
+            Self::KvUtilization => "kv-utilization",
+            Self::LoadBalance => "load-balance",
+        }
+    }
+
+    /// Parses a scorer name.
+    ///
+    /// # Errors
+    /// An unknown name, with the known ones.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "prefix-affinity" => Self::PrefixAffinity,
+            "precise-prefix-cache" => Self::PrecisePrefixCache,
+            "no-hit-lru" => Self::NoHitLru,
+            "queue-depth" => Self::QueueDepth,
+            "kv-utilization" => Self::KvUtilization,
+            "load-balance" => Self::LoadBalance,
+            _ => {
+                return Err(format!(
+                    "unknown scorer {s:?} (prefix-affinity, precise-prefix-cache, no-hit-lru, queue-depth, kv-utilization, load-balance)"
+                ));
+            }
+        })
+    }
+}
+
+/// Parses `prefix-affinity:3,queue-depth:2` into scorers and weights.
+///
+/// # Errors
+/// A malformed item, an unknown scorer, or a weight that is not a finite
+/// non-negative number; all weights zero.
+pub fn parse_scorers(s: &str) -> Result<Vec<(Scorer, f64)>, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let (name, w) = item
+            .split_once(':')
+            .ok_or_else(|| format!("scorer {item:?}: expected NAME:WEIGHT"))?;
+        let w: f64 = w
+            .trim()
+            .parse()
+            .map_err(|_| format!("scorer {item:?}: weight {w:?} is not a number"))?;
+        if !w.is_finite() || w < 0.0 {
+            return Err(format!("scorer {item:?}: weight must be finite and ≥ 0"));
+        }
+        out.push((Scorer::parse(name.trim())?, w));
+    }
+    if out.iter().all(|(_, w)| *w == 0.0) {
+        return Err("scorers: at least one weight must be positive".into());
+    }
+    Ok(out)
+}
+
+/// The design's default weights (llm-d parity).
+pub fn default_scorers() -> Vec<(Scorer, f64)> {
+    vec![
+        (Scorer::PrefixAffinity, 3.0),
+        (Scorer::QueueDepth, 2.0),
+        (Scorer::KvUtilization, 2.0),
+    ]
+}
+
+/// A routing policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "policy", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RoutingPolicy {
+    /// Instances in turn.
+    #[default]
+    RoundRobin,
+    /// The instance with the least effective load.
+    LeastLoaded,
+    /// The instance with the most effective load (pathological tests).
+    AlwaysBusiest,
+    /// The argmax of weighted scorer sums (weights normalised to sum 1).
+    Weighted {
+        /// Scorers and weights (default prefix-affinity:3, queue-depth:2,
+        /// kv-utilization:2).
+        #[serde(default = "default_scorer_map")]
+        scorers: std::collections::BTreeMap<Scorer, f64>,
+    },
+}
+
+fn default_scorer_map() -> std::collections::BTreeMap<Scorer, f64> {
+    default_scorers().into_iter().collect()
+}
+
+impl RoutingPolicy {
+    /// The policy's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::LeastLoaded => "least-loaded",
+            Self::AlwaysBusiest => "always-busiest",
+            Self::Weighted { .. } => "weighted",
+        }
+    }
+}
+
+/// What the router sees of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct InstanceView {
+    /// Requests in its wait queue (snapshot).
+    pub waiting: u32,
+    /// Requests in its running batch (snapshot).
+    pub running: u32,
+    /// KV-cache usage, 0..1 (snapshot).
+    pub kv_usage: f64,
+    /// Requests routed there and not finished (synchronous).
+    pub in_flight: u32,
+    /// Leading prompt blocks of the request in its KV cache (only for
+    /// `precise-prefix-cache`).
+    pub cached_blocks: u32,
+}
+
+impl InstanceView {
+    /// Effective load: waiting + running + in flight.
+    pub fn load(&self) -> f64 {
+        f64::from(self.waiting + self.running + self.in_flight)
+    }
+}
+
+/// A per-instance LRU set of block hashes with bounded capacity.
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    capacity: usize,
+    last_use: FxHashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+    tick: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index of at most `capacity` blocks.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            last_use: FxHashMap::default(),
+            order: VecDeque::new(),
+            tick: 0,
+        }
+    }
+
+    /// Leading hashes of `hashes` present.
+    pub fn matched(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.last_use.contains_key(h))
+            .count()
+    }
+
+    /// Records `hashes` as used now, evicting the least recently used.
+    pub fn insert(&mut self, hashes: &[u64]) {
+        for &h in hashes {
+            self.tick += 1;
+            self.last_use.insert(h, self.tick);
+            self.order.push_back((h, self.tick));
+        }
+        while self.last_use.len() > self.capacity {
+            let Some((h, t)) = self.order.pop_front() else {
+                break;
+            };
+            if self.last_use.get(&h) == Some(&t) {
+                self.last_use.remove(&h);
+            }
+        }
+        // Stale queue entries (re-used hashes) are dropped lazily; keep the
+        // queue within a constant factor of the live set.
+        if self.order.len() > 4 * self.capacity + 64 {
+            let live = &self.last_use;
+            self.order.retain(|(h, t)| live.get(h) == Some(t));
+        }
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.last_use.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.last_use.is_empty()
+    }
+}
+
+/// One routing decision with every candidate's score (for decision traces
+/// and counterfactual regret).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The chosen instance.
+    pub chosen: usize,
+    /// Each instance's score (weighted sum, or −load for load policies,
+    /// or 1 for the round-robin choice and 0 elsewhere).
+    pub scores: Vec<f64>,
+}
+
+/// The running state of a routing policy.
+#[derive(Debug, Clone)]
+pub struct Router {
+    policy: RoutingPolicy,
+    weights: Vec<(Scorer, f64)>,
+    next_rr: usize,
+    index: Vec<PrefixIndex>,
+    cold_last: Vec<u64>,
+    cold_tick: u64,
+    scores: Vec<f64>,
+    part: Vec<f64>,
+}
+
+impl Router {
+    /// A router over `n` instances; `index_capacity` blocks per instance in
+    /// the prefix index.
+    pub fn new(policy: RoutingPolicy, n: usize, index_capacity: usize) -> Self {
+        let weights: Vec<(Scorer, f64)> = match &policy {
+            RoutingPolicy::Weighted { scorers } => {
+                let sum: f64 = scorers.values().sum();
+                scorers
+                    .iter()
+                    .filter(|(_, w)| **w > 0.0)
+                    .map(|(s, w)| (*s, w / sum))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Self {
+            policy,
+            weights,
+            next_rr: 0,
+            index: (0..n).map(|_| PrefixIndex::new(index_capacity)).collect(),
+            cold_last: vec![0; n],
+            cold_tick: 0,
+            scores: vec![0.0; n],
+            part: vec![0.0; n],
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RoutingPolicy {
+        &self.policy
+    }
+
+    /// Whether decisions need the request's block hashes.
+    pub fn needs_hashes(&self) -> bool {
+        self.weights.iter().any(|(s, _)| {
+            matches!(
+                s,
+                Scorer::PrefixAffinity | Scorer::PrecisePrefixCache | Scorer::NoHitLru
+            )
+        })
+    }
+
+    /// Whether decisions need each instance's cached prompt blocks.
+    pub fn needs_cache_query(&self) -> bool {
+        self.weights
+            .iter()
+            .any(|(s, _)| *s == Scorer::PrecisePrefixCache)
+    }
+
+    /// The router's prefix index of instance `i`.
+    pub fn prefix_index(&self, i: usize) -> &PrefixIndex {
+        &self.index[i]
+    }
+
+    /// Routes a request with prompt block hashes `hashes`, given what the
+    /// router sees of each instance; updates the router's own state (round
+    /// robin position, prefix index, cold-request LRU).
+    ///
+    /// # Panics
+    /// If `views` is empty.
+    pub fn route(&mut self, views: &[InstanceView], hashes: &[u64]) -> Decision {
+        let n = views.len();
+        assert!(n > 0, "routing needs an instance");
+        self.scores.clear();
+        self.scores.resize(n, 0.0);
+        let chosen = match &self.policy {
+            RoutingPolicy::RoundRobin => {
+                let c = self.next_rr % n;
+                self.next_rr = (c + 1) % n;
+                self.scores[c] = 1.0;
+                c
+            }
+            RoutingPolicy::LeastLoaded => {
+                for (s, v) in self.scores.iter_mut().zip(views) {
+                    *s = -v.load();
+                }
+                argmax(&self.scores)
+            }
+            RoutingPolicy::AlwaysBusiest => {
+                for (s, v) in self.scores.iter_mut().zip(views) {
+                    *s = v.load();
+                }
+                argmax(&self.scores)
+            }
+            RoutingPolicy::Weighted { .. } => {
+                let cold = hashes
+                    .first()
+                    .is_none_or(|h| self.index.iter().all(|ix| ix.matched(&[*h]) == 0));
+                for k in 0..self.weights.len() {
+                    let (scorer, w) = self.weights[k];
+                    self.score(scorer, views, hashes, cold);
+                    for (s, p) in self.scores.iter_mut().zip(&self.part) {
+                        *s += w * p.clamp(0.0, 1.0);
+                    }
+                }
+                let c = argmax(&self.scores);
+                if cold && self.weights.iter().any(|(s, _)| *s == Scorer::NoHitLru) {
+                    self.cold_tick += 1;
+                    self.cold_last[c] = self.cold_tick;
+                }
+                c
+            }
+        };
+        if self
+            .weights
+            .iter()
+            .any(|(s, _)| *s == Scorer::PrefixAffinity)
+        {
+            self.index[chosen].insert(hashes);
+        }
+        Decision {
+            chosen,
+            scores: self.scores.clone(),
+        }
+    }
+
+    fn score(&mut self, scorer: Scorer, views: &[InstanceView], hashes: &[u64], cold: bool) {
+        let part = &mut self.part;
+        part.clear();
+        match scorer {
+            Scorer::PrefixAffinity => {
+                let total = hashes.len();
+                part.extend(self.index.iter().map(|ix| {
+                    if total == 0 {
+                        0.0
+                    } else {
+                        ix.matched(hashes) as f64 / total as f64
+                    }
+                }));
+            }
+            Scorer::PrecisePrefixCache => {
+                min_max(
+                    part,
+                    views.iter().map(|v| f64::from(v.cached_blocks)),
+                    false,
+                );
+            }
+            Scorer::NoHitLru => {
+                if cold {
+                    // Rank by last cold use: least recent 1, most recent 0.
+                    let n = views.len();
+                    let mut order: Vec<usize> = (0..n).collect();
+                    order.sort_by_key(|&i| (self.cold_last[i], i));
+                    part.resize(n, 0.0);
+                    for (rank, &i) in order.iter().enumerate() {
+                        part[i] = if n > 1 {
+                            1.0 - rank as f64 / (n - 1) as f64
+                        } else {
+                            1.0
+                        };
+                    }
+                } else {
+                    part.extend(views.iter().map(|_| 0.5));
+                }
+            }
+            Scorer::QueueDepth => min_max(part, views.iter().map(InstanceView::load), true),
+            Scorer::KvUtilization => part.extend(views.iter().map(|v| 1.0 - v.kv_usage)),
+            Scorer::LoadBalance => part.extend(views.iter().map(|v| 1.0 / (1.0 + v.load()))),
+        }
+    }
+}
+
+/// Min-max normalisation into `out` (`invert`: the lowest value scores 1);
+/// all equal values score 1.
+fn min_max(out: &mut Vec<f64>, values: impl Iterator<Item = f64> + Clone, invert: bool) {
+    let (lo, hi) = values
+        .clone()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+            (l.min(v), h.max(v))
+        });
+    for v in values {
+        out.push(if hi > lo {
+            let x = (v - lo) / (hi - lo);
+            if invert { 1.0 - x } else { x }
+        } else {
+            1.0
+        });
+    }
+}
+
+/// The first index of the largest value.
+fn argmax(v: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idle(n: usize) -> Vec<InstanceView> {
+        vec![InstanceView::default(); n]
+    }
+
+    #[test]
+    fn scorers_parse_with_weights_and_reject_nonsense() {
+        assert_eq!(
+            parse_scorers("prefix-affinity:3, queue-depth:2").unwrap(),
+            vec![(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)]
+        );
+        assert!(
+            parse_scorers("prefix:3")
+                .unwrap_err()
+                .contains("unknown scorer")
+        );
+        assert!(parse_scorers("queue-depth:x").is_err());
+        assert!(parse_scorers("queue-depth:NaN").is_err());
+        assert!(parse_scorers("queue-depth:0").is_err());
+    }
+
+    #[test]
+    fn round_robin_cycles_and_least_loaded_picks_the_lowest_index_on_ties() {
+        let mut r = Router::new(RoutingPolicy::RoundRobin, 3, 100);
+        let c: Vec<usize> = (0..5).map(|_| r.route(&idle(3), &[]).chosen).collect();
+        assert_eq!(c, [0, 1, 2, 0, 1]);
+        let mut r = Router::new(RoutingPolicy::LeastLoaded, 3, 100);
+        let mut v = idle(3);
+        assert_eq!(r.route(&v, &[]).chosen, 0);
+        v[0].in_flight = 1;
+        assert_eq!(r.route(&v, &[]).chosen, 1);
+        v[1].running = 1;
+        v[2].waiting = 2;
+        assert_eq!(r.route(&v, &[]).chosen, 0);
+    }
+
+    #[test]
+    fn prefix_affinity_follows_the_blocks_it_routed() {
+        let policy = RoutingPolicy::Weighted {
+            scorers: [(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)].into(),
+        };
+        let mut r = Router::new(policy, 2, 100);
+        let mut v = idle(2);
+        // First request: no affinity anywhere, equal load: instance 0.
+        assert_eq!(r.route(&v, &[1, 2, 3]).chosen, 0);
+        v[0].in_flight = 1;
+        // A request sharing the prefix goes to 0 despite its load ...
+        assert_eq!(r.route(&v, &[1, 2, 3, 9]).chosen, 0);
+        // ... and an unrelated one to the idle instance.
+        assert_eq!(r.route(&v, &[7, 8]).chosen, 1);
+    }
+
+    #[test]
+    fn the_prefix_index_is_a_bounded_lru() {
+        let mut ix = PrefixIndex::new(3);
+        ix.insert(&[1, 2, 3]);
+        ix.insert(&[1]);
+        ix.insert(&[4]);
+        assert_eq!(ix.len(), 3);
+        assert_eq!(ix.matched(&[1]), 1);
+        assert_eq!(ix.matched(&[2]), 0, "2 was the least recently used");
+        for i in 0..10_000 {
+            ix.insert(&[100 + i % 5]);
+        }
+        assert_eq!(ix.len(), 3);
+    }
+}

@@ -1,0 +1,421 @@
+//! The cluster: one instance is the single-instance path byte for byte,
+//! runs are deterministic, the design's behaviour examples hold, and
+//! invariants hold across random policy bundles (proptest).
+
+use std::sync::Arc;
+
+use assert_cmd::Command;
+use blis_replay::admission::AdmissionPolicy;
+use blis_replay::cluster::Control;
+use blis_replay::output::{Collector, Summary};
+use blis_replay::policy::PolicyBundle;
+use blis_replay::routing::{RoutingPolicy, Scorer};
+use blis_replay::sim::{Input, SimOptions};
+use blis_replay::{EngineConfig, Instance, SchedulerPolicy, replay_cluster};
+use blis_traces::{Mode, Request, Status, TraceHeader, TraceRecord};
+use proptest::prelude::*;
+
+use crate::common::{req, simple_model, with_prefix};
+
+fn bin() -> Command {
+    Command::cargo_bin("blis-replay").expect("binary built")
+}
+
+const SPEC: &str = "
+aggregate_rate: 40
+num_requests: 1500
+seed: 11
+clients:
+  - id: chat
+    tenant_id: a
+    slo_class: critical
+    rate_fraction: 0.6
+    streaming: true
+    prefix_group: sys-chat
+    prefix_length: 600
+    arrival: {process: gamma, cv: 2.0}
+    input_distribution: {type: lognormal, params: {mu: 6.5, sigma: 0.6, max: 4000}}
+    output_distribution: {type: exponential, params: {mean: 120}}
+  - id: agent
+    tenant_id: b
+    slo_class: batch
+    rate_fraction: 0.4
+    streaming: true
+    prefix_group: sys-agent
+    prefix_length: 1500
+    input_distribution: {type: gaussian, params: {mean: 2500, std_dev: 600, min: 1600, max: 5000}}
+    output_distribution: {type: exponential, params: {mean: 200}}
+";
+
+fn outputs(prefix: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    ["yaml", "csv", "itl.csv", "metrics.csv", "summary.json"]
+        .iter()
+        .map(|e| {
+            let p = prefix.with_extension(e);
+            (
+                e.to_string(),
+                std::fs::read(&p).unwrap_or_else(|_| panic!("{}", p.display())),
+            )
+        })
+        .collect()
+}
+
+/// Replays the spec into `dir/name/out` (the header names its data files,
+/// so runs to compare share the prefix's file name).
+fn replay_cli(dir: &std::path::Path, name: &str, extra: &[&str]) -> Vec<(String, Vec<u8>)> {
+    let spec = dir.join("w.yaml");
+    std::fs::write(&spec, SPEC).unwrap();
+    std::fs::create_dir_all(dir.join(name)).unwrap();
+    let out = dir.join(name).join("out");
+    let mut args = vec![
+        "run",
+        "--workload-spec",
+        spec.to_str().unwrap(),
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    bin().args(&args).assert().success();
+    outputs(&out)
+}
+
+/// Acceptance 1: `--num-instances 1`, whatever the routing, is the
+/// single-instance engine byte for byte.
+#[test]
+fn one_instance_is_the_single_instance_path_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = replay_cli(dir.path(), "single", &[]);
+    for (name, extra) in [
+        ("rr", vec!["--num-instances", "1"]),
+        (
+            "weighted",
+            vec![
+                "--num-instances",
+                "1",
+                "--routing",
+                "weighted",
+                "--routing-scorers",
+                "prefix-affinity:3,queue-depth:2,kv-utilization:2,precise-prefix-cache:1",
+                "--snapshot-refresh-interval-us",
+                "50000",
+            ],
+        ),
+    ] {
+        let cluster = replay_cli(dir.path(), name, &extra);
+        for ((ext, a), (_, b)) in single.iter().zip(&cluster) {
+            assert!(a == b, "{name}: the .{ext} files differ");
+        }
+    }
+}
+
+/// Acceptance 1: the same seed gives byte-identical cluster runs
+/// (`replay/benches/cluster-determinism.sh` repeats it 100 times).
+#[test]
+fn cluster_runs_are_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--num-instances",
+        "4",
+        "--routing-scorers",
+        "prefix-affinity:3,queue-depth:2,kv-utilization:2,no-hit-lru:1",
+        "--snapshot-refresh-interval-us",
+        "20000",
+        "--admission",
+        "token-bucket",
+        "--token-bucket-capacity",
+        "200000",
+        "--token-bucket-refill-rate",
+        "100000",
+        "--fitness-weights",
+        "throughput:0.5,p99_ttft:0.5",
+    ];
+    let first = replay_cli(dir.path(), "a", &args);
+    for i in 0..2 {
+        let again = replay_cli(dir.path(), &format!("b{i}"), &args);
+        for ((ext, a), (_, b)) in first.iter().zip(&again) {
+            assert!(a == b, "run {i}: the .{ext} files differ");
+        }
+    }
+    let s: serde_json::Value = serde_json::from_slice(&first[4].1).unwrap();
+    assert_eq!(s["cluster"]["num_instances"], 4);
+    assert_eq!(s["cluster"]["instances"].as_array().unwrap().len(), 4);
+    assert!(s["fitness"]["score"].as_f64().unwrap() > 0.0);
+    assert!(s["jain_fairness"].as_f64().unwrap() > 0.0);
+}
+
+struct Run {
+    summary: Summary,
+    records: Vec<TraceRecord>,
+    control: Control,
+    insts: Vec<Instance>,
+}
+
+fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run {
+    let mut cfg = cfg;
+    if let Some(s) = bundle.scheduler {
+        cfg.scheduler = s;
+    }
+    let mut insts: Vec<Instance> = (0..bundle.num_instances)
+        .map(|_| Instance::new(cfg.clone(), simple_model()))
+        .collect();
+    let mut control = Control::new(bundle, insts.len());
+    let mut inputs: Vec<Input> = reqs
+        .into_iter()
+        .map(|r| Input::from_record(TraceRecord::planned(r), 0))
+        .collect();
+    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    let mut sink = Collector::in_memory(0);
+    let opts = SimOptions {
+        sample_interval_us: Some(10_000),
+        horizon_us: None,
+    };
+    replay_cluster(&mut insts, &mut control, inputs, &opts, &mut sink);
+    for i in &insts {
+        i.check().expect("instance invariants at the end");
+    }
+    let snaps: Vec<_> = insts.iter().map(Instance::snapshot).collect();
+    let (summary, recs) = sink
+        .finish(
+            &TraceHeader::new(Mode::Replayed),
+            &blis_replay::sim::merged(&snaps),
+            "test",
+        )
+        .unwrap();
+    let mut records = recs.unwrap();
+    records.sort_by_key(|r| r.request.request_id);
+    Run {
+        summary,
+        records,
+        control,
+        insts,
+    }
+}
+
+fn bundle(n: u32, routing: RoutingPolicy) -> PolicyBundle {
+    PolicyBundle {
+        num_instances: n,
+        routing,
+        ..PolicyBundle::default()
+    }
+}
+
+/// Acceptance 2: a request whose prefix is cached on instance 0 only goes
+/// to instance 0 under prefix-affinity, even when instance 0 is busier.
+#[test]
+fn prefix_affinity_sends_a_cached_prefix_to_its_instance() {
+    let weighted = RoutingPolicy::Weighted {
+        scorers: [(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)].into(),
+    };
+    let reqs = vec![
+        // 0: the prefix arrives first and lands on instance 0 (a tie).
+        with_prefix(req(0, 0, 2048, 20), "sys", 2000),
+        // Long unrelated work on both instances (least load first, ties to
+        // instance 0): 1 → 1, 2 → 0, 3 → 0, 4 → 1.
+        req(1, 1_000, 200, 2000),
+        req(2, 100_000, 200, 2000),
+        req(3, 101_000, 200, 2000),
+        req(4, 102_000, 200, 2000),
+        // 5: the prefix comes back while both instances are equally busy.
+        with_prefix(req(5, 500_000, 2100, 20), "sys", 2000),
+    ];
+    let r = cluster(&bundle(2, weighted), EngineConfig::default(), reqs.clone());
+    let cached = r.records[5].outcome.cached_tokens.unwrap();
+    assert!(
+        cached >= 1984,
+        "request 5 found its prefix cached ({cached} tokens)"
+    );
+    assert_eq!(r.control.routed, vec![4, 2]);
+    assert_eq!(r.insts[0].counters().prefix_hits, u64::from(cached));
+    assert_eq!(r.insts[1].counters().prefix_hits, 0);
+    // Round-robin sends request 5 to instance 1 (its turn), which has
+    // never seen the prefix.
+    let r = cluster(
+        &bundle(2, RoutingPolicy::RoundRobin),
+        EngineConfig::default(),
+        reqs,
+    );
+    assert_eq!(r.records[5].outcome.cached_tokens, Some(0));
+    assert_eq!(r.control.routed, vec![3, 3]);
+}
+
+/// Acceptance 2: under priority-fcfs a realtime request queued behind a
+/// batch one is scheduled first.
+#[test]
+fn priority_fcfs_schedules_a_realtime_request_before_a_queued_batch_one() {
+    let mut b = bundle(2, RoutingPolicy::RoundRobin);
+    b.scheduler = Some(SchedulerPolicy::PriorityFcfs);
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        ..EngineConfig::default()
+    };
+    let class = |mut r: Request, c: &str| {
+        r.slo_class = Arc::from(c);
+        r
+    };
+    let reqs = vec![
+        class(req(0, 0, 100, 100), "batch"),       // instance 0, running
+        class(req(1, 0, 100, 100), "batch"),       // instance 1, running
+        class(req(2, 1_000, 100, 10), "batch"),    // instance 0, waits
+        class(req(3, 2_000, 100, 10), "batch"),    // instance 1, waits
+        class(req(4, 3_000, 100, 10), "critical"), // instance 0, waits behind 2
+    ];
+    let r = cluster(&b, cfg.clone(), reqs.clone());
+    let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
+    assert!(first(4) < first(2), "the realtime request went first");
+    // FCFS keeps the queue order.
+    b.scheduler = Some(SchedulerPolicy::Fcfs);
+    let r = cluster(&b, cfg, reqs);
+    let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
+    assert!(first(2) < first(4));
+}
+
+/// Acceptance 2: a token bucket rejects exactly the requests that exceed
+/// it; they appear in the output as errors naming the policy.
+#[test]
+fn token_bucket_rejects_exactly_the_requests_beyond_the_bucket() {
+    let mut b = bundle(2, RoutingPolicy::LeastLoaded);
+    b.admission = AdmissionPolicy::TokenBucket {
+        capacity: 1000.0,
+        refill_rate: 1000.0,
+    };
+    let reqs = vec![
+        req(0, 0, 400, 5),
+        req(1, 0, 400, 5),
+        req(2, 0, 400, 5),       // 200 left: rejected
+        req(3, 100_000, 300, 5), // 200 + 100 refilled = 300: admitted
+        req(4, 100_000, 1, 5),   // empty: rejected
+        req(5, 600_000, 500, 5), // 500 refilled: admitted
+    ];
+    let r = cluster(&b, EngineConfig::default(), reqs);
+    let rejected: Vec<u64> = r
+        .records
+        .iter()
+        .filter(|x| x.outcome.status == Some(Status::Error))
+        .map(|x| x.request.request_id)
+        .collect();
+    assert_eq!(rejected, vec![2, 4]);
+    assert!(r.records[2].outcome.error_message.contains("token-bucket"));
+    assert_eq!(r.summary.requests.rejected, 2);
+    assert_eq!(r.summary.requests.completed, 4);
+    assert_eq!(r.control.routed.iter().sum::<u64>(), 4);
+}
+
+/// Acceptance 2: least-loaded spreads a burst evenly.
+#[test]
+fn least_loaded_spreads_a_burst_evenly() {
+    let reqs: Vec<Request> = (0..40).map(|i| req(i, 0, 300, 50)).collect();
+    let r = cluster(
+        &bundle(4, RoutingPolicy::LeastLoaded),
+        EngineConfig::default(),
+        reqs.clone(),
+    );
+    assert_eq!(r.control.routed, vec![10, 10, 10, 10]);
+    // always-busiest piles it onto one instance.
+    let r = cluster(
+        &bundle(4, RoutingPolicy::AlwaysBusiest),
+        EngineConfig::default(),
+        reqs,
+    );
+    assert_eq!(r.control.routed, vec![40, 0, 0, 0]);
+}
+
+fn any_routing() -> impl Strategy<Value = RoutingPolicy> {
+    prop_oneof![
+        Just(RoutingPolicy::RoundRobin),
+        Just(RoutingPolicy::LeastLoaded),
+        Just(RoutingPolicy::AlwaysBusiest),
+        prop::collection::btree_map(
+            prop_oneof![
+                Just(Scorer::PrefixAffinity),
+                Just(Scorer::PrecisePrefixCache),
+                Just(Scorer::NoHitLru),
+                Just(Scorer::QueueDepth),
+                Just(Scorer::KvUtilization),
+                Just(Scorer::LoadBalance),
+            ],
+            0.1f64..5.0,
+            1..4
+        )
+        .prop_map(|scorers| RoutingPolicy::Weighted { scorers }),
+    ]
+}
+
+fn any_admission() -> impl Strategy<Value = AdmissionPolicy> {
+    prop_oneof![
+        Just(AdmissionPolicy::AlwaysAdmit),
+        Just(AdmissionPolicy::RejectAll),
+        (500.0f64..20_000.0, 1_000.0f64..100_000.0).prop_map(|(capacity, refill_rate)| {
+            AdmissionPolicy::TokenBucket {
+                capacity,
+                refill_rate,
+            }
+        }),
+        (1.0f64..200.0, 1.0f64..10.0)
+            .prop_map(|(rate, burst)| AdmissionPolicy::RateLimit { rate, burst }),
+        (1u32..6).prop_map(|m| AdmissionPolicy::TenantQuota {
+            default_max_in_flight: m,
+            quotas: Default::default(),
+        }),
+    ]
+}
+
+prop_compose! {
+    fn any_bundle()(
+        n in 1u32..6,
+        routing in any_routing(),
+        admission in any_admission(),
+        refresh in prop_oneof![Just(0i64), 1_000i64..200_000],
+    ) -> PolicyBundle {
+        PolicyBundle { num_instances: n, routing, admission, snapshot_refresh_interval_us: refresh, ..PolicyBundle::default() }
+    }
+}
+
+prop_compose! {
+    fn any_requests()(spec in prop::collection::vec((0i64..2_000_000, 1u32..3000, 1u32..300, 0u8..4, 0u8..3), 1..120)) -> Vec<Request> {
+        spec.into_iter().enumerate().map(|(i, (at, input, output, group, tenant))| {
+            let mut r = req(i as u64, at, input, output);
+            r.tenant_id = Arc::from(format!("t{tenant}").as_str());
+            if group > 0 {
+                r = with_prefix(r, &format!("g{group}"), input.min(800));
+            }
+            r
+        }).collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Acceptance 3: request conservation (rejected included), KV
+    /// conservation per instance (checked at the end by each instance),
+    /// causality; the clock's monotonicity is asserted inside the loop.
+    #[test]
+    fn cluster_invariants_hold_for_any_bundle(b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>()) {
+        let cfg = EngineConfig {
+            max_num_seqs: 8,
+            total_kv_blocks: if small_kv { 300 } else { 5000 },
+            max_num_batched_tokens: 1024,
+            ..EngineConfig::default()
+        };
+        let n = reqs.len() as u64;
+        let r = cluster(&b, cfg, reqs);
+        let c = &r.summary.requests;
+        prop_assert_eq!(c.total, n);
+        prop_assert_eq!(c.completed + c.rejected + c.dropped + c.cancelled + c.unfinished + c.input_errors, n);
+        prop_assert_eq!(r.control.routed.iter().sum::<u64>(), n - c.rejected);
+        prop_assert_eq!(r.control.admission.rejected, c.rejected);
+        for (i, inst) in r.insts.iter().enumerate() {
+            prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, r.control.routed[i]);
+            prop_assert_eq!(r.control.in_flight(i), 0);
+            prop_assert_eq!(inst.in_system(), 0);
+        }
+        for x in &r.records {
+            if x.outcome.status == Some(Status::Ok) {
+                let (s, f, l) = (x.outcome.send_time_us.unwrap(), x.outcome.first_chunk_time_us.unwrap(), x.outcome.last_chunk_time_us.unwrap());
+                prop_assert!(s >= x.request.arrival_time_us && s <= f && f <= l);
+            }
+        }
+    }
+}

@@ -89,6 +89,30 @@ pub struct ClusterArgs {
     /// router sees them, µs (0: read at every decision).
     #[arg(long, value_name = "US")]
     pub snapshot_refresh_interval_us: Option<i64>,
+    /// Hold admitted requests in a priority-ordered gateway queue and route
+    /// them only while the cluster is not saturated.
+    #[arg(long)]
+    pub flow_control: bool,
+    /// Flow control: queued requests per instance at saturation (default 4).
+    #[arg(long)]
+    pub flow_queue_depth_threshold: Option<f64>,
+    /// Flow control: mean KV usage at saturation (default 0.9).
+    #[arg(long)]
+    pub flow_kv_threshold: Option<f64>,
+    /// Time the admission decision takes, µs.
+    #[arg(long, value_name = "US")]
+    pub admission_latency_us: Option<i64>,
+    /// Time the routing decision takes, µs.
+    #[arg(long, value_name = "US")]
+    pub routing_latency_us: Option<i64>,
+    /// `decisions`: write PREFIX.decisions.jsonl, one admission and
+    /// routing decision per line with what the router saw, every
+    /// candidate's score, the regret and the request's outcome.
+    #[arg(long, default_value = "none", value_parser = ["none", "decisions"])]
+    pub trace_level: String,
+    /// Candidates kept per decision in the decision trace.
+    #[arg(long, default_value_t = 3)]
+    pub counterfactual_k: usize,
     /// One fitness from the metrics, e.g. throughput:0.5,p99_ttft:0.3,mean_e2e:0.2.
     #[arg(long, value_name = "METRIC:W,...")]
     pub fitness_weights: Option<String>,

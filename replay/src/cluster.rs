@@ -9,7 +9,7 @@ use blis_traces::{TraceRecord, content};
 use crate::admission::Admission;
 use crate::instance::{Instance, Snapshot};
 use crate::policy::PolicyBundle;
-use crate::routing::{Decision, InstanceView, Router};
+use crate::routing::{Decision, InstanceView, Router, RoutingPolicy};
 
 /// Admission and routing state of a cluster run.
 #[derive(Debug, Clone)]
@@ -25,8 +25,67 @@ pub struct Control {
     hashes: Vec<u64>,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
-    /// The last routing decision (for decision traces).
+    /// The last routing decision.
     pub last_decision: Option<Decision>,
+    /// Decision records, when traced ([`Control::trace_decisions`]).
+    pub decisions: Option<Vec<DecisionRecord>>,
+    counterfactual_k: usize,
+    /// Added to every admitted request's entry into its instance's queue:
+    /// the admission and routing latencies, µs.
+    pub pipeline_latency_us: i64,
+    /// Flow control's thresholds (queue depth per instance, KV usage).
+    pub flow: Option<(f64, f64)>,
+}
+
+/// What the router saw of one instance at a decision.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SeenInstance {
+    /// Waiting requests (snapshot).
+    pub waiting: u32,
+    /// Running requests (snapshot).
+    pub running: u32,
+    /// KV usage (snapshot).
+    pub kv_usage: f64,
+    /// Requests in flight (synchronous).
+    pub in_flight: u32,
+}
+
+/// One candidate of a decision.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Candidate {
+    /// Instance index.
+    pub instance: usize,
+    /// Its score.
+    pub score: f64,
+}
+
+/// One admission and routing decision (`--trace-level decisions`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DecisionRecord {
+    /// The request.
+    pub request_id: u64,
+    /// When, µs since the run start.
+    pub time_us: i64,
+    /// Whether admission let it in.
+    pub admitted: bool,
+    /// The chosen instance.
+    pub instance: Option<usize>,
+    /// What the router saw of each instance.
+    pub seen: Vec<SeenInstance>,
+    /// Each instance's score: the weighted sum for `weighted`; for the
+    /// other policies, the queue-depth score (least loaded 1), the yardstick
+    /// their regret is measured with.
+    pub scores: Vec<f64>,
+    /// Best score − chosen score (≥ 0).
+    pub regret: f64,
+    /// The best `--counterfactual-k` candidates, best first.
+    pub top_k: Vec<Candidate>,
+    /// Its outcome: `ok`, `error`, `timeout` or `cancelled`.
+    pub status: Option<String>,
+    /// Its TTFT, ms (completed streaming requests).
+    pub ttft_ms: Option<f64>,
+    /// Its E2E, ms (completed requests).
+    pub e2e_ms: Option<f64>,
 }
 
 impl Control {
@@ -46,7 +105,20 @@ impl Control {
             hashes: Vec::new(),
             routed: vec![0; n],
             last_decision: None,
+            decisions: None,
+            counterfactual_k: 3,
+            pipeline_latency_us: bundle.admission_latency_us.max(0)
+                + bundle.routing_latency_us.max(0),
+            flow: bundle
+                .flow_control
+                .map(|f| (f.queue_depth_threshold, f.kv_utilization_threshold)),
         }
+    }
+
+    /// Records every decision with the `k` best candidates.
+    pub fn trace_decisions(&mut self, k: usize) {
+        self.decisions = Some(Vec::new());
+        self.counterfactual_k = k.max(1);
     }
 
     /// One instance, every request admitted.
@@ -70,14 +142,66 @@ impl Control {
     /// Admits and routes `rec` arriving at `now`: the chosen instance, or
     /// `None` when admission rejects it.
     pub fn decide(&mut self, now: i64, rec: &TraceRecord, insts: &[Instance]) -> Option<usize> {
+        if !self.admit(now, rec) {
+            return None;
+        }
+        Some(self.route(now, rec, insts))
+    }
+
+    /// The cluster's saturation for flow control (≥ 1: no room): the mean
+    /// over instances of requests routed there and not running, over
+    /// `queue_threshold`, or the mean KV usage over `kv_threshold`,
+    /// whichever is larger; read live.
+    pub fn saturation(&self, insts: &[Instance], queue_threshold: f64, kv_threshold: f64) -> f64 {
+        let n = insts.len() as f64;
+        let (mut queued, mut kv) = (0.0, 0.0);
+        for (i, inst) in insts.iter().enumerate() {
+            let s = inst.snapshot();
+            queued += f64::from(self.in_flight[i].saturating_sub(s.running));
+            kv += s.kv_usage();
+        }
+        (queued / n / queue_threshold).max(kv / n / kv_threshold)
+    }
+
+    /// The admission decision alone: `true` admits `rec`.
+    pub fn admit(&mut self, now: i64, rec: &TraceRecord) -> bool {
         let input = rec.effective_input_tokens();
         if !self
             .admission
             .admit(now, input, rec.request.tenant_id.as_ref())
         {
-            return None;
+            if let Some(d) = &mut self.decisions {
+                d.push(DecisionRecord {
+                    request_id: rec.request.request_id,
+                    time_us: now,
+                    admitted: false,
+                    instance: None,
+                    seen: Vec::new(),
+                    scores: Vec::new(),
+                    regret: 0.0,
+                    top_k: Vec::new(),
+                    status: None,
+                    ttft_ms: None,
+                    e2e_ms: None,
+                });
+            }
+            return false;
         }
+        true
+    }
+
+    /// Routes an admitted `rec` at `now`: the chosen instance.
+    pub fn route(&mut self, now: i64, rec: &TraceRecord, insts: &[Instance]) -> usize {
+        let input = rec.effective_input_tokens();
         let chosen = if insts.len() == 1 {
+            if self.decisions.is_some() {
+                self.views[0].in_flight = self.in_flight[0];
+                let s = insts[0].snapshot();
+                self.views[0].waiting = s.waiting;
+                self.views[0].running = s.running;
+                self.views[0].kv_usage = s.kv_usage();
+                self.record(rec, now, 0, &[1.0]);
+            }
             0
         } else {
             if self.refresh_us == 0 || self.snaps.len() != insts.len() {
@@ -109,12 +233,67 @@ impl Control {
             }
             let d = self.router.route(&self.views, &self.hashes);
             let c = d.chosen;
+            if self.decisions.is_some() {
+                let scores = if matches!(self.router.policy(), RoutingPolicy::Weighted { .. }) {
+                    d.scores.clone()
+                } else {
+                    let loads: Vec<f64> = self.views.iter().map(InstanceView::load).collect();
+                    let (lo, hi) = loads
+                        .iter()
+                        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+                            (l.min(*v), h.max(*v))
+                        });
+                    loads
+                        .iter()
+                        .map(|v| if hi > lo { (hi - v) / (hi - lo) } else { 1.0 })
+                        .collect()
+                };
+                self.record(rec, now, c, &scores);
+            }
             self.last_decision = Some(d);
             c
         };
         self.in_flight[chosen] += 1;
         self.routed[chosen] += 1;
-        Some(chosen)
+        chosen
+    }
+
+    fn record(&mut self, rec: &TraceRecord, now: i64, chosen: usize, scores: &[f64]) {
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
+        let best = scores[order[0]];
+        let r = DecisionRecord {
+            request_id: rec.request.request_id,
+            time_us: now,
+            admitted: true,
+            instance: Some(chosen),
+            seen: self
+                .views
+                .iter()
+                .map(|v| SeenInstance {
+                    waiting: v.waiting,
+                    running: v.running,
+                    kv_usage: v.kv_usage,
+                    in_flight: v.in_flight,
+                })
+                .collect(),
+            scores: scores.to_vec(),
+            regret: (best - scores[chosen]).max(0.0),
+            top_k: order
+                .iter()
+                .take(self.counterfactual_k)
+                .map(|&i| Candidate {
+                    instance: i,
+                    score: scores[i],
+                })
+                .collect(),
+            status: None,
+            ttft_ms: None,
+            e2e_ms: None,
+        };
+        if let Some(d) = &mut self.decisions {
+            d.push(r);
+        }
     }
 
     /// A routed request of `tenant` left instance `i` (completed, dropped

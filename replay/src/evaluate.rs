@@ -222,7 +222,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         let resolved = resolve(&crate::run::server_args(&run), Some(&workload.header))
             .context("configuring the server")?;
         let mut sink = Collector::stats_only();
-        let (last, cluster) = crate::run::replay_on(
+        let (last, cluster, _) = crate::run::replay_on(
             &resolved,
             &bundle,
             workload.inputs,
@@ -231,6 +231,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> 
                 horizon_us: None,
             },
             &mut sink,
+            None,
         );
         let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
         let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;

@@ -158,6 +158,9 @@ pub struct Summary {
     pub steps: u64,
     /// Steps inside fast-forwarded runs.
     pub fast_forwarded_steps: u64,
+    /// Per SLO class (requests with a class): counts and latencies.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub slo_classes: std::collections::BTreeMap<String, ClassFigures>,
     /// Output tokens per second of each tenant (requests with a tenant id).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tenant_output_tokens_per_s: std::collections::BTreeMap<String, f64>,
@@ -180,6 +183,41 @@ pub fn jain(xs: impl Iterator<Item = f64> + Clone) -> Option<f64> {
     let sum: f64 = xs.clone().sum();
     let sq: f64 = xs.map(|x| x * x).sum();
     (n >= 2 && sq > 0.0).then(|| sum * sum / (n as f64 * sq))
+}
+
+/// The figures of one SLO class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassFigures {
+    /// Requests of the class.
+    pub total: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Rejected by admission.
+    pub rejected: u64,
+    /// TTFT of its completed streaming requests.
+    pub ttft_ms: Dist,
+    /// E2E of its completed requests.
+    pub e2e_ms: Dist,
+}
+
+#[derive(Debug, Default)]
+struct ClassAcc {
+    total: u64,
+    completed: u64,
+    rejected: u64,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+}
+
+/// What happened to one request (kept with [`Collector::track_outcomes`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestOutcome {
+    /// Its status.
+    pub status: Status,
+    /// TTFT, µs (completed streaming requests).
+    pub ttft_us: Option<i64>,
+    /// E2E, µs (completed requests).
+    pub e2e_us: Option<i64>,
 }
 
 /// Accumulates statistics (and optionally writes the predicted trace).
@@ -205,6 +243,8 @@ pub struct Collector {
     kv_sum: f64,
     kv_n: u64,
     tenant_tokens: std::collections::BTreeMap<String, u64>,
+    classes: std::collections::BTreeMap<String, ClassAcc>,
+    outcomes: Option<FxHashMap<u64, RequestOutcome>>,
     error: Option<crate::error::ReplayError>,
 }
 
@@ -243,6 +283,59 @@ impl Collector {
         c
     }
 
+    /// Keeps every request's outcome (for decision traces).
+    pub fn track_outcomes(&mut self) {
+        self.outcomes = Some(FxHashMap::default());
+    }
+
+    /// The outcomes kept by [`Collector::track_outcomes`].
+    pub fn outcomes(&self) -> Option<&FxHashMap<u64, RequestOutcome>> {
+        self.outcomes.as_ref()
+    }
+
+    fn record_outcome(
+        &mut self,
+        rec: &TraceRecord,
+        status: Status,
+        ttft: Option<i64>,
+        e2e: Option<i64>,
+    ) {
+        let class = &rec.request.slo_class;
+        if !class.is_empty() {
+            let c = self.classes.entry(class.to_string()).or_default();
+            c.total += 1;
+            match status {
+                Status::Ok => {
+                    c.completed += 1;
+                    if let Some(t) = ttft {
+                        c.ttft.push(t as f64);
+                    }
+                    if let Some(e) = e2e {
+                        c.e2e.push(e as f64);
+                    }
+                }
+                _ if rec
+                    .outcome
+                    .error_message
+                    .starts_with("rejected by admission") =>
+                {
+                    c.rejected += 1;
+                }
+                _ => {}
+            }
+        }
+        if let Some(o) = &mut self.outcomes {
+            o.insert(
+                rec.request.request_id,
+                RequestOutcome {
+                    status,
+                    ttft_us: ttft,
+                    e2e_us: e2e,
+                },
+            );
+        }
+    }
+
     /// A collector of statistics only.
     pub fn stats_only() -> Self {
         Self::new(0, false)
@@ -262,6 +355,8 @@ impl Collector {
             pending_itl: (i64::MIN, 0),
             last_token: Vec::new(),
             tenant_tokens: std::collections::BTreeMap::new(),
+            classes: std::collections::BTreeMap::new(),
+            outcomes: None,
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -371,6 +466,21 @@ impl Collector {
             },
             steps: c.steps,
             fast_forwarded_steps: c.fast_forwarded_steps,
+            slo_classes: std::mem::take(&mut self.classes)
+                .into_iter()
+                .map(|(k, c)| {
+                    (
+                        k,
+                        ClassFigures {
+                            total: c.total,
+                            completed: c.completed,
+                            rejected: c.rejected,
+                            ttft_ms: Dist::of_us(c.ttft),
+                            e2e_ms: Dist::of_us(c.e2e),
+                        },
+                    )
+                })
+                .collect(),
             tenant_output_tokens_per_s: self
                 .tenant_tokens
                 .iter()
@@ -506,6 +616,13 @@ impl Sink for Collector {
             cached_tokens: Some(fin.cached_tokens),
             x_request_id: None,
         };
+        let ok = status == Status::Ok;
+        self.record_outcome(
+            &rec,
+            status,
+            (ok && streaming).then_some(fin.first_token_us - entry_us),
+            ok.then_some(fin.last_token_us - entry_us),
+        );
         self.emit(rec);
     }
 
@@ -545,6 +662,7 @@ impl Sink for Collector {
             error_message: msg,
             ..Outcome::default()
         };
+        self.record_outcome(&rec, status, None, None);
         self.emit(rec);
     }
 

@@ -11,6 +11,9 @@
 //! snapshot_refresh_interval_us: 0     # 0: signals read at routing time
 //! prefix_index_capacity: 10000        # blocks per instance in the router's index
 //! scheduler: priority-fcfs            # each instance's wait-queue order
+//! admission_latency_us: 0             # delays each request's entry
+//! routing_latency_us: 0
+//! flow_control: {queue_depth_threshold: 4, kv_utilization_threshold: 0.9}
 //! ```
 
 use std::path::Path;
@@ -40,6 +43,37 @@ pub struct PolicyBundle {
     pub prefix_index_capacity: u32,
     /// Each instance's wait-queue order (default: the `--scheduler` flag).
     pub scheduler: Option<SchedulerPolicy>,
+    /// Time the admission decision takes, µs (delays the request's entry).
+    pub admission_latency_us: i64,
+    /// Time the routing decision takes, µs (delays the request's entry).
+    pub routing_latency_us: i64,
+    /// A gateway queue in front of the router (`--flow-control`).
+    pub flow_control: Option<FlowControl>,
+}
+
+/// Flow control: admitted requests wait in a priority-ordered gateway
+/// queue (SLO class, then arrival) and are routed, with the signals of that
+/// moment (late binding), only while the cluster is not saturated:
+/// saturation = max(mean over instances of requests routed there and not
+/// running / `queue_depth_threshold`, mean KV usage /
+/// `kv_utilization_threshold`) < 1. It is evaluated on every arrival and
+/// after every step (completions free room).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlowControl {
+    /// Queued requests per instance at saturation.
+    pub queue_depth_threshold: f64,
+    /// Mean KV usage (0..1) at saturation.
+    pub kv_utilization_threshold: f64,
+}
+
+impl Default for FlowControl {
+    fn default() -> Self {
+        Self {
+            queue_depth_threshold: 4.0,
+            kv_utilization_threshold: 0.9,
+        }
+    }
 }
 
 impl Default for PolicyBundle {
@@ -51,6 +85,9 @@ impl Default for PolicyBundle {
             snapshot_refresh_interval_us: 0,
             prefix_index_capacity: 10_000,
             scheduler: None,
+            admission_latency_us: 0,
+            routing_latency_us: 0,
+            flow_control: None,
         }
     }
 }
@@ -80,6 +117,17 @@ impl PolicyBundle {
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.num_instances == 0 {
             return Err("num_instances must be at least 1".into());
+        }
+        if let Some(f) = &self.flow_control
+            && !(f.queue_depth_threshold.is_finite()
+                && f.queue_depth_threshold > 0.0
+                && f.kv_utilization_threshold.is_finite()
+                && f.kv_utilization_threshold > 0.0)
+        {
+            return Err("flow_control: thresholds must be positive numbers".into());
+        }
+        if self.admission_latency_us < 0 || self.routing_latency_us < 0 {
+            return Err("admission_latency_us and routing_latency_us must be ≥ 0".into());
         }
         if self.snapshot_refresh_interval_us < 0 {
             return Err("snapshot_refresh_interval_us must be ≥ 0".into());
@@ -181,13 +229,34 @@ impl PolicyBundle {
         if let Some(r) = a.snapshot_refresh_interval_us {
             b.snapshot_refresh_interval_us = r;
         }
+        if a.flow_control || a.flow_queue_depth_threshold.is_some() || a.flow_kv_threshold.is_some()
+        {
+            let mut f = b.flow_control.unwrap_or_default();
+            if let Some(q) = a.flow_queue_depth_threshold {
+                f.queue_depth_threshold = q;
+            }
+            if let Some(k) = a.flow_kv_threshold {
+                f.kv_utilization_threshold = k;
+            }
+            b.flow_control = Some(f);
+        }
+        if let Some(l) = a.admission_latency_us {
+            b.admission_latency_us = l;
+        }
+        if let Some(l) = a.routing_latency_us {
+            b.routing_latency_us = l;
+        }
         b.validate().map_err(bad)?;
         Ok(b)
     }
 
     /// Whether this is a plain single instance (no cluster section needed).
     pub fn is_single(&self) -> bool {
-        self.num_instances == 1 && self.admission == AdmissionPolicy::AlwaysAdmit
+        self.num_instances == 1
+            && self.admission == AdmissionPolicy::AlwaysAdmit
+            && self.admission_latency_us == 0
+            && self.routing_latency_us == 0
+            && self.flow_control.is_none()
     }
 }
 

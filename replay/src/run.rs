@@ -11,7 +11,7 @@ use blis_traces::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{Command, LatencyChoice, Opts, RunArgs};
-use crate::cluster::{ClusterSummary, Control};
+use crate::cluster::{ClusterSummary, Control, DecisionRecord};
 use crate::coefficients::LatencyKind;
 use crate::instance::{Instance, Snapshot};
 use crate::output::{Collector, Summary};
@@ -177,9 +177,17 @@ pub(crate) fn replay_on<S: crate::sim::Sink>(
     inputs: impl IntoIterator<Item = Input>,
     opts: &SimOptions,
     sink: &mut S,
-) -> (Snapshot, Option<ClusterSummary>) {
+    trace_k: Option<usize>,
+) -> (
+    Snapshot,
+    Option<ClusterSummary>,
+    Option<Vec<DecisionRecord>>,
+) {
     let mut insts = instances(resolved, bundle);
     let mut control = Control::new(bundle, insts.len());
+    if let Some(k) = trace_k {
+        control.trace_decisions(k);
+    }
     replay_cluster(&mut insts, &mut control, inputs, opts, sink);
     let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
     let last = if snaps.len() == 1 {
@@ -188,7 +196,31 @@ pub(crate) fn replay_on<S: crate::sim::Sink>(
         merged(&snaps)
     };
     let cluster = (!bundle.is_single()).then(|| ClusterSummary::of(bundle, &control, &insts));
-    (last, cluster)
+    (last, cluster, control.decisions.take())
+}
+
+/// Writes the decision trace, each decision with its request's outcome,
+/// to `path` (JSON lines).
+fn write_decisions(
+    path: &std::path::Path,
+    mut decisions: Vec<DecisionRecord>,
+    outcomes: Option<&rustc_hash::FxHashMap<u64, crate::output::RequestOutcome>>,
+) -> anyhow::Result<()> {
+    use std::io::BufWriter;
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = BufWriter::new(f);
+    for d in &mut decisions {
+        if let Some(o) = outcomes.and_then(|m| m.get(&d.request_id)) {
+            d.status = Some(o.status.to_string());
+            d.ttft_ms = o.ttft_us.map(|t| t as f64 / 1e3);
+            d.e2e_ms = o.e2e_us.map(|t| t as f64 / 1e3);
+        }
+        serde_json::to_writer(&mut w, d)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 fn fitness_weights(
@@ -224,7 +256,12 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let bar = progress(workload.len);
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
     let started = Instant::now();
-    let (last, cluster) = replay_on(
+    let trace_k =
+        (args.cluster.trace_level == "decisions").then_some(args.cluster.counterfactual_k);
+    if trace_k.is_some() {
+        sink.track_outcomes();
+    }
+    let (last, cluster, decisions) = replay_on(
         &resolved,
         &bundle,
         inputs,
@@ -233,7 +270,15 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             horizon_us: None,
         },
         &mut sink,
+        trace_k,
     );
+    if let Some(d) = decisions {
+        write_decisions(
+            &prefix.with_extension("decisions.jsonl"),
+            d,
+            sink.outcomes(),
+        )?;
+    }
     let elapsed = started.elapsed();
     bar.finish_and_clear();
     let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;

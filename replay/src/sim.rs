@@ -234,6 +234,7 @@ pub fn replay_cluster<I, S>(
 {
     assert!(!instances.is_empty(), "a cluster needs an instance");
     let refresh = control.refresh_interval_us();
+    let flow = control.flow;
     let mut d = Driver {
         insts: instances,
         control,
@@ -249,6 +250,9 @@ pub fn replay_cluster<I, S>(
         next_generation: 0,
         cancels: FxHashMap::default(),
         snaps: Vec::new(),
+        flow,
+        gateway: BinaryHeap::new(),
+        gateway_items: Vec::new(),
     };
     let mut inputs = inputs.into_iter().peekable();
     let mut next_sample = opts.sample_interval_us.map(|_| 0i64);
@@ -357,6 +361,9 @@ pub fn replay_cluster<I, S>(
     for input in d.deferred.into_iter().flatten() {
         sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
     }
+    for input in d.gateway_items.into_iter().flatten() {
+        sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+    }
 }
 
 type SessionKey = (SharedStr, u32);
@@ -365,6 +372,11 @@ struct Driver<'a> {
     insts: &'a mut [Instance],
     control: &'a mut Control,
     snaps: Vec<Snapshot>,
+    /// Flow control's saturation thresholds (queue depth, KV usage).
+    flow: Option<(f64, f64)>,
+    /// The gateway queue: (priority, arrival order, index into items).
+    gateway: BinaryHeap<Reverse<(i32, u64, usize)>>,
+    gateway_items: Vec<Option<Input>>,
     events: BinaryHeap<Reverse<(i64, u8, u64, u32)>>,
     seq: u64,
     flights: Vec<Option<Flight>>,
@@ -442,23 +454,61 @@ impl Driver<'_> {
             sink.not_served(input.rec, input.entry_us, NotServed::InputError);
             return;
         }
-        let Some(inst) = self.control.decide(now, &input.rec, self.insts) else {
+        if !self.control.admit(now, &input.rec) {
             let why = NotServed::Rejected(self.control.admission.policy().name());
             self.round_done(&input.rec, now);
             sink.not_served(input.rec, input.entry_us, why);
             return;
-        };
+        }
+        if self.flow.is_some() {
+            let prio = slo_priority(&input.rec.request.slo_class);
+            let idx = self.gateway_items.len();
+            let mut input = input;
+            input.entry_us = now;
+            self.gateway_items.push(Some(input));
+            self.gateway.push(Reverse((prio, self.seq, idx)));
+            self.seq += 1;
+            self.dispatch(now);
+            return;
+        }
+        let inst = self.control.route(now, &input.rec, self.insts);
+        self.start(now, now, inst, input);
+    }
+
+    /// Flow control: routes gateway requests, most urgent first, while the
+    /// cluster has room.
+    fn dispatch(&mut self, now: i64) {
+        let Some((q, kv)) = self.flow else { return };
+        while let Some(&Reverse((_, _, idx))) = self.gateway.peek() {
+            if self.control.saturation(self.insts, q, kv) >= 1.0 {
+                break;
+            }
+            self.gateway.pop();
+            let input = self.gateway_items[idx].take().expect("queued input");
+            let inst = self.control.route(now, &input.rec, self.insts);
+            let entry = input.entry_us;
+            self.start(now, entry, inst, input);
+        }
+        if self.gateway.is_empty() {
+            self.gateway_items.clear();
+        }
+    }
+
+    /// Starts the flight of `input`, routed to `inst` at `now` (it arrived
+    /// at `entry`).
+    fn start(&mut self, now: i64, entry: i64, inst: usize, input: Input) {
         let delay = self.insts[inst]
             .latency()
             .queueing_delay_us(input.rec.effective_input_tokens())
-            .round() as i64;
+            .round() as i64
+            + self.control.pipeline_latency_us;
         let generation = self.next_generation;
         self.next_generation = self.next_generation.wrapping_add(1);
         let flight = Flight {
             rec: input.rec,
             inst: inst as u32,
             generation,
-            entry_us: now,
+            entry_us: entry,
             last_token_us: None,
             cancelled: false,
             enqueued: false,
@@ -579,6 +629,9 @@ impl Driver<'_> {
         self.insts[inst].step(now, limit.max(now), &mut report);
         self.deliver(&report, sink);
         self.report = report;
+        if !self.gateway.is_empty() {
+            self.dispatch(now);
+        }
     }
 
     /// Hands a step report's tokens and completions to `sink`.

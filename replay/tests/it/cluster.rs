@@ -367,8 +367,21 @@ prop_compose! {
         routing in any_routing(),
         admission in any_admission(),
         refresh in prop_oneof![Just(0i64), 1_000i64..200_000],
+        flow in prop::option::of((0.5f64..6.0, 0.3f64..1.0)),
+        latency in prop_oneof![Just(0i64), 0i64..20_000],
     ) -> PolicyBundle {
-        PolicyBundle { num_instances: n, routing, admission, snapshot_refresh_interval_us: refresh, ..PolicyBundle::default() }
+        PolicyBundle {
+            num_instances: n,
+            routing,
+            admission,
+            snapshot_refresh_interval_us: refresh,
+            flow_control: flow.map(|(q, kv)| blis_replay::policy::FlowControl {
+                queue_depth_threshold: q,
+                kv_utilization_threshold: kv,
+            }),
+            routing_latency_us: latency,
+            ..PolicyBundle::default()
+        }
     }
 }
 
@@ -418,4 +431,126 @@ proptest! {
             }
         }
     }
+}
+
+/// Decision traces: one line per request with what the router saw, every
+/// candidate's score, the regret against the best and the outcome;
+/// weighted routing picks its best candidate (no regret), round-robin
+/// ignores load (regret against the least loaded).
+#[test]
+fn decision_traces_record_scores_regret_and_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, routing, k) in [("rr", "round-robin", "2"), ("w", "weighted", "3")] {
+        replay_cli(
+            dir.path(),
+            name,
+            &[
+                "--num-requests",
+                "300",
+                "--num-instances",
+                "3",
+                "--routing",
+                routing,
+                "--trace-level",
+                "decisions",
+                "--counterfactual-k",
+                k,
+            ],
+        );
+        let text =
+            std::fs::read_to_string(dir.path().join(name).join("out.decisions.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 300, "{name}");
+        let mut regret = 0.0;
+        for d in &lines {
+            assert_eq!(d["seen"].as_array().unwrap().len(), 3);
+            assert_eq!(d["scores"].as_array().unwrap().len(), 3);
+            assert_eq!(
+                d["top_k"].as_array().unwrap().len(),
+                k.parse::<usize>().unwrap()
+            );
+            assert_eq!(d["status"], "ok");
+            assert!(d["e2e_ms"].as_f64().unwrap() > 0.0);
+            let r = d["regret"].as_f64().unwrap();
+            assert!(r >= 0.0);
+            regret += r;
+        }
+        if routing == "weighted" {
+            assert_eq!(regret, 0.0, "weighted routing takes its best candidate");
+        } else {
+            assert!(regret > 0.0, "round-robin ignores load");
+        }
+        let s: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(name).join("out.summary.json")).unwrap(),
+        )
+        .unwrap();
+        // Per SLO class figures add up.
+        let classes = s["slo_classes"].as_object().unwrap();
+        assert_eq!(classes.len(), 2);
+        let total: u64 = classes.values().map(|c| c["total"].as_u64().unwrap()).sum();
+        assert_eq!(total, 300);
+    }
+}
+
+/// `--admission-latency-us` and `--routing-latency-us` delay each
+/// request's entry, so an idle server's TTFT grows by exactly their sum.
+#[test]
+fn admission_and_routing_latencies_delay_entry() {
+    let reqs = vec![req(0, 0, 500, 10), req(1, 1_000_000, 500, 10)];
+    let mut b = bundle(2, RoutingPolicy::RoundRobin);
+    let base = cluster(&b, EngineConfig::default(), reqs.clone());
+    b.admission_latency_us = 5_000;
+    b.routing_latency_us = 3_000;
+    let late = cluster(&b, EngineConfig::default(), reqs);
+    for i in 0..2 {
+        let t = |r: &Run| r.records[i].ttft_us().unwrap();
+        assert_eq!(t(&late) - t(&base), 8_000);
+    }
+}
+
+/// Flow control: a burst waits in the gateway queue while the cluster is
+/// saturated, and a realtime request that arrives behind it is routed
+/// before the waiting batch requests (late binding, priority order), where
+/// without flow control it queues behind them at its instance.
+#[test]
+fn flow_control_routes_urgent_requests_first_when_room_frees() {
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        ..EngineConfig::default()
+    };
+    let mut reqs: Vec<Request> = (0..8)
+        .map(|i| {
+            let mut r = req(i, 0, 200, 50);
+            r.slo_class = Arc::from("batch");
+            r
+        })
+        .collect();
+    let mut urgent = req(8, 1_000, 200, 50);
+    urgent.slo_class = Arc::from("critical");
+    reqs.push(urgent);
+    let plain = cluster(
+        &bundle(2, RoutingPolicy::RoundRobin),
+        cfg.clone(),
+        reqs.clone(),
+    );
+    let mut b = bundle(2, RoutingPolicy::RoundRobin);
+    b.flow_control = Some(blis_replay::policy::FlowControl {
+        queue_depth_threshold: 1.0,
+        kv_utilization_threshold: 0.9,
+    });
+    let flow = cluster(&b, cfg, reqs);
+    assert_eq!(flow.summary.requests.completed, 9);
+    let ttft = |r: &Run| r.records[8].ttft_us().unwrap();
+    assert!(
+        ttft(&flow) < ttft(&plain),
+        "urgent TTFT with flow control {} µs, without {} µs",
+        ttft(&flow),
+        ttft(&plain)
+    );
+    // The batch requests still all ran, in arrival order per class.
+    let first = |i: usize| flow.records[i].outcome.first_chunk_time_us.unwrap();
+    assert!(first(8) < first(7));
 }

@@ -250,28 +250,21 @@ impl BenchmarkReport {
             "| model | workload | n | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim | E2E MAPE | roofline E2E MAPE |"
         );
         let _ = writeln!(o, "|---|---|---:|---|---|---|---|---|---:|---:|");
+        // "real / sim (relative error)" with `d` decimals.
+        let cell =
+            |real: f64, sim: f64, d: usize| format!("{real:.d$} / {sim:.d$} ({})", pct(real, sim));
         for r in &self.runs {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.1} / {:.1} ({}) | {:.1} / {:.1} ({}) | {:.0} / {:.0} ({}) | {:.0} / {:.0} ({}) | {:.2} / {:.2} ({}) | {:.1}% | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1}% | {} |",
                 r.model,
                 r.workload,
                 r.n,
-                r.ttft.real_mean,
-                r.ttft.sim_mean,
-                pct(r.ttft.real_mean, r.ttft.sim_mean),
-                r.ttft.real_p99,
-                r.ttft.sim_p99,
-                pct(r.ttft.real_p99, r.ttft.sim_p99),
-                r.e2e.real_mean,
-                r.e2e.sim_mean,
-                pct(r.e2e.real_mean, r.e2e.sim_mean),
-                r.e2e.real_p99,
-                r.e2e.sim_p99,
-                pct(r.e2e.real_p99, r.e2e.sim_p99),
-                r.itl.real_mean,
-                r.itl.sim_mean,
-                pct(r.itl.real_mean, r.itl.sim_mean),
+                cell(r.ttft.real_mean, r.ttft.sim_mean, 1),
+                cell(r.ttft.real_p99, r.ttft.sim_p99, 1),
+                cell(r.e2e.real_mean, r.e2e.sim_mean, 0),
+                cell(r.e2e.real_p99, r.e2e.sim_p99, 0),
+                cell(r.itl.real_mean, r.itl.sim_mean, 2),
                 r.e2e_mape,
                 r.roofline_e2e_mape
                     .map_or("-".into(), |m| format!("{m:.1}%"))

@@ -127,29 +127,9 @@ pub struct FitArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
-    /// The server's settings where the trace header lacks them (vLLM's
+    /// The server's limits where the trace header lacks them (vLLM's
     /// flag names; llama.cpp: slots as max_num_seqs, its batch size as the
     /// token budget).
     #[command(flatten)]
-    pub server: ServerFlags,
-}
-
-/// Server settings for replaying a trace (vLLM's flag names).
-#[derive(Args, Debug, Clone, Default)]
-pub struct ServerFlags {
-    /// Running requests at most (`--max-num-seqs`).
-    #[arg(long)]
-    pub max_num_seqs: Option<u32>,
-    /// Token budget per step (`--max-num-batched-tokens`).
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<u32>,
-    /// Tokens per KV block.
-    #[arg(long)]
-    pub block_size: Option<u32>,
-    /// KV blocks.
-    #[arg(long)]
-    pub total_kv_blocks: Option<u32>,
-    /// Maximum prompt + output length.
-    #[arg(long)]
-    pub max_model_len: Option<u32>,
+    pub engine: blis_replay::cli::EngineFlags,
 }

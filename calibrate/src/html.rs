@@ -108,70 +108,61 @@ pub fn cdf_svg(title: &str, real: &[f64], sim: &[f64]) -> Result<String, HtmlErr
 
 /// QQ plot with the identity line.
 pub fn qq_svg(title: &str, qq: &[[f64; 2]]) -> Result<String, HtmlError> {
-    let mut s = String::new();
-    {
-        let root = SVGBackend::with_string(&mut s, (W, H)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_err(title))?;
-        let (lo, hi) = range(qq.iter().flat_map(|p| [p[0], p[1]]));
-        let mut c = ChartBuilder::on(&root)
-            .caption(format!("{title}: QQ"), ("sans-serif", 16))
-            .margin(8)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .build_cartesian_2d(lo..hi, lo..hi)
-            .map_err(plot_err(title))?;
-        c.configure_mesh()
-            .x_desc("real quantile, ms")
-            .y_desc("sim quantile, ms")
-            .draw()
-            .map_err(plot_err(title))?;
-        c.draw_series(LineSeries::new(vec![(lo, lo), (hi, hi)], BLACK.mix(0.4)))
-            .map_err(plot_err(title))?;
-        c.draw_series(
-            qq.iter()
-                .map(|p| Circle::new((p[0], p[1]), 3, SIM.filled())),
-        )
-        .map_err(plot_err(title))?;
-        root.present().map_err(plot_err(title))?;
-    }
-    Ok(s)
+    let pts: Vec<(f64, f64)> = qq.iter().map(|p| (p[0], p[1])).collect();
+    identity_plot(
+        title,
+        "QQ",
+        ("real quantile, ms", "sim quantile, ms"),
+        &pts,
+        3,
+        SIM.filled(),
+    )
 }
 
 /// Per-request real vs sim scatter (up to 4000 points) with the identity
 /// line.
 pub fn scatter_svg(title: &str, real: &[f64], sim: &[f64]) -> Result<String, HtmlError> {
+    let pairs: Vec<(f64, f64)> = real.iter().copied().zip(sim.iter().copied()).collect();
+    identity_plot(
+        title,
+        "per request",
+        ("real, ms", "sim, ms"),
+        &thin(&pairs, 4000),
+        2,
+        REAL.mix(0.5).filled(),
+    )
+}
+
+/// Points over the identity line on equal axes (real against sim).
+fn identity_plot(
+    title: &str,
+    what: &str,
+    (x_desc, y_desc): (&str, &str),
+    pts: &[(f64, f64)],
+    radius: u32,
+    style: ShapeStyle,
+) -> Result<String, HtmlError> {
     let mut s = String::new();
     {
         let root = SVGBackend::with_string(&mut s, (W, H)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err(title))?;
-        let pts: Vec<(f64, f64)> = thin(
-            &real
-                .iter()
-                .copied()
-                .zip(sim.iter().copied())
-                .collect::<Vec<_>>(),
-            4000,
-        );
         let (lo, hi) = range(pts.iter().flat_map(|p| [p.0, p.1]));
         let mut c = ChartBuilder::on(&root)
-            .caption(format!("{title}: per request"), ("sans-serif", 16))
+            .caption(format!("{title}: {what}"), ("sans-serif", 16))
             .margin(8)
             .x_label_area_size(36)
             .y_label_area_size(52)
             .build_cartesian_2d(lo..hi, lo..hi)
             .map_err(plot_err(title))?;
         c.configure_mesh()
-            .x_desc("real, ms")
-            .y_desc("sim, ms")
+            .x_desc(x_desc)
+            .y_desc(y_desc)
             .draw()
             .map_err(plot_err(title))?;
         c.draw_series(LineSeries::new(vec![(lo, lo), (hi, hi)], BLACK.mix(0.4)))
             .map_err(plot_err(title))?;
-        c.draw_series(
-            pts.iter()
-                .map(|p| Circle::new(*p, 2, REAL.mix(0.5).filled())),
-        )
-        .map_err(plot_err(title))?;
+        c.draw_series(pts.iter().map(|p| Circle::new(*p, radius, style)))
+            .map_err(plot_err(title))?;
         root.present().map_err(plot_err(title))?;
     }
     Ok(s)

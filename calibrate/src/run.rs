@@ -167,12 +167,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             start.clone(),
             &t.header,
         );
-        let f = &a.server;
-        args.max_num_seqs = f.max_num_seqs.or(args.max_num_seqs);
-        args.max_num_batched_tokens = f.max_num_batched_tokens.or(args.max_num_batched_tokens);
-        args.block_size = f.block_size.or(args.block_size);
-        args.total_kv_blocks = f.total_kv_blocks.or(args.total_kv_blocks);
-        args.max_model_len = f.max_model_len.or(args.max_model_len);
+        a.engine.apply(&mut args);
         traces.push(FitTrace::new(
             &p.display().to_string(),
             t,

@@ -62,24 +62,9 @@ pub struct Opts {
     /// Tensor parallelism.
     #[arg(long)]
     pub tp: Option<u32>,
-    /// vLLM --max-num-seqs.
-    #[arg(long)]
-    pub max_num_seqs: Option<u32>,
-    /// vLLM --max-num-batched-tokens.
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<u32>,
-    /// vLLM --block-size.
-    #[arg(long)]
-    pub block_size: Option<u32>,
-    /// GPU KV blocks.
-    #[arg(long)]
-    pub total_kv_blocks: Option<u32>,
-    /// vLLM --long-prefill-token-threshold.
-    #[arg(long)]
-    pub long_prefill_token_threshold: Option<u32>,
-    /// vLLM --max-model-len.
-    #[arg(long)]
-    pub max_model_len: Option<u32>,
+    /// Batch and KV-cache limits (vLLM's flags).
+    #[command(flatten)]
+    pub engine: blis_replay::cli::EngineFlags,
     /// Scheduler: fcfs, priority-fcfs, sjf.
     #[arg(long, default_value = "fcfs")]
     pub scheduler: blis_replay::SchedulerPolicy,

@@ -123,7 +123,7 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
             opts.time_scale
         );
     }
-    let args = ServerArgs {
+    let mut args = ServerArgs {
         model: Some(opts.model.clone()),
         latency: opts.latency_model.map(|l| match l {
             blis_replay::cli::LatencyChoice::Blackbox => LatencyKind::Blackbox,
@@ -133,17 +133,12 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         model_config: opts.model_config.clone(),
         hardware: opts.hardware.clone(),
         tp: opts.tp,
-        max_num_seqs: opts.max_num_seqs,
-        max_num_batched_tokens: opts.max_num_batched_tokens,
-        block_size: opts.block_size,
-        total_kv_blocks: opts.total_kv_blocks,
-        long_prefill_token_threshold: opts.long_prefill_token_threshold,
-        max_model_len: opts.max_model_len,
         scheduler: opts.scheduler,
         prefix_caching: !opts.no_prefix_caching,
         fast_forward: false,
         ..ServerArgs::default()
     };
+    opts.engine.apply(&mut args);
     let resolved = resolve(&args, None).context("configuring the engine")?;
     let metrics = Arc::new(
         Metrics::new(&opts.model, opts.metrics_style)

@@ -40,6 +40,47 @@ pub enum Command {
     Evaluate(EvaluateArgs),
 }
 
+/// A server's batch and KV-cache limits under vLLM's flag names; each
+/// unset one comes from the trace header, the coefficients row or the
+/// defaults. Shared by `blis-replay run`, `blis-mockserver` and
+/// `blis-calibrate fit`.
+#[derive(Args, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineFlags {
+    /// Running requests at most (vLLM --max-num-seqs).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Token budget per step (vLLM --max-num-batched-tokens).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// Tokens per KV block (vLLM --block-size).
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// GPU KV blocks (default: trace header, coefficients row, or estimated
+    /// from GPU memory, utilisation and the model's weights).
+    #[arg(long)]
+    pub total_kv_blocks: Option<u32>,
+    /// Prefill tokens per request per step at most (0: off).
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<u32>,
+    /// Prompt + output tokens at most (0: unlimited).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+}
+
+impl EngineFlags {
+    /// Sets the limits given here on `a`, keeping its others.
+    pub fn apply(&self, a: &mut crate::setup::ServerArgs) {
+        a.max_num_seqs = self.max_num_seqs.or(a.max_num_seqs);
+        a.max_num_batched_tokens = self.max_num_batched_tokens.or(a.max_num_batched_tokens);
+        a.block_size = self.block_size.or(a.block_size);
+        a.total_kv_blocks = self.total_kv_blocks.or(a.total_kv_blocks);
+        a.long_prefill_token_threshold = self
+            .long_prefill_token_threshold
+            .or(a.long_prefill_token_threshold);
+        a.max_model_len = self.max_model_len.or(a.max_model_len);
+    }
+}
+
 /// `evaluate` options.
 #[derive(Args, Debug, Clone)]
 pub struct EvaluateArgs {
@@ -165,25 +206,9 @@ pub struct RunArgs {
     /// Tensor-parallel degree.
     #[arg(long)]
     pub tp: Option<u32>,
-    /// Running requests at most (vLLM --max-num-seqs).
-    #[arg(long)]
-    pub max_num_seqs: Option<u32>,
-    /// Token budget per step (vLLM --max-num-batched-tokens).
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<u32>,
-    /// Tokens per KV block (vLLM --block-size).
-    #[arg(long)]
-    pub block_size: Option<u32>,
-    /// GPU KV blocks (default: trace header, coefficients row, or estimated
-    /// from GPU memory, utilisation and the model's weights).
-    #[arg(long)]
-    pub total_kv_blocks: Option<u32>,
-    /// Prefill tokens per request per step at most (0: off).
-    #[arg(long)]
-    pub long_prefill_token_threshold: Option<u32>,
-    /// Prompt + output tokens at most (0: unlimited).
-    #[arg(long)]
-    pub max_model_len: Option<u32>,
+    /// Batch and KV-cache limits (vLLM's flags).
+    #[command(flatten)]
+    pub engine: EngineFlags,
     /// Fraction of GPU memory for weights and KV cache, for the KV estimate.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,

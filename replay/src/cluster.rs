@@ -9,7 +9,7 @@ use blis_traces::{TraceRecord, content};
 use crate::admission::Admission;
 use crate::instance::{Instance, Snapshot};
 use crate::policy::PolicyBundle;
-use crate::routing::{Decision, InstanceView, Router, RoutingPolicy};
+use crate::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
 
 /// Admission and routing state of a cluster run.
 #[derive(Debug, Clone)]
@@ -25,8 +25,6 @@ pub struct Control {
     hashes: Vec<u64>,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
-    /// The last routing decision.
-    pub last_decision: Option<Decision>,
     /// Decision records, when traced ([`Control::trace_decisions`]).
     pub decisions: Option<Vec<DecisionRecord>>,
     counterfactual_k: usize,
@@ -104,7 +102,6 @@ impl Control {
             views: vec![InstanceView::default(); n],
             hashes: Vec::new(),
             routed: vec![0; n],
-            last_decision: None,
             decisions: None,
             counterfactual_k: 3,
             pipeline_latency_us: bundle.admission_latency_us.max(0)
@@ -137,15 +134,6 @@ impl Control {
     pub fn refresh(&mut self, insts: &[Instance]) {
         self.snaps.clear();
         self.snaps.extend(insts.iter().map(Instance::snapshot));
-    }
-
-    /// Admits and routes `rec` arriving at `now`: the chosen instance, or
-    /// `None` when admission rejects it.
-    pub fn decide(&mut self, now: i64, rec: &TraceRecord, insts: &[Instance]) -> Option<usize> {
-        if !self.admit(now, rec) {
-            return None;
-        }
-        Some(self.route(now, rec, insts))
     }
 
     /// The cluster's saturation for flow control (≥ 1: no room): the mean
@@ -231,26 +219,17 @@ impl Control {
                     },
                 };
             }
-            let d = self.router.route(&self.views, &self.hashes);
-            let c = d.chosen;
+            let c = self.router.route(&self.views, &self.hashes);
             if self.decisions.is_some() {
                 let scores = if matches!(self.router.policy(), RoutingPolicy::Weighted { .. }) {
-                    d.scores.clone()
+                    self.router.scores().to_vec()
                 } else {
-                    let loads: Vec<f64> = self.views.iter().map(InstanceView::load).collect();
-                    let (lo, hi) = loads
-                        .iter()
-                        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
-                            (l.min(*v), h.max(*v))
-                        });
-                    loads
-                        .iter()
-                        .map(|v| if hi > lo { (hi - v) / (hi - lo) } else { 1.0 })
-                        .collect()
+                    let mut s = Vec::with_capacity(self.views.len());
+                    queue_depth_scores(&self.views, &mut s);
+                    s
                 };
                 self.record(rec, now, c, &scores);
             }
-            self.last_decision = Some(d);
             c
         };
         self.in_flight[chosen] += 1;

@@ -203,14 +203,7 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
 /// Bad input or settings.
 pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let bundle = PolicyBundle::from_args(&args.run.cluster)?;
-    let weights = args
-        .run
-        .cluster
-        .fitness_weights
-        .as_deref()
-        .map(crate::fitness::parse_weights)
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))?;
+    let weights = crate::run::fitness_weights(&args.run)?;
     if args.seeds.is_empty() {
         anyhow::bail!("--seeds: give at least one seed");
     }

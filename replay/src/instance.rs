@@ -242,6 +242,22 @@ pub struct Counters {
     pub aborted: u64,
 }
 
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, o: Self) {
+        self.enqueued += o.enqueued;
+        self.completed += o.completed;
+        self.dropped += o.dropped;
+        self.preemptions += o.preemptions;
+        self.prefix_queries += o.prefix_queries;
+        self.prefix_hits += o.prefix_hits;
+        self.prompt_tokens += o.prompt_tokens;
+        self.generation_tokens += o.generation_tokens;
+        self.steps += o.steps;
+        self.fast_forwarded_steps += o.fast_forwarded_steps;
+        self.aborted += o.aborted;
+    }
+}
+
 /// A point-in-time view of an instance (what `/metrics` would show).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Snapshot {

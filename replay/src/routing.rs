@@ -226,17 +226,6 @@ impl PrefixIndex {
     }
 }
 
-/// One routing decision with every candidate's score (for decision traces
-/// and counterfactual regret).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// The chosen instance.
-    pub chosen: usize,
-    /// Each instance's score (weighted sum, or −load for load policies,
-    /// or 1 for the round-robin choice and 0 elsewhere).
-    pub scores: Vec<f64>,
-}
-
 /// The running state of a routing policy.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -304,13 +293,21 @@ impl Router {
         &self.index[i]
     }
 
+    /// Each instance's score in the last decision: the weighted sum, −load
+    /// (least-loaded), load (always-busiest), or 1 for round-robin's choice
+    /// and 0 elsewhere.
+    pub fn scores(&self) -> &[f64] {
+        &self.scores
+    }
+
     /// Routes a request with prompt block hashes `hashes`, given what the
-    /// router sees of each instance; updates the router's own state (round
-    /// robin position, prefix index, cold-request LRU).
+    /// router sees of each instance, and returns the chosen instance;
+    /// updates the router's own state (round robin position, prefix index,
+    /// cold-request LRU) and [`Router::scores`].
     ///
     /// # Panics
     /// If `views` is empty.
-    pub fn route(&mut self, views: &[InstanceView], hashes: &[u64]) -> Decision {
+    pub fn route(&mut self, views: &[InstanceView], hashes: &[u64]) -> usize {
         let n = views.len();
         assert!(n > 0, "routing needs an instance");
         self.scores.clear();
@@ -360,10 +357,7 @@ impl Router {
         {
             self.index[chosen].insert(hashes);
         }
-        Decision {
-            chosen,
-            scores: self.scores.clone(),
-        }
+        chosen
     }
 
     fn score(&mut self, scorer: Scorer, views: &[InstanceView], hashes: &[u64], cold: bool) {
@@ -405,11 +399,17 @@ impl Router {
                     part.extend(views.iter().map(|_| 0.5));
                 }
             }
-            Scorer::QueueDepth => min_max(part, views.iter().map(InstanceView::load), true),
+            Scorer::QueueDepth => queue_depth_scores(views, part),
             Scorer::KvUtilization => part.extend(views.iter().map(|v| 1.0 - v.kv_usage)),
             Scorer::LoadBalance => part.extend(views.iter().map(|v| 1.0 / (1.0 + v.load()))),
         }
     }
+}
+
+/// The queue-depth scorer: effective load min-max normalised, the least
+/// loaded instance 1 and the most loaded 0 (all 1 when equal), into `out`.
+pub fn queue_depth_scores(views: &[InstanceView], out: &mut Vec<f64>) {
+    min_max(out, views.iter().map(InstanceView::load), true);
 }
 
 /// Min-max normalisation into `out` (`invert`: the lowest value scores 1);
@@ -468,16 +468,16 @@ mod tests {
     #[test]
     fn round_robin_cycles_and_least_loaded_picks_the_lowest_index_on_ties() {
         let mut r = Router::new(RoutingPolicy::RoundRobin, 3, 100);
-        let c: Vec<usize> = (0..5).map(|_| r.route(&idle(3), &[]).chosen).collect();
+        let c: Vec<usize> = (0..5).map(|_| r.route(&idle(3), &[])).collect();
         assert_eq!(c, [0, 1, 2, 0, 1]);
         let mut r = Router::new(RoutingPolicy::LeastLoaded, 3, 100);
         let mut v = idle(3);
-        assert_eq!(r.route(&v, &[]).chosen, 0);
+        assert_eq!(r.route(&v, &[]), 0);
         v[0].in_flight = 1;
-        assert_eq!(r.route(&v, &[]).chosen, 1);
+        assert_eq!(r.route(&v, &[]), 1);
         v[1].running = 1;
         v[2].waiting = 2;
-        assert_eq!(r.route(&v, &[]).chosen, 0);
+        assert_eq!(r.route(&v, &[]), 0);
     }
 
     #[test]
@@ -488,12 +488,12 @@ mod tests {
         let mut r = Router::new(policy, 2, 100);
         let mut v = idle(2);
         // First request: no affinity anywhere, equal load: instance 0.
-        assert_eq!(r.route(&v, &[1, 2, 3]).chosen, 0);
+        assert_eq!(r.route(&v, &[1, 2, 3]), 0);
         v[0].in_flight = 1;
         // A request sharing the prefix goes to 0 despite its load ...
-        assert_eq!(r.route(&v, &[1, 2, 3, 9]).chosen, 0);
+        assert_eq!(r.route(&v, &[1, 2, 3, 9]), 0);
         // ... and an unrelated one to the idle instance.
-        assert_eq!(r.route(&v, &[7, 8]).chosen, 1);
+        assert_eq!(r.route(&v, &[7, 8]), 1);
     }
 
     #[test]

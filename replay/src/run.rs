@@ -118,7 +118,7 @@ pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
 
 /// The server settings named by `args`.
 pub fn server_args(args: &RunArgs) -> ServerArgs {
-    ServerArgs {
+    let mut s = ServerArgs {
         model: args.model.clone(),
         latency: args.latency_model.map(|l| match l {
             LatencyChoice::Blackbox => LatencyKind::Blackbox,
@@ -130,17 +130,14 @@ pub fn server_args(args: &RunArgs) -> ServerArgs {
         hardware: args.hardware.clone(),
         hardware_config: args.hardware_config.clone(),
         tp: args.tp,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        block_size: args.block_size,
-        total_kv_blocks: args.total_kv_blocks,
-        long_prefill_token_threshold: args.long_prefill_token_threshold,
-        max_model_len: args.max_model_len,
         gpu_memory_utilization: Some(args.gpu_memory_utilization),
         scheduler: args.scheduler,
         prefix_caching: !args.no_prefix_caching,
         fast_forward: !args.no_fast_forward,
-    }
+        ..ServerArgs::default()
+    };
+    args.engine.apply(&mut s);
+    s
 }
 
 /// The header of a replayed trace: the input's identity, the resolved server.
@@ -190,11 +187,7 @@ pub(crate) fn replay_on<S: crate::sim::Sink>(
     }
     replay_cluster(&mut insts, &mut control, inputs, opts, sink);
     let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
-    let last = if snaps.len() == 1 {
-        snaps[0]
-    } else {
-        merged(&snaps)
-    };
+    let last = merged(&snaps);
     let cluster = (!bundle.is_single()).then(|| ClusterSummary::of(bundle, &control, &insts));
     (last, cluster, control.decisions.take())
 }
@@ -223,7 +216,7 @@ fn write_decisions(
     Ok(())
 }
 
-fn fitness_weights(
+pub(crate) fn fitness_weights(
     args: &RunArgs,
 ) -> anyhow::Result<Option<Vec<(String, crate::fitness::FitnessMetric, f64)>>> {
     args.cluster

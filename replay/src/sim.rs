@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::cluster::Control;
 use crate::instance::{
-    Counters, DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
+    DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
 };
 use crate::latency::LatencyModel;
 use crate::scheduler::slo_priority;
@@ -185,31 +185,7 @@ pub fn merged(snaps: &[Snapshot]) -> Snapshot {
         m.running += s.running;
         m.kv_used += s.kv_used;
         m.kv_total += s.kv_total;
-        let (a, b) = (&mut m.counters, &s.counters);
-        let Counters {
-            enqueued,
-            completed,
-            dropped,
-            preemptions,
-            prefix_queries,
-            prefix_hits,
-            prompt_tokens,
-            generation_tokens,
-            steps,
-            fast_forwarded_steps,
-            aborted,
-        } = *b;
-        a.enqueued += enqueued;
-        a.completed += completed;
-        a.dropped += dropped;
-        a.preemptions += preemptions;
-        a.prefix_queries += prefix_queries;
-        a.prefix_hits += prefix_hits;
-        a.prompt_tokens += prompt_tokens;
-        a.generation_tokens += generation_tokens;
-        a.steps += steps;
-        a.fast_forwarded_steps += fast_forwarded_steps;
-        a.aborted += aborted;
+        m.counters += s.counters;
     }
     m
 }
@@ -338,12 +314,7 @@ pub fn replay_cluster<I, S>(
             _ => {
                 d.snaps.clear();
                 d.snaps.extend(d.insts.iter().map(Instance::snapshot));
-                let snap = if d.snaps.len() == 1 {
-                    d.snaps[0]
-                } else {
-                    merged(&d.snaps)
-                };
-                sink.sample(now, &snap);
+                sink.sample(now, &merged(&d.snaps));
                 next_sample = Some(now + opts.sample_interval_us.unwrap_or(i64::MAX / 4));
             }
         }

@@ -8,7 +8,7 @@
 //! budget, 8192 tokens per slot), and compares the held-out 30%.
 //!
 //! Thresholds come from measurement on the 2-vCPU machine (README, "How
-//! accurate is it"): over four runs, held-out E2E MAPE 28.6–40.1% and TTFT
+//! accurate is it"): over three runs, held-out E2E MAPE 28.6–40.1% and TTFT
 //! p50 error −39% to +31% (21 held-out requests, whose TTFT is either a
 //! lone prefill of ~20 ms or one shared with decodes of ~45 ms, so their
 //! median jumps between the two), against the server's own run-to-run

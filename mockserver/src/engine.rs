@@ -9,10 +9,22 @@
 //! accumulates: the timeline is exactly the one `blis-replay` computes for
 //! the same arrivals.
 //!
-//! Token and completion events are also *delivered* by this thread at the
-//! wall time they become visible (held in a queue until then), so an HTTP
-//! handler forwards each one the moment it arrives: tokio's timer, with its
-//! millisecond granularity, is never on a token's path.
+//! Token and completion events are also *delivered* by this thread (held in
+//! a queue until then), so an HTTP handler forwards each one the moment it
+//! arrives: tokio's timer, with its millisecond granularity, is never on a
+//! token's path. A step's tokens are known when its batch is formed
+//! ([`Instance::upcoming_tokens`]), a step's time before they become
+//! visible, and getting one from this thread to the client's socket takes a
+//! few hundred µs on a busy machine (a wake-up of this thread, one of an
+//! HTTP worker, a write), so each token is handed over that long *before*
+//! its visible time, first tokens ahead of the step's burst of later ones.
+//! The lead is a running median of that hand-off latency as handlers
+//! measure it ([`EngineHandle::record_handoff`]); the client then sees each
+//! first token at its simulated time, not a wake-up or a burst later.
+//!
+//! A request's arrival is the instant its HTTP handler started (carried in
+//! [`Submission::received`]), not the later instant this thread read it, so
+//! the channel hop does not delay it either.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -49,6 +61,11 @@ impl Clock {
         (self.start.elapsed().as_secs_f64() * 1e6 * self.scale) as i64
     }
 
+    /// Simulated µs at wall instant `at` (0 before the start).
+    pub fn at(&self, at: Instant) -> i64 {
+        (at.saturating_duration_since(self.start).as_secs_f64() * 1e6 * self.scale) as i64
+    }
+
     /// The wall instant of simulated time `t_us`.
     pub fn wall(&self, t_us: i64) -> Instant {
         self.start + Duration::from_secs_f64((t_us.max(0) as f64) / 1e6 / self.scale)
@@ -70,6 +87,8 @@ pub enum Event {
         index: u32,
         /// Client-visible simulated time.
         visible_us: i64,
+        /// Simulated time it was due to be handed over to its handler.
+        handoff_us: i64,
     },
     /// The request completed.
     Finished(Finished),
@@ -90,6 +109,8 @@ pub struct Submission {
     pub segments: Vec<blis_traces::content::Segment>,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
+    /// When its HTTP handler started: its arrival.
+    pub received: Instant,
 }
 
 enum Cmd {
@@ -104,6 +125,7 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     clock: Arc<Clock>,
     snapshot: Arc<Mutex<Snapshot>>,
+    handoff: Arc<Handoff>,
 }
 
 /// `Cmd` is private; this keeps the channel type nameable in the handle.
@@ -122,12 +144,14 @@ impl EngineHandle {
         let snapshot = Arc::new(Mutex::new(instance.snapshot()));
         let snap = snapshot.clone();
         let c = clock.clone();
+        let handoff = Arc::new(Handoff::default());
+        let h = handoff.clone();
         std::thread::Builder::new()
             .name("blis-engine".into())
             .spawn(move || {
                 // Timer slack of 1 µs (default 50 µs): sleeps end on time.
                 let _ = nix::sys::prctl::set_timerslack(1_000);
-                run(instance, rx, c, snap, metrics)
+                run(instance, rx, c, snap, metrics, &h)
             })
             .expect("spawning the engine thread");
         Self {
@@ -135,7 +159,20 @@ impl EngineHandle {
             next_id: Arc::new(AtomicU64::new(0)),
             clock,
             snapshot,
+            handoff,
         }
+    }
+
+    /// Reports that a first token due to be handed over at simulated
+    /// `handoff_us` is being written to its client now (see [`Handoff`]).
+    pub fn record_handoff(&self, handoff_us: i64) {
+        let late = (self.clock.now() - handoff_us).max(0) as f64 / self.clock.scale();
+        self.handoff.record(late as u64);
+    }
+
+    /// The current hand-off lead, wall µs.
+    pub fn handoff_lead_us(&self) -> u64 {
+        self.handoff.lead_us()
     }
 
     /// Submits a request; returns its id.
@@ -161,29 +198,79 @@ impl EngineHandle {
     }
 }
 
-/// Events held until they become visible, in (time, seq) order.
+/// The measured hand-off latency of first tokens: from the time the engine
+/// thread was due to hand one over to its HTTP handler writing it (so the
+/// engine thread's own late wake-ups count), wall µs, as the median of the
+/// latest [`Handoff::WINDOW`] samples (a median ignores the rare long stall
+/// that would drag a mean). Every event is handed over this long before it
+/// becomes visible, first tokens ahead of a step's burst of later tokens,
+/// so TTFT is on time; later tokens may be written up to the burst's length
+/// late, a shift of every token alike that leaves ITL unchanged.
+#[derive(Debug, Default)]
+pub struct Handoff {
+    window: Mutex<std::collections::VecDeque<u32>>,
+    median_us: AtomicU64,
+}
+
+impl Handoff {
+    /// Samples in the running median.
+    pub const WINDOW: usize = 63;
+    /// Largest lead, µs: a slower hand-off is a stalled machine, not latency
+    /// to hide.
+    pub const MAX_US: u64 = 2_000;
+
+    fn record(&self, latency_us: u64) {
+        let x = latency_us.min(Self::MAX_US) as u32;
+        let mut w = self
+            .window
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if w.len() == Self::WINDOW {
+            w.pop_front();
+        }
+        w.push_back(x);
+        let mut v = [0u32; Self::WINDOW];
+        let n = w.len();
+        for (d, s) in v.iter_mut().zip(w.iter()) {
+            *d = *s;
+        }
+        let (_, m, _) = v[..n].select_nth_unstable(n / 2);
+        self.median_us.store(u64::from(*m), Ordering::Relaxed);
+    }
+
+    /// The current lead, wall µs.
+    pub fn lead_us(&self) -> u64 {
+        self.median_us.load(Ordering::Relaxed)
+    }
+}
+
+/// Events held until they are handed over, in (hand-off time, first tokens
+/// before other events, seq) order.
 #[derive(Default)]
 struct Outbox {
-    heap: BinaryHeap<Reverse<(i64, u64)>>,
+    heap: BinaryHeap<Reverse<(i64, u8, u64)>>,
     items: FxHashMap<u64, (UnboundedSender<Event>, Event)>,
     seq: u64,
+    /// Scratch for [`Instance::upcoming_tokens`].
+    upcoming: Vec<(u64, u32, i64)>,
 }
 
 impl Outbox {
     fn push(&mut self, at: i64, to: &UnboundedSender<Event>, ev: Event) {
         let k = self.seq;
         self.seq += 1;
-        self.heap.push(Reverse((at, k)));
+        let class = u8::from(!matches!(ev, Event::Token { index: 1, .. }));
+        self.heap.push(Reverse((at, class, k)));
         self.items.insert(k, (to.clone(), ev));
     }
 
     fn next_time(&self) -> Option<i64> {
-        self.heap.peek().map(|Reverse((t, _))| *t)
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
     }
 
-    /// Sends every event visible by `now`.
+    /// Sends every event due by `now`.
     fn deliver(&mut self, now: i64) {
-        while let Some(&Reverse((t, k))) = self.heap.peek() {
+        while let Some(&Reverse((t, _, k))) = self.heap.peek() {
             if t > now {
                 break;
             }
@@ -205,6 +292,8 @@ struct Flight {
     arrival: i64,
     enqueued: i64,
     last_token: Option<i64>,
+    /// When its latest event is handed over (its events stay in order).
+    last_handoff: i64,
 }
 
 fn run(
@@ -213,7 +302,10 @@ fn run(
     clock: Arc<Clock>,
     snapshot: Arc<Mutex<Snapshot>>,
     metrics: Arc<Metrics>,
+    handoff: &Handoff,
 ) {
+    // Simulated µs by which events are handed over early.
+    let lead = || (handoff.lead_us() as f64 * clock.scale()) as i64;
     let mut flights: FxHashMap<u64, Flight> = FxHashMap::default();
     let mut pending: FxHashMap<u64, SimRequest> = FxHashMap::default();
     let mut enq: BinaryHeap<Reverse<(i64, u64)>> = BinaryHeap::new();
@@ -234,6 +326,7 @@ fn run(
             &mut report,
             &metrics,
             &mut outbox,
+            lead(),
         );
         outbox.deliver(clock.now());
         *snapshot.lock().expect("snapshot lock") = inst.snapshot();
@@ -257,7 +350,7 @@ fn run(
                         match rx.try_recv() {
                             Ok(m) => break Some(m),
                             Err(TryRecvError::Empty) if Instant::now() < due => {
-                                std::thread::yield_now();
+                                std::hint::spin_loop();
                             }
                             Err(TryRecvError::Empty) => break None,
                             Err(TryRecvError::Disconnected) => return,
@@ -292,12 +385,17 @@ fn run(
             &mut report,
             &metrics,
             &mut outbox,
+            lead(),
         );
         outbox.deliver(clock.now());
         last = stamp;
         match msg.0 {
             Cmd::Submit(id, s) => {
                 let delay = inst.latency().queueing_delay_us(s.input_tokens).round() as i64;
+                // Arrival when the handler started; its enqueue cannot be
+                // before events already processed.
+                let arrival = clock.at(s.received).min(stamp);
+                let enqueued = (arrival + delay).max(stamp);
                 let req = SimRequest {
                     id,
                     input_tokens: s.input_tokens,
@@ -310,13 +408,14 @@ fn run(
                     id,
                     Flight {
                         events: s.events,
-                        arrival: stamp,
-                        enqueued: stamp + delay,
+                        arrival,
+                        enqueued,
                         last_token: None,
+                        last_handoff: i64::MIN,
                     },
                 );
                 pending.insert(id, req);
-                enq.push(Reverse((stamp + delay, id)));
+                enq.push(Reverse((enqueued, id)));
             }
             Cmd::Abort(id) => {
                 pending.remove(&id);
@@ -340,6 +439,7 @@ fn process_due(
     report: &mut StepReport,
     metrics: &Metrics,
     outbox: &mut Outbox,
+    lead: i64,
 ) {
     loop {
         let te = enq.peek().map(|Reverse((t, _))| *t).filter(|t| *t <= now);
@@ -362,6 +462,8 @@ fn process_due(
                 // No fast-forward: outside events (HTTP requests) are not
                 // known in advance.
                 inst.step(t, t, report);
+                // The tokens of the step that just ended were handed over
+                // when it was formed; here they only feed the metrics.
                 for span in &report.spans {
                     let Some(f) = flights.get_mut(&span.id) else {
                         continue;
@@ -372,22 +474,32 @@ fn process_due(
                             metrics.observe_itl(v - p);
                         }
                         f.last_token = Some(v);
-                        outbox.push(
-                            v,
-                            &f.events,
-                            Event::Token {
-                                index: span.first_index + m,
-                                visible_us: v,
-                            },
-                        );
                     }
                 }
                 for fin in &report.finished {
                     if let Some(f) = flights.remove(&fin.id) {
                         metrics.finished(fin, f.arrival, f.enqueued);
-                        outbox.push(fin.last_token_us, &f.events, Event::Finished(*fin));
+                        let at = f.last_handoff.max(fin.last_token_us - lead);
+                        outbox.push(at, &f.events, Event::Finished(*fin));
                     }
                 }
+                // The step just formed: its tokens are known now.
+                let mut upcoming = std::mem::take(&mut outbox.upcoming);
+                upcoming.clear();
+                inst.upcoming_tokens(&mut upcoming);
+                for &(id, index, v) in &upcoming {
+                    let Some(f) = flights.get_mut(&id) else {
+                        continue;
+                    };
+                    f.last_handoff = f.last_handoff.max(v - lead);
+                    let ev = Event::Token {
+                        index,
+                        visible_us: v,
+                        handoff_us: f.last_handoff,
+                    };
+                    outbox.push(f.last_handoff, &f.events, ev);
+                }
+                outbox.upcoming = upcoming;
             }
             _ => return,
         }

@@ -423,6 +423,7 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
         priority: p.priority,
         segments: tokenizer::segments(&p.text, bs, key, out),
         events: tx,
+        received,
     });
     let guard = AbortGuard {
         engine: st.engine.clone(),
@@ -473,10 +474,15 @@ struct Ctx {
 }
 
 impl Ctx {
-    /// Waits until the wall time of simulated `visible_us`.
+    /// Waits until the wall time of simulated `visible_us` when an event
+    /// came more than a tokio timer tick (1 ms) beyond the engine's
+    /// hand-off lead early; the lead itself is not waited for (it is the
+    /// expected delay of getting here, see `engine`).
     async fn wait_visible(&self, visible_us: i64) {
-        let at = self.st.engine.clock().wall(visible_us);
-        if at > Instant::now() + Duration::from_micros(200) {
+        let e = &self.st.engine;
+        let at = e.clock().wall(visible_us);
+        let slack = Duration::from_micros(1_000 + e.handoff_lead_us());
+        if at > Instant::now() + slack {
             tokio::time::sleep_until(at.into()).await;
         }
     }
@@ -584,7 +590,14 @@ fn stream_response(c: Ctx) -> Response {
                 (c, Phase::End, faulted),
             )),
             Phase::Tokens => match c.rx.recv().await {
-                Some(Event::Token { index, visible_us }) => {
+                Some(Event::Token {
+                    index,
+                    visible_us,
+                    handoff_us,
+                }) => {
+                    if index == 1 {
+                        c.st.engine.record_handoff(handoff_us);
+                    }
                     c.wait_visible(visible_us).await;
                     if index == fault_at && !faulted {
                         faulted = true;

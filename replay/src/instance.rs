@@ -513,6 +513,38 @@ impl Instance {
         self.form_batch(now, limit);
     }
 
+    /// The tokens the run in flight will produce, known when its batch is
+    /// formed: `(request id, 1-based output index, client-visible time µs)`
+    /// appended to `out` in step and running order. A real-time owner (the
+    /// mock server) hands them to their clients ahead of time; the next
+    /// [`Instance::step`] reports exactly these (less any request aborted
+    /// meanwhile). Empty when idle.
+    pub fn upcoming_tokens(&self, out: &mut Vec<(u64, u32, i64)>) {
+        let Some(run) = &self.run else {
+            return;
+        };
+        let overhead = self.latency.output_token_overhead_us();
+        if run.ends.len() > 1 {
+            // Decode-only fast-forwarded run: a token per request per step.
+            for (j, &end) in run.ends.iter().enumerate() {
+                for &(slot, _) in &run.scheduled {
+                    let a = self.act(slot);
+                    let index = a.generated + 1 + j as u32;
+                    out.push((a.req.id, index, visible(end, overhead, index)));
+                }
+            }
+        } else {
+            let end = run.ends[0];
+            for &(slot, n) in &run.scheduled {
+                let a = self.act(slot);
+                if a.num_computed + n == a.num_tokens() {
+                    let index = a.generated + 1;
+                    out.push((a.req.id, index, visible(end, overhead, index)));
+                }
+            }
+        }
+    }
+
     /// Splits a fast-forwarded run in flight at `t`: the steps that ended
     /// before `t` are finished now (their tokens go to `report`, with their
     /// own times), and only the step in progress at `t` stays in flight, so

@@ -5,15 +5,13 @@
 //! (Its own test binary: it observes the mock for the main job's full
 //! minute, 360 requests.)
 //!
-//! Measured on a 2-vCPU VM (README, "How accurate is it"): E2E MAPE
-//! 0.2–0.4%, E2E p50 error 0.02%, TTFT mean error −0.4 to −0.7%, TTFT p50
-//! error −2.7 to −3.3%. Every request's TTFT is 0.5–2 ms longer than the
-//! engine's schedule: the client → handler hop (≈0.25 ms), the engine
-//! thread → HTTP worker wake-up (≈0.5 ms) and the client's read (≈0.1 ms)
-//! are not part of the simulated engine, while the engine's own schedule
-//! matches replay within ±0.1 ms. The TTFT p50 bound is therefore 3% plus
-//! that measured HTTP latency (at most 1.5 ms), and the per-request check
-//! pins the gap's sign and size so a real timing bug cannot hide in it.
+//! The mock hands each token to its HTTP stream ahead of its visible time
+//! by the measured hand-off latency (see `blis_mockserver::engine`), so the
+//! client sees first tokens on the engine's schedule; what remains between
+//! real and replayed TTFT is the client's own HTTP path (its send, the
+//! server's request parsing, its read of the chunk), a few hundred µs,
+//! partly covered by the round trip the comparison adds.
+//! Measured on a 2-vCPU VM: see the README's "How accurate is it".
 
 use blis_tests::{LoopOpts, run_loop};
 use clap::Parser;
@@ -44,13 +42,12 @@ fn the_mock_loop_reproduces_e2e_and_ttft() {
     assert!(e2e_mape <= 3.0, "E2E MAPE {e2e_mape}%");
     assert!(e2e_p50.abs() <= 0.03, "E2E p50 error {e2e_p50}");
     assert!(ttft_mean.abs() <= 0.03, "TTFT mean error {ttft_mean}");
-    let real_p50 = stat("ttft", "real", "p50");
     assert!(
-        ttft_p50_ms.abs() <= 0.03 * real_p50 + 1.5,
-        "TTFT p50 error {ttft_p50_ms} ms of {real_p50} ms"
+        ttft_p50.abs() <= 0.03,
+        "TTFT p50 error {ttft_p50} ({ttft_p50_ms} ms)"
     );
-    // Per request: the real TTFT is the simulated one plus the HTTP path
-    // (0–2 ms), never shorter by more than a timer's jitter.
+    // Per request: the real TTFT is the simulated one plus the client's HTTP
+    // path (a few hundred µs); a gap beyond that is a timing bug.
     let real = blis_traces::Trace::read(&r.real).unwrap();
     let sim = blis_traces::Trace::read(&r.sim).unwrap();
     let ttft = |o: &blis_traces::Outcome| {
@@ -76,7 +73,7 @@ fn the_mock_loop_reproduces_e2e_and_ttft() {
         gaps[9 * gaps.len() / 10]
     );
     assert!(
-        (0..=2_000).contains(&median),
+        (-500..=1_500).contains(&median),
         "median real − sim TTFT {median} µs"
     );
     assert!(r.report.with_extension("html").exists());

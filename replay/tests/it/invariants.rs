@@ -2,7 +2,8 @@
 //! workloads: request conservation (injected = completed + dropped +
 //! queued + running), KV conservation (used + free = total), a monotone
 //! clock, causality (arrival ≤ schedule ≤ first token ≤ completion) and work
-//! conservation (a step is pending whenever work waits).
+//! conservation (a step is pending whenever work waits); the tokens a run
+//! announces when it is formed are exactly the ones it produces.
 
 use std::collections::VecDeque;
 
@@ -39,6 +40,7 @@ fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(
     let mut inst = Instance::new(cfg, simple_model());
     let mut report = StepReport::default();
     let (mut now, mut injected, mut dropped, mut completed) = (i64::MIN, 0u64, 0u64, 0u64);
+    let (mut announced, mut produced) = (Vec::new(), Vec::new());
     loop {
         let t_arr = pending.front().map(|r| r.arrival_time_us);
         let t_step = inst.next_time();
@@ -68,6 +70,17 @@ fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(
                 .map_or(i64::MAX, |r| r.arrival_time_us - 1)
                 .max(now);
             inst.step(now, limit, &mut report);
+            produced.clear();
+            for span in &report.spans {
+                for m in 0..span.count {
+                    produced.push((span.id, span.first_index + m, report.token_time(span, m)));
+                }
+            }
+            produced.sort_unstable();
+            announced.sort_unstable();
+            prop_assert_eq!(&announced, &produced, "announced vs produced tokens");
+            announced.clear();
+            inst.upcoming_tokens(&mut announced);
             for f in &report.finished {
                 let arr = arrivals[f.id as usize];
                 prop_assert!(

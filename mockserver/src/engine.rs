@@ -350,7 +350,7 @@ fn run(
                         match rx.try_recv() {
                             Ok(m) => break Some(m),
                             Err(TryRecvError::Empty) if Instant::now() < due => {
-                                std::hint::spin_loop();
+                                std::thread::yield_now();
                             }
                             Err(TryRecvError::Empty) => break None,
                             Err(TryRecvError::Disconnected) => return,
@@ -400,7 +400,8 @@ fn run(
                     id,
                     input_tokens: s.input_tokens,
                     output_tokens: s.output_tokens,
-                    priority: s.priority,
+                    priority: i64::from(s.priority),
+                    class: s.priority.clamp(0, 7) as u8,
                     segments: s.segments,
                     tag: 0,
                 };

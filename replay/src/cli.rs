@@ -126,6 +126,11 @@ pub struct ClusterArgs {
     /// prefix-affinity:3,queue-depth:2,kv-utilization:2.
     #[arg(long, value_name = "NAME:W,...")]
     pub routing_scorers: Option<String>,
+    /// What priority-fcfs orders by: slo-class (the SLO class's vLLM
+    /// priority, the default), constant, slo-based (class score plus age,
+    /// no starvation), inverted-slo (pathological).
+    #[arg(long, value_name = "POLICY")]
+    pub priority_policy: Option<String>,
     /// Refresh interval of queue depth, batch size and KV usage as the
     /// router sees them, µs (0: read at every decision).
     #[arg(long, value_name = "US")]

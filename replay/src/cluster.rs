@@ -33,6 +33,8 @@ pub struct Control {
     pub pipeline_latency_us: i64,
     /// Flow control's thresholds (queue depth per instance, KV usage).
     pub flow: Option<(f64, f64)>,
+    /// Each request's priority.
+    pub priority: crate::priority::PriorityPolicy,
 }
 
 /// What the router saw of one instance at a decision.
@@ -97,6 +99,7 @@ impl Control {
                 bundle.prefix_index_capacity as usize,
             ),
             refresh_us: bundle.snapshot_refresh_interval_us.max(0),
+            priority: bundle.priority.clone(),
             snaps: Vec::new(),
             in_flight: vec![0; n],
             views: vec![InstanceView::default(); n],

@@ -65,6 +65,8 @@ pub struct SeedMetrics {
     pub dropped: u64,
     /// Preemptions, all instances.
     pub preemptions: u64,
+    /// Priority inversions and head-of-line blocking events.
+    pub anomalies: crate::output::Anomalies,
     /// Prefix-cache hit rate, all instances.
     pub prefix_cache_hit_rate: f64,
     /// Most over least routed instance.
@@ -103,6 +105,7 @@ fn seed_metrics(seed: u64, s: &Summary, c: Option<&ClusterSummary>) -> SeedMetri
         rejected: s.requests.rejected,
         dropped: s.requests.dropped,
         preemptions: s.preemptions,
+        anomalies: s.anomalies,
         prefix_cache_hit_rate: s.prefix_cache.hit_rate,
         routing_imbalance: c.map_or(1.0, |c| c.routing_imbalance),
         routed: c.map_or_else(
@@ -181,6 +184,13 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
     if pre > 0.0 {
         issues.push(format!(
             "KV pressure: {pre:.0} preemptions per run (recomputed prefills)"
+        ));
+    }
+    let inv = mean(&|s| s.anomalies.priority_inversions as f64);
+    let hol = mean(&|s| s.anomalies.hol_blocking_events as f64);
+    if inv > 0.0 || hol > 0.0 {
+        issues.push(format!(
+            "priority: {inv:.0} inversions and {hol:.0} head-of-line blocking events per run (a more urgent SLO class waited behind a less urgent one; priority-fcfs or flow control orders them)"
         ));
     }
     let rej = mean(&|s| s.rejected as f64 / (s.requests.max(1)) as f64);

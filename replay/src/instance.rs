@@ -85,8 +85,11 @@ pub struct SimRequest {
     pub input_tokens: u32,
     /// Output tokens to generate.
     pub output_tokens: u32,
-    /// Priority (lower = more urgent).
-    pub priority: i32,
+    /// Priority (lower = more urgent; [`crate::priority::PriorityPolicy`]).
+    pub priority: i64,
+    /// Urgency of its SLO class ([`crate::scheduler::slo_priority`], 0 the
+    /// most urgent), for the anomaly counters whatever the priority policy.
+    pub class: u8,
     /// Token content of prompt and output, for prefix-cache hashing.
     pub segments: Vec<Segment>,
     /// An opaque value of the owner's, echoed in [`TokenSpan`] and
@@ -240,6 +243,14 @@ pub struct Counters {
     pub fast_forwarded_steps: u64,
     /// Requests cancelled by their client (timeouts).
     pub aborted: u64,
+    /// Priority inversions: a request scheduled from the wait queue while
+    /// one of a more urgent SLO class waits there still (BLIS's
+    /// `PriorityInversionCount`, `macro-plan.md` D.8).
+    pub priority_inversions: u64,
+    /// Head-of-line blocking events: a request completing while one of a
+    /// more urgent SLO class waits in the same queue (BLIS's
+    /// `HOLBlockingEvents`).
+    pub hol_blocking_events: u64,
 }
 
 impl std::ops::AddAssign for Counters {
@@ -255,6 +266,8 @@ impl std::ops::AddAssign for Counters {
         self.steps += o.steps;
         self.fast_forwarded_steps += o.fast_forwarded_steps;
         self.aborted += o.aborted;
+        self.priority_inversions += o.priority_inversions;
+        self.hol_blocking_events += o.hol_blocking_events;
     }
 }
 
@@ -340,6 +353,8 @@ pub struct Instance {
     spare_scheduled: Vec<(u32, u32)>,
     spare_ends: Vec<i64>,
     spare_phase: Vec<u32>,
+    /// Waiting requests per SLO class (`class`, capped at 7).
+    waiting_classes: [u32; 8],
 }
 
 impl Instance {
@@ -365,6 +380,7 @@ impl Instance {
             spare_scheduled: Vec::new(),
             spare_ends: Vec::new(),
             spare_phase: Vec::new(),
+            waiting_classes: [0; 8],
         }
     }
 
@@ -480,12 +496,26 @@ impl Instance {
             }
         };
         self.waiting.push(slot, key);
+        self.count_waiting(slot, true);
         self.index.insert(self.act(slot).req.id, slot);
         self.counters.enqueued += 1;
         if self.run.is_none() && self.kick.is_none() {
             self.kick = Some(now);
         }
         Ok(())
+    }
+
+    /// Counts `slot` into (`enter`) or out of the wait queue's classes;
+    /// returns whether a request of a more urgent class waits.
+    fn count_waiting(&mut self, slot: u32, enter: bool) -> bool {
+        let class = usize::from(self.act(slot).req.class.min(7));
+        let n = &mut self.waiting_classes[class];
+        if enter {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+        self.waiting_classes[..class].iter().any(|&n| n > 0)
     }
 
     fn act(&self, slot: u32) -> &Active {
@@ -677,6 +707,11 @@ impl Instance {
             let slot = self.running[i];
             let a = self.act_mut(slot);
             if a.generated >= a.target {
+                let class = usize::from(a.req.class.min(7));
+                if self.waiting_classes[..class].iter().any(|&n| n > 0) {
+                    self.counters.hol_blocking_events += 1;
+                }
+                let a = self.act_mut(slot);
                 let fin = Finished {
                     id: a.req.id,
                     tag: a.req.tag,
@@ -729,6 +764,7 @@ impl Instance {
         let key = a.key;
         self.kv.release(&mut blocks);
         self.waiting.push_preempted(slot, key);
+        self.count_waiting(slot, true);
         self.counters.preemptions += 1;
         slot
     }
@@ -852,6 +888,9 @@ impl Instance {
                     break;
                 }
                 self.waiting.pop();
+                if self.count_waiting(slot, false) {
+                    self.counters.priority_inversions += 1;
+                }
                 self.running.push(slot);
                 let nh = self.hits.len() as u32;
                 let a = self.slots[slot as usize].as_mut().expect("live slot");
@@ -983,6 +1022,7 @@ impl Instance {
         };
         if !was_running {
             self.waiting.remove(slot);
+            self.count_waiting(slot, false);
         }
         let a = self.slots[slot as usize].take().expect("live slot");
         let mut blocks = a.blocks;
@@ -1001,6 +1041,13 @@ impl Instance {
                 "{live} live requests but {} waiting + {} running",
                 self.waiting.len(),
                 self.running.len()
+            ));
+        }
+        let by_class: u32 = self.waiting_classes.iter().sum();
+        if by_class as usize != self.waiting.len() {
+            return Err(format!(
+                "{by_class} waiting by class but {} in the queue",
+                self.waiting.len()
             ));
         }
         let c = self.counters;

@@ -54,6 +54,7 @@ pub mod kv;
 pub mod latency;
 pub mod output;
 pub mod policy;
+pub mod priority;
 pub mod roofline;
 pub mod routing;
 pub mod run;

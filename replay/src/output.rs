@@ -129,6 +129,17 @@ pub struct KvFigures {
     pub mean_usage: f64,
 }
 
+/// Scheduling anomalies, summed over instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Anomalies {
+    /// Requests scheduled from a wait queue while one of a more urgent SLO
+    /// class waited there still.
+    pub priority_inversions: u64,
+    /// Requests completing while one of a more urgent SLO class waited in
+    /// the same queue (head-of-line blocking).
+    pub hol_blocking_events: u64,
+}
+
 /// The summary JSON of a replay (schema version 1; all latencies in ms).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
@@ -150,6 +161,8 @@ pub struct Summary {
     pub throughput: Throughput,
     /// Preemptions.
     pub preemptions: u64,
+    /// Scheduling anomalies (BLIS's failure modes, `macro-plan.md` D.8).
+    pub anomalies: Anomalies,
     /// Prefix cache.
     pub prefix_cache: PrefixCache,
     /// KV cache.
@@ -446,6 +459,10 @@ impl Collector {
                 output_tokens_per_s: per_s(self.output_tokens as f64),
             },
             preemptions: c.preemptions,
+            anomalies: Anomalies {
+                priority_inversions: c.priority_inversions,
+                hol_blocking_events: c.hol_blocking_events,
+            },
             prefix_cache: PrefixCache {
                 query_tokens: c.prefix_queries,
                 hit_tokens: c.prefix_hits,

@@ -11,6 +11,7 @@
 //! snapshot_refresh_interval_us: 0     # 0: signals read at routing time
 //! prefix_index_capacity: 10000        # blocks per instance in the router's index
 //! scheduler: priority-fcfs            # each instance's wait-queue order
+//! priority: {policy: slo-based, age_weight: 10}   # what it orders by
 //! admission_latency_us: 0             # delays each request's entry
 //! routing_latency_us: 0
 //! flow_control: {queue_depth_threshold: 4, kv_utilization_threshold: 0.9}
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::AdmissionPolicy;
 use crate::error::{ReplayError, Result};
+use crate::priority::PriorityPolicy;
 use crate::routing::RoutingPolicy;
 use crate::scheduler::SchedulerPolicy;
 
@@ -43,6 +45,9 @@ pub struct PolicyBundle {
     pub prefix_index_capacity: u32,
     /// Each instance's wait-queue order (default: the `--scheduler` flag).
     pub scheduler: Option<SchedulerPolicy>,
+    /// Each request's priority for `priority-fcfs` and the gateway queue
+    /// (default: its SLO class's).
+    pub priority: PriorityPolicy,
     /// Time the admission decision takes, µs (delays the request's entry).
     pub admission_latency_us: i64,
     /// Time the routing decision takes, µs (delays the request's entry).
@@ -85,6 +90,7 @@ impl Default for PolicyBundle {
             snapshot_refresh_interval_us: 0,
             prefix_index_capacity: 10_000,
             scheduler: None,
+            priority: PriorityPolicy::default(),
             admission_latency_us: 0,
             routing_latency_us: 0,
             flow_control: None,
@@ -143,6 +149,7 @@ impl PolicyBundle {
                 return Err("routing scorers: at least one weight must be positive".into());
             }
         }
+        self.priority.validate()?;
         self.admission.validate()
     }
 }
@@ -225,6 +232,10 @@ impl PolicyBundle {
                     )));
                 }
             }
+        }
+        if let Some(p) = &a.priority_policy {
+            b.priority =
+                PriorityPolicy::from_name(p).map_err(|e| bad(format!("--priority-policy: {e}")))?;
         }
         if let Some(r) = a.snapshot_refresh_interval_us {
             b.snapshot_refresh_interval_us = r;

@@ -381,8 +381,10 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
     );
     let _ = writeln!(
         o,
-        "preemptions: {} · prefix-cache hit rate: {:.1}% · KV usage: peak {:.1}%, mean {:.1}% · steps: {} ({} fast-forwarded)",
+        "preemptions: {} · priority inversions: {} · head-of-line blocking: {} · prefix-cache hit rate: {:.1}% · KV usage: peak {:.1}%, mean {:.1}% · steps: {} ({} fast-forwarded)",
         s.preemptions,
+        s.anomalies.priority_inversions,
+        s.anomalies.hol_blocking_events,
         100.0 * s.prefix_cache.hit_rate,
         100.0 * s.kv.peak_usage,
         100.0 * s.kv.mean_usage,

@@ -49,7 +49,7 @@ impl fmt::Display for SchedulerPolicy {
 /// vLLM-style priority of an SLO class: lower is more urgent. `critical` 0,
 /// `standard` (and empty or unknown) 1, `sheddable` 2, `batch` 3,
 /// `background` 4; v1 names `realtime` 0 and `interactive` 1.
-pub fn slo_priority(slo_class: &str) -> i32 {
+pub fn slo_priority(slo_class: &str) -> u8 {
     match slo_class {
         "critical" | "realtime" => 0,
         "sheddable" => 2,
@@ -65,12 +65,12 @@ pub type QueueKey = (i64, i64, u64);
 impl SchedulerPolicy {
     /// The queue key of a request with `priority`, `input_tokens`, enqueued
     /// `seq`-th.
-    pub fn key(self, priority: i32, input_tokens: u32, seq: u64) -> QueueKey {
+    pub fn key(self, priority: i64, input_tokens: u32, seq: u64) -> QueueKey {
         match self {
             Self::Fcfs => (0, 0, seq),
-            Self::PriorityFcfs => (i64::from(priority), 0, seq),
+            Self::PriorityFcfs => (priority, 0, seq),
             Self::Sjf => (i64::from(input_tokens), 0, seq),
-            Self::ReversePriority => (-i64::from(priority), 0, seq),
+            Self::ReversePriority => (priority.saturating_neg(), 0, seq),
         }
     }
 }

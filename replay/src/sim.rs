@@ -346,7 +346,7 @@ struct Driver<'a> {
     /// Flow control's saturation thresholds (queue depth, KV usage).
     flow: Option<(f64, f64)>,
     /// The gateway queue: (priority, arrival order, index into items).
-    gateway: BinaryHeap<Reverse<(i32, u64, usize)>>,
+    gateway: BinaryHeap<Reverse<(i64, u64, usize)>>,
     gateway_items: Vec<Option<Input>>,
     events: BinaryHeap<Reverse<(i64, u8, u64, u32)>>,
     seq: u64,
@@ -432,7 +432,10 @@ impl Driver<'_> {
             return;
         }
         if self.flow.is_some() {
-            let prio = slo_priority(&input.rec.request.slo_class);
+            let prio = self
+                .control
+                .priority
+                .priority(&input.rec.request.slo_class, input.entry_us);
             let idx = self.gateway_items.len();
             let mut input = input;
             input.entry_us = now;
@@ -529,7 +532,8 @@ impl Driver<'_> {
             id: r.request_id,
             input_tokens: input,
             output_tokens: output,
-            priority: slo_priority(&r.slo_class),
+            priority: self.control.priority.priority(&r.slo_class, f.entry_us),
+            class: slo_priority(&r.slo_class),
             segments,
             tag,
         };

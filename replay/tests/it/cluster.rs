@@ -9,6 +9,7 @@ use blis_replay::admission::AdmissionPolicy;
 use blis_replay::cluster::Control;
 use blis_replay::output::{Collector, Summary};
 use blis_replay::policy::PolicyBundle;
+use blis_replay::priority::PriorityPolicy;
 use blis_replay::routing::{RoutingPolicy, Scorer};
 use blis_replay::sim::{Input, SimOptions};
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, replay_cluster};
@@ -264,11 +265,51 @@ fn priority_fcfs_schedules_a_realtime_request_before_a_queued_batch_one() {
     let r = cluster(&b, cfg.clone(), reqs.clone());
     let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
     assert!(first(4) < first(2), "the realtime request went first");
-    // FCFS keeps the queue order.
+    // No inversion; but the running batch request completes while the
+    // critical one waits behind it: head-of-line blocking.
+    assert_eq!(r.summary.anomalies.priority_inversions, 0);
+    assert_eq!(r.summary.anomalies.hol_blocking_events, 1);
+    // FCFS keeps the queue order: request 2 is scheduled while the
+    // critical request 4 waits, an inversion.
     b.scheduler = Some(SchedulerPolicy::Fcfs);
     let r = cluster(&b, cfg, reqs);
     let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
     assert!(first(2) < first(4));
+    assert_eq!(r.summary.anomalies.priority_inversions, 1);
+    assert_eq!(r.summary.anomalies.hol_blocking_events, 2);
+}
+
+/// `slo-based` priority (BLIS: class score + age weight × age): a standard
+/// request that has waited more than (100 − 50) / 10 = 5 s longer than a
+/// realtime one goes first; one that has waited less does not; by SLO
+/// class alone the realtime one always goes first.
+#[test]
+fn slo_based_priority_lets_a_long_waiting_request_overtake_a_new_realtime_one() {
+    let mut b = bundle(1, RoutingPolicy::RoundRobin);
+    b.scheduler = Some(SchedulerPolicy::PriorityFcfs);
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        ..EngineConfig::default()
+    };
+    let class = |mut r: Request, c: &str| {
+        r.slo_class = Arc::from(c);
+        r
+    };
+    // Request 0 holds the only seat for 6000 × 1.1 ms = 6.6 s.
+    let standard_first = |b: &PolicyBundle, realtime_at: i64| {
+        let reqs = vec![
+            class(req(0, 0, 10, 6000), "batch"),
+            class(req(1, 1_000, 10, 5), "standard"),
+            class(req(2, realtime_at, 10, 5), "realtime"),
+        ];
+        let r = cluster(b, cfg.clone(), reqs);
+        let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
+        first(1) < first(2)
+    };
+    assert!(!standard_first(&b, 5_500_000));
+    b.priority = PriorityPolicy::from_name("slo-based").unwrap();
+    assert!(standard_first(&b, 5_500_000), "waited 5.5 s longer");
+    assert!(!standard_first(&b, 4_000_000), "waited 4 s longer");
 }
 
 /// Acceptance 2: a token bucket rejects exactly the requests that exceed
@@ -369,6 +410,8 @@ prop_compose! {
         refresh in prop_oneof![Just(0i64), 1_000i64..200_000],
         flow in prop::option::of((0.5f64..6.0, 0.3f64..1.0)),
         latency in prop_oneof![Just(0i64), 0i64..20_000],
+        priority in prop::sample::select(vec!["slo-class", "constant", "slo-based", "inverted-slo"]),
+        scheduler in prop::sample::select(vec![SchedulerPolicy::Fcfs, SchedulerPolicy::PriorityFcfs]),
     ) -> PolicyBundle {
         PolicyBundle {
             num_instances: n,
@@ -380,6 +423,8 @@ prop_compose! {
                 kv_utilization_threshold: kv,
             }),
             routing_latency_us: latency,
+            priority: PriorityPolicy::from_name(priority).unwrap(),
+            scheduler: Some(scheduler),
             ..PolicyBundle::default()
         }
     }
@@ -389,6 +434,7 @@ prop_compose! {
     fn any_requests()(spec in prop::collection::vec((0i64..2_000_000, 1u32..3000, 1u32..300, 0u8..4, 0u8..3), 1..120)) -> Vec<Request> {
         spec.into_iter().enumerate().map(|(i, (at, input, output, group, tenant))| {
             let mut r = req(i as u64, at, input, output);
+            r.slo_class = Arc::from(["standard", "realtime", "batch"][usize::from(tenant)]);
             r.tenant_id = Arc::from(format!("t{tenant}").as_str());
             if group > 0 {
                 r = with_prefix(r, &format!("g{group}"), input.min(800));

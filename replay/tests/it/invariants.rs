@@ -21,7 +21,8 @@ fn sim_request(r: &blis_traces::Request) -> SimRequest {
         id: r.request_id,
         input_tokens: r.input_tokens,
         output_tokens: r.output_tokens,
-        priority: (r.request_id % 3) as i32,
+        priority: (r.request_id % 3) as i64,
+        class: (r.request_id % 3) as u8,
         segments,
         tag: r.request_id as u32,
     }

@@ -403,6 +403,7 @@ fn run(
                     priority: i64::from(s.priority),
                     class: s.priority.clamp(0, 7) as u8,
                     segments: s.segments,
+                    block_hashes: Vec::new(),
                     tag: 0,
                 };
                 flights.insert(

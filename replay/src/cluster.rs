@@ -240,6 +240,13 @@ impl Control {
         chosen
     }
 
+    /// The prompt's block hashes the last [`Control::route`] computed
+    /// (empty when its router needs none), handed over so the instance
+    /// does not hash the prompt again.
+    pub fn take_hashes(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.hashes)
+    }
+
     fn record(&mut self, rec: &TraceRecord, now: i64, chosen: usize, scores: &[f64]) {
         let mut order: Vec<usize> = (0..scores.len()).collect();
         order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));

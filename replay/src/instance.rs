@@ -92,6 +92,10 @@ pub struct SimRequest {
     pub class: u8,
     /// Token content of prompt and output, for prefix-cache hashing.
     pub segments: Vec<Segment>,
+    /// The content hashes of its leading blocks when the owner already
+    /// computed them (a prefix-aware router does); may be empty, the
+    /// instance computes the rest.
+    pub block_hashes: Vec<u64>,
     /// An opaque value of the owner's, echoed in [`TokenSpan`] and
     /// [`Finished`] (e.g. an index into its own table).
     pub tag: u32,
@@ -307,9 +311,11 @@ struct Active {
     num_computed: u32,
     generated: u32,
     blocks: Vec<u32>,
-    /// Leading blocks whose content hash is known (committed or hit).
+    /// Leading blocks committed to the prefix cache (or hit there).
     hashed: u32,
-    last_hash: u64,
+    /// Content hashes of its leading blocks, computed once each (content
+    /// never changes, so they survive preemption).
+    hashes: Vec<u64>,
     scheduled_us: Option<i64>,
     first_token_us: Option<i64>,
     cached_tokens: Option<u32>,
@@ -319,6 +325,22 @@ struct Active {
 impl Active {
     fn num_tokens(&self) -> u32 {
         self.req.input_tokens + self.generated
+    }
+
+    /// The content hash of block `j` (chained: each includes its parent's),
+    /// computing the missing ones up to it.
+    fn hash(&mut self, block_size: u32, j: u32) -> u64 {
+        while self.hashes.len() as u32 <= j {
+            let parent = self.hashes.last().copied().unwrap_or(content::ROOT_HASH);
+            let i = self.hashes.len() as u32;
+            self.hashes.push(content::block_hash(
+                &self.req.segments,
+                block_size,
+                i,
+                parent,
+            ));
+        }
+        self.hashes[j as usize]
     }
 }
 
@@ -470,6 +492,17 @@ impl Instance {
             .scheduler
             .key(req.priority, req.input_tokens, self.seq);
         self.seq += 1;
+        let mut req = req;
+        let hashes = std::mem::take(&mut req.block_hashes);
+        #[cfg(debug_assertions)]
+        {
+            let mut own = Vec::new();
+            content::block_hashes_of(&req.segments, self.kv.block_size(), &mut own);
+            debug_assert!(
+                hashes.len() <= own.len() && hashes[..] == own[..hashes.len()],
+                "given block hashes differ from the content's"
+            );
+        }
         let a = Active {
             req,
             key,
@@ -479,7 +512,7 @@ impl Instance {
             generated: 0,
             blocks: Vec::new(),
             hashed: 0,
-            last_hash: content::ROOT_HASH,
+            hashes,
             scheduled_us: None,
             first_token_us: None,
             cached_tokens: None,
@@ -745,9 +778,8 @@ impl Instance {
         let bs = self.kv.block_size();
         let a = self.slots[slot as usize].as_mut().expect("live slot");
         while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
-            let h = content::block_hash(&a.req.segments, bs, a.hashed, a.last_hash);
+            let h = a.hash(bs, a.hashed);
             self.kv.commit(a.blocks[a.hashed as usize], h);
-            a.last_hash = h;
             a.hashed += 1;
         }
     }
@@ -759,7 +791,6 @@ impl Instance {
         let mut blocks = std::mem::take(&mut a.blocks);
         a.num_computed = 0;
         a.hashed = 0;
-        a.last_hash = content::ROOT_HASH;
         a.preemptions += 1;
         let key = a.key;
         self.kv.release(&mut blocks);
@@ -854,24 +885,20 @@ impl Instance {
                 let Some(slot) = self.waiting.peek() else {
                     break;
                 };
-                let a = self.slots[slot as usize].as_ref().expect("live slot");
+                let a = self.slots[slot as usize].as_mut().expect("live slot");
                 let num_tokens = a.num_tokens();
                 // Prefix-cache hits: full blocks, at most all but the last token.
                 self.hits.clear();
-                let mut last_hash = content::ROOT_HASH;
                 if self.kv.prefix_caching() {
                     let max_hit_blocks = (num_tokens - 1) / bs;
                     for j in 0..max_hit_blocks {
-                        let h = content::block_hash(&a.req.segments, bs, j, last_hash);
-                        match self.kv.lookup(h) {
-                            Some(b) => {
-                                self.hits.push(b);
-                                last_hash = h;
-                            }
+                        match self.kv.lookup(a.hash(bs, j)) {
+                            Some(b) => self.hits.push(b),
                             None => break,
                         }
                     }
                 }
+                let a = self.slots[slot as usize].as_ref().expect("live slot");
                 let hit_tokens = self.hits.len() as u32 * bs;
                 let mut n = num_tokens - hit_tokens;
                 if cfg.long_prefill_token_threshold > 0 {
@@ -897,7 +924,6 @@ impl Instance {
                 a.blocks = blocks;
                 a.num_computed = hit_tokens;
                 a.hashed = nh;
-                a.last_hash = last_hash;
                 if a.scheduled_us.is_none() {
                     a.scheduled_us = Some(now);
                     a.cached_tokens = Some(hit_tokens);

@@ -7,8 +7,6 @@
 //! other signals come from snapshots refreshed at the configured interval.
 //! Every tie goes to the lowest instance index.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -164,23 +162,40 @@ impl InstanceView {
     }
 }
 
-/// A per-instance LRU set of block hashes with bounded capacity.
+/// A per-instance LRU set of block hashes with bounded capacity: a hash map
+/// into a slab of nodes on a doubly linked recency list, so a touch, an
+/// insert and an eviction are O(1) each.
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     capacity: usize,
-    last_use: FxHashMap<u64, u64>,
-    order: VecDeque<(u64, u64)>,
-    tick: u64,
+    map: FxHashMap<u64, u32>,
+    nodes: Vec<LruNode>,
+    free: Vec<u32>,
+    /// Least recently used.
+    head: u32,
+    /// Most recently used.
+    tail: u32,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct LruNode {
+    hash: u64,
+    prev: u32,
+    next: u32,
+}
+
+const NO_NODE: u32 = u32::MAX;
 
 impl PrefixIndex {
     /// An empty index of at most `capacity` blocks.
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            last_use: FxHashMap::default(),
-            order: VecDeque::new(),
-            tick: 0,
+            map: FxHashMap::default(),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NO_NODE,
+            tail: NO_NODE,
         }
     }
 
@@ -188,41 +203,84 @@ impl PrefixIndex {
     pub fn matched(&self, hashes: &[u64]) -> usize {
         hashes
             .iter()
-            .take_while(|h| self.last_use.contains_key(h))
+            .take_while(|h| self.map.contains_key(h))
             .count()
     }
 
-    /// Records `hashes` as used now, evicting the least recently used.
+    /// Records `hashes` as used now, in order (the last is the most
+    /// recent), then evicts the least recently used beyond the capacity.
     pub fn insert(&mut self, hashes: &[u64]) {
         for &h in hashes {
-            self.tick += 1;
-            self.last_use.insert(h, self.tick);
-            self.order.push_back((h, self.tick));
-        }
-        while self.last_use.len() > self.capacity {
-            let Some((h, t)) = self.order.pop_front() else {
-                break;
-            };
-            if self.last_use.get(&h) == Some(&t) {
-                self.last_use.remove(&h);
+            match self.map.get(&h) {
+                Some(&i) => {
+                    if i != self.tail {
+                        self.unlink(i);
+                        self.push_tail(i);
+                    }
+                }
+                None => {
+                    let node = LruNode {
+                        hash: h,
+                        prev: NO_NODE,
+                        next: NO_NODE,
+                    };
+                    let i = match self.free.pop() {
+                        Some(i) => {
+                            self.nodes[i as usize] = node;
+                            i
+                        }
+                        None => {
+                            self.nodes.push(node);
+                            (self.nodes.len() - 1) as u32
+                        }
+                    };
+                    self.map.insert(h, i);
+                    self.push_tail(i);
+                }
             }
         }
-        // Stale queue entries (re-used hashes) are dropped lazily; keep the
-        // queue within a constant factor of the live set.
-        if self.order.len() > 4 * self.capacity + 64 {
-            let live = &self.last_use;
-            self.order.retain(|(h, t)| live.get(h) == Some(t));
+        while self.map.len() > self.capacity {
+            let i = self.head;
+            self.unlink(i);
+            self.map.remove(&self.nodes[i as usize].hash);
+            self.free.push(i);
         }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let LruNode { prev, next, .. } = self.nodes[i as usize];
+        if prev == NO_NODE {
+            self.head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NO_NODE {
+            self.tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
+        }
+    }
+
+    fn push_tail(&mut self, i: u32) {
+        let n = &mut self.nodes[i as usize];
+        n.prev = self.tail;
+        n.next = NO_NODE;
+        if self.tail == NO_NODE {
+            self.head = i;
+        } else {
+            self.nodes[self.tail as usize].next = i;
+        }
+        self.tail = i;
     }
 
     /// Blocks held.
     pub fn len(&self) -> usize {
-        self.last_use.len()
+        self.map.len()
     }
 
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.last_use.is_empty()
+        self.map.is_empty()
     }
 }
 

@@ -157,6 +157,8 @@ struct Flight {
     last_token_us: Option<i64>,
     cancelled: bool,
     enqueued: bool,
+    /// The prompt's block hashes, when routing computed them.
+    hashes: Vec<u64>,
 }
 
 /// Replays `inputs` (sorted by `entry_us`) on `instance`, reporting to
@@ -486,6 +488,7 @@ impl Driver<'_> {
             last_token_us: None,
             cancelled: false,
             enqueued: false,
+            hashes: self.control.take_hashes(),
         };
         let tag = match self.free.pop() {
             Some(t) => {
@@ -534,6 +537,7 @@ impl Driver<'_> {
             output_tokens: output,
             priority: self.control.priority.priority(&r.slo_class, f.entry_us),
             class: slo_priority(&r.slo_class),
+            block_hashes: std::mem::take(&mut f.hashes),
             segments,
             tag,
         };

@@ -24,6 +24,7 @@ fn sim_request(r: &blis_traces::Request) -> SimRequest {
         priority: (r.request_id % 3) as i64,
         class: (r.request_id % 3) as u8,
         segments,
+        block_hashes: Vec::new(),
         tag: r.request_id as u32,
     }
 }

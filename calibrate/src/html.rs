@@ -62,6 +62,41 @@ fn range(vals: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One side's line, labelled `name` in the legend.
+fn line(
+    c: &mut Chart<'_, '_>,
+    title: &str,
+    pts: Vec<(f64, f64)>,
+    color: RGBColor,
+    name: &str,
+) -> Result<(), HtmlError> {
+    c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+        .map_err(plot_err(title))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    Ok(())
+}
+
+/// The legend box at `at`.
+fn legend<'b>(
+    c: &mut Chart<'b, 'b>,
+    title: &str,
+    at: SeriesLabelPosition,
+) -> Result<(), HtmlError> {
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .position(at)
+        .draw()
+        .map_err(plot_err(title))
+}
+
 /// CDFs of two sorted samples overlaid.
 pub fn cdf_svg(title: &str, real: &[f64], sim: &[f64]) -> Result<String, HtmlError> {
     let mut s = String::new();
@@ -90,17 +125,9 @@ pub fn cdf_svg(title: &str, real: &[f64], sim: &[f64]) -> Result<String, HtmlErr
                     .collect::<Vec<_>>(),
                 600,
             );
-            c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(plot_err(title))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+            line(&mut c, title, pts, color, name)?;
         }
-        c.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.8))
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(plot_err(title))?;
+        legend(&mut c, title, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(plot_err(title))?;
     }
     Ok(s)
@@ -192,16 +219,9 @@ pub fn series_svg(title: &str, t: &[f64], real: &[f64], sim: &[f64]) -> Result<S
                 &t.iter().copied().zip(v.iter().copied()).collect::<Vec<_>>(),
                 2000,
             );
-            c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(plot_err(title))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+            line(&mut c, title, pts, color, name)?;
         }
-        c.configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.8))
-            .draw()
-            .map_err(plot_err(title))?;
+        legend(&mut c, title, SeriesLabelPosition::MiddleRight)?;
         root.present().map_err(plot_err(title))?;
     }
     Ok(s)

@@ -619,14 +619,17 @@ mod tests {
             r.outcome.server_input_tokens = Some(100);
             r.outcome.cached_tokens = Some(96);
         }
-        let s = summarize(
-            &recs,
-            &BTreeMap::new(),
-            &SummaryInputs {
-                max_send_lag_ms: 10.0,
-                ..SummaryInputs::default()
-            },
-        );
+        let summary = |recs: &[TraceRecord]| {
+            summarize(
+                recs,
+                &BTreeMap::new(),
+                &SummaryInputs {
+                    max_send_lag_ms: 10.0,
+                    ..SummaryInputs::default()
+                },
+            )
+        };
+        let s = summary(&recs);
         assert_eq!(s.cached_prompt_share, Some(0.96));
         assert!(s.warm_cache_warning.is_some());
         assert!(
@@ -636,15 +639,7 @@ mod tests {
         for r in &mut recs {
             r.outcome.cached_tokens = Some(0);
         }
-        let s = summarize(
-            &recs,
-            &BTreeMap::new(),
-            &SummaryInputs {
-                max_send_lag_ms: 10.0,
-                ..SummaryInputs::default()
-            },
-        );
-        assert!(s.warm_cache_warning.is_none());
+        assert!(summary(&recs).warm_cache_warning.is_none());
     }
 
     #[test]

@@ -259,12 +259,7 @@ impl Metrics {
                 gauge(&mut o, "sglang:num_running_reqs", f64::from(s.running));
                 gauge(&mut o, "sglang:num_queue_reqs", f64::from(s.waiting));
                 gauge(&mut o, "sglang:token_usage", s.kv_usage());
-                let hit = if c.prefix_queries > 0 {
-                    c.prefix_hits as f64 / c.prefix_queries as f64
-                } else {
-                    0.0
-                };
-                gauge(&mut o, "sglang:cache_hit_rate", hit);
+                gauge(&mut o, "sglang:cache_hit_rate", c.prefix_hit_rate());
                 counter(&mut o, "sglang:prompt_tokens_total", c.prompt_tokens);
                 counter(
                     &mut o,

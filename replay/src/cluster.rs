@@ -350,11 +350,7 @@ impl ClusterSummary {
                     completed: c.completed,
                     dropped: c.dropped,
                     preemptions: c.preemptions,
-                    prefix_cache_hit_rate: if c.prefix_queries > 0 {
-                        c.prefix_hits as f64 / c.prefix_queries as f64
-                    } else {
-                        0.0
-                    },
+                    prefix_cache_hit_rate: c.prefix_hit_rate(),
                     generation_tokens: c.generation_tokens,
                 }
             })

@@ -257,6 +257,18 @@ pub struct Counters {
     pub hol_blocking_events: u64,
 }
 
+impl Counters {
+    /// Share of the prompt tokens looked up in the prefix cache that were
+    /// found there (0 before any lookup).
+    pub fn prefix_hit_rate(&self) -> f64 {
+        if self.prefix_queries > 0 {
+            self.prefix_hits as f64 / self.prefix_queries as f64
+        } else {
+            0.0
+        }
+    }
+}
+
 impl std::ops::AddAssign for Counters {
     fn add_assign(&mut self, o: Self) {
         self.enqueued += o.enqueued;
@@ -495,7 +507,7 @@ impl Instance {
         let mut req = req;
         let hashes = std::mem::take(&mut req.block_hashes);
         #[cfg(debug_assertions)]
-        {
+        if !hashes.is_empty() {
             let mut own = Vec::new();
             content::block_hashes_of(&req.segments, self.kv.block_size(), &mut own);
             debug_assert!(
@@ -538,17 +550,21 @@ impl Instance {
         Ok(())
     }
 
-    /// Counts `slot` into (`enter`) or out of the wait queue's classes;
-    /// returns whether a request of a more urgent class waits.
-    fn count_waiting(&mut self, slot: u32, enter: bool) -> bool {
-        let class = usize::from(self.act(slot).req.class.min(7));
-        let n = &mut self.waiting_classes[class];
+    /// Counts `slot` into (`enter`) or out of the wait queue's classes.
+    fn count_waiting(&mut self, slot: u32, enter: bool) {
+        let n = &mut self.waiting_classes[usize::from(self.act(slot).req.class.min(7))];
         if enter {
             *n += 1;
         } else {
             *n -= 1;
         }
-        self.waiting_classes[..class].iter().any(|&n| n > 0)
+    }
+
+    /// Whether a request of an SLO class more urgent than `class` waits.
+    fn more_urgent_waiting(&self, class: u8) -> bool {
+        self.waiting_classes[..usize::from(class.min(7))]
+            .iter()
+            .any(|&n| n > 0)
     }
 
     fn act(&self, slot: u32) -> &Active {
@@ -740,8 +756,8 @@ impl Instance {
             let slot = self.running[i];
             let a = self.act_mut(slot);
             if a.generated >= a.target {
-                let class = usize::from(a.req.class.min(7));
-                if self.waiting_classes[..class].iter().any(|&n| n > 0) {
+                let class = a.req.class;
+                if self.more_urgent_waiting(class) {
                     self.counters.hol_blocking_events += 1;
                 }
                 let a = self.act_mut(slot);
@@ -915,7 +931,9 @@ impl Instance {
                     break;
                 }
                 self.waiting.pop();
-                if self.count_waiting(slot, false) {
+                let class = a.req.class;
+                self.count_waiting(slot, false);
+                if self.more_urgent_waiting(class) {
                     self.counters.priority_inversions += 1;
                 }
                 self.running.push(slot);

@@ -466,11 +466,7 @@ impl Collector {
             prefix_cache: PrefixCache {
                 query_tokens: c.prefix_queries,
                 hit_tokens: c.prefix_hits,
-                hit_rate: if c.prefix_queries > 0 {
-                    c.prefix_hits as f64 / c.prefix_queries as f64
-                } else {
-                    0.0
-                },
+                hit_rate: c.prefix_hit_rate(),
             },
             kv: KvFigures {
                 total_blocks: last.kv_total,

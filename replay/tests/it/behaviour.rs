@@ -7,7 +7,7 @@ use blis_replay::sim::SimOptions;
 use blis_replay::{Blackbox, EngineConfig, Model, SchedulerPolicy};
 use blis_traces::{Outcome, Status, TraceRecord};
 
-use crate::common::{e2e, req, run, run_opts, simple_model, ttft, with_prefix};
+use crate::common::{e2e, req, run, run_opts, simple_model, slo, ttft, with_prefix};
 
 fn cfg() -> EngineConfig {
     EngineConfig {
@@ -172,11 +172,6 @@ fn max_model_len_caps_the_output() {
     assert_eq!(r[0].outcome.num_chunks, 50);
     assert_eq!(r[0].request.output_tokens, 50);
     assert_eq!(r[1].outcome.status, Some(Status::Error));
-}
-
-fn slo(mut r: blis_traces::Request, class: &str) -> blis_traces::Request {
-    r.slo_class = Arc::from(class);
-    r
 }
 
 #[test]

@@ -11,12 +11,12 @@ use blis_replay::output::{Collector, Summary};
 use blis_replay::policy::PolicyBundle;
 use blis_replay::priority::PriorityPolicy;
 use blis_replay::routing::{RoutingPolicy, Scorer};
-use blis_replay::sim::{Input, SimOptions};
+use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, replay_cluster};
 use blis_traces::{Mode, Request, Status, TraceHeader, TraceRecord};
 use proptest::prelude::*;
 
-use crate::common::{req, simple_model, with_prefix};
+use crate::common::{inputs, req, simple_model, slo, with_prefix};
 
 fn bin() -> Command {
     Command::cargo_bin("blis-replay").expect("binary built")
@@ -162,11 +162,7 @@ fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run 
         .map(|_| Instance::new(cfg.clone(), simple_model()))
         .collect();
     let mut control = Control::new(bundle, insts.len());
-    let mut inputs: Vec<Input> = reqs
-        .into_iter()
-        .map(|r| Input::from_record(TraceRecord::planned(r), 0))
-        .collect();
-    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    let inputs = inputs(reqs);
     let mut sink = Collector::in_memory(0);
     let opts = SimOptions {
         sample_interval_us: Some(10_000),
@@ -251,16 +247,12 @@ fn priority_fcfs_schedules_a_realtime_request_before_a_queued_batch_one() {
         max_num_seqs: 1,
         ..EngineConfig::default()
     };
-    let class = |mut r: Request, c: &str| {
-        r.slo_class = Arc::from(c);
-        r
-    };
     let reqs = vec![
-        class(req(0, 0, 100, 100), "batch"),       // instance 0, running
-        class(req(1, 0, 100, 100), "batch"),       // instance 1, running
-        class(req(2, 1_000, 100, 10), "batch"),    // instance 0, waits
-        class(req(3, 2_000, 100, 10), "batch"),    // instance 1, waits
-        class(req(4, 3_000, 100, 10), "critical"), // instance 0, waits behind 2
+        slo(req(0, 0, 100, 100), "batch"),       // instance 0, running
+        slo(req(1, 0, 100, 100), "batch"),       // instance 1, running
+        slo(req(2, 1_000, 100, 10), "batch"),    // instance 0, waits
+        slo(req(3, 2_000, 100, 10), "batch"),    // instance 1, waits
+        slo(req(4, 3_000, 100, 10), "critical"), // instance 0, waits behind 2
     ];
     let r = cluster(&b, cfg.clone(), reqs.clone());
     let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();
@@ -291,16 +283,12 @@ fn slo_based_priority_lets_a_long_waiting_request_overtake_a_new_realtime_one() 
         max_num_seqs: 1,
         ..EngineConfig::default()
     };
-    let class = |mut r: Request, c: &str| {
-        r.slo_class = Arc::from(c);
-        r
-    };
     // Request 0 holds the only seat for 6000 × 1.1 ms = 6.6 s.
     let standard_first = |b: &PolicyBundle, realtime_at: i64| {
         let reqs = vec![
-            class(req(0, 0, 10, 6000), "batch"),
-            class(req(1, 1_000, 10, 5), "standard"),
-            class(req(2, realtime_at, 10, 5), "realtime"),
+            slo(req(0, 0, 10, 6000), "batch"),
+            slo(req(1, 1_000, 10, 5), "standard"),
+            slo(req(2, realtime_at, 10, 5), "realtime"),
         ];
         let r = cluster(b, cfg.clone(), reqs);
         let first = |i: usize| r.records[i].outcome.first_chunk_time_us.unwrap();

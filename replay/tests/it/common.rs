@@ -56,11 +56,7 @@ pub fn run_opts(
     opts: SimOptions,
 ) -> (Summary, Vec<TraceRecord>) {
     let mut inst = Instance::new(cfg, model);
-    let mut inputs: Vec<Input> = reqs
-        .into_iter()
-        .map(|r| Input::from_record(TraceRecord::planned(r), 0))
-        .collect();
-    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    let inputs = inputs(reqs);
     let mut sink = Collector::in_memory(0);
     let last = replay(&mut inst, inputs, &opts, &mut sink);
     inst.check().expect("invariants at the end");
@@ -70,6 +66,22 @@ pub fn run_opts(
     let mut recs = recs.expect("kept");
     recs.sort_by_key(|r| r.request.request_id);
     (s, recs)
+}
+
+/// The planned requests as simulator inputs, in arrival order.
+pub fn inputs(reqs: Vec<Request>) -> Vec<Input> {
+    let mut inputs: Vec<Input> = reqs
+        .into_iter()
+        .map(|r| Input::from_record(TraceRecord::planned(r), 0))
+        .collect();
+    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    inputs
+}
+
+/// `r` with SLO class `class`.
+pub fn slo(mut r: Request, class: &str) -> Request {
+    r.slo_class = Arc::from(class);
+    r
 }
 
 pub fn ttft(r: &TraceRecord) -> i64 {

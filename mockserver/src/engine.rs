@@ -16,11 +16,12 @@
 //! ([`Instance::upcoming_tokens`]), a step's time before they become
 //! visible, and getting one from this thread to the client's socket takes a
 //! few hundred µs on a busy machine (a wake-up of this thread, one of an
-//! HTTP worker, a write), so each token is handed over that long *before*
-//! its visible time, first tokens ahead of the step's burst of later ones.
-//! The lead is a running median of that hand-off latency as handlers
-//! measure it ([`EngineHandle::record_handoff`]); the client then sees each
-//! first token at its simulated time, not a wake-up or a burst later.
+//! HTTP worker, a write), so each first token is handed over that long
+//! *before* its visible time, ahead of the step's burst of later ones (see
+//! [`Handoff`]). The lead is a running median of that hand-off latency as
+//! handlers measure it ([`EngineHandle::record_handoff`]); the client then
+//! sees each first token at its simulated time, not a wake-up or a burst
+//! later.
 //!
 //! A request's arrival is the instant its HTTP handler started (carried in
 //! [`Submission::received`]), not the later instant this thread read it, so
@@ -202,10 +203,11 @@ impl EngineHandle {
 /// thread was due to hand one over to its HTTP handler writing it (so the
 /// engine thread's own late wake-ups count), wall µs, as the median of the
 /// latest [`Handoff::WINDOW`] samples (a median ignores the rare long stall
-/// that would drag a mean). Every event is handed over this long before it
-/// becomes visible, first tokens ahead of a step's burst of later tokens,
-/// so TTFT is on time; later tokens may be written up to the burst's length
-/// late, a shift of every token alike that leaves ITL unchanged.
+/// that would drag a mean). First tokens are handed over this long before
+/// they become visible, so ahead of the step's burst of later tokens, and
+/// TTFT is on time. Later tokens are handed over when they become visible:
+/// every one is late by about the same wake-up, which leaves ITL unchanged
+/// and keeps the lead's variation out of it.
 #[derive(Debug, Default)]
 pub struct Handoff {
     window: Mutex<std::collections::VecDeque<u32>>,
@@ -481,7 +483,7 @@ fn process_due(
                 for fin in &report.finished {
                     if let Some(f) = flights.remove(&fin.id) {
                         metrics.finished(fin, f.arrival, f.enqueued);
-                        let at = f.last_handoff.max(fin.last_token_us - lead);
+                        let at = f.last_handoff.max(fin.last_token_us);
                         outbox.push(at, &f.events, Event::Finished(*fin));
                     }
                 }
@@ -493,7 +495,8 @@ fn process_due(
                     let Some(f) = flights.get_mut(&id) else {
                         continue;
                     };
-                    f.last_handoff = f.last_handoff.max(v - lead);
+                    let early = if index == 1 { lead } else { 0 };
+                    f.last_handoff = f.last_handoff.max(v - early);
                     let ev = Event::Token {
                         index,
                         visible_us: v,

@@ -23,6 +23,8 @@ pub struct Control {
     in_flight: Vec<u32>,
     views: Vec<InstanceView>,
     hashes: Vec<u64>,
+    /// Prompt block hashing with shared prefixes memoized.
+    hasher: content::PrefixHashMemo,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
     /// Decision records, when traced ([`Control::trace_decisions`]).
@@ -104,6 +106,7 @@ impl Control {
             in_flight: vec![0; n],
             views: vec![InstanceView::default(); n],
             hashes: Vec::new(),
+            hasher: content::PrefixHashMemo::new(),
             routed: vec![0; n],
             decisions: None,
             counterfactual_k: 3,
@@ -201,7 +204,8 @@ impl Control {
             self.hashes.clear();
             if self.router.needs_hashes() {
                 let bs = insts[0].config().block_size;
-                content::block_hashes(&rec.request, input.max(1), bs, &mut self.hashes);
+                self.hasher
+                    .block_hashes(&rec.request, input.max(1), bs, &mut self.hashes);
             }
             let query = self.router.needs_cache_query();
             for (i, v) in self.views.iter_mut().enumerate() {
@@ -212,11 +216,7 @@ impl Control {
                     kv_usage: s.kv_usage(),
                     in_flight: self.in_flight[i],
                     cached_blocks: if query {
-                        let kv = insts[i].kv();
-                        self.hashes
-                            .iter()
-                            .take_while(|h| kv.lookup(**h).is_some())
-                            .count() as u32
+                        insts[i].kv().matched(&self.hashes) as u32
                     } else {
                         0
                     },

@@ -795,7 +795,8 @@ impl Instance {
         let a = self.slots[slot as usize].as_mut().expect("live slot");
         while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
             let h = a.hash(bs, a.hashed);
-            self.kv.commit(a.blocks[a.hashed as usize], h);
+            let parent = a.hashed.checked_sub(1).map(|p| a.blocks[p as usize]);
+            self.kv.commit(a.blocks[a.hashed as usize], h, parent);
             a.hashed += 1;
         }
     }
@@ -907,9 +908,13 @@ impl Instance {
                 self.hits.clear();
                 if self.kv.prefix_caching() {
                     let max_hit_blocks = (num_tokens - 1) / bs;
+                    let mut parent = None;
                     for j in 0..max_hit_blocks {
-                        match self.kv.lookup(a.hash(bs, j)) {
-                            Some(b) => self.hits.push(b),
+                        match self.kv.lookup_after(parent, a.hash(bs, j)) {
+                            Some(b) => {
+                                self.hits.push(b);
+                                parent = Some(b);
+                            }
                             None => break,
                         }
                     }

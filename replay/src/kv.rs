@@ -3,7 +3,9 @@
 //! queue of free blocks whose contents stay findable until the block is
 //! reused (evicted).
 
-use rustc_hash::FxHashMap;
+mod index;
+
+use index::HashIndex;
 
 const NIL: u32 = u32::MAX;
 
@@ -14,6 +16,9 @@ struct Block {
     hash: Option<u64>,
     prev: u32,
     next: u32,
+    /// The block that last followed this one in a request's table when it
+    /// was committed: a hint for chained lookups, checked before use.
+    child: u32,
     in_free_list: bool,
 }
 
@@ -28,7 +33,7 @@ pub struct KvCache {
     free_head: u32,
     free_tail: u32,
     free_count: u32,
-    cached: FxHashMap<u64, u32>,
+    cached: HashIndex,
     prefix_caching: bool,
     evictions: u64,
 }
@@ -44,6 +49,7 @@ impl KvCache {
                     hash: None,
                     prev: NIL,
                     next: NIL,
+                    child: NIL,
                     in_free_list: false,
                 };
                 total_blocks as usize
@@ -51,7 +57,7 @@ impl KvCache {
             free_head: NIL,
             free_tail: NIL,
             free_count: 0,
-            cached: FxHashMap::default(),
+            cached: HashIndex::new(if prefix_caching { total_blocks } else { 0 }),
             prefix_caching,
             evictions: 0,
         };
@@ -107,17 +113,42 @@ impl KvCache {
     }
 
     /// The block holding content `hash`, if cached.
-    ///
-    /// The map is invalidated lazily: evicting a block only clears the
-    /// block's own hash, and an entry is valid only while its block still
-    /// holds that hash (stale entries are purged when they outnumber the
-    /// blocks). This keeps hash-map traffic off the allocation path.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
         if !self.prefix_caching {
             return None;
         }
-        let b = *self.cached.get(&hash)?;
-        (self.blocks[b as usize].hash == Some(hash)).then_some(b)
+        let blocks = &self.blocks;
+        self.cached
+            .get(hash, |b| blocks[b as usize].hash == Some(hash))
+    }
+
+    /// [`KvCache::lookup`] of the block after `parent` in a chain (the
+    /// cached block holding the previous block's content, if any): the
+    /// same answer, found by following the child recorded at commit time
+    /// when it still holds `hash` (a block holding a hash is always the
+    /// map's entry for it), so a cached prefix costs one block read per
+    /// block instead of a hash-map probe.
+    pub fn lookup_after(&self, parent: Option<u32>, hash: u64) -> Option<u32> {
+        if let Some(p) = parent {
+            let c = self.blocks[p as usize].child;
+            if c != NIL && self.blocks[c as usize].hash == Some(hash) {
+                return Some(c);
+            }
+        }
+        self.lookup(hash)
+    }
+
+    /// The number of leading `hashes` cached, as a prefix-cache query
+    /// does: it stops at the first miss.
+    pub fn matched(&self, hashes: &[u64]) -> usize {
+        let mut parent = None;
+        for (i, &h) in hashes.iter().enumerate() {
+            match self.lookup_after(parent, h) {
+                Some(b) => parent = Some(b),
+                None => return i,
+            }
+        }
+        hashes.len()
     }
 
     /// Whether `new_blocks` fresh blocks can be allocated after taking the
@@ -151,8 +182,9 @@ impl KvCache {
             debug_assert_ne!(b, NIL, "checked by can_allocate");
             self.unlink(b);
             let blk = &mut self.blocks[b as usize];
-            if blk.hash.take().is_some() {
-                // Its map entry is now stale (see `lookup`).
+            if let Some(h) = blk.hash.take() {
+                let found = self.cached.remove(h, b);
+                debug_assert!(found, "a block holding a hash is indexed");
                 self.evictions += 1;
             }
             blk.ref_cnt = 1;
@@ -178,29 +210,31 @@ impl KvCache {
 
     /// Registers the content hash of a full block. If another block already
     /// holds that content, this one stays unregistered (as vLLM does).
-    pub fn commit(&mut self, block: u32, hash: u64) {
-        if !self.prefix_caching || self.blocks[block as usize].hash.is_some() {
+    /// `parent`: the block before it in the request's table, whose chain
+    /// hint (see [`KvCache::lookup_after`]) is pointed at the block now
+    /// holding `hash`.
+    pub fn commit(&mut self, block: u32, hash: u64, parent: Option<u32>) {
+        if !self.prefix_caching {
             return;
         }
-        let blocks = &mut self.blocks;
-        match self.cached.entry(hash) {
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(block);
-                blocks[block as usize].hash = Some(hash);
-            }
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                let holder = *e.get();
-                if blocks[holder as usize].hash != Some(hash) {
-                    // A stale entry: this block takes the content over.
-                    e.insert(block);
-                    blocks[block as usize].hash = Some(hash);
+        let holder = if self.blocks[block as usize].hash.is_some() {
+            block
+        } else {
+            let blocks = &self.blocks;
+            match self
+                .cached
+                .get(hash, |b| blocks[b as usize].hash == Some(hash))
+            {
+                Some(holder) => holder,
+                None => {
+                    self.cached.insert(hash, block);
+                    self.blocks[block as usize].hash = Some(hash);
+                    block
                 }
             }
-        }
-        if self.cached.len() > 4 * self.blocks.len() + 1024 {
-            let blocks = &self.blocks;
-            self.cached
-                .retain(|h, b| blocks[*b as usize].hash == Some(*h));
+        };
+        if let Some(p) = parent {
+            self.blocks[p as usize].child = holder;
         }
     }
 
@@ -270,13 +304,27 @@ impl KvCache {
                 self.total()
             ));
         }
+        let mut hashed = 0usize;
         for (i, blk) in self.blocks.iter().enumerate() {
-            if let Some(h) = blk.hash
-                && self.cached.get(&h) != Some(&(i as u32))
-            {
-                return Err(format!(
-                    "block {i} holds hash {h:#x} but the map does not point at it"
-                ));
+            if let Some(h) = blk.hash {
+                hashed += 1;
+                if self.lookup(h) != Some(i as u32) {
+                    return Err(format!(
+                        "block {i} holds hash {h:#x} but the index does not find it"
+                    ));
+                }
+            }
+        }
+        if hashed != self.cached.len() {
+            return Err(format!(
+                "{hashed} blocks hold hashes but the index has {} entries",
+                self.cached.len()
+            ));
+        }
+        for (tag, b) in self.cached.entries() {
+            match self.blocks.get(b as usize).and_then(|blk| blk.hash) {
+                Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
+                _ => return Err(format!("index entry for block {b} is stale")),
             }
         }
         Ok(())
@@ -307,8 +355,8 @@ mod tests {
         let mut kv = KvCache::new(3, 16, true);
         let mut a = Vec::new();
         kv.allocate(&mut a, &[], 2);
-        kv.commit(a[0], 100);
-        kv.commit(a[1], 101);
+        kv.commit(a[0], 100, None);
+        kv.commit(a[1], 101, Some(a[0]));
         let (a0, a1) = (a[0], a[1]);
         kv.release(&mut a);
         // Released tail first: a1 then a0 are at the tail, after the never-used block.
@@ -332,7 +380,7 @@ mod tests {
         let mut kv = KvCache::new(4, 16, true);
         let mut a = Vec::new();
         kv.allocate(&mut a, &[], 1);
-        kv.commit(a[0], 7);
+        kv.commit(a[0], 7, None);
         let mut b = Vec::new();
         assert!(kv.allocate(&mut b, &[a[0]], 1));
         assert_eq!(kv.used(), 2);

@@ -182,6 +182,11 @@ struct LruNode {
     hash: u64,
     prev: u32,
     next: u32,
+    /// The node inserted after this one the last time it was inserted:
+    /// a hint for walking a chain of block hashes, checked before use.
+    child: u32,
+    /// Whether it holds `hash` (false once evicted, until reused).
+    live: bool,
 }
 
 const NO_NODE: u32 = u32::MAX;
@@ -199,30 +204,55 @@ impl PrefixIndex {
         }
     }
 
+    /// The node holding `h`, looked up after `parent` (the node of the
+    /// previous hash in a chain, or `NO_NODE`): the child hint when it
+    /// holds `h` (a live node holding a hash is the map's entry for it),
+    /// else the map.
+    fn find_after(&self, parent: u32, h: u64) -> Option<u32> {
+        if parent != NO_NODE {
+            let c = self.nodes[parent as usize].child;
+            if c != NO_NODE {
+                let n = &self.nodes[c as usize];
+                if n.live && n.hash == h {
+                    return Some(c);
+                }
+            }
+        }
+        self.map.get(&h).copied()
+    }
+
     /// Leading hashes of `hashes` present.
     pub fn matched(&self, hashes: &[u64]) -> usize {
-        hashes
-            .iter()
-            .take_while(|h| self.map.contains_key(h))
-            .count()
+        let mut parent = NO_NODE;
+        for (i, &h) in hashes.iter().enumerate() {
+            match self.find_after(parent, h) {
+                Some(n) => parent = n,
+                None => return i,
+            }
+        }
+        hashes.len()
     }
 
     /// Records `hashes` as used now, in order (the last is the most
     /// recent), then evicts the least recently used beyond the capacity.
     pub fn insert(&mut self, hashes: &[u64]) {
+        let mut parent = NO_NODE;
         for &h in hashes {
-            match self.map.get(&h) {
-                Some(&i) => {
+            let i = match self.find_after(parent, h) {
+                Some(i) => {
                     if i != self.tail {
                         self.unlink(i);
                         self.push_tail(i);
                     }
+                    i
                 }
                 None => {
                     let node = LruNode {
                         hash: h,
                         prev: NO_NODE,
                         next: NO_NODE,
+                        child: NO_NODE,
+                        live: true,
                     };
                     let i = match self.free.pop() {
                         Some(i) => {
@@ -236,13 +266,20 @@ impl PrefixIndex {
                     };
                     self.map.insert(h, i);
                     self.push_tail(i);
+                    i
                 }
+            };
+            if parent != NO_NODE {
+                self.nodes[parent as usize].child = i;
             }
+            parent = i;
         }
         while self.map.len() > self.capacity {
             let i = self.head;
             self.unlink(i);
-            self.map.remove(&self.nodes[i as usize].hash);
+            let n = &mut self.nodes[i as usize];
+            n.live = false;
+            self.map.remove(&n.hash);
             self.free.push(i);
         }
     }
@@ -295,6 +332,9 @@ pub struct Router {
     cold_tick: u64,
     scores: Vec<f64>,
     part: Vec<f64>,
+    /// Per instance, the leading prompt blocks its prefix index holds (as
+    /// of the current decision).
+    matched: Vec<usize>,
 }
 
 impl Router {
@@ -321,6 +361,7 @@ impl Router {
             cold_tick: 0,
             scores: vec![0.0; n],
             part: vec![0.0; n],
+            matched: Vec::with_capacity(n),
         }
     }
 
@@ -390,9 +431,22 @@ impl Router {
                 argmax(&self.scores)
             }
             RoutingPolicy::Weighted { .. } => {
-                let cold = hashes
-                    .first()
-                    .is_none_or(|h| self.index.iter().all(|ix| ix.matched(&[*h]) == 0));
+                // Each instance's matched prefix, once: in full for the
+                // prefix-affinity scorer, else only whether block 0 is
+                // known (all the cold test needs).
+                let affinity = self
+                    .weights
+                    .iter()
+                    .any(|(s, _)| *s == Scorer::PrefixAffinity);
+                let probe = if affinity {
+                    hashes
+                } else {
+                    &hashes[..hashes.len().min(1)]
+                };
+                self.matched.clear();
+                self.matched
+                    .extend(self.index.iter().map(|ix| ix.matched(probe)));
+                let cold = hashes.is_empty() || self.matched.iter().all(|&m| m == 0);
                 for k in 0..self.weights.len() {
                     let (scorer, w) = self.weights[k];
                     self.score(scorer, views, hashes, cold);
@@ -424,11 +478,11 @@ impl Router {
         match scorer {
             Scorer::PrefixAffinity => {
                 let total = hashes.len();
-                part.extend(self.index.iter().map(|ix| {
+                part.extend(self.matched.iter().map(|&m| {
                     if total == 0 {
                         0.0
                     } else {
-                        ix.matched(hashes) as f64 / total as f64
+                        m as f64 / total as f64
                     }
                 }));
             }

@@ -1,0 +1,184 @@
+//! The prefix cache's index from content hash to the block holding it.
+//!
+//! An open-addressing table with linear probing and backward-shift
+//! deletion, sized for one entry per block at a load of at most 1/2. Each
+//! slot is 8 bytes: the block id and the hash's high 32 bits (a tag, which
+//! also gives the home slot), so a probe reads one cache line and a block
+//! is read only to confirm a matching tag.
+//! It is kept exact (an evicted block's entry is removed at once), so it
+//! never holds more entries than there are blocks. A general hash map of
+//! the same entries takes two to four times the memory, and the prefix
+//! cache's index is the simulator's hottest random-access structure.
+
+const EMPTY: u64 = 0;
+
+/// Content hash → block id, for at most `capacity` entries.
+#[derive(Debug, Clone)]
+pub(super) struct HashIndex {
+    slots: Vec<u64>,
+    mask: usize,
+    /// 64 − log2(slots): the home is the top bits of a Fibonacci hash.
+    shift: u32,
+    len: usize,
+}
+
+fn pack(hash: u64, block: u32) -> u64 {
+    (hash & 0xFFFF_FFFF_0000_0000) | (u64::from(block) + 1)
+}
+
+fn tag_matches(slot: u64, hash: u64) -> bool {
+    (slot ^ hash) >> 32 == 0
+}
+
+fn block_of(slot: u64) -> u32 {
+    (slot as u32).wrapping_sub(1)
+}
+
+impl HashIndex {
+    /// An empty index for up to `capacity` entries.
+    pub(super) fn new(capacity: u32) -> Self {
+        let n = (2 * capacity as usize).next_power_of_two().max(16);
+        Self {
+            slots: vec![EMPTY; n],
+            mask: n - 1,
+            shift: 64 - n.trailing_zeros(),
+            len: 0,
+        }
+    }
+
+    /// The home slot of `hash`: from its high half only (the half a slot
+    /// keeps), so that deletion can recompute any entry's home.
+    fn home(&self, hash: u64) -> usize {
+        ((hash >> 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// Entries held.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The block holding `hash`; `holds(b)` confirms that block `b` holds
+    /// it (a matching tag is only a likely match).
+    pub(super) fn get(&self, hash: u64, holds: impl Fn(u32) -> bool) -> Option<u32> {
+        let mut i = self.home(hash);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return None;
+            }
+            if tag_matches(s, hash) && holds(block_of(s)) {
+                return Some(block_of(s));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Adds `hash` → `block`; the caller ensures `hash` is absent and the
+    /// capacity is not exceeded.
+    pub(super) fn insert(&mut self, hash: u64, block: u32) {
+        debug_assert!(2 * self.len < self.slots.len(), "index over capacity");
+        let mut i = self.home(hash);
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & self.mask;
+        }
+        self.slots[i] = pack(hash, block);
+        self.len += 1;
+    }
+
+    /// Removes the entry `hash` → `block`; returns whether it was there.
+    pub(super) fn remove(&mut self, hash: u64, block: u32) -> bool {
+        let want = pack(hash, block);
+        let mut i = self.home(hash);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return false;
+            }
+            if s == want {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // Backward-shift deletion: move later entries of the probe run into
+        // the hole when their home position allows it.
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let s = self.slots[j];
+            if s == EMPTY {
+                break;
+            }
+            // The entry at j may fill the hole unless its home lies
+            // cyclically in (hole, j].
+            let h = self.home(s);
+            let stays = if hole <= j {
+                hole < h && h <= j
+            } else {
+                hole < h || h <= j
+            };
+            if !stays {
+                self.slots[hole] = s;
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+        true
+    }
+
+    /// Every (hash tag, block) entry, for checks.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.slots
+            .iter()
+            .filter(|&&s| s != EMPTY)
+            .map(|&s| (s & 0xFFFF_FFFF_0000_0000, block_of(s)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    proptest! {
+        /// Against a map: every get, insert and remove agrees, with hashes
+        /// drawn from a few high halves so that tags collide, probe runs
+        /// grow long and wrap around the table's end.
+        #[test]
+        fn agrees_with_a_map(ops in prop::collection::vec((0u8..3, 0u64..6, 0u64..40), 1..400)) {
+            const BLOCKS: u32 = 24;
+            let mut ix = HashIndex::new(BLOCKS);
+            // What each block holds, as the kv cache keeps it.
+            let mut held: Vec<Option<u64>> = vec![None; BLOCKS as usize];
+            let mut model: BTreeMap<u64, u32> = BTreeMap::new();
+            for (op, hi, lo) in ops {
+                let hash = (hi.wrapping_mul(0xF000_0000_0000_0000 / 6) & 0xFFFF_FFFF_0000_0000) | lo;
+                let found = ix.get(hash, |b| held[b as usize] == Some(hash));
+                prop_assert_eq!(found, model.get(&hash).copied());
+                match op {
+                    0 if found.is_none() => {
+                        if let Some(b) = (0..BLOCKS).find(|&b| held[b as usize].is_none()) {
+                            ix.insert(hash, b);
+                            held[b as usize] = Some(hash);
+                            model.insert(hash, b);
+                        }
+                    }
+                    1 => {
+                        if let Some(b) = found {
+                            prop_assert!(ix.remove(hash, b));
+                            held[b as usize] = None;
+                            model.remove(&hash);
+                        }
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(ix.len(), model.len());
+                for (&h, &b) in &model {
+                    prop_assert_eq!(ix.get(h, |x| held[x as usize] == Some(h)), Some(b));
+                }
+            }
+        }
+    }
+}

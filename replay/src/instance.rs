@@ -793,6 +793,12 @@ impl Instance {
         }
         let bs = self.kv.block_size();
         let a = self.slots[slot as usize].as_mut().expect("live slot");
+        let end = upto.min(a.blocks.len() as u32);
+        if end > a.hashed + 1 {
+            a.hash(bs, end - 1);
+            self.kv
+                .prepare_commits(&a.hashes[a.hashed as usize..end as usize]);
+        }
         while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
             let h = a.hash(bs, a.hashed);
             let parent = a.hashed.checked_sub(1).map(|p| a.blocks[p as usize]);
@@ -905,20 +911,9 @@ impl Instance {
                 let a = self.slots[slot as usize].as_mut().expect("live slot");
                 let num_tokens = a.num_tokens();
                 // Prefix-cache hits: full blocks, at most all but the last token.
-                self.hits.clear();
-                if self.kv.prefix_caching() {
-                    let max_hit_blocks = (num_tokens - 1) / bs;
-                    let mut parent = None;
-                    for j in 0..max_hit_blocks {
-                        match self.kv.lookup_after(parent, a.hash(bs, j)) {
-                            Some(b) => {
-                                self.hits.push(b);
-                                parent = Some(b);
-                            }
-                            None => break,
-                        }
-                    }
-                }
+                let max_hit_blocks = (num_tokens - 1) / bs;
+                self.kv
+                    .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
                 let a = self.slots[slot as usize].as_ref().expect("live slot");
                 let hit_tokens = self.hits.len() as u32 * bs;
                 let mut n = num_tokens - hit_tokens;

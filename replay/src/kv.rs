@@ -3,9 +3,8 @@
 //! queue of free blocks whose contents stay findable until the block is
 //! reused (evicted).
 
-mod index;
-
-use index::HashIndex;
+use crate::hash_index::HashIndex;
+use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
 
@@ -34,9 +33,16 @@ pub struct KvCache {
     free_tail: u32,
     free_count: u32,
     cached: HashIndex,
+    /// Recently hit chains by the hash of their first block: the blocks a
+    /// prefix was last found in, which [`KvCache::match_prefix`] checks
+    /// first (a hint: each block is confirmed to still hold its hash).
+    chains: FxHashMap<u64, Vec<u32>>,
     prefix_caching: bool,
     evictions: u64,
 }
+
+/// At most this many chains are remembered (then all are forgotten).
+const MAX_CHAINS: usize = 4096;
 
 impl KvCache {
     /// `total_blocks` blocks of `block_size` tokens, all free.
@@ -58,6 +64,7 @@ impl KvCache {
             free_tail: NIL,
             free_count: 0,
             cached: HashIndex::new(if prefix_caching { total_blocks } else { 0 }),
+            chains: FxHashMap::default(),
             prefix_caching,
             evictions: 0,
         };
@@ -138,6 +145,55 @@ impl KvCache {
         self.lookup(hash)
     }
 
+    /// The cached blocks holding the leading blocks of a sequence, at most
+    /// `max`, into `out` (cleared first): what vLLM's prefix-cache query
+    /// finds, stopping at the first block not cached. `hash(j)` is block
+    /// `j`'s chained hash.
+    ///
+    /// The chain last found for the same first block is checked first,
+    /// block by block (independent reads, unlike a walk of child hints),
+    /// then the rest is looked up as usual; the answer is the same as
+    /// with [`KvCache::lookup`] alone.
+    pub fn match_prefix(&mut self, max: u32, mut hash: impl FnMut(u32) -> u64, out: &mut Vec<u32>) {
+        out.clear();
+        if !self.prefix_caching || max == 0 {
+            return;
+        }
+        let h0 = hash(0);
+        let mut known = 0;
+        if let Some(chain) = self.chains.get(&h0) {
+            let n = chain.len().min(max as usize);
+            while known < n {
+                let b = chain[known];
+                if self.blocks[b as usize].hash != Some(hash(known as u32)) {
+                    break;
+                }
+                out.push(b);
+                known += 1;
+            }
+        }
+        let mut parent = out.last().copied();
+        for j in out.len() as u32..max {
+            match self.lookup_after(parent, hash(j)) {
+                Some(b) => {
+                    out.push(b);
+                    parent = Some(b);
+                }
+                None => break,
+            }
+        }
+        // Remember a chain of more than one block that the memo did not
+        // already give in full.
+        if out.len() > known && out.len() > 1 {
+            if self.chains.len() >= MAX_CHAINS && !self.chains.contains_key(&h0) {
+                self.chains.clear();
+            }
+            let chain = self.chains.entry(h0).or_default();
+            chain.clear();
+            chain.extend_from_slice(out);
+        }
+    }
+
     /// The number of leading `hashes` cached, as a prefix-cache query
     /// does: it stops at the first miss.
     pub fn matched(&self, hashes: &[u64]) -> usize {
@@ -176,6 +232,20 @@ impl KvCache {
             }
             self.blocks[b as usize].ref_cnt += 1;
             table.push(b);
+        }
+        if self.prefix_caching && new_blocks > 1 {
+            // Fetch the index slots of the contents these blocks will lose
+            // together (see `HashIndex::touch`).
+            let mut b = self.free_head;
+            let mut seen = 0u64;
+            for _ in 0..new_blocks {
+                let blk = &self.blocks[b as usize];
+                if let Some(h) = blk.hash {
+                    seen ^= self.cached.touch(h);
+                }
+                b = blk.next;
+            }
+            std::hint::black_box(seen);
         }
         for _ in 0..new_blocks {
             let b = self.free_head;
@@ -235,6 +305,17 @@ impl KvCache {
         };
         if let Some(p) = parent {
             self.blocks[p as usize].child = holder;
+        }
+    }
+
+    /// Fetches the index slots that committing `hashes` will probe,
+    /// together (see `HashIndex::touch`); call before a batch of commits.
+    pub fn prepare_commits(&self, hashes: &[u64]) {
+        if self.prefix_caching && hashes.len() > 1 {
+            let seen = hashes
+                .iter()
+                .fold(0u64, |acc, &h| acc ^ self.cached.touch(h));
+            std::hint::black_box(seen);
         }
     }
 

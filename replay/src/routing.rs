@@ -7,7 +7,7 @@
 //! other signals come from snapshots refreshed at the configured interval.
 //! Every tie goes to the lowest instance index.
 
-use rustc_hash::FxHashMap;
+pub use crate::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
 /// A scorer of the `weighted` policy; each gives every instance a score in
@@ -159,165 +159,6 @@ impl InstanceView {
     /// Effective load: waiting + running + in flight.
     pub fn load(&self) -> f64 {
         f64::from(self.waiting + self.running + self.in_flight)
-    }
-}
-
-/// A per-instance LRU set of block hashes with bounded capacity: a hash map
-/// into a slab of nodes on a doubly linked recency list, so a touch, an
-/// insert and an eviction are O(1) each.
-#[derive(Debug, Clone)]
-pub struct PrefixIndex {
-    capacity: usize,
-    map: FxHashMap<u64, u32>,
-    nodes: Vec<LruNode>,
-    free: Vec<u32>,
-    /// Least recently used.
-    head: u32,
-    /// Most recently used.
-    tail: u32,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct LruNode {
-    hash: u64,
-    prev: u32,
-    next: u32,
-    /// The node inserted after this one the last time it was inserted:
-    /// a hint for walking a chain of block hashes, checked before use.
-    child: u32,
-    /// Whether it holds `hash` (false once evicted, until reused).
-    live: bool,
-}
-
-const NO_NODE: u32 = u32::MAX;
-
-impl PrefixIndex {
-    /// An empty index of at most `capacity` blocks.
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            capacity: capacity.max(1),
-            map: FxHashMap::default(),
-            nodes: Vec::new(),
-            free: Vec::new(),
-            head: NO_NODE,
-            tail: NO_NODE,
-        }
-    }
-
-    /// The node holding `h`, looked up after `parent` (the node of the
-    /// previous hash in a chain, or `NO_NODE`): the child hint when it
-    /// holds `h` (a live node holding a hash is the map's entry for it),
-    /// else the map.
-    fn find_after(&self, parent: u32, h: u64) -> Option<u32> {
-        if parent != NO_NODE {
-            let c = self.nodes[parent as usize].child;
-            if c != NO_NODE {
-                let n = &self.nodes[c as usize];
-                if n.live && n.hash == h {
-                    return Some(c);
-                }
-            }
-        }
-        self.map.get(&h).copied()
-    }
-
-    /// Leading hashes of `hashes` present.
-    pub fn matched(&self, hashes: &[u64]) -> usize {
-        let mut parent = NO_NODE;
-        for (i, &h) in hashes.iter().enumerate() {
-            match self.find_after(parent, h) {
-                Some(n) => parent = n,
-                None => return i,
-            }
-        }
-        hashes.len()
-    }
-
-    /// Records `hashes` as used now, in order (the last is the most
-    /// recent), then evicts the least recently used beyond the capacity.
-    pub fn insert(&mut self, hashes: &[u64]) {
-        let mut parent = NO_NODE;
-        for &h in hashes {
-            let i = match self.find_after(parent, h) {
-                Some(i) => {
-                    if i != self.tail {
-                        self.unlink(i);
-                        self.push_tail(i);
-                    }
-                    i
-                }
-                None => {
-                    let node = LruNode {
-                        hash: h,
-                        prev: NO_NODE,
-                        next: NO_NODE,
-                        child: NO_NODE,
-                        live: true,
-                    };
-                    let i = match self.free.pop() {
-                        Some(i) => {
-                            self.nodes[i as usize] = node;
-                            i
-                        }
-                        None => {
-                            self.nodes.push(node);
-                            (self.nodes.len() - 1) as u32
-                        }
-                    };
-                    self.map.insert(h, i);
-                    self.push_tail(i);
-                    i
-                }
-            };
-            if parent != NO_NODE {
-                self.nodes[parent as usize].child = i;
-            }
-            parent = i;
-        }
-        while self.map.len() > self.capacity {
-            let i = self.head;
-            self.unlink(i);
-            let n = &mut self.nodes[i as usize];
-            n.live = false;
-            self.map.remove(&n.hash);
-            self.free.push(i);
-        }
-    }
-
-    fn unlink(&mut self, i: u32) {
-        let LruNode { prev, next, .. } = self.nodes[i as usize];
-        if prev == NO_NODE {
-            self.head = next;
-        } else {
-            self.nodes[prev as usize].next = next;
-        }
-        if next == NO_NODE {
-            self.tail = prev;
-        } else {
-            self.nodes[next as usize].prev = prev;
-        }
-    }
-
-    fn push_tail(&mut self, i: u32) {
-        let n = &mut self.nodes[i as usize];
-        n.prev = self.tail;
-        n.next = NO_NODE;
-        if self.tail == NO_NODE {
-            self.head = i;
-        } else {
-            self.nodes[self.tail as usize].next = i;
-        }
-        self.tail = i;
-    }
-
-    /// Blocks held.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Whether it holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 }
 
@@ -606,20 +447,5 @@ mod tests {
         assert_eq!(r.route(&v, &[1, 2, 3, 9]), 0);
         // ... and an unrelated one to the idle instance.
         assert_eq!(r.route(&v, &[7, 8]), 1);
-    }
-
-    #[test]
-    fn the_prefix_index_is_a_bounded_lru() {
-        let mut ix = PrefixIndex::new(3);
-        ix.insert(&[1, 2, 3]);
-        ix.insert(&[1]);
-        ix.insert(&[4]);
-        assert_eq!(ix.len(), 3);
-        assert_eq!(ix.matched(&[1]), 1);
-        assert_eq!(ix.matched(&[2]), 0, "2 was the least recently used");
-        for i in 0..10_000 {
-            ix.insert(&[100 + i % 5]);
-        }
-        assert_eq!(ix.len(), 3);
     }
 }

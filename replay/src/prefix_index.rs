@@ -1,0 +1,335 @@
+//! The router's per-instance prefix index: an LRU set of block hashes with
+//! bounded capacity (llm-d's prefix-cache scorer keeps the same kind of
+//! index of the blocks it routed, without asking the instances).
+//!
+//! A compact hash index into a slab of nodes on a doubly linked recency
+//! list, so a touch, an insert and an eviction are O(1) each. A request's
+//! prompt is a chain of ~hundreds of block hashes, most of them a shared
+//! prefix that every request of its tenant repeats; each chain's first node
+//! remembers the nodes of the chain last inserted through it, so matching
+//! a known prefix reads those nodes in order (independent reads, confirmed
+//! one by one) instead of probing the hash index per block.
+
+use crate::hash_index::HashIndex;
+
+const NO_NODE: u32 = u32::MAX;
+
+/// A bounded LRU set of block hashes.
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    capacity: usize,
+    map: HashIndex,
+    nodes: Vec<LruNode>,
+    free: Vec<u32>,
+    /// Least recently used.
+    head: u32,
+    /// Most recently used.
+    tail: u32,
+    /// Remembered chains, by `LruNode::chain`.
+    chains: Vec<Vec<u32>>,
+    free_chains: Vec<u32>,
+    scratch: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LruNode {
+    hash: u64,
+    prev: u32,
+    next: u32,
+    /// The chain remembered through this node (its first), or `NO_NODE`.
+    chain: u32,
+    /// Whether it holds `hash` (false once evicted, until reused).
+    live: bool,
+}
+
+impl PrefixIndex {
+    /// An empty index of at most `capacity` blocks.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, u32::MAX as usize / 4);
+        Self {
+            capacity,
+            map: HashIndex::new(capacity as u32),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NO_NODE,
+            tail: NO_NODE,
+            chains: Vec::new(),
+            free_chains: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn holds(&self, i: u32, h: u64) -> bool {
+        let n = &self.nodes[i as usize];
+        n.live && n.hash == h
+    }
+
+    fn find(&self, h: u64) -> Option<u32> {
+        self.map.get(h, |i| self.holds(i, h))
+    }
+
+    /// How many leading `hashes` the chain remembered through node `first`
+    /// (which holds `hashes[0]`) still gives, with their nodes appended to
+    /// `out` when given.
+    fn remembered(&self, first: u32, hashes: &[u64], mut out: Option<&mut Vec<u32>>) -> usize {
+        let c = self.nodes[first as usize].chain;
+        if c == NO_NODE {
+            return 1;
+        }
+        let chain = &self.chains[c as usize];
+        let lim = chain.len().min(hashes.len());
+        let mut m = 1;
+        while m < lim && self.holds(chain[m], hashes[m]) {
+            if let Some(o) = out.as_deref_mut() {
+                o.push(chain[m]);
+            }
+            m += 1;
+        }
+        m
+    }
+
+    /// Leading hashes of `hashes` present.
+    pub fn matched(&self, hashes: &[u64]) -> usize {
+        let Some(&h0) = hashes.first() else {
+            return 0;
+        };
+        let Some(first) = self.find(h0) else {
+            return 0;
+        };
+        let mut m = self.remembered(first, hashes, None);
+        while m < hashes.len() && self.find(hashes[m]).is_some() {
+            m += 1;
+        }
+        m
+    }
+
+    /// Records `hashes` as used now, in order (the last is the most
+    /// recent), keeping the `capacity` most recently used. (The least
+    /// recently used are evicted as new hashes come in; the set and order
+    /// kept are those of inserting all, then evicting down to capacity.)
+    pub fn insert(&mut self, hashes: &[u64]) {
+        let Some(&h0) = hashes.first() else {
+            return;
+        };
+        let mut found = std::mem::take(&mut self.scratch);
+        found.clear();
+        let first = self.find(h0);
+        let known = match first {
+            Some(f) => {
+                found.push(f);
+                self.remembered(f, hashes, Some(&mut found))
+            }
+            None => 0,
+        };
+        if hashes.len() > known + 1 {
+            // Fetch the rest's index slots together.
+            let seen = hashes[known..]
+                .iter()
+                .fold(0u64, |acc, &h| acc ^ self.map.touch(h));
+            std::hint::black_box(seen);
+        }
+        // `found` holds the nodes of the first `known` hashes. They are all
+        // touched before the first new node is added, so no eviction in
+        // this loop takes one of them first.
+        let mut chain = Vec::new();
+        if first.is_some() && hashes.len() > 1 {
+            chain = self.take_chain_buffer(found[0]);
+        }
+        for (j, &h) in hashes.iter().enumerate() {
+            let hit = if j < known {
+                debug_assert!(self.holds(found[j], h));
+                Some(found[j])
+            } else {
+                self.find(h)
+            };
+            let i = match hit {
+                Some(i) => {
+                    if i != self.tail {
+                        self.unlink(i);
+                        self.push_tail(i);
+                    }
+                    i
+                }
+                None => self.add(h),
+            };
+            if first.is_some() {
+                chain.push(i);
+            }
+        }
+        // Remember the chain through its first node when it was known
+        // before (a shared prefix) and is still held.
+        if first.is_some() && chain.len() > 1 && self.holds(chain[0], h0) {
+            let n0 = chain[0];
+            let c = match self.free_chains.pop() {
+                Some(c) => c,
+                None => {
+                    self.chains.push(Vec::new());
+                    (self.chains.len() - 1) as u32
+                }
+            };
+            self.chains[c as usize] = chain;
+            self.nodes[n0 as usize].chain = c;
+        }
+        self.scratch = found;
+    }
+
+    /// The chain buffer remembered through node `n`, released for reuse
+    /// (empty if none).
+    fn take_chain_buffer(&mut self, n: u32) -> Vec<u32> {
+        let c = std::mem::replace(&mut self.nodes[n as usize].chain, NO_NODE);
+        if c == NO_NODE {
+            return Vec::new();
+        }
+        self.free_chains.push(c);
+        let mut v = std::mem::take(&mut self.chains[c as usize]);
+        v.clear();
+        v
+    }
+
+    /// A new most recent node for `h`, evicting the least recently used
+    /// when full.
+    fn add(&mut self, h: u64) -> u32 {
+        if self.map.len() >= self.capacity {
+            let i = self.head;
+            self.unlink(i);
+            let n = self.nodes[i as usize];
+            self.map.remove(n.hash, i);
+            self.nodes[i as usize].live = false;
+            if n.chain != NO_NODE {
+                self.nodes[i as usize].chain = NO_NODE;
+                self.chains[n.chain as usize].clear();
+                self.free_chains.push(n.chain);
+            }
+            self.free.push(i);
+        }
+        let node = LruNode {
+            hash: h,
+            prev: NO_NODE,
+            next: NO_NODE,
+            chain: NO_NODE,
+            live: true,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.map.insert(h, i);
+        self.push_tail(i);
+        i
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let LruNode { prev, next, .. } = self.nodes[i as usize];
+        if prev == NO_NODE {
+            self.head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NO_NODE {
+            self.tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
+        }
+    }
+
+    fn push_tail(&mut self, i: u32) {
+        let n = &mut self.nodes[i as usize];
+        n.prev = self.tail;
+        n.next = NO_NODE;
+        if self.tail == NO_NODE {
+            self.head = i;
+        } else {
+            self.nodes[self.tail as usize].next = i;
+        }
+        self.tail = i;
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_prefix_index_is_a_bounded_lru() {
+        let mut ix = PrefixIndex::new(3);
+        ix.insert(&[1, 2, 3]);
+        ix.insert(&[1]);
+        ix.insert(&[4]);
+        assert_eq!(ix.len(), 3);
+        assert_eq!(ix.matched(&[1]), 1);
+        assert_eq!(ix.matched(&[2]), 0, "2 was the least recently used");
+        for i in 0..10_000 {
+            ix.insert(&[100 + i % 5]);
+        }
+        assert_eq!(ix.len(), 3);
+    }
+
+    /// The plain definition: a recency list, all of a chain touched in
+    /// order, then the least recent dropped down to capacity.
+    struct Model {
+        capacity: usize,
+        order: Vec<u64>,
+    }
+
+    impl Model {
+        fn insert(&mut self, hashes: &[u64]) {
+            for h in hashes {
+                self.order.retain(|x| x != h);
+                self.order.push(*h);
+            }
+            let over = self.order.len().saturating_sub(self.capacity);
+            self.order.drain(..over);
+        }
+
+        fn matched(&self, hashes: &[u64]) -> usize {
+            hashes.iter().take_while(|h| self.order.contains(h)).count()
+        }
+    }
+
+    proptest! {
+        /// Chains of a few tenants' shared prefixes with bodies of their
+        /// own, some longer than the capacity: every answer and the final
+        /// recency order agree with the plain definition.
+        #[test]
+        fn agrees_with_the_plain_lru(
+            capacity in 1usize..40,
+            reqs in prop::collection::vec((0u64..4, 0usize..30, 0u64..6, 0usize..8), 1..80),
+        ) {
+            let mut ix = PrefixIndex::new(capacity);
+            let mut model = Model { capacity, order: Vec::new() };
+            for (tenant, prefix, body, body_len) in reqs {
+                let mut chain: Vec<u64> = (0..prefix as u64).map(|j| tenant * 1000 + j).collect();
+                chain.extend((0..body_len as u64).map(|j| 1_000_000 + body * 100 + j));
+                prop_assert_eq!(ix.matched(&chain), model.matched(&chain));
+                ix.insert(&chain);
+                model.insert(&chain);
+                prop_assert_eq!(ix.len(), model.order.len());
+            }
+            // The recency order, least recent first.
+            let mut order = Vec::new();
+            let mut i = ix.head;
+            while i != NO_NODE {
+                order.push(ix.nodes[i as usize].hash);
+                i = ix.nodes[i as usize].next;
+            }
+            prop_assert_eq!(order, model.order);
+        }
+    }
+}

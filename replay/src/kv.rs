@@ -8,17 +8,48 @@ use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
 
+/// `Block::ref_flags`' bit: the block holds a registered content hash.
+const HASHED: u32 = 1 << 31;
+
+/// One KV block, 24 bytes (the cache's blocks are its largest array).
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    ref_cnt: u32,
-    /// Content hash when the block is registered in the prefix cache.
-    hash: Option<u64>,
+    /// Content hash, meaningful while `HASHED` is set.
+    hash_bits: u64,
+    /// Reference count (low 31 bits) and `HASHED`.
+    ref_flags: u32,
+    /// Free-queue links.
     prev: u32,
     next: u32,
     /// The block that last followed this one in a request's table when it
     /// was committed: a hint for chained lookups, checked before use.
     child: u32,
-    in_free_list: bool,
+}
+
+impl Block {
+    fn ref_cnt(&self) -> u32 {
+        self.ref_flags & !HASHED
+    }
+
+    /// The content hash registered for it in the prefix cache.
+    fn hash(&self) -> Option<u64> {
+        (self.ref_flags & HASHED != 0).then_some(self.hash_bits)
+    }
+
+    fn holds(&self, hash: u64) -> bool {
+        self.ref_flags & HASHED != 0 && self.hash_bits == hash
+    }
+
+    fn set_hash(&mut self, hash: u64) {
+        self.hash_bits = hash;
+        self.ref_flags |= HASHED;
+    }
+
+    fn take_hash(&mut self) -> Option<u64> {
+        let h = self.hash();
+        self.ref_flags &= !HASHED;
+        h
+    }
 }
 
 /// The KV blocks of one instance.
@@ -51,12 +82,11 @@ impl KvCache {
             block_size: block_size.max(1),
             blocks: vec![
                 Block {
-                    ref_cnt: 0,
-                    hash: None,
+                    hash_bits: 0,
+                    ref_flags: 0,
                     prev: NIL,
                     next: NIL,
                     child: NIL,
-                    in_free_list: false,
                 };
                 total_blocks as usize
             ],
@@ -126,7 +156,7 @@ impl KvCache {
         }
         let blocks = &self.blocks;
         self.cached
-            .get(hash, |b| blocks[b as usize].hash == Some(hash))
+            .get(hash, |b| blocks[b as usize].holds(hash))
     }
 
     /// [`KvCache::lookup`] of the block after `parent` in a chain (the
@@ -138,7 +168,7 @@ impl KvCache {
     pub fn lookup_after(&self, parent: Option<u32>, hash: u64) -> Option<u32> {
         if let Some(p) = parent {
             let c = self.blocks[p as usize].child;
-            if c != NIL && self.blocks[c as usize].hash == Some(hash) {
+            if c != NIL && self.blocks[c as usize].holds(hash) {
                 return Some(c);
             }
         }
@@ -165,7 +195,7 @@ impl KvCache {
             let n = chain.len().min(max as usize);
             while known < n {
                 let b = chain[known];
-                if self.blocks[b as usize].hash != Some(hash(known as u32)) {
+                if !self.blocks[b as usize].holds(hash(known as u32)) {
                     break;
                 }
                 out.push(b);
@@ -212,7 +242,7 @@ impl KvCache {
     pub fn can_allocate(&self, hits: &[u32], new_blocks: u32) -> bool {
         let free_hits = hits
             .iter()
-            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+            .filter(|&&b| self.blocks[b as usize].ref_cnt() == 0)
             .count() as u32;
         new_blocks + free_hits <= self.free_count
     }
@@ -227,37 +257,24 @@ impl KvCache {
         }
         for &b in hits {
             let blk = &mut self.blocks[b as usize];
-            if blk.ref_cnt == 0 {
+            if blk.ref_cnt() == 0 {
                 self.unlink(b);
             }
-            self.blocks[b as usize].ref_cnt += 1;
+            self.blocks[b as usize].ref_flags += 1;
             table.push(b);
         }
-        if self.prefix_caching && new_blocks > 1 {
-            // Fetch the index slots of the contents these blocks will lose
-            // together (see `HashIndex::touch`).
-            let mut b = self.free_head;
-            let mut seen = 0u64;
-            for _ in 0..new_blocks {
-                let blk = &self.blocks[b as usize];
-                if let Some(h) = blk.hash {
-                    seen ^= self.cached.touch(h);
-                }
-                b = blk.next;
-            }
-            std::hint::black_box(seen);
-        }
+        self.prepare_fresh(new_blocks);
         for _ in 0..new_blocks {
             let b = self.free_head;
             debug_assert_ne!(b, NIL, "checked by can_allocate");
             self.unlink(b);
             let blk = &mut self.blocks[b as usize];
-            if let Some(h) = blk.hash.take() {
+            if let Some(h) = blk.take_hash() {
                 let found = self.cached.remove(h, b);
                 debug_assert!(found, "a block holding a hash is indexed");
                 self.evictions += 1;
             }
-            blk.ref_cnt = 1;
+            blk.ref_flags = 1;
             table.push(b);
         }
         true
@@ -269,9 +286,9 @@ impl KvCache {
     pub fn release(&mut self, table: &mut Vec<u32>) {
         for &b in table.iter().rev() {
             let blk = &mut self.blocks[b as usize];
-            debug_assert!(blk.ref_cnt > 0);
-            blk.ref_cnt -= 1;
-            if blk.ref_cnt == 0 {
+            debug_assert!(blk.ref_cnt() > 0);
+            blk.ref_flags -= 1;
+            if blk.ref_cnt() == 0 {
                 self.push_tail(b);
             }
         }
@@ -287,24 +304,42 @@ impl KvCache {
         if !self.prefix_caching {
             return;
         }
-        let holder = if self.blocks[block as usize].hash.is_some() {
+        let holder = if self.blocks[block as usize].hash().is_some() {
             block
         } else {
             let blocks = &self.blocks;
             match self
                 .cached
-                .get(hash, |b| blocks[b as usize].hash == Some(hash))
+                .get(hash, |b| blocks[b as usize].holds(hash))
             {
                 Some(holder) => holder,
                 None => {
                     self.cached.insert(hash, block);
-                    self.blocks[block as usize].hash = Some(hash);
+                    self.blocks[block as usize].set_hash(hash);
                     block
                 }
             }
         };
         if let Some(p) = parent {
             self.blocks[p as usize].child = holder;
+        }
+    }
+
+    /// Fetches, together, the index slots of the contents that the next
+    /// `n` fresh blocks will lose (see `HashIndex::touch`); call before
+    /// allocating them, one call or several.
+    pub fn prepare_fresh(&self, n: u32) {
+        if self.prefix_caching && n > 1 {
+            let mut b = self.free_head;
+            let mut seen = 0u64;
+            for _ in 0..n.min(self.free_count) {
+                let blk = &self.blocks[b as usize];
+                if let Some(h) = blk.hash() {
+                    seen ^= self.cached.touch(h);
+                }
+                b = blk.next;
+            }
+            std::hint::black_box(seen);
         }
     }
 
@@ -323,7 +358,6 @@ impl KvCache {
         let blk = &mut self.blocks[b as usize];
         blk.prev = self.free_tail;
         blk.next = NIL;
-        blk.in_free_list = true;
         if self.free_tail == NIL {
             self.free_head = b;
         } else {
@@ -348,7 +382,6 @@ impl KvCache {
         let blk = &mut self.blocks[b as usize];
         blk.prev = NIL;
         blk.next = NIL;
-        blk.in_free_list = false;
         self.free_count -= 1;
     }
 
@@ -361,7 +394,7 @@ impl KvCache {
         let mut prev = NIL;
         while b != NIL {
             let blk = &self.blocks[b as usize];
-            if blk.ref_cnt != 0 || !blk.in_free_list || blk.prev != prev {
+            if blk.ref_cnt() != 0 || blk.prev != prev {
                 return Err(format!("free queue corrupt at block {b}"));
             }
             in_list += 1;
@@ -377,7 +410,7 @@ impl KvCache {
                 self.free_count, in_list
             ));
         }
-        let used = self.blocks.iter().filter(|b| b.ref_cnt > 0).count() as u32;
+        let used = self.blocks.iter().filter(|b| b.ref_cnt() > 0).count() as u32;
         if used + self.free_count != self.total() {
             return Err(format!(
                 "used {used} + free {} != total {}",
@@ -387,7 +420,7 @@ impl KvCache {
         }
         let mut hashed = 0usize;
         for (i, blk) in self.blocks.iter().enumerate() {
-            if let Some(h) = blk.hash {
+            if let Some(h) = blk.hash() {
                 hashed += 1;
                 if self.lookup(h) != Some(i as u32) {
                     return Err(format!(
@@ -403,7 +436,7 @@ impl KvCache {
             ));
         }
         for (tag, b) in self.cached.entries() {
-            match self.blocks.get(b as usize).and_then(|blk| blk.hash) {
+            match self.blocks.get(b as usize).and_then(|blk| blk.hash()) {
                 Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
                 _ => return Err(format!("index entry for block {b} is stale")),
             }

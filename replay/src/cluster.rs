@@ -25,6 +25,10 @@ pub struct Control {
     hashes: Vec<u64>,
     /// Prompt block hashing with shared prefixes memoized.
     hasher: content::PrefixHashMemo,
+    /// Whether the router keeps private blocks out of its hash indexes.
+    private_blocks: bool,
+    /// Whether a replay may turn `private_blocks` on.
+    private_allowed: bool,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
     /// Decision records, when traced ([`Control::trace_decisions`]).
@@ -107,6 +111,8 @@ impl Control {
             views: vec![InstanceView::default(); n],
             hashes: Vec::new(),
             hasher: content::PrefixHashMemo::new(),
+            private_blocks: false,
+            private_allowed: true,
             routed: vec![0; n],
             decisions: None,
             counterfactual_k: 3,
@@ -116,6 +122,32 @@ impl Control {
                 .flow_control
                 .map(|f| (f.queue_depth_threshold, f.kv_utilization_threshold)),
         }
+    }
+
+    /// Whether a replay may keep blocks private to their request out of
+    /// the hash indexes of the router and the KV caches (on by default).
+    /// The outputs are the same either way; off is slower, and is there
+    /// to show that.
+    pub fn allow_private_blocks(&mut self, on: bool) {
+        self.private_allowed = on;
+    }
+
+    /// Whether a replay may keep private blocks out of the hash indexes.
+    pub fn private_blocks_allowed(&self) -> bool {
+        self.private_allowed
+    }
+
+    /// Whether the router's prefix indexes keep blocks private to their
+    /// request out of their hash indexes (see
+    /// [`crate::routing::Router::route_private`]): exact only while request
+    /// ids are unique, which the replay driver guarantees (it turns this
+    /// on, and off when an id repeats or the replay ends). Off: every block
+    /// is indexed, as they all are after it is turned off.
+    pub fn set_private_blocks(&mut self, on: bool) {
+        if !on {
+            self.router.index_all_private();
+        }
+        self.private_blocks = on;
     }
 
     /// Records every decision with the `k` best candidates.
@@ -202,10 +234,15 @@ impl Control {
                 self.refresh(insts);
             }
             self.hashes.clear();
+            let mut private_from = 0;
             if self.router.needs_hashes() {
                 let bs = insts[0].config().block_size;
-                self.hasher
-                    .block_hashes(&rec.request, input.max(1), bs, &mut self.hashes);
+                private_from =
+                    self.hasher
+                        .block_hashes(&rec.request, input.max(1), bs, &mut self.hashes);
+            }
+            if !self.private_blocks {
+                private_from = self.hashes.len();
             }
             let query = self.router.needs_cache_query();
             for (i, v) in self.views.iter_mut().enumerate() {
@@ -222,7 +259,9 @@ impl Control {
                     },
                 };
             }
-            let c = self.router.route(&self.views, &self.hashes);
+            let c = self
+                .router
+                .route_private(&self.views, &self.hashes, private_from);
             if self.decisions.is_some() {
                 let scores = if matches!(self.router.policy(), RoutingPolicy::Weighted { .. }) {
                     self.router.scores().to_vec()

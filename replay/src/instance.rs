@@ -332,6 +332,9 @@ struct Active {
     first_token_us: Option<i64>,
     cached_tokens: Option<u32>,
     preemptions: u32,
+    /// Its first block of private content (see
+    /// [`Instance::set_private_blocks`]); `u32::MAX`: none or not tracked.
+    private_from: u32,
 }
 
 impl Active {
@@ -391,6 +394,8 @@ pub struct Instance {
     spare_hashes: Vec<u64>,
     /// Waiting requests per SLO class (`class`, capped at 7).
     waiting_classes: [u32; 8],
+    /// Whether private content stays out of the KV hash index.
+    private_blocks: bool,
 }
 
 impl Instance {
@@ -418,6 +423,7 @@ impl Instance {
             spare_phase: Vec::new(),
             spare_hashes: Vec::new(),
             waiting_classes: [0; 8],
+            private_blocks: false,
         }
     }
 
@@ -434,6 +440,24 @@ impl Instance {
     /// The KV cache (read-only, e.g. for cache-aware routing).
     pub fn kv(&self) -> &KvCache {
         &self.kv
+    }
+
+    /// Whether blocks of content private to their request (its own body,
+    /// see `blis_traces::content::private_from`) are kept out of the KV
+    /// cache's hash index ([`KvCache::commit_private`]). This is exact only
+    /// while request ids are unique, which the caller guarantees: the
+    /// replay driver turns it on, and off again (indexing every private
+    /// block) when an id repeats or the replay ends. Off by default.
+    pub fn set_private_blocks(&mut self, on: bool) {
+        if !on {
+            self.kv.index_all_private();
+            // Requests in the system commit the rest of their blocks to the
+            // index too.
+            for a in self.slots.iter_mut().flatten() {
+                a.private_from = u32::MAX;
+            }
+        }
+        self.private_blocks = on;
     }
 
     /// Counters since start.
@@ -518,6 +542,12 @@ impl Instance {
                 "given block hashes differ from the content's"
             );
         }
+        let private_from = if self.private_blocks {
+            content::private_from(req.id, &req.segments)
+                .map_or(u32::MAX, |at| at / self.kv.block_size())
+        } else {
+            u32::MAX
+        };
         let a = Active {
             req,
             key,
@@ -532,6 +562,7 @@ impl Instance {
             first_token_us: None,
             cached_tokens: None,
             preemptions: 0,
+            private_from,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -807,7 +838,11 @@ impl Instance {
         hashes.clear();
         for (slot, n) in filled {
             let a = self.slots[slot as usize].as_mut().expect("live slot");
-            let upto = ((a.num_computed + n) / bs).min(a.blocks.len() as u32);
+            let mut upto = ((a.num_computed + n) / bs).min(a.blocks.len() as u32);
+            if a.preemptions == 0 {
+                // Private blocks are not indexed.
+                upto = upto.min(a.private_from);
+            }
             for j in a.hashed..upto {
                 hashes.push(a.hash(bs, j));
             }
@@ -826,7 +861,14 @@ impl Instance {
         while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
             let h = a.hash(bs, a.hashed);
             let parent = a.hashed.checked_sub(1).map(|p| a.blocks[p as usize]);
-            self.kv.commit(a.blocks[a.hashed as usize], h, parent);
+            // Private content of a request never preempted: no block holds
+            // it yet, and only this request could ever look it up.
+            if a.hashed >= a.private_from && a.preemptions == 0 {
+                self.kv
+                    .commit_private(a.blocks[a.hashed as usize], h, parent);
+            } else {
+                self.kv.commit(a.blocks[a.hashed as usize], h, parent);
+            }
             a.hashed += 1;
         }
     }
@@ -835,6 +877,11 @@ impl Instance {
     fn preempt(&mut self, victim_pos: usize) -> u32 {
         let slot = self.running.remove(victim_pos);
         let a = self.slots[slot as usize].as_mut().expect("live slot");
+        // Its private blocks become findable by hash: it will look them up
+        // when it is scheduled again.
+        for &b in a.blocks.iter().skip(a.private_from as usize) {
+            self.kv.index_private(b);
+        }
         let mut blocks = std::mem::take(&mut a.blocks);
         a.num_computed = 0;
         a.hashed = 0;

@@ -10,13 +10,16 @@ const NIL: u32 = u32::MAX;
 
 /// `Block::ref_flags`' bit: the block holds a registered content hash.
 const HASHED: u32 = 1 << 31;
+/// `Block::ref_flags`' bit: its hash is private content (see
+/// [`KvCache::commit_private`]) and not in the hash index.
+const PRIVATE: u32 = 1 << 30;
 
 /// One KV block, 24 bytes (the cache's blocks are its largest array).
 #[derive(Debug, Clone, Copy)]
 struct Block {
     /// Content hash, meaningful while `HASHED` is set.
     hash_bits: u64,
-    /// Reference count (low 31 bits) and `HASHED`.
+    /// Reference count (low 30 bits), `HASHED` and `PRIVATE`.
     ref_flags: u32,
     /// Free-queue links.
     prev: u32,
@@ -28,7 +31,7 @@ struct Block {
 
 impl Block {
     fn ref_cnt(&self) -> u32 {
-        self.ref_flags & !HASHED
+        self.ref_flags & !(HASHED | PRIVATE)
     }
 
     /// The content hash registered for it in the prefix cache.
@@ -45,10 +48,17 @@ impl Block {
         self.ref_flags |= HASHED;
     }
 
-    fn take_hash(&mut self) -> Option<u64> {
-        let h = self.hash();
-        self.ref_flags &= !HASHED;
+    /// Its hash, if any, and whether the hash index holds it; it holds
+    /// none afterwards.
+    fn take_hash(&mut self) -> Option<(u64, bool)> {
+        let h = self.hash().map(|h| (h, self.ref_flags & PRIVATE == 0));
+        self.ref_flags &= !(HASHED | PRIVATE);
         h
+    }
+
+    /// Its hash when the hash index holds it.
+    fn indexed_hash(&self) -> Option<u64> {
+        (self.ref_flags & (HASHED | PRIVATE) == HASHED).then_some(self.hash_bits)
     }
 }
 
@@ -155,8 +165,7 @@ impl KvCache {
             return None;
         }
         let blocks = &self.blocks;
-        self.cached
-            .get(hash, |b| blocks[b as usize].holds(hash))
+        self.cached.get(hash, |b| blocks[b as usize].holds(hash))
     }
 
     /// [`KvCache::lookup`] of the block after `parent` in a chain (the
@@ -269,9 +278,11 @@ impl KvCache {
             debug_assert_ne!(b, NIL, "checked by can_allocate");
             self.unlink(b);
             let blk = &mut self.blocks[b as usize];
-            if let Some(h) = blk.take_hash() {
-                let found = self.cached.remove(h, b);
-                debug_assert!(found, "a block holding a hash is indexed");
+            if let Some((h, indexed)) = blk.take_hash() {
+                if indexed {
+                    let found = self.cached.remove(h, b);
+                    debug_assert!(found, "a block holding a shared hash is indexed");
+                }
                 self.evictions += 1;
             }
             blk.ref_flags = 1;
@@ -295,6 +306,58 @@ impl KvCache {
         table.clear();
     }
 
+    /// Registers the hash of a full block whose content is private to the
+    /// request that computed it (see `blis_traces::content::private_from`):
+    /// as [`KvCache::commit`], but outside the hash index. No other
+    /// request can look such content up, and the request itself finds its
+    /// blocks by their table, so the index would only be written at commit
+    /// and at eviction, for nothing: the two cache misses per new block
+    /// that dominate a replay. The block counts as cached in every other
+    /// respect (its eviction is counted). The owner calls
+    /// [`KvCache::index_private`] on its blocks before it could look them
+    /// up by hash (when it is preempted), and a run whose requests turn out
+    /// not to have private content (a repeated request id) calls
+    /// [`KvCache::index_all_private`].
+    pub fn commit_private(&mut self, block: u32, hash: u64, parent: Option<u32>) {
+        if !self.prefix_caching {
+            return;
+        }
+        let blk = &mut self.blocks[block as usize];
+        if blk.hash().is_none() {
+            blk.hash_bits = hash;
+            blk.ref_flags |= HASHED | PRIVATE;
+        }
+        if let Some(p) = parent {
+            self.blocks[p as usize].child = block;
+        }
+    }
+
+    /// Puts `block`'s private hash (if it holds one) into the hash index.
+    pub fn index_private(&mut self, block: u32) {
+        let blk = &mut self.blocks[block as usize];
+        if blk.ref_flags & PRIVATE == 0 {
+            return;
+        }
+        blk.ref_flags &= !PRIVATE;
+        let h = blk.hash_bits;
+        let blocks = &self.blocks;
+        debug_assert!(
+            self.cached
+                .get(h, |b| blocks[b as usize].holds(h))
+                .is_none(),
+            "private content held twice"
+        );
+        self.cached.insert(h, block);
+    }
+
+    /// Puts every private hash into the hash index: from now on the cache
+    /// is as if every block had been committed with [`KvCache::commit`].
+    pub fn index_all_private(&mut self) {
+        for b in 0..self.total() {
+            self.index_private(b);
+        }
+    }
+
     /// Registers the content hash of a full block. If another block already
     /// holds that content, this one stays unregistered (as vLLM does).
     /// `parent`: the block before it in the request's table, whose chain
@@ -308,10 +371,7 @@ impl KvCache {
             block
         } else {
             let blocks = &self.blocks;
-            match self
-                .cached
-                .get(hash, |b| blocks[b as usize].holds(hash))
-            {
+            match self.cached.get(hash, |b| blocks[b as usize].holds(hash)) {
                 Some(holder) => holder,
                 None => {
                     self.cached.insert(hash, block);
@@ -334,7 +394,7 @@ impl KvCache {
             let mut seen = 0u64;
             for _ in 0..n.min(self.free_count) {
                 let blk = &self.blocks[b as usize];
-                if let Some(h) = blk.hash() {
+                if let Some(h) = blk.indexed_hash() {
                     seen ^= self.cached.touch(h);
                 }
                 b = blk.next;
@@ -420,7 +480,7 @@ impl KvCache {
         }
         let mut hashed = 0usize;
         for (i, blk) in self.blocks.iter().enumerate() {
-            if let Some(h) = blk.hash() {
+            if let Some(h) = blk.indexed_hash() {
                 hashed += 1;
                 if self.lookup(h) != Some(i as u32) {
                     return Err(format!(
@@ -431,12 +491,16 @@ impl KvCache {
         }
         if hashed != self.cached.len() {
             return Err(format!(
-                "{hashed} blocks hold hashes but the index has {} entries",
+                "{hashed} blocks hold shared hashes but the index has {} entries",
                 self.cached.len()
             ));
         }
         for (tag, b) in self.cached.entries() {
-            match self.blocks.get(b as usize).and_then(|blk| blk.hash()) {
+            match self
+                .blocks
+                .get(b as usize)
+                .and_then(|blk| blk.indexed_hash())
+            {
                 Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
                 _ => return Err(format!("index entry for block {b} is stale")),
             }
@@ -486,6 +550,37 @@ mod tests {
         assert_eq!(c[0], a1);
         assert_eq!(kv.lookup(101), None);
         assert_eq!(kv.evictions(), 1);
+        kv.check().unwrap();
+    }
+
+    #[test]
+    fn private_blocks_are_cached_but_found_only_once_indexed() {
+        let mut kv = KvCache::new(2, 16, true);
+        let mut a = Vec::new();
+        kv.allocate(&mut a, &[], 2);
+        kv.commit(a[0], 1, None);
+        kv.commit_private(a[1], 2, Some(a[0]));
+        kv.check().unwrap();
+        assert_eq!(kv.lookup(1), Some(a[0]));
+        assert_eq!(kv.lookup(2), None, "private content is not indexed");
+        // ... but its owner still finds it through its chain.
+        assert_eq!(kv.lookup_after(Some(a[0]), 2), Some(a[1]));
+        let (a0, a1) = (a[0], a[1]);
+        kv.release(&mut a);
+        kv.index_private(a1);
+        kv.check().unwrap();
+        assert_eq!(kv.lookup(2), Some(a1));
+        // Evicting private content counts as an eviction, indexed or not.
+        let mut b = Vec::new();
+        kv.commit_private(a0, 3, None); // already holds 1: no change
+        assert_eq!(kv.lookup(1), Some(a0));
+        kv.allocate(&mut b, &[], 2);
+        assert_eq!(kv.evictions(), 2);
+        kv.commit_private(b[0], 4, None);
+        kv.release(&mut b);
+        let mut c = Vec::new();
+        kv.allocate(&mut c, &[], 2);
+        assert_eq!(kv.evictions(), 3);
         kv.check().unwrap();
     }
 

@@ -9,6 +9,11 @@
 //! remembers the nodes of the chain last inserted through it, so matching
 //! a known prefix reads those nodes in order (independent reads, confirmed
 //! one by one) instead of probing the hash index per block.
+//!
+//! A request's private blocks (its own body: see
+//! `blis_traces::content::private_from`) can never be matched by another
+//! request, so their nodes take their place in the recency list (they
+//! still use capacity and push others out) but not in the hash index.
 
 use crate::hash_index::HashIndex;
 
@@ -18,6 +23,8 @@ const NO_NODE: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     capacity: usize,
+    /// Nodes held (indexed or not).
+    len: usize,
     map: HashIndex,
     nodes: Vec<LruNode>,
     free: Vec<u32>,
@@ -40,6 +47,8 @@ struct LruNode {
     chain: u32,
     /// Whether it holds `hash` (false once evicted, until reused).
     live: bool,
+    /// Whether the hash index holds it (false for private blocks).
+    indexed: bool,
 }
 
 impl PrefixIndex {
@@ -48,6 +57,7 @@ impl PrefixIndex {
         let capacity = capacity.clamp(1, u32::MAX as usize / 4);
         Self {
             capacity,
+            len: 0,
             map: HashIndex::new(capacity as u32),
             nodes: Vec::new(),
             free: Vec::new(),
@@ -108,6 +118,13 @@ impl PrefixIndex {
     /// recently used are evicted as new hashes come in; the set and order
     /// kept are those of inserting all, then evicting down to capacity.)
     pub fn insert(&mut self, hashes: &[u64]) {
+        self.insert_private(hashes, hashes.len());
+    }
+
+    /// [`PrefixIndex::insert`] of a prompt whose blocks from `private_from`
+    /// on are private to it (their hashes new to the index; the caller
+    /// guarantees it): they are added without entering the hash index.
+    pub fn insert_private(&mut self, hashes: &[u64], private_from: usize) {
         let Some(&h0) = hashes.first() else {
             return;
         };
@@ -121,9 +138,10 @@ impl PrefixIndex {
             }
             None => 0,
         };
-        if hashes.len() > known + 1 {
+        let private_from = private_from.min(hashes.len());
+        if private_from > known + 1 {
             // Fetch the rest's index slots together.
-            let seen = hashes[known..]
+            let seen = hashes[known..private_from]
                 .iter()
                 .fold(0u64, |acc, &h| acc ^ self.map.touch(h));
             std::hint::black_box(seen);
@@ -139,6 +157,9 @@ impl PrefixIndex {
             let hit = if j < known {
                 debug_assert!(self.holds(found[j], h));
                 Some(found[j])
+            } else if j >= private_from {
+                debug_assert!(self.find(h).is_none(), "private block already held");
+                None
             } else {
                 self.find(h)
             };
@@ -150,7 +171,7 @@ impl PrefixIndex {
                     }
                     i
                 }
-                None => self.add(h),
+                None => self.add(h, j < private_from),
             };
             if first.is_some() {
                 chain.push(i);
@@ -186,14 +207,17 @@ impl PrefixIndex {
         v
     }
 
-    /// A new most recent node for `h`, evicting the least recently used
-    /// when full.
-    fn add(&mut self, h: u64) -> u32 {
-        if self.map.len() >= self.capacity {
+    /// A new most recent node for `h` (in the hash index when `indexed`),
+    /// evicting the least recently used when full.
+    fn add(&mut self, h: u64, indexed: bool) -> u32 {
+        if self.len >= self.capacity {
             let i = self.head;
             self.unlink(i);
             let n = self.nodes[i as usize];
-            self.map.remove(n.hash, i);
+            if n.indexed {
+                self.map.remove(n.hash, i);
+            }
+            self.len -= 1;
             self.nodes[i as usize].live = false;
             if n.chain != NO_NODE {
                 self.nodes[i as usize].chain = NO_NODE;
@@ -208,6 +232,7 @@ impl PrefixIndex {
             next: NO_NODE,
             chain: NO_NODE,
             live: true,
+            indexed,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -219,9 +244,26 @@ impl PrefixIndex {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.map.insert(h, i);
+        if indexed {
+            self.map.insert(h, i);
+        }
+        self.len += 1;
         self.push_tail(i);
         i
+    }
+
+    /// Puts every private node into the hash index (see
+    /// [`PrefixIndex::insert_private`]), as if all had been inserted with
+    /// [`PrefixIndex::insert`].
+    pub fn index_all_private(&mut self) {
+        for i in 0..self.nodes.len() {
+            let n = &mut self.nodes[i];
+            if n.live && !n.indexed {
+                n.indexed = true;
+                let h = n.hash;
+                self.map.insert(h, i as u32);
+            }
+        }
     }
 
     fn unlink(&mut self, i: u32) {
@@ -252,12 +294,12 @@ impl PrefixIndex {
 
     /// Blocks held.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len == 0
     }
 }
 
@@ -304,23 +346,32 @@ mod tests {
     }
 
     proptest! {
-        /// Chains of a few tenants' shared prefixes with bodies of their
-        /// own, some longer than the capacity: every answer and the final
-        /// recency order agree with the plain definition.
+        /// Chains of a few tenants' shared prefixes, shared bodies and
+        /// private bodies of their own, some longer than the capacity:
+        /// every answer and the final recency order agree with the plain
+        /// definition, with private nodes indexed now and then.
         #[test]
         fn agrees_with_the_plain_lru(
             capacity in 1usize..40,
-            reqs in prop::collection::vec((0u64..4, 0usize..30, 0u64..6, 0usize..8), 1..80),
+            reqs in prop::collection::vec(
+                (0u64..4, 0usize..30, 0u64..6, 0usize..8, 0usize..6, 0u8..10),
+                1..80,
+            ),
         ) {
             let mut ix = PrefixIndex::new(capacity);
             let mut model = Model { capacity, order: Vec::new() };
-            for (tenant, prefix, body, body_len) in reqs {
+            for (n, (tenant, prefix, body, body_len, own_len, flush)) in reqs.into_iter().enumerate() {
                 let mut chain: Vec<u64> = (0..prefix as u64).map(|j| tenant * 1000 + j).collect();
                 chain.extend((0..body_len as u64).map(|j| 1_000_000 + body * 100 + j));
+                let private_from = chain.len();
+                chain.extend((0..own_len as u64).map(|j| 2_000_000 + n as u64 * 100 + j));
                 prop_assert_eq!(ix.matched(&chain), model.matched(&chain));
-                ix.insert(&chain);
+                ix.insert_private(&chain, private_from);
                 model.insert(&chain);
                 prop_assert_eq!(ix.len(), model.order.len());
+                if flush == 0 {
+                    ix.index_all_private();
+                }
             }
             // The recency order, least recent first.
             let mut order = Vec::new();
@@ -329,7 +380,12 @@ mod tests {
                 order.push(ix.nodes[i as usize].hash);
                 i = ix.nodes[i as usize].next;
             }
-            prop_assert_eq!(order, model.order);
+            prop_assert_eq!(&order, &model.order);
+            // Private nodes are found once indexed.
+            ix.index_all_private();
+            for h in &model.order {
+                prop_assert_eq!(ix.matched(&[*h]), 1);
+            }
         }
     }
 }

@@ -211,6 +211,14 @@ impl Router {
         &self.policy
     }
 
+    /// Puts the private blocks of every prefix index into its hash index
+    /// (see [`PrefixIndex::index_all_private`]).
+    pub fn index_all_private(&mut self) {
+        for ix in &mut self.index {
+            ix.index_all_private();
+        }
+    }
+
     /// Whether decisions need the request's block hashes.
     pub fn needs_hashes(&self) -> bool {
         self.weights.iter().any(|(s, _)| {
@@ -248,6 +256,17 @@ impl Router {
     /// # Panics
     /// If `views` is empty.
     pub fn route(&mut self, views: &[InstanceView], hashes: &[u64]) -> usize {
+        self.route_private(views, hashes, hashes.len())
+    }
+
+    /// [`Router::route`] of a prompt whose blocks from `private_from` on
+    /// are private to the request (see [`PrefixIndex::insert_private`]).
+    pub fn route_private(
+        &mut self,
+        views: &[InstanceView],
+        hashes: &[u64],
+        private_from: usize,
+    ) -> usize {
         let n = views.len();
         assert!(n > 0, "routing needs an instance");
         self.scores.clear();
@@ -308,7 +327,7 @@ impl Router {
             .iter()
             .any(|(s, _)| *s == Scorer::PrefixAffinity)
         {
-            self.index[chosen].insert(hashes);
+            self.index[chosen].insert_private(hashes, private_from);
         }
         chosen
     }

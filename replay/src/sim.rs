@@ -18,7 +18,7 @@ use std::collections::BinaryHeap;
 
 use blis_traces::content;
 use blis_traces::{SharedStr, Status, TraceRecord};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::cluster::Control;
 use crate::instance::{
@@ -213,6 +213,15 @@ pub fn replay_cluster<I, S>(
     assert!(!instances.is_empty(), "a cluster needs an instance");
     let refresh = control.refresh_interval_us();
     let flow = control.flow;
+    // Blocks private to their request stay out of the hash indexes while
+    // request ids are unique (see `Instance::set_private_blocks`).
+    let private = control.private_blocks_allowed();
+    if private {
+        control.set_private_blocks(true);
+        for inst in instances.iter_mut() {
+            inst.set_private_blocks(true);
+        }
+    }
     let mut d = Driver {
         insts: instances,
         control,
@@ -231,6 +240,7 @@ pub fn replay_cluster<I, S>(
         flow,
         gateway: BinaryHeap::new(),
         gateway_items: Vec::new(),
+        ids: private.then(FxHashSet::default),
     };
     let mut inputs = inputs.into_iter().peekable();
     let mut next_sample = opts.sample_interval_us.map(|_| 0i64);
@@ -321,6 +331,7 @@ pub fn replay_cluster<I, S>(
             }
         }
     }
+    d.share_private_blocks();
     // Whatever is left at the horizon did not finish.
     for f in d.flights.into_iter().flatten() {
         sink.not_served(f.rec, f.entry_us, NotServed::Unfinished);
@@ -361,6 +372,9 @@ struct Driver<'a> {
     times: Vec<i64>,
     next_generation: u32,
     cancels: FxHashMap<u64, (u32, u32)>,
+    /// The request ids admitted so far, while blocks private to their
+    /// request stay out of the hash indexes (which needs unique ids).
+    ids: Option<FxHashSet<u64>>,
 }
 
 impl Driver<'_> {
@@ -422,7 +436,24 @@ impl Driver<'_> {
         }
     }
 
+    /// Indexes every private block and stops keeping them out: from here
+    /// on the caches are as if private blocks had never been kept out.
+    fn share_private_blocks(&mut self) {
+        if self.ids.take().is_some() {
+            self.control.set_private_blocks(false);
+            for inst in self.insts.iter_mut() {
+                inst.set_private_blocks(false);
+            }
+        }
+    }
+
     fn admit<S: Sink>(&mut self, now: i64, input: Input, sink: &mut S) {
+        if let Some(ids) = &mut self.ids
+            && !ids.insert(input.rec.request.request_id)
+        {
+            // A repeated id: its "private" content is another request's.
+            self.share_private_blocks();
+        }
         if matches!(input.rec.outcome.status, Some(Status::Error)) {
             sink.not_served(input.rec, input.entry_us, NotServed::InputError);
             return;

@@ -30,6 +30,10 @@ pub struct Segment {
     pub len: u32,
 }
 
+/// Salts a request's own key for the output of a request whose input is
+/// given by Mooncake hash ids (its output continues no input stream).
+const OUTPUT_SALT: u64 = 0x4f55_5450_5554;
+
 /// The key of a prefix group's shared stream.
 pub fn prefix_key(group: &str) -> u64 {
     xxh3_64_with_seed(group.as_bytes(), 0x5052_4546_4958)
@@ -111,6 +115,26 @@ pub fn block_hashes(r: &Request, input_len: u32, block_size: u32, out: &mut Vec<
     block_hashes_of(&segs, block_size, out);
 }
 
+/// The first token of `segs` (segments of request `r` with id
+/// `request_id`, from [`segments`] or [`sequence_segments`]) drawn from a
+/// stream that only `r` reads: its own
+/// body when it has no session and no content key, or the output of a
+/// Mooncake hash-id request. Chained hashes make every KV block from
+/// `at / block_size` on private to `r`: no other request (with another
+/// request id) can hold the same content. `None`: all of `r`'s content is
+/// shareable.
+pub fn private_from(request_id: u64, segs: &[Segment]) -> Option<u32> {
+    let own = request_key(request_id);
+    let mut at = 0u32;
+    for s in segs {
+        if s.key == own || s.key == own ^ OUTPUT_SALT {
+            return Some(at);
+        }
+        at += s.len;
+    }
+    None
+}
+
 /// [`block_hashes`] with a memo of shared-prefix blocks: the hashes of
 /// the blocks that lie wholly in a prefix group's shared stream depend only
 /// on the stream and the block size, so a router that hashes every request
@@ -128,16 +152,19 @@ impl PrefixHashMemo {
         Self::default()
     }
 
-    /// [`block_hashes`] of `r`.
+    /// [`block_hashes`] of `r`; returns the index of its first private
+    /// block (see [`private_from`]; `out.len()` when none is).
     pub fn block_hashes(
         &mut self,
         r: &Request,
         input_len: u32,
         block_size: u32,
         out: &mut Vec<u64>,
-    ) {
+    ) -> usize {
         let mut segs = std::mem::take(&mut self.segs);
         segments(r, input_len, &mut segs);
+        let bs = block_size.max(1);
+        let private = private_from(r.request_id, &segs).map(|at| (at / bs) as usize);
         let shared = r.hash_ids.is_none()
             && !r.prefix_group.is_empty()
             && segs
@@ -146,9 +173,8 @@ impl PrefixHashMemo {
         if !shared {
             block_hashes_of(&segs, block_size, out);
             self.segs = segs;
-            return;
+            return private.unwrap_or(out.len()).min(out.len());
         }
-        let bs = block_size.max(1);
         let first = segs[0];
         let within = (first.len / bs) as usize;
         let known = self.memo.entry((first.key, bs)).or_default();
@@ -174,6 +200,7 @@ impl PrefixHashMemo {
             out.push(parent);
         }
         self.segs = segs;
+        private.unwrap_or(out.len()).min(out.len())
     }
 }
 
@@ -205,7 +232,7 @@ pub fn sequence_segments(r: &Request, input_len: u32, output_len: u32, out: &mut
             len: output_len,
         }),
         (_, None) => out.push(Segment {
-            key: request_key(r.request_id) ^ 0x4f55_5450_5554,
+            key: request_key(r.request_id) ^ OUTPUT_SALT,
             offset: 0,
             len: output_len,
         }),
@@ -313,6 +340,58 @@ mod tests {
     }
 
     #[test]
+    fn private_content_starts_at_a_requests_own_body() {
+        let mut segs = Vec::new();
+        let r = req(1, "sys", 64, 200, "");
+        segments(&r, 200, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), Some(64));
+        sequence_segments(&r, 200, 50, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), Some(64));
+        let r = req(2, "", 0, 100, "");
+        segments(&r, 100, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), Some(0));
+        // A session's rounds and an explicit content key share their body.
+        let r = req(3, "sys", 64, 200, "chat-1");
+        sequence_segments(&r, 200, 50, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), None);
+        let r = Request {
+            content_key: Some(7),
+            ..req(4, "", 0, 100, "")
+        };
+        sequence_segments(&r, 100, 50, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), None);
+        // Mooncake hash ids: shared blocks, then the request's own tokens.
+        let r = Request {
+            hash_ids: Some(crate::record::HashIds {
+                block_tokens: 16,
+                ids: Arc::from(vec![5u64, 6]),
+            }),
+            ..req(5, "", 0, 40, "")
+        };
+        segments(&r, 40, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), Some(32));
+        segments(&r, 32, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), None);
+        sequence_segments(&r, 32, 10, &mut segs);
+        assert_eq!(private_from(r.request_id, &segs), Some(32), "its output");
+        // The memo reports the first private block.
+        let mut memo = PrefixHashMemo::new();
+        let mut out = Vec::new();
+        assert_eq!(
+            memo.block_hashes(&req(6, "sys", 64, 200, ""), 200, 16, &mut out),
+            4
+        );
+        assert_eq!(
+            memo.block_hashes(&req(7, "sys", 70, 200, ""), 200, 16, &mut out),
+            4
+        );
+        assert_eq!(
+            memo.block_hashes(&req(8, "sys", 64, 200, "s"), 200, 16, &mut out),
+            12
+        );
+    }
+
+    #[test]
     fn the_prefix_memo_gives_exactly_the_plain_hashes() {
         let mut memo = PrefixHashMemo::new();
         let (mut plain, mut memoized) = (Vec::new(), Vec::new());
@@ -331,7 +410,12 @@ mod tests {
         for bs in [16, 7] {
             for r in cases.iter().chain(cases.iter().rev()) {
                 block_hashes(r, r.input_tokens, bs, &mut plain);
-                memo.block_hashes(r, r.input_tokens, bs, &mut memoized);
+                let private = memo.block_hashes(r, r.input_tokens, bs, &mut memoized);
+                let mut segs = Vec::new();
+                segments(r, r.input_tokens, &mut segs);
+                let want =
+                    private_from(r.request_id, &segs).map_or(plain.len(), |at| (at / bs) as usize);
+                assert_eq!(private, want.min(plain.len()));
                 assert_eq!(plain, memoized, "request {} block size {bs}", r.request_id);
             }
         }

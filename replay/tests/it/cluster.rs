@@ -154,6 +154,16 @@ struct Run {
 }
 
 fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run {
+    cluster_with(bundle, cfg, reqs, true)
+}
+
+/// [`cluster`], keeping private blocks out of the hash indexes or not.
+fn cluster_with(
+    bundle: &PolicyBundle,
+    cfg: EngineConfig,
+    reqs: Vec<Request>,
+    private_blocks: bool,
+) -> Run {
     let mut cfg = cfg;
     if let Some(s) = bundle.scheduler {
         cfg.scheduler = s;
@@ -162,6 +172,7 @@ fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run 
         .map(|_| Instance::new(cfg.clone(), simple_model()))
         .collect();
     let mut control = Control::new(bundle, insts.len());
+    control.allow_private_blocks(private_blocks);
     let inputs = inputs(reqs);
     let mut sink = Collector::in_memory(0);
     let opts = SimOptions {
@@ -587,4 +598,73 @@ fn flow_control_routes_urgent_requests_first_when_room_frees() {
     // The batch requests still all ran, in arrival order per class.
     let first = |i: usize| flow.records[i].outcome.first_chunk_time_us.unwrap();
     assert!(first(8) < first(7));
+}
+
+prop_compose! {
+    /// Requests mixing every kind of content: shared prefixes, bodies of
+    /// their own, sessions (a round's input holds the last one's output),
+    /// explicit content keys, Mooncake hash ids, and repeated request ids
+    /// (whose bodies are then the same content).
+    fn mixed_content_requests()(spec in prop::collection::vec(
+        (0i64..1_500_000, 1u32..2500, 1u32..300, 0u8..4, 0u8..6, 0u64..400),
+        1..100,
+    )) -> Vec<Request> {
+        let mut rounds = std::collections::BTreeMap::new();
+        spec.into_iter().enumerate().map(|(i, (at, input, output, group, kind, id))| {
+            // A repeated id now and then.
+            let id = if kind == 5 { id % 8 } else { 1000 + i as u64 };
+            let mut r = req(id, at, input, output);
+            if group > 0 {
+                r = with_prefix(r, &format!("g{group}"), input.min(600));
+            }
+            match kind {
+                1 => {
+                    let round = rounds.entry(group).or_insert(0u32);
+                    r.session_id = Arc::from(format!("s{group}").as_str());
+                    r.round_index = *round;
+                    *round += 1;
+                }
+                2 => r.content_key = Some(u64::from(group)),
+                3 => {
+                    r.hash_ids = Some(blis_traces::HashIds {
+                        block_tokens: 16,
+                        ids: Arc::from((0..input.div_ceil(32)).map(|j| u64::from(group) * 100 + u64::from(j)).collect::<Vec<u64>>()),
+                    });
+                }
+                _ => {}
+            }
+            r
+        }).collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Keeping blocks private to their request out of the hash indexes (a
+    /// speed-up) changes nothing: every record, the summary and every
+    /// instance's counters and evictions are the same as with every block
+    /// indexed, under preemption (a small cache), repeated request ids,
+    /// sessions, content keys and hash ids, for any bundle.
+    #[test]
+    fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>()) {
+        let cfg = EngineConfig {
+            max_num_seqs: 8,
+            total_kv_blocks: if small_kv { 300 } else { 3000 },
+            max_num_batched_tokens: 1024,
+            ..EngineConfig::default()
+        };
+        let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true);
+        let plain = cluster_with(&b, cfg, reqs, false);
+        prop_assert_eq!(format!("{:?}", fast.records), format!("{:?}", plain.records));
+        prop_assert_eq!(
+            serde_json::to_string(&fast.summary).unwrap(),
+            serde_json::to_string(&plain.summary).unwrap()
+        );
+        for (f, p) in fast.insts.iter().zip(&plain.insts) {
+            prop_assert_eq!(f.counters(), p.counters());
+            prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
+            prop_assert_eq!(f.kv().used(), p.kv().used());
+        }
+    }
 }

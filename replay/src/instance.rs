@@ -982,7 +982,11 @@ impl Instance {
                 let a = self.slots[slot as usize].as_mut().expect("live slot");
                 let num_tokens = a.num_tokens();
                 // Prefix-cache hits: full blocks, at most all but the last token.
-                let max_hit_blocks = (num_tokens - 1) / bs;
+                let mut max_hit_blocks = (num_tokens - 1) / bs;
+                if a.preemptions == 0 {
+                    // Private content is nowhere in the cache yet.
+                    max_hit_blocks = max_hit_blocks.min(a.private_from);
+                }
                 self.kv
                     .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
                 let a = self.slots[slot as usize].as_ref().expect("live slot");

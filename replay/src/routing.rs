@@ -293,15 +293,17 @@ impl Router {
             RoutingPolicy::Weighted { .. } => {
                 // Each instance's matched prefix, once: in full for the
                 // prefix-affinity scorer, else only whether block 0 is
-                // known (all the cold test needs).
+                // known (all the cold test needs). No index holds a
+                // private block, so the match stops before them.
                 let affinity = self
                     .weights
                     .iter()
                     .any(|(s, _)| *s == Scorer::PrefixAffinity);
+                let shared = &hashes[..private_from.min(hashes.len())];
                 let probe = if affinity {
-                    hashes
+                    shared
                 } else {
-                    &hashes[..hashes.len().min(1)]
+                    &shared[..shared.len().min(1)]
                 };
                 self.matched.clear();
                 self.matched

@@ -141,13 +141,23 @@ impl Control {
     /// request out of their hash indexes (see
     /// [`crate::routing::Router::route_private`]): exact only while request
     /// ids are unique, which the replay driver guarantees (it turns this
-    /// on, and off when an id repeats or the replay ends). Off: every block
-    /// is indexed, as they all are after it is turned off.
+    /// on for a replay, and off when an id repeats). Either way, private
+    /// blocks already held are indexed first.
     pub fn set_private_blocks(&mut self, on: bool) {
-        if !on {
-            self.router.index_all_private();
-        }
+        self.router.index_all_private();
         self.private_blocks = on;
+    }
+
+    /// Whether no request was ever routed (the router's prefix indexes
+    /// hold nothing).
+    pub fn is_pristine(&self) -> bool {
+        self.routed.iter().all(|&n| n == 0)
+    }
+
+    /// Ends a replay's private blocks without indexing them yet: that
+    /// happens before the next decision or when a replay turns them on.
+    pub fn pause_private_blocks(&mut self) {
+        self.private_blocks = false;
     }
 
     /// Records every decision with the `k` best candidates.
@@ -232,6 +242,10 @@ impl Control {
         } else {
             if self.refresh_us == 0 || self.snaps.len() != insts.len() {
                 self.refresh(insts);
+            }
+            if !self.private_blocks {
+                // Private blocks of an ended replay: shared from now on.
+                self.router.index_all_private();
             }
             self.hashes.clear();
             let mut private_from = 0;

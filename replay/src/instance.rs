@@ -446,18 +446,38 @@ impl Instance {
     /// see `blis_traces::content::private_from`) are kept out of the KV
     /// cache's hash index ([`KvCache::commit_private`]). This is exact only
     /// while request ids are unique, which the caller guarantees: the
-    /// replay driver turns it on, and off again (indexing every private
-    /// block) when an id repeats or the replay ends. Off by default.
+    /// replay driver turns it on for a replay, and off when an id repeats.
+    /// Off by default. Turning it on first indexes private blocks left by
+    /// an earlier replay (whose ids the new one may repeat); turning it off
+    /// indexes every private block at once, and requests in the system
+    /// index the rest of their blocks as they commit them.
     pub fn set_private_blocks(&mut self, on: bool) {
-        if !on {
+        self.share_private();
+        self.private_blocks = on;
+    }
+
+    /// Whether no request was ever enqueued here (its caches hold nothing).
+    pub fn is_pristine(&self) -> bool {
+        self.counters.enqueued == 0
+    }
+
+    /// Ends a replay's private blocks without indexing them yet: that
+    /// happens before the next request is enqueued or the next replay
+    /// turns them on, whichever comes first (a replay's end costs
+    /// nothing when the instance is not used again).
+    pub fn pause_private_blocks(&mut self) {
+        self.private_blocks = false;
+    }
+
+    /// Indexes every private block; requests in the system commit the rest
+    /// of their blocks to the index.
+    fn share_private(&mut self) {
+        if self.kv.has_private() {
             self.kv.index_all_private();
-            // Requests in the system commit the rest of their blocks to the
-            // index too.
             for a in self.slots.iter_mut().flatten() {
                 a.private_from = u32::MAX;
             }
         }
-        self.private_blocks = on;
     }
 
     /// Counters since start.
@@ -541,6 +561,10 @@ impl Instance {
                 hashes.len() <= own.len() && hashes[..] == own[..hashes.len()],
                 "given block hashes differ from the content's"
             );
+        }
+        if !self.private_blocks {
+            // Private blocks of an ended replay: shared from now on.
+            self.share_private();
         }
         let private_from = if self.private_blocks {
             content::private_from(req.id, &req.segments)

@@ -78,6 +78,8 @@ pub struct KvCache {
     /// prefix was last found in, which [`KvCache::match_prefix`] checks
     /// first (a hint: each block is confirmed to still hold its hash).
     chains: FxHashMap<u64, Vec<u32>>,
+    /// Whether a private hash may be outside the index.
+    has_private: bool,
     prefix_caching: bool,
     evictions: u64,
 }
@@ -105,6 +107,7 @@ impl KvCache {
             free_count: 0,
             cached: HashIndex::new(if prefix_caching { total_blocks } else { 0 }),
             chains: FxHashMap::default(),
+            has_private: false,
             prefix_caching,
             evictions: 0,
         };
@@ -326,6 +329,7 @@ impl KvCache {
         if blk.hash().is_none() {
             blk.hash_bits = hash;
             blk.ref_flags |= HASHED | PRIVATE;
+            self.has_private = true;
         }
         if let Some(p) = parent {
             self.blocks[p as usize].child = block;
@@ -353,9 +357,19 @@ impl KvCache {
     /// Puts every private hash into the hash index: from now on the cache
     /// is as if every block had been committed with [`KvCache::commit`].
     pub fn index_all_private(&mut self) {
+        if !self.has_private {
+            return;
+        }
         for b in 0..self.total() {
             self.index_private(b);
         }
+        self.has_private = false;
+    }
+
+    /// Whether some private hash may be outside the index (see
+    /// [`KvCache::commit_private`]).
+    pub fn has_private(&self) -> bool {
+        self.has_private
     }
 
     /// Registers the content hash of a full block. If another block already

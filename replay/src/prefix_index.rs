@@ -25,6 +25,8 @@ pub struct PrefixIndex {
     capacity: usize,
     /// Nodes held (indexed or not).
     len: usize,
+    /// Whether a private node may be outside the hash index.
+    has_private: bool,
     map: HashIndex,
     nodes: Vec<LruNode>,
     free: Vec<u32>,
@@ -58,6 +60,7 @@ impl PrefixIndex {
         Self {
             capacity,
             len: 0,
+            has_private: false,
             map: HashIndex::new(capacity as u32),
             nodes: Vec::new(),
             free: Vec::new(),
@@ -246,6 +249,8 @@ impl PrefixIndex {
         };
         if indexed {
             self.map.insert(h, i);
+        } else {
+            self.has_private = true;
         }
         self.len += 1;
         self.push_tail(i);
@@ -256,6 +261,9 @@ impl PrefixIndex {
     /// [`PrefixIndex::insert_private`]), as if all had been inserted with
     /// [`PrefixIndex::insert`].
     pub fn index_all_private(&mut self) {
+        if !std::mem::take(&mut self.has_private) {
+            return;
+        }
         for i in 0..self.nodes.len() {
             let n = &mut self.nodes[i];
             if n.live && !n.indexed {
@@ -290,6 +298,11 @@ impl PrefixIndex {
             self.nodes[self.tail as usize].next = i;
         }
         self.tail = i;
+    }
+
+    /// Whether a private node may be outside the hash index.
+    pub fn has_private(&self) -> bool {
+        self.has_private
     }
 
     /// Blocks held.

@@ -214,13 +214,15 @@ pub fn replay_cluster<I, S>(
     let refresh = control.refresh_interval_us();
     let flow = control.flow;
     // Blocks private to their request stay out of the hash indexes while
-    // request ids are unique (see `Instance::set_private_blocks`).
-    let private = control.private_blocks_allowed();
-    if private {
-        control.set_private_blocks(true);
-        for inst in instances.iter_mut() {
-            inst.set_private_blocks(true);
-        }
+    // request ids are unique (see `Instance::set_private_blocks`): ids are
+    // checked from here on, so only on instances and a router that hold
+    // nothing from before (a replay before may have used the same ids).
+    let private = control.private_blocks_allowed()
+        && control.is_pristine()
+        && instances.iter().all(Instance::is_pristine);
+    control.set_private_blocks(private);
+    for inst in instances.iter_mut() {
+        inst.set_private_blocks(private);
     }
     let mut d = Driver {
         insts: instances,
@@ -331,7 +333,12 @@ pub fn replay_cluster<I, S>(
             }
         }
     }
-    d.share_private_blocks();
+    if d.ids.take().is_some() {
+        d.control.pause_private_blocks();
+        for inst in d.insts.iter_mut() {
+            inst.pause_private_blocks();
+        }
+    }
     // Whatever is left at the horizon did not finish.
     for f in d.flights.into_iter().flatten() {
         sink.not_served(f.rec, f.entry_us, NotServed::Unfinished);

@@ -154,15 +154,19 @@ struct Run {
 }
 
 fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run {
-    cluster_with(bundle, cfg, reqs, true)
+    cluster_with(bundle, cfg, reqs, true, 1)
 }
 
-/// [`cluster`], keeping private blocks out of the hash indexes or not.
+/// [`cluster`], keeping private blocks out of the hash indexes or not, and
+/// replaying the requests `replays` times in a row on the same instances
+/// (each replay 10^10 µs after the last; the records of all, the summary of
+/// the last).
 fn cluster_with(
     bundle: &PolicyBundle,
     cfg: EngineConfig,
     reqs: Vec<Request>,
     private_blocks: bool,
+    replays: u32,
 ) -> Run {
     let mut cfg = cfg;
     if let Some(s) = bundle.scheduler {
@@ -173,26 +177,37 @@ fn cluster_with(
         .collect();
     let mut control = Control::new(bundle, insts.len());
     control.allow_private_blocks(private_blocks);
-    let inputs = inputs(reqs);
-    let mut sink = Collector::in_memory(0);
-    let opts = SimOptions {
-        sample_interval_us: Some(10_000),
-        horizon_us: None,
-    };
-    replay_cluster(&mut insts, &mut control, inputs, &opts, &mut sink);
-    for i in &insts {
-        i.check().expect("instance invariants at the end");
+    let mut records = Vec::new();
+    let mut summary = None;
+    for round in 0..replays {
+        let mut reqs = reqs.clone();
+        for r in &mut reqs {
+            r.arrival_time_us += i64::from(round) * 10_000_000_000;
+        }
+        let inputs = inputs(reqs);
+        let mut sink = Collector::in_memory(0);
+        let opts = SimOptions {
+            sample_interval_us: Some(10_000),
+            horizon_us: None,
+        };
+        replay_cluster(&mut insts, &mut control, inputs, &opts, &mut sink);
+        for i in &insts {
+            i.check().expect("instance invariants at the end");
+        }
+        let snaps: Vec<_> = insts.iter().map(Instance::snapshot).collect();
+        let (s, recs) = sink
+            .finish(
+                &TraceHeader::new(Mode::Replayed),
+                &blis_replay::sim::merged(&snaps),
+                "test",
+            )
+            .unwrap();
+        let mut recs = recs.unwrap();
+        recs.sort_by_key(|r| r.request.request_id);
+        records.extend(recs);
+        summary = Some(s);
     }
-    let snaps: Vec<_> = insts.iter().map(Instance::snapshot).collect();
-    let (summary, recs) = sink
-        .finish(
-            &TraceHeader::new(Mode::Replayed),
-            &blis_replay::sim::merged(&snaps),
-            "test",
-        )
-        .unwrap();
-    let mut records = recs.unwrap();
-    records.sort_by_key(|r| r.request.request_id);
+    let summary = summary.expect("one replay at least");
     Run {
         summary,
         records,
@@ -645,17 +660,18 @@ proptest! {
     /// speed-up) changes nothing: every record, the summary and every
     /// instance's counters and evictions are the same as with every block
     /// indexed, under preemption (a small cache), repeated request ids,
-    /// sessions, content keys and hash ids, for any bundle.
+    /// sessions, content keys and hash ids, for any bundle, and when the
+    /// instances replay the same requests (the same ids) again.
     #[test]
-    fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>()) {
+    fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), replays in 1u32..3) {
         let cfg = EngineConfig {
             max_num_seqs: 8,
             total_kv_blocks: if small_kv { 300 } else { 3000 },
             max_num_batched_tokens: 1024,
             ..EngineConfig::default()
         };
-        let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true);
-        let plain = cluster_with(&b, cfg, reqs, false);
+        let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true, replays);
+        let plain = cluster_with(&b, cfg, reqs, false, replays);
         prop_assert_eq!(format!("{:?}", fast.records), format!("{:?}", plain.records));
         prop_assert_eq!(
             serde_json::to_string(&fast.summary).unwrap(),

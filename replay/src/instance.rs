@@ -390,8 +390,6 @@ pub struct Instance {
     spare_scheduled: Vec<(u32, u32)>,
     spare_ends: Vec<i64>,
     spare_phase: Vec<u32>,
-    /// Hashes about to be committed (see `KvCache::prepare_commits`).
-    spare_hashes: Vec<u64>,
     /// Waiting requests per SLO class (`class`, capped at 7).
     waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
@@ -421,7 +419,6 @@ impl Instance {
             spare_scheduled: Vec::new(),
             spare_ends: Vec::new(),
             spare_phase: Vec::new(),
-            spare_hashes: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
         }
@@ -750,16 +747,12 @@ impl Instance {
             let mut groups = std::mem::take(&mut self.groups);
             for j in 1..=k {
                 let g = &groups[(j % bs) as usize];
-                if g.len() > 1 {
-                    self.prepare_commits(g.iter().map(|&slot| (slot, j)), bs);
-                }
                 for &slot in g {
                     // The request's j-th token fills a block: register it.
                     let filled = (self.act(slot).num_computed + j) / bs;
                     self.commit_hashes_upto(slot, filled);
                 }
                 if j < k || continues {
-                    self.kv.prepare_fresh(g.len() as u32);
                     for &slot in g {
                         let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
                         let ok = self.kv.allocate(&mut blocks, &[], 1);
@@ -787,9 +780,6 @@ impl Instance {
             }
             self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
         } else {
-            if run.scheduled.len() > 1 {
-                self.prepare_commits(run.scheduled.iter().copied(), bs);
-            }
             for &(slot, n) in &run.scheduled {
                 let a = self.act_mut(slot);
                 a.num_computed += n;
@@ -849,30 +839,6 @@ impl Instance {
                 i += 1;
             }
         }
-    }
-
-    /// Reads ahead, together, the index slots that committing the blocks
-    /// filled by `(slot, new tokens)` will probe (see
-    /// `KvCache::prepare_commits`).
-    fn prepare_commits(&mut self, filled: impl Iterator<Item = (u32, u32)>, bs: u32) {
-        if !self.kv.prefix_caching() {
-            return;
-        }
-        let mut hashes = std::mem::take(&mut self.spare_hashes);
-        hashes.clear();
-        for (slot, n) in filled {
-            let a = self.slots[slot as usize].as_mut().expect("live slot");
-            let mut upto = ((a.num_computed + n) / bs).min(a.blocks.len() as u32);
-            if a.preemptions == 0 {
-                // Private blocks are not indexed.
-                upto = upto.min(a.private_from);
-            }
-            for j in a.hashed..upto {
-                hashes.push(a.hash(bs, j));
-            }
-        }
-        self.kv.prepare_commits(&hashes);
-        self.spare_hashes = hashes;
     }
 
     /// Registers the hashes of the request's blocks `[hashed, upto)`.

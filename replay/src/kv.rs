@@ -275,7 +275,6 @@ impl KvCache {
             self.blocks[b as usize].ref_flags += 1;
             table.push(b);
         }
-        self.prepare_fresh(new_blocks);
         for _ in 0..new_blocks {
             let b = self.free_head;
             debug_assert_ne!(b, NIL, "checked by can_allocate");
@@ -396,35 +395,6 @@ impl KvCache {
         };
         if let Some(p) = parent {
             self.blocks[p as usize].child = holder;
-        }
-    }
-
-    /// Fetches, together, the index slots of the contents that the next
-    /// `n` fresh blocks will lose (see `HashIndex::touch`); call before
-    /// allocating them, one call or several.
-    pub fn prepare_fresh(&self, n: u32) {
-        if self.prefix_caching && n > 1 {
-            let mut b = self.free_head;
-            let mut seen = 0u64;
-            for _ in 0..n.min(self.free_count) {
-                let blk = &self.blocks[b as usize];
-                if let Some(h) = blk.indexed_hash() {
-                    seen ^= self.cached.touch(h);
-                }
-                b = blk.next;
-            }
-            std::hint::black_box(seen);
-        }
-    }
-
-    /// Fetches the index slots that committing `hashes` will probe,
-    /// together (see `HashIndex::touch`); call before a batch of commits.
-    pub fn prepare_commits(&self, hashes: &[u64]) {
-        if self.prefix_caching && hashes.len() > 1 {
-            let seen = hashes
-                .iter()
-                .fold(0u64, |acc, &h| acc ^ self.cached.touch(h));
-            std::hint::black_box(seen);
         }
     }
 

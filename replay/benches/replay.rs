@@ -8,7 +8,8 @@
 //!   instance with blackbox coefficients (targets ≤ 1 s and ≤ 10 s);
 //! - `cluster_100k_16_weighted`: 100K requests of
 //!   `examples/policy_search/shared-prefixes.yaml` over 16 instances with
-//!   weighted routing (prefix-affinity:3, queue-depth:2, kv-utilization:2).
+//!   weighted routing (prefix-affinity:3, queue-depth:2, kv-utilization:2;
+//!   target ≤ 1 s).
 
 use std::path::PathBuf;
 

@@ -174,9 +174,9 @@ impl KvCache {
     /// [`KvCache::lookup`] of the block after `parent` in a chain (the
     /// cached block holding the previous block's content, if any): the
     /// same answer, found by following the child recorded at commit time
-    /// when it still holds `hash` (a block holding a hash is always the
-    /// map's entry for it), so a cached prefix costs one block read per
-    /// block instead of a hash-map probe.
+    /// when it still holds `hash` (no two blocks hold the same hash, so a
+    /// block holding it is the answer), so a cached prefix costs one block
+    /// read per block instead of a hash-index probe.
     pub fn lookup_after(&self, parent: Option<u32>, hash: u64) -> Option<u32> {
         if let Some(p) = parent {
             let c = self.blocks[p as usize].child;

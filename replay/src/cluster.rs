@@ -266,8 +266,9 @@ impl Control {
                     running: s.running,
                     kv_usage: s.kv_usage(),
                     in_flight: self.in_flight[i],
+                    // (No cache holds another request's private blocks.)
                     cached_blocks: if query {
-                        insts[i].kv().matched(&self.hashes) as u32
+                        insts[i].kv().matched(&self.hashes[..private_from]) as u32
                     } else {
                         0
                     },

@@ -394,6 +394,8 @@ pub struct Instance {
     waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
     private_blocks: bool,
+    /// Whether a request in the system may have a private part.
+    private_live: bool,
 }
 
 impl Instance {
@@ -421,6 +423,7 @@ impl Instance {
             spare_phase: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
+            private_live: false,
         }
     }
 
@@ -467,10 +470,11 @@ impl Instance {
     }
 
     /// Indexes every private block; requests in the system commit the rest
-    /// of their blocks to the index.
+    /// of their blocks to the index (also those that have committed no
+    /// private block yet).
     fn share_private(&mut self) {
-        if self.kv.has_private() {
-            self.kv.index_all_private();
+        self.kv.index_all_private();
+        if std::mem::take(&mut self.private_live) {
             for a in self.slots.iter_mut().flatten() {
                 a.private_from = u32::MAX;
             }
@@ -569,6 +573,7 @@ impl Instance {
         } else {
             u32::MAX
         };
+        self.private_live |= private_from != u32::MAX;
         let a = Active {
             req,
             key,

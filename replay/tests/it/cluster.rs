@@ -615,6 +615,40 @@ fn flow_control_routes_urgent_requests_first_when_room_frees() {
     assert!(first(8) < first(7));
 }
 
+/// A repeated request id arriving while the first request with that id
+/// runs but has committed nothing private yet (its prompt is all shared
+/// prefix; its output will fill the block the second one's body reaches):
+/// the first must commit the rest of its blocks to the index, or both
+/// would hold the same content. Found by the property test below.
+#[test]
+fn a_repeated_id_shares_the_first_requests_later_blocks() {
+    let reqs = vec![
+        with_prefix(req(6, 0, 600, 9), "g1", 600),
+        with_prefix(req(6, 6734, 1024, 17), "g1", 600),
+        req(1002, 20821, 1, 1),
+    ];
+    let b = bundle(1, RoutingPolicy::RoundRobin);
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        total_kv_blocks: 3000,
+        max_num_batched_tokens: 1024,
+        ..EngineConfig::default()
+    };
+    let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true, 1);
+    let plain = cluster_with(&b, cfg, reqs, false, 1);
+    // (Before the fix, indexing the first's later private block panicked:
+    // its content was held twice.)
+    assert_eq!(
+        format!("{:?}", fast.records),
+        format!("{:?}", plain.records)
+    );
+    assert_eq!(fast.insts[0].counters(), plain.insts[0].counters());
+    assert_eq!(
+        fast.insts[0].kv().evictions(),
+        plain.insts[0].kv().evictions()
+    );
+}
+
 prop_compose! {
     /// Requests mixing every kind of content: shared prefixes, bodies of
     /// their own, sessions (a round's input holds the last one's output),
@@ -654,7 +688,7 @@ prop_compose! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// Keeping blocks private to their request out of the hash indexes (a
     /// speed-up) changes nothing: every record, the summary and every

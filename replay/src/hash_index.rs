@@ -74,14 +74,6 @@ impl HashIndex {
         }
     }
 
-    /// Reads `hash`'s home slot and returns it (meaningless as a value):
-    /// a batch of such reads, issued before the batch's real operations,
-    /// lets the processor fetch the slots' cache lines in parallel instead
-    /// of one miss at a time (a safe stand-in for a prefetch).
-    pub(crate) fn touch(&self, hash: u64) -> u64 {
-        self.slots[self.home(hash)]
-    }
-
     /// Adds `hash` → `block` (an id); the caller ensures `hash` is absent
     /// and the capacity is not exceeded.
     pub(crate) fn insert(&mut self, hash: u64, block: u32) {

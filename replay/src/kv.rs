@@ -365,12 +365,6 @@ impl KvCache {
         self.has_private = false;
     }
 
-    /// Whether some private hash may be outside the index (see
-    /// [`KvCache::commit_private`]).
-    pub fn has_private(&self) -> bool {
-        self.has_private
-    }
-
     /// Registers the content hash of a full block. If another block already
     /// holds that content, this one stays unregistered (as vLLM does).
     /// `parent`: the block before it in the request's table, whose chain

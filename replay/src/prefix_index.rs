@@ -142,13 +142,6 @@ impl PrefixIndex {
             None => 0,
         };
         let private_from = private_from.min(hashes.len());
-        if private_from > known + 1 {
-            // Fetch the rest's index slots together.
-            let seen = hashes[known..private_from]
-                .iter()
-                .fold(0u64, |acc, &h| acc ^ self.map.touch(h));
-            std::hint::black_box(seen);
-        }
         // `found` holds the nodes of the first `known` hashes. They are all
         // touched before the first new node is added, so no eviction in
         // this loop takes one of them first.
@@ -298,11 +291,6 @@ impl PrefixIndex {
             self.nodes[self.tail as usize].next = i;
         }
         self.tail = i;
-    }
-
-    /// Whether a private node may be outside the hash index.
-    pub fn has_private(&self) -> bool {
-        self.has_private
     }
 
     /// Blocks held.

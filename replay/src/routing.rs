@@ -219,12 +219,6 @@ impl Router {
         }
     }
 
-    /// Whether some prefix index may hold private blocks outside its hash
-    /// index.
-    pub fn has_private(&self) -> bool {
-        self.index.iter().any(PrefixIndex::has_private)
-    }
-
     /// Whether decisions need the request's block hashes.
     pub fn needs_hashes(&self) -> bool {
         self.weights.iter().any(|(s, _)| {

@@ -34,7 +34,7 @@ pub enum Command {
         blis-loadgen run --server-url http://127.0.0.1:8000 --model m --rate 20 --num-requests 1000 \\\n      \
             --input-tokens gaussian:512,128 --output-tokens 128 --out out/synthetic\n  \
         blis-loadgen run --server-url http://127.0.0.1:8000 --model m --trace out/real.yaml --out out/again\n\n\
-        Exit codes: 0 valid run; 1 error; 2 usage; 3 client-bound with --strict; 4 interrupted.")]
+        Exit codes: 0 valid run; 1 error; 2 usage; 3 client-bound with --strict; 4 interrupted; 5 failed (more requests failed than --max-error-rate allows).")]
     Run(Box<RunArgs>),
 }
 
@@ -181,6 +181,10 @@ pub struct RunArgs {
     /// Exit with code 3 when the run was client-bound.
     #[arg(long)]
     pub strict: bool,
+    /// The run failed (verdict `failed`, exit code 5) when more than this
+    /// share of the requests that got an answer failed, or all of them did.
+    #[arg(long, default_value_t = 0.5, value_name = "FRACTION")]
+    pub max_error_rate: f64,
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub grace_s: f64,

@@ -236,6 +236,36 @@ fn error_text(v: &Value) -> String {
     one_line(&m, 300)
 }
 
+/// The text of a non-JSON error body on one line, at most 200 characters:
+/// an HTML page (a server that is not OpenAI-compatible, a proxy's error
+/// page) is reduced to the text of its body.
+fn error_body_text(body: &str) -> String {
+    let t = body.trim_start();
+    let html = t.starts_with('<')
+        && t.get(..t.len().min(512))
+            .is_some_and(|h| h.to_ascii_lowercase().contains("html"));
+    if !html {
+        return one_line(body, 200);
+    }
+    let lower = t.to_ascii_lowercase();
+    let from = lower.find("<body").unwrap_or(0);
+    let mut text = String::with_capacity(t.len().min(4096));
+    let mut in_tag = false;
+    for c in t[from..].chars() {
+        match c {
+            '<' => {
+                in_tag = true;
+                text.push(' ');
+            }
+            '>' => in_tag = false,
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    let words: Vec<&str> = text.split_whitespace().collect();
+    one_line(&words.join(" "), 200)
+}
+
 fn one_line(s: &str, max: usize) -> String {
     let s: String = s
         .chars()
@@ -448,7 +478,7 @@ impl Endpoint {
             let detail = serde_json::from_str::<Value>(&text)
                 .ok()
                 .and_then(|v| v.get("error").map(error_text))
-                .unwrap_or_else(|| one_line(&text, 300));
+                .unwrap_or_else(|| error_body_text(&text));
             return Err(Failure::new(
                 ErrorKind::Http(status.as_u16()),
                 format!("HTTP {status}{retry}: {detail}"),
@@ -679,6 +709,20 @@ mod tests {
         assert_eq!(f.message(), "http_429: HTTP 429 Too Many Requests");
         assert_eq!(error_label(&f.message()), "http_429");
         assert_eq!(error_label("free text without kind"), "other");
+    }
+
+    #[test]
+    fn an_html_error_page_becomes_one_short_line_of_its_text() {
+        let page = "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: 501</p>\n        <p>Message: Unsupported method ('POST').</p>\n        <p>Error code explanation: 501 - Server does not support this operation.</p>\n    </body>\n</html>\n";
+        assert_eq!(
+            error_body_text(page),
+            "Error response Error code: 501 Message: Unsupported method ('POST'). Error code explanation: 501 - Server does not support this operation."
+        );
+        let long = format!("<html><body>{}</body></html>", "word ".repeat(500));
+        let t = error_body_text(&long);
+        assert!(t.chars().count() <= 201 && t.ends_with('…'), "{t}");
+        assert_eq!(error_body_text("plain\ntext"), "plain text");
+        assert_eq!(error_body_text(&"x".repeat(1000)).chars().count(), 201);
     }
 
     #[test]

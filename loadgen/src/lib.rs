@@ -47,6 +47,9 @@ pub mod exit_code {
     pub const CLIENT_BOUND: i32 = 3;
     /// `run` was interrupted by SIGINT/SIGTERM (the trace is complete).
     pub const INTERRUPTED: i32 = 4;
+    /// `run` failed: more of its requests failed than `--max-error-rate`
+    /// allows, or all of them did (the trace is complete).
+    pub const FAILED: i32 = 5;
 }
 
 /// Runs the command in `opts`, writing its human-readable output to `out`,

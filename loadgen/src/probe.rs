@@ -21,6 +21,10 @@ pub struct TokensPerWord {
     pub value: f64,
     /// `tokenize`, `calibration request` or `assumed`.
     pub source: &'static str,
+    /// Why the calibration request failed, when it was sent and did
+    /// (`http_501: ...`): the run's requests are likely to fail the same
+    /// way.
+    pub calibration_failure: Option<String>,
 }
 
 /// What the server told us before the run.
@@ -150,6 +154,7 @@ pub async fn tokens_per_word(
             return TokensPerWord {
                 value: prompt::measure_tokens_per_word(n, words),
                 source: "tokenize",
+                calibration_failure: None,
             };
         }
     }
@@ -170,18 +175,24 @@ pub async fn tokens_per_word(
         ep.send(body, false, "blis-calibration", &clock, &mut cap),
     )
     .await;
-    if let Ok(Ok(())) = sent
-        && let Some(n) = cap.prompt_tokens
-        && n > 0
-    {
-        return TokensPerWord {
-            value: prompt::measure_tokens_per_word(u64::from(n), words),
-            source: "calibration request",
-        };
-    }
+    let calibration_failure = match sent {
+        Ok(Ok(())) => {
+            if let Some(n) = cap.prompt_tokens.filter(|n| *n > 0) {
+                return TokensPerWord {
+                    value: prompt::measure_tokens_per_word(u64::from(n), words),
+                    source: "calibration request",
+                    calibration_failure: None,
+                };
+            }
+            None
+        }
+        Ok(Err(f)) => Some(f.message()),
+        Err(_) => Some("timeout: no answer in 60 s".to_string()),
+    };
     TokensPerWord {
         value: 1.3,
         source: "assumed",
+        calibration_failure,
     }
 }
 

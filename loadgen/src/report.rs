@@ -177,7 +177,17 @@ pub struct Summary {
     pub client: ClientCost,
     /// The run was interrupted (SIGINT/SIGTERM).
     pub interrupted: bool,
-    /// `valid`, `client-bound: ...` or `interrupted: ...`.
+    /// Share of the requests that got an answer (`ok`, `error`,
+    /// `timeout`; warm-up included) that failed (`error` or `timeout`);
+    /// `None` when no request got one.
+    pub error_rate: Option<f64>,
+    /// The error rate above which the run failed (`--max-error-rate`).
+    pub max_error_rate: f64,
+    /// Whether the run failed: its error rate is above `max_error_rate`,
+    /// or every request that got an answer failed.
+    pub failed: bool,
+    /// `valid`, `failed: ...`, `interrupted: ...` or `client-bound: ...`,
+    /// in that order of precedence.
     pub verdict: String,
 }
 
@@ -200,6 +210,8 @@ pub struct SummaryInputs {
     pub cpu_time_s: Option<f64>,
     /// Interrupted by a signal.
     pub interrupted: bool,
+    /// The error rate above which the run failed, in [0, 1].
+    pub max_error_rate: f64,
 }
 
 /// The intended send time of a row, Unix µs.
@@ -401,7 +413,14 @@ pub fn summarize(
             .filter(|_| counts.sent > 0)
             .map(|s| s * 1e6 / counts.sent as f64),
     };
-    let verdict = if inp.interrupted {
+    let answered = counts.ok + counts.error + counts.timeout;
+    let failures = counts.error + counts.timeout;
+    let error_rate = (answered > 0).then(|| failures as f64 / answered as f64);
+    let failed = answered > 0
+        && (failures == answered || failures as f64 > inp.max_error_rate * answered as f64);
+    let verdict = if failed {
+        failed_verdict(&errors, failures, answered, inp.max_error_rate)
+    } else if inp.interrupted {
         format!(
             "interrupted: {} of {} requests completed; the rest are recorded as cancelled",
             counts.ok + counts.error + counts.timeout,
@@ -429,8 +448,61 @@ pub fn summarize(
         schedule,
         client,
         interrupted: inp.interrupted,
+        error_rate,
+        max_error_rate: inp.max_error_rate,
+        failed,
         verdict,
     }
+}
+
+/// The verdict of a run whose requests mostly failed, with a hint when
+/// the failures say the server is not what the run took it for.
+fn failed_verdict(
+    errors: &BTreeMap<String, u64>,
+    failures: u64,
+    answered: u64,
+    max_error_rate: f64,
+) -> String {
+    let mut kinds: Vec<(&String, &u64)> = errors
+        .iter()
+        .filter(|(k, _)| !k.starts_with("cancelled") && !k.starts_with("not_sent"))
+        .collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let list: Vec<String> = kinds
+        .iter()
+        .take(3)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let mut v = if failures == answered {
+        format!(
+            "failed: all {answered} requests that got an answer failed ({})",
+            list.join(", ")
+        )
+    } else {
+        format!(
+            "failed: {failures} of {answered} requests failed ({:.1}% > --max-error-rate {:.1}%; {})",
+            100.0 * failures as f64 / answered as f64,
+            100.0 * max_error_rate,
+            list.join(", ")
+        )
+    };
+    let hint = match kinds.first().map(|(k, _)| k.as_str()) {
+        Some("http_404" | "http_405" | "http_501") => {
+            "; the server does not serve this API path: is it OpenAI-compatible? (check --server-url and --api)"
+        }
+        Some("http_401" | "http_403") => {
+            "; the server refused the requests: give --api-key or BLIS_API_KEY"
+        }
+        Some("http_400" | "http_422") => {
+            "; the server rejected the request body: check --model, --api and --server-type (sampling options such as ignore_eos)"
+        }
+        Some("connect") => "; the server could not be reached during the run",
+        Some("timeout") => "; the server did not answer within --timeout-s",
+        _ => "",
+    };
+    v.push_str(hint);
+    v.push_str("; the latencies describe only the requests that succeeded");
+    v
 }
 
 impl Summary {
@@ -640,6 +712,85 @@ mod tests {
             r.outcome.cached_tokens = Some(0);
         }
         assert!(summary(&recs).warm_cache_warning.is_none());
+    }
+
+    fn failed_row(id: u64, msg: &str) -> TraceRecord {
+        let mut r = row(id, 0, 1, 0, 2, 3);
+        r.outcome.status = Some(Status::Error);
+        r.outcome.first_chunk_time_us = None;
+        r.outcome.error_message = msg.to_string();
+        r
+    }
+
+    fn summary_at(recs: &[TraceRecord], max_error_rate: f64, interrupted: bool) -> Summary {
+        summarize(
+            recs,
+            &BTreeMap::new(),
+            &SummaryInputs {
+                max_send_lag_ms: 10.0,
+                max_error_rate,
+                interrupted,
+                ..SummaryInputs::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_run_whose_requests_all_failed_is_failed_not_valid() {
+        let recs: Vec<TraceRecord> = (0..20)
+            .map(|i| {
+                failed_row(
+                    i,
+                    "http_501: HTTP 501 Not Implemented: Unsupported method ('POST')",
+                )
+            })
+            .collect();
+        let s = summary_at(&recs, 0.5, false);
+        assert!(s.failed);
+        assert_eq!(s.error_rate, Some(1.0));
+        assert!(
+            s.verdict
+                .starts_with("failed: all 20 requests that got an answer failed (http_501 20)"),
+            "{}",
+            s.verdict
+        );
+        assert!(
+            s.verdict.contains("is it OpenAI-compatible?"),
+            "{}",
+            s.verdict
+        );
+        // All failed fails the run even when any error rate is allowed.
+        assert!(summary_at(&recs, 1.0, false).failed);
+        // And it outranks an interruption.
+        assert!(summary_at(&recs, 0.5, true).verdict.starts_with("failed: "));
+    }
+
+    #[test]
+    fn the_error_rate_threshold_decides_between_valid_and_failed() {
+        let mut recs: Vec<TraceRecord> = (0..10).map(|i| row(i, 0, 1, 2, 3, 3)).collect();
+        for r in recs.iter_mut().take(4) {
+            *r = failed_row(r.request.request_id, "http_503: HTTP 503");
+        }
+        let s = summary_at(&recs, 0.5, false);
+        assert_eq!((s.failed, s.error_rate), (false, Some(0.4)));
+        assert_eq!(s.verdict, "valid");
+        let s = summary_at(&recs, 0.3, false);
+        assert!(s.failed);
+        assert!(
+            s.verdict.starts_with(
+                "failed: 4 of 10 requests failed (40.0% > --max-error-rate 30.0%; http_503 4)"
+            ),
+            "{}",
+            s.verdict
+        );
+        // Requests cancelled by an interruption are not failures.
+        for r in &mut recs {
+            r.outcome.status = Some(Status::Cancelled);
+            r.outcome.error_message = "cancelled: the run was interrupted".into();
+        }
+        let s = summary_at(&recs, 0.0, true);
+        assert_eq!((s.failed, s.error_rate), (false, None));
+        assert!(s.verdict.starts_with("interrupted: "));
     }
 
     #[test]

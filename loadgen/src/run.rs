@@ -480,6 +480,12 @@ fn check_args(args: &RunArgs) -> anyhow::Result<Option<Slo>> {
             args.max_send_lag_ms
         );
     }
+    if !(0.0..=1.0).contains(&args.max_error_rate) {
+        bail!(
+            "--max-error-rate must be a fraction in [0, 1], got {}",
+            args.max_error_rate
+        );
+    }
     if let Some(d) = args.duration_s
         && !(d > 0.0 && d.is_finite())
     {
@@ -516,7 +522,7 @@ fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
 }
 
 /// `blis-loadgen run`. Returns the process exit code: 0 valid, 3
-/// client-bound with `--strict`, 4 interrupted.
+/// client-bound with `--strict`, 4 interrupted, 5 failed.
 ///
 /// # Errors
 /// Bad options or workload, an unreachable server, unwritable output.
@@ -537,7 +543,9 @@ pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     } else {
         write!(out, "{}", summary.to_markdown())?;
     }
-    Ok(if summary.interrupted {
+    Ok(if summary.failed {
+        exit_code::FAILED
+    } else if summary.interrupted {
         exit_code::INTERRUPTED
     } else if summary.schedule.client_bound && args.strict {
         exit_code::CLIENT_BOUND
@@ -615,6 +623,11 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     .map_err(anyhow::Error::msg)?;
     let tpw =
         probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
+    if let Some(f) = &tpw.calibration_failure {
+        eprintln!(
+            "warning: a one-token test request to {base} failed ({f}); the run's requests will likely fail the same way"
+        );
+    }
     let metrics_url = args
         .metrics_url
         .clone()
@@ -810,13 +823,17 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
                     "interrupted: no more sends; waiting up to {:.1} s for {n} requests in flight (signal again to cancel them now)",
                     args.grace_s
                 ));
-                tokio::select! {
-                    () = &mut all_done => {}
-                    () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => {}
-                    () = signals.recv() => {}
-                }
+                // `all_done` may finish inside the grace period; a finished
+                // future must not be polled again.
+                let finished = tokio::select! {
+                    () = &mut all_done => true,
+                    () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => false,
+                    () = signals.recv() => false,
+                };
                 sh.cancel.send_replace(true);
-                all_done.await;
+                if !finished {
+                    all_done.await;
+                }
             }
         }
     }
@@ -888,6 +905,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
             slo,
             cpu_time_s: cpu,
             interrupted,
+            max_error_rate: args.max_error_rate,
         },
     );
     header.load_generator = Some(LoadGeneratorInfo {

@@ -1,58 +1,75 @@
-//! Acceptance 3 (its own test binary: it runs for about 10 s and must not
-//! compete with other tests): SIGINT halfway through a 20 s run. Sending
-//! stops, requests in flight get the grace period, every completed request
-//! is in the CSV, the rest are `cancelled`, the bundle reads back cleanly,
-//! and the exit code says "interrupted".
+//! SIGINT to a real `blis-loadgen` child process (its own test binary:
+//! the tests run one at a time for about 20 s and must not compete with
+//! other tests). Three outcomes of the grace period:
+//! - it expires: sending stops, requests in flight get `--grace-s`, every
+//!   completed request is in the CSV, the rest are `cancelled`;
+//! - every request in flight finishes inside it (this once panicked with
+//!   "async fn resumed after completion");
+//! - a second signal cancels the requests in flight at once.
+//!
+//! In each the bundle reads back cleanly with a completed header, the
+//! summary is printed and the exit code says "interrupted".
 
 #[allow(dead_code, reason = "shared with the it test binary")]
 #[path = "it/common.rs"]
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use blis_traces::{Status, Trace};
-use common::{MODEL, Mock, s};
+use common::{MODEL, Mock, s, serial};
 
-#[cfg(unix)]
-#[test]
-fn sigint_halfway_keeps_every_completed_request() {
-    let mock = Mock::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = dir.path().join("interrupted");
-    let n = 400u64;
+/// Starts `blis-loadgen run` against `url` with `args`, sends SIGINT at
+/// each of `signals_at` (from the start), and returns its output and how
+/// long it took to exit after the first signal.
+fn interrupted_run(
+    url: &str,
+    args: &[&str],
+    prefix: &Path,
+    signals_at: &[Duration],
+) -> (Output, Duration) {
     let child = Command::new(assert_cmd::cargo::cargo_bin!("blis-loadgen"))
-        .args(["run", "--server-url", &mock.url, "--model", MODEL])
-        .args(["--rate", "20", "--num-requests", &n.to_string()])
-        .args(["--input-tokens", "200", "--output-tokens", "60"])
-        .args([
-            "--grace-s",
-            "0.3",
-            "--scrape-interval-ms",
-            "500",
-            "--out",
-            s(&prefix),
-        ])
+        .args(["run", "--server-url", url, "--model", MODEL])
+        .args(args)
+        .args(["--scrape-interval-ms", "500", "--out", s(prefix)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(10));
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let t0 = Instant::now();
+    let start = Instant::now();
+    let mut first = None;
+    for at in signals_at {
+        if let Some(left) = at.checked_sub(start.elapsed()) {
+            std::thread::sleep(left);
+        }
+        let killed = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        first.get_or_insert_with(Instant::now);
+    }
     let out = child.wait_with_output().unwrap();
+    (out, first.unwrap().elapsed())
+}
+
+/// What every interrupted run promises: exit code 4, the message and the
+/// verdict, and a bundle that reads back with every planned request once
+/// and a completed header.
+fn check_interrupted(out: &Output, prefix: &Path, n: u64) -> Trace {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(t0.elapsed() < Duration::from_secs(5), "stopped promptly");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("interrupted: no more sends"), "{stderr}");
     assert!(stdout.contains("verdict: interrupted"), "{stdout}");
-
+    assert!(
+        stdout.starts_with("requests: ") && stdout.contains("send lag (ms)"),
+        "the summary is printed: {stdout}"
+    );
     let t = Trace::read(&prefix.with_extension("yaml")).expect("the bundle reads back");
     assert!(
         t.header.load_generator.is_some(),
@@ -65,6 +82,36 @@ fn sigint_halfway_keeps_every_completed_request() {
         (0..n).collect::<Vec<u64>>(),
         "every planned request, once"
     );
+    t
+}
+
+#[cfg(unix)]
+#[test]
+fn sigint_halfway_keeps_every_completed_request() {
+    let _serial = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("interrupted");
+    let n = 400u64;
+    let (out, took) = interrupted_run(
+        &mock.url,
+        &[
+            "--rate",
+            "20",
+            "--num-requests",
+            &n.to_string(),
+            "--input-tokens",
+            "200",
+            "--output-tokens",
+            "60",
+            "--grace-s",
+            "0.3",
+        ],
+        &prefix,
+        &[Duration::from_secs(10)],
+    );
+    assert!(took < Duration::from_secs(5), "stopped promptly");
+    let t = check_interrupted(&out, &prefix, n);
 
     let served: BTreeMap<String, u32> = mock
         .served()
@@ -130,5 +177,118 @@ fn sigint_halfway_keeps_every_completed_request() {
     assert!(
         ok >= 120 && cut >= 1 && unsent >= 150,
         "{ok} {cut} {unsent}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn requests_that_finish_inside_the_grace_period_end_the_run_cleanly() {
+    let _serial = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("graceful");
+    // 20 req/s of ~0.35 s requests: about 7 in flight at the signal, all
+    // done well inside the 20 s grace.
+    let n = 200u64;
+    let (out, took) = interrupted_run(
+        &mock.url,
+        &[
+            "--rate",
+            "20",
+            "--num-requests",
+            &n.to_string(),
+            "--output-tokens",
+            "50",
+            "--grace-s",
+            "20",
+        ],
+        &prefix,
+        &[Duration::from_secs(3)],
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the run ends when its requests do, not at the end of the grace ({took:?})"
+    );
+    let t = check_interrupted(&out, &prefix, n);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("waiting up to 20.0 s"), "{stderr}");
+    let served = mock.served().len();
+    let (mut ok, mut unsent) = (0, 0);
+    for r in &t.records {
+        let o = &r.outcome;
+        match o.status {
+            Some(Status::Ok) => ok += 1,
+            Some(Status::Cancelled) if o.send_time_us.is_none() => {
+                assert!(
+                    o.error_message.starts_with("not_sent: "),
+                    "{}",
+                    o.error_message
+                );
+                unsent += 1;
+            }
+            other => panic!(
+                "request {}: {other:?} {}: every request sent finishes inside the grace",
+                r.request.request_id, o.error_message
+            ),
+        }
+    }
+    assert_eq!(ok, served, "every request the server served is ok");
+    assert!(ok >= 20 && unsent >= 100, "{ok} ok, {unsent} never sent");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_second_signal_cancels_the_requests_in_flight() {
+    let _serial = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("twice");
+    // 2,000-token outputs take ~15 s: every request sent is still in
+    // flight at the second signal, a second after the first.
+    let n = 40u64;
+    let (out, took) = interrupted_run(
+        &mock.url,
+        &[
+            "--rate",
+            "4",
+            "--num-requests",
+            &n.to_string(),
+            "--output-tokens",
+            "2000",
+            "--grace-s",
+            "120",
+        ],
+        &prefix,
+        &[Duration::from_secs(2), Duration::from_secs(3)],
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the second signal ends the grace period ({took:?})"
+    );
+    let t = check_interrupted(&out, &prefix, n);
+    let (mut cut, mut unsent) = (0, 0);
+    for r in &t.records {
+        let o = &r.outcome;
+        match o.status {
+            Some(Status::Cancelled) if o.send_time_us.is_some() => {
+                assert!(
+                    o.error_message
+                        .starts_with("cancelled: the run was interrupted"),
+                    "{}",
+                    o.error_message
+                );
+                assert!(o.num_chunks < r.request.output_tokens);
+                cut += 1;
+            }
+            Some(Status::Cancelled) => unsent += 1,
+            other => panic!(
+                "request {}: {other:?} {}",
+                r.request.request_id, o.error_message
+            ),
+        }
+    }
+    assert!(
+        cut >= 3 && unsent >= 25,
+        "{cut} cut short, {unsent} never sent"
     );
 }

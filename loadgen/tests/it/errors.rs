@@ -137,3 +137,149 @@ fn the_api_key_never_appears_in_output_or_trace() {
     assert!(!everything.contains(key));
     assert!(!everything.contains("very-secret"));
 }
+
+/// A server that is not OpenAI-compatible, answering like
+/// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML).
+fn start_static_file_server() -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn);
+                let mut first = String::new();
+                if r.read_line(&mut first).is_err() {
+                    return;
+                }
+                let mut len = 0usize;
+                loop {
+                    let mut l = String::new();
+                    if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; len];
+                let _ = r.read_exact(&mut body);
+                let (code, reason, msg) = if first.starts_with("GET") {
+                    (404, "File not found", "File not found")
+                } else {
+                    (
+                        501,
+                        "Unsupported method ('POST')",
+                        "Unsupported method ('POST')",
+                    )
+                };
+                let page = format!(
+                    "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: {code}</p>\n        <p>Message: {msg}.</p>\n        <p>Error code explanation: {code} - {}.</p>\n    </body>\n</html>\n",
+                    "x".repeat(400)
+                );
+                let mut conn = r.into_inner();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.0 {code} {reason}\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\nContent-Type: text/html;charset=utf-8\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{page}",
+                    page.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+#[test]
+fn a_server_that_is_not_openai_compatible_fails_the_run() {
+    let _g = crate::common::serial();
+    let url = start_static_file_server();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("static");
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m"])
+        .args(["--rate", "20", "--num-requests", "20", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("verdict: failed: all 20 requests that got an answer failed (http_501 20)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("is it OpenAI-compatible?"), "{stdout}");
+    assert!(
+        stderr.contains("warning: a one-token test request") && stderr.contains("http_501"),
+        "warned before the run: {stderr}"
+    );
+    // The trace is complete, and holds a short line of the error page's
+    // text, not the page.
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 20);
+    assert!(t.header.load_generator.is_some());
+    for r in &t.records {
+        let m = &r.outcome.error_message;
+        assert_eq!(r.outcome.status, Some(Status::Error));
+        assert!(
+            m.starts_with("http_501: HTTP 501 Not Implemented: Error response Error code: 501 Message: Unsupported method ('POST')."),
+            "{m}"
+        );
+        assert!(!m.contains('<') && m.chars().count() < 260, "{m}");
+    }
+}
+
+#[test]
+fn max_error_rate_sets_how_many_failures_fail_the_run() {
+    let _g = crate::common::serial();
+    let mock = Mock::start(&["--fault-500-rate", "0.5", "--seed", "7"]);
+    let dir = tempfile::tempdir().unwrap();
+    let run = |max: &str| {
+        loadgen()
+            .args(["run", "--server-url", &mock.url, "--model", MODEL])
+            .args([
+                "--rate",
+                "50",
+                "--num-requests",
+                "60",
+                "--output-tokens",
+                "4",
+            ])
+            .args([
+                "--scrape-interval-ms",
+                "0",
+                "--max-error-rate",
+                max,
+                "--json",
+            ])
+            .arg("--out")
+            .arg(dir.path().join(format!("faults-{max}")))
+            .output()
+            .unwrap()
+    };
+    // About half fail: above 10%, below 90%.
+    let out = run("0.1");
+    assert_eq!(out.status.code(), Some(5));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["failed"], true);
+    let rate = v["error_rate"].as_f64().unwrap();
+    assert!((0.2..0.8).contains(&rate), "{rate}");
+    assert!(
+        v["verdict"]
+            .as_str()
+            .unwrap()
+            .contains("> --max-error-rate 10.0%"),
+        "{v}"
+    );
+    let out = run("0.9");
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["failed"].as_bool(), v["verdict"].as_str()),
+        (Some(false), Some("valid"))
+    );
+    // Out of range is a usage error before anything is sent.
+    let out = run("1.5");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_line_error(&out).contains("--max-error-rate must be a fraction in [0, 1]"));
+}

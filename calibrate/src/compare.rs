@@ -549,7 +549,7 @@ impl Report {
                 o,
                 "> **WARNING: saturation disagrees.** The real server is {} but the simulation is {}: the prediction does not describe this load.\n",
                 if s.real.saturated {
-                    "saturated (backlog growing)"
+                    "saturated (requests waiting to start grow)"
                 } else {
                     "stable"
                 },
@@ -562,7 +562,7 @@ impl Report {
         } else if s.real.saturated {
             let _ = writeln!(
                 o,
-                "> Both sides are saturated (backlog growing without bound).\n"
+                "> Both sides are saturated (the requests waiting to start grow without bound).\n"
             );
         }
         let _ = writeln!(
@@ -659,21 +659,19 @@ impl Report {
                 );
             }
         }
+        let side = |v: &crate::saturation::SideVerdict| match &v.reason {
+            Some(r) => format!("saturated: {r}"),
+            None => format!(
+                "stable (requests waiting to start: at most {}, trend ρ {})",
+                v.waiting.iter().copied().max().unwrap_or(0),
+                fmt(v.trend_rho)
+            ),
+        };
         let _ = writeln!(
             o,
-            "\nsaturation: real {} (backlog trend ρ {}), sim {} (ρ {})",
-            if s.real.saturated {
-                "saturated"
-            } else {
-                "stable"
-            },
-            fmt(s.real.trend_rho),
-            if s.sim.saturated {
-                "saturated"
-            } else {
-                "stable"
-            },
-            fmt(s.sim.trend_rho)
+            "\nsaturation: real {}; sim {}",
+            side(&s.real),
+            side(&s.sim)
         );
         let m = &self.matching;
         let _ = writeln!(

@@ -498,6 +498,15 @@ fn limitations(
     if !timeseries {
         l.push("Server time series are not compared: a side has no metrics companion (or no queue/running/KV series).".into());
     }
+    for (side, t) in [("real", real), ("simulated", sim)] {
+        if !t.absent_columns.is_empty() {
+            l.push(format!(
+                "The {side} trace has no column {}: {}.",
+                t.absent_columns.join(", "),
+                absent_column_effects(&t.absent_columns)
+            ));
+        }
+    }
     if sim.header.mode == blis_traces::Mode::Real && real.header.mode == blis_traces::Mode::Real {
         l.push(
             "Both sides are real runs: the errors measure the server's run-to-run variation."
@@ -505,6 +514,51 @@ fn limitations(
         );
     }
     l
+}
+
+/// What a comparison loses without each optional column.
+fn absent_column_effects(absent: &[&str]) -> String {
+    let mut e = Vec::new();
+    for (col, effect) in [
+        (
+            "server_input_tokens",
+            "input-token mismatches are judged on the planned counts",
+        ),
+        ("slo_class", "no per-SLO-class rows"),
+        ("client_id", "no per-client rows"),
+        ("tenant_id", "no per-tenant rows"),
+        (
+            "output_tokens",
+            "TPOT and token mismatches use 0 output tokens",
+        ),
+        ("num_chunks", "chunk counts are unknown"),
+    ] {
+        if absent.contains(&col) {
+            e.push(effect);
+        }
+    }
+    if e.is_empty() {
+        "their values are unknown and not used".to_string()
+    } else {
+        format!("their values are unknown ({})", e.join("; "))
+    }
+}
+
+/// Columns a trace must have to be compared (or fitted to): without them
+/// a metric would silently vanish.
+pub const REQUIRED_COLUMNS: [&str; 5] = [
+    "status",
+    "streaming",
+    "send_time_us",
+    "first_chunk_time_us",
+    "last_chunk_time_us",
+];
+
+/// The first of [`REQUIRED_COLUMNS`] that `trace` read without.
+pub fn missing_required_column(trace: &Trace) -> Option<&'static str> {
+    REQUIRED_COLUMNS
+        .into_iter()
+        .find(|c| trace.absent_columns.contains(c))
 }
 
 fn fmt(x: f64) -> String {

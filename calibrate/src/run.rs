@@ -46,6 +46,21 @@ fn read(path: &Path) -> anyhow::Result<Trace> {
     Trace::read(path).with_context(|| format!("reading the trace {}", path.display()))
 }
 
+/// [`read`], and an error naming the request CSV and the column when the
+/// trace lacks a column a comparison needs.
+fn read_outcomes(path: &Path) -> anyhow::Result<Trace> {
+    let t = read(path)?;
+    if let Some(col) = crate::compare::missing_required_column(&t) {
+        let paths = blis_traces::bundle::TracePaths::for_header(path, Some(&t.header));
+        bail!(
+            "{}:1: {col}: required column missing from the header row (comparing and fitting need {})",
+            paths.data.display(),
+            crate::compare::REQUIRED_COLUMNS.join(", ")
+        );
+    }
+    Ok(t)
+}
+
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(d) = path.parent()
         && !d.as_os_str().is_empty()
@@ -82,8 +97,8 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
         .map(str::parse::<Slo>)
         .transpose()
         .map_err(anyhow::Error::msg)?;
-    let real = read(&a.real)?;
-    let sim = read(&a.sim)?;
+    let real = read_outcomes(&a.real)?;
+    let sim = read_outcomes(&a.sim)?;
     let mut o = CompareOptions {
         warmup: a.warmup,
         rtt_ms: a.rtt_ms,
@@ -103,11 +118,15 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
         &o,
     );
     if c.report.matching.paired == 0 {
-        eprintln!(
-            "warning: no request is completed on both sides (real {} rows, sim {} rows, {} ids in common): nothing to compare",
-            c.report.real.requests,
-            c.report.sim.requests,
-            c.report.real.requests - c.report.matching.only_real
+        let m = &c.report.matching;
+        bail!(
+            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
+            m.real.total,
+            m.real.ok,
+            m.sim.total,
+            m.sim.ok,
+            m.real.total.saturating_sub(m.only_real),
+            m.real.warmup
         );
     }
     let md = c.report.to_markdown();
@@ -159,7 +178,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .transpose()?;
     let mut traces = Vec::new();
     for p in &a.traces {
-        let t = read(p)?;
+        let t = read_outcomes(p)?;
         let mut args = server_args(
             a.model.clone(),
             a.hardware.clone(),

@@ -87,6 +87,10 @@ pub struct Trace {
     pub chunks: Option<Vec<ChunkRecord>>,
     /// Scraped metrics, when the bundle has a metrics companion.
     pub metrics: Option<Vec<MetricSample>>,
+    /// Base columns ([`crate::csvio::BASE_COLUMNS`]) that the request CSV
+    /// read did not have: their values are unknown, not zero. Empty for a
+    /// trace built in memory or imported.
+    pub absent_columns: Vec<&'static str>,
 }
 
 impl Trace {
@@ -97,6 +101,7 @@ impl Trace {
             records,
             chunks: None,
             metrics: None,
+            absent_columns: Vec::new(),
         }
     }
 
@@ -109,7 +114,9 @@ impl Trace {
         let guess = TracePaths::for_header(header_path, None);
         let header = TraceHeader::read(&guess.header)?;
         let paths = TracePaths::for_header(&guess.header, Some(&header));
-        let records = RecordReader::open(&paths.data)?.read_all()?;
+        let mut reader = RecordReader::open(&paths.data)?;
+        let absent_columns = reader.absent_base_columns();
+        let records = reader.read_all()?;
         let chunks = if paths.itl.exists() {
             Some(read_chunks(&paths.itl)?)
         } else {
@@ -125,6 +132,7 @@ impl Trace {
             records,
             chunks,
             metrics,
+            absent_columns,
         })
     }
 

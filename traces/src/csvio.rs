@@ -633,6 +633,17 @@ impl<R: Read> RecordReader<R> {
         self.map.extras()
     }
 
+    /// The base columns the file does not have, in [`BASE_COLUMNS`] order:
+    /// their values read as unknown.
+    pub fn absent_base_columns(&self) -> Vec<&'static str> {
+        BASE_COLUMNS
+            .iter()
+            .zip(&self.map.base)
+            .filter(|(_, pos)| pos.is_none())
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
     /// Reads the next record; `Ok(None)` at the end of the file.
     ///
     /// # Errors

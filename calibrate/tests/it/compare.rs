@@ -1,7 +1,7 @@
 use blis_calibrate::compare::{CompareOptions, compare};
 use serde_json::Value;
 
-use crate::common::{calibrate, replayed, spec};
+use crate::common::{MODEL, calibrate, replayed, spec};
 
 /// Acceptance 1: a trace compared with itself has no error at all.
 #[test]
@@ -137,4 +137,130 @@ fn a_missing_trace_is_a_one_line_error_naming_it() {
     let msg = format!("{e:#}");
     assert!(msg.contains("/nonexistent/a.yaml"), "{msg}");
     assert!(!msg.contains('\n'), "{msg}");
+}
+
+/// Rewrites the request CSV of the bundle `header` without `column` (the
+/// replayed CSVs here have no quoted fields).
+fn drop_column(header: &std::path::Path, column: &str) -> std::path::PathBuf {
+    let csv = header.with_extension("csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(!text.contains('"'));
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = head.iter().position(|c| *c == column).unwrap();
+    let mut out = String::new();
+    for line in std::iter::once(head.join(",")).chain(lines.map(str::to_string)) {
+        let mut f: Vec<&str> = line.split(',').collect();
+        f.remove(at);
+        out.push_str(&f.join(","));
+        out.push('\n');
+    }
+    std::fs::write(&csv, out).unwrap();
+    csv
+}
+
+/// A trace without a column a comparison needs is an error naming the
+/// file and the column, never a report with a metric missing.
+#[test]
+fn a_missing_required_column_is_an_error_naming_file_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 60);
+    for col in [
+        "first_chunk_time_us",
+        "status",
+        "send_time_us",
+        "last_chunk_time_us",
+        "streaming",
+    ] {
+        let (a, _) = replayed(dir.path(), &format!("a-{col}"), &w, &[]);
+        let (b, _) = replayed(dir.path(), &format!("b-{col}"), &w, &[]);
+        let csv = drop_column(&a, col);
+        let e = calibrate(&[
+            "compare",
+            "--real",
+            a.to_str().unwrap(),
+            "--sim",
+            b.to_str().unwrap(),
+            "--out",
+            dir.path().join("r").to_str().unwrap(),
+        ])
+        .unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains(&format!(
+                "{}:1: {col}: required column missing",
+                csv.display()
+            )),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
+        // Fitting needs the same columns.
+        let e = calibrate(&[
+            "fit",
+            "--trace",
+            a.to_str().unwrap(),
+            "--model",
+            MODEL,
+            "--out",
+            dir.path().join("c.yaml").to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(format!("{e:#}").contains(&format!("{col}: required column missing")));
+    }
+}
+
+/// Optional columns that are absent are named in the limitations.
+#[test]
+fn absent_optional_columns_are_listed_in_the_limitations() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 60);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let (b, _) = replayed(dir.path(), "b", &w, &[]);
+    drop_column(&a, "slo_class");
+    drop_column(&a, "server_input_tokens");
+    let out = dir.path().join("r");
+    let md = calibrate(&[
+        "compare",
+        "--real",
+        a.to_str().unwrap(),
+        "--sim",
+        b.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resamples",
+        "0",
+    ])
+    .unwrap();
+    assert!(
+        md.contains("The real trace has no column slo_class, server_input_tokens: their values are unknown (input-token mismatches are judged on the planned counts; no per-SLO-class rows)."),
+        "{md}"
+    );
+    assert!(md.contains("| TTFT |"), "{md}");
+}
+
+/// A comparison with no pair exits non-zero and says why.
+#[test]
+fn a_comparison_with_no_pairs_is_an_error_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 30);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let (b, _) = replayed(dir.path(), "b", &w, &[]);
+    let e = calibrate(&[
+        "compare",
+        "--real",
+        a.to_str().unwrap(),
+        "--sim",
+        b.to_str().unwrap(),
+        "--out",
+        dir.path().join("r").to_str().unwrap(),
+        "--warmup",
+        "30",
+    ])
+    .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.starts_with("nothing to compare: no request is completed (ok) on both sides past the warm-up (real: 30 rows, 0 ok; sim: 30 rows, 0 ok; 30 request ids in common; 30 warm-up)"),
+        "{msg}"
+    );
+    assert!(!dir.path().join("r.md").exists());
 }

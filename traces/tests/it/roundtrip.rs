@@ -151,6 +151,7 @@ fn trace() -> impl Strategy<Value = Trace> {
                     records,
                     chunks,
                     metrics,
+                    absent_columns: Vec::new(),
                 }
             })
     })

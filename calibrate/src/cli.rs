@@ -52,7 +52,7 @@ pub struct BenchmarkArgs {
     #[arg(long, value_name = "DIR2")]
     pub fit_on: Option<PathBuf>,
     /// Replays allowed to each fit.
-    #[arg(long, default_value_t = 300)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 300)]
     pub budget_evals: u64,
 }
 
@@ -70,11 +70,11 @@ pub struct CompareArgs {
     #[arg(long, value_name = "REPORT")]
     pub out: PathBuf,
     /// Leading requests to leave out (default: the real header's).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub warmup: Option<u64>,
     /// Round trip added to simulated TTFT and E2E, ms (default: the real
     /// header's measured RTT).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub rtt_ms: Option<f64>,
     /// SLOs for goodput and attainment: ttft_ms=..,tpot_ms=..,e2e_ms=..
     #[arg(long)]
@@ -83,13 +83,13 @@ pub struct CompareArgs {
     #[arg(long)]
     pub html: bool,
     /// Bootstrap resamples.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
     pub resamples: usize,
     /// Bootstrap seed.
-    #[arg(long, default_value_t = 42)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 42)]
     pub seed: u64,
     /// Threads for the bootstrap (0: one per core; the result is the same).
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub threads: usize,
 }
 
@@ -111,10 +111,10 @@ pub struct FitArgs {
     #[arg(long, value_name = "COEFFS.yaml")]
     pub out: PathBuf,
     /// Fraction of each trace (by arrival time, the end) held out.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
     /// Replays allowed to the optimiser.
-    #[arg(long, default_value_t = 400)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 400)]
     pub budget_evals: u64,
     /// GPU name for the coefficients row (default: the trace header's, else
     /// H100).

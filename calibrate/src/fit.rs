@@ -54,12 +54,12 @@ pub const PERCENTILE_WEIGHT: f64 = 0.2;
 #[derive(Debug, thiserror::Error)]
 pub enum FitError {
     /// The server could not be configured from a trace.
-    #[error("{trace}: {source}")]
+    #[error("{trace}: {error}")]
     Setup {
         /// The trace.
         trace: String,
         /// Why (in the message, not chained, so it prints once).
-        source: blis_replay::ReplayError,
+        error: blis_replay::ReplayError,
     },
     /// A trace has too few completed requests to fit.
     #[error("{0}: fewer than 20 completed requests with send and completion times to fit")]
@@ -129,9 +129,9 @@ impl FitTrace {
         args: &ServerArgs,
         holdout: f64,
     ) -> Result<Self, FitError> {
-        let base = resolve(args, Some(&trace.header)).map_err(|source| FitError::Setup {
+        let base = resolve(args, Some(&trace.header)).map_err(|error| FitError::Setup {
             trace: name.to_string(),
-            source,
+            error,
         })?;
         let mut order: Vec<(i64, u64)> = trace
             .records

@@ -27,7 +27,7 @@ pub enum HtmlError {
         msg: String,
     },
     /// The template failed.
-    #[error("rendering the HTML report: {0}")]
+    #[error("rendering the HTML report")]
     Template(#[from] minijinja::Error),
 }
 

@@ -2,10 +2,13 @@ use clap::Parser;
 
 fn main() {
     let opts = blis_calibrate::Opts::parse();
-    let code = match blis_calibrate::run(opts, &mut std::io::stdout().lock()) {
+    let code = match blis_calibrate::run(
+        opts,
+        &mut blis_traces::stdio::PipeSafe::new(std::io::stdout().lock()),
+    ) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            blis_traces::diag!("error: {e:#}");
             blis_calibrate::exit_code::ERROR
         }
     };

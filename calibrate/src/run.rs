@@ -258,7 +258,7 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Resu
         bail!("--budget-evals must be at least 1");
     }
     let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), a.budget_evals, &mut |l| {
-        eprintln!("{l}")
+        blis_traces::diag!("{l}")
     })
     .with_context(|| format!("reading the runs in {}", a.dir.display()))?;
     if r.runs.is_empty() {

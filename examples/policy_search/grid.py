@@ -7,7 +7,7 @@ contract serves an OpenEvolve evaluator or a GEPA adapter: write a policy
 bundle, call evaluate, read `fitness`, `seeds[*]` and `summary` from its
 JSON.
 
-    cargo build --release -p blis-replay
+    cargo build --release
     python3 examples/policy_search/grid.py [--seeds 1,2] [--horizon-s 120] [--jobs N]
 """
 import argparse
@@ -53,7 +53,7 @@ def main():
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     a = p.parse_args()
     if not os.path.exists(BIN):
-        sys.exit(f"build it first: cargo build --release -p blis-replay ({BIN} missing)")
+        sys.exit(f"build it first: cargo build --release ({BIN} missing)")
     grid = [w for w in itertools.product([0, 1, 3], [0, 1, 2], [0, 1, 2]) if any(w)]
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         results = list(pool.map(evaluate, [(w, a.seeds, a.horizon_s) for w in grid]))

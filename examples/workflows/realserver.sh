@@ -9,25 +9,25 @@
 #   examples/workflows/realserver.sh [OUT] [PORT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source examples/workflows/bin.sh
 OUT="${1:-out/realserver}"
 PORT="${2:-8097}"
 RS=../shared/realserver
 SETTINGS="--max-num-seqs 4 --max-num-batched-tokens 2048 --block-size 16 --total-kv-blocks 2048 --max-model-len 8192"
-cargo build -q --release -p blis-tests -p blis-loadgen -p blis-calibrate
 trap 'bash $RS/stop.sh $PORT >/dev/null 2>&1 || true' EXIT
 mkdir -p "$OUT"
 
 URL=$(bash $RS/start.sh "$PORT" 4)
-target/release/blis-loop --server-url "$URL" --server-type llamacpp \
+"$BLIS_BIN"/blis-loop --server-url "$URL" --server-type llamacpp \
     --workload-spec examples/realserver-servegen.yaml --out "$OUT/loop" \
     --replay-args "$SETTINGS" >"$OUT/loop.md"
 bash $RS/stop.sh "$PORT" >/dev/null
 
 # A fresh server (cold prompt cache) for the second observation.
 URL=$(bash $RS/start.sh "$PORT" 4)
-target/release/blis-loadgen run --server-url "$URL" --model random-llama --server-type llamacpp \
+"$BLIS_BIN"/blis-loadgen run --server-url "$URL" --model random-llama --server-type llamacpp \
     --workload-spec examples/realserver-servegen.yaml --out "$OUT/again" >/dev/null
-target/release/blis-calibrate compare --real "$OUT/loop/real.yaml" --sim "$OUT/again.yaml" \
+"$BLIS_BIN"/blis-calibrate compare --real "$OUT/loop/real.yaml" --sim "$OUT/again.yaml" \
     --out "$OUT/spread" --html >/dev/null
 
 echo "## The loop (held-out 30%): $OUT/loop/report.html"

@@ -3,7 +3,8 @@
 #   examples/workflows/replay.sh [REAL.yaml] [OUT] [COEFFICIENTS.yaml]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source examples/workflows/bin.sh
 REAL="${1:-out/observe/real.yaml}"
 OUT="${2:-out/replay/sim}"
 COEFFS="${3:-examples/coefficients.yaml}"
-cargo run -q --release -p blis-replay -- run --trace "$REAL" --coefficients "$COEFFS" --out "$OUT"
+"$BLIS_BIN/blis-replay" run --trace "$REAL" --coefficients "$COEFFS" --out "$OUT"

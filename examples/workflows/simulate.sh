@@ -3,8 +3,9 @@
 #   examples/workflows/simulate.sh [SPEC] [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source examples/workflows/bin.sh
 SPEC="${1:-examples/chat-service.yaml}"
 OUT="${2:-out/simulate}"
-cargo run -q --release -p blis-replay -- run --workload-spec "$SPEC" \
+"$BLIS_BIN/blis-replay" run --workload-spec "$SPEC" \
     --model meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 128 --out "$OUT"
 echo "predicted trace: $OUT.yaml (summary: $OUT.summary.json)"

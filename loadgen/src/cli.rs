@@ -55,7 +55,7 @@ pub struct WorkloadArgs {
     pub trace: Option<PathBuf>,
     /// A synthetic Poisson workload at this many requests/s (with
     /// --num-requests or --duration-s, --input-tokens, --output-tokens).
-    #[arg(long, value_name = "R")]
+    #[arg(allow_negative_numbers = true, long, value_name = "R")]
     pub rate: Option<f64>,
 }
 
@@ -63,10 +63,10 @@ pub struct WorkloadArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SyntheticArgs {
     /// Input tokens: N, gaussian:MEAN,STD, exponential:MEAN or uniform:A,B.
-    #[arg(long, default_value = "512")]
+    #[arg(allow_negative_numbers = true, long, default_value = "512")]
     pub input_tokens: String,
     /// Output tokens: same forms as --input-tokens.
-    #[arg(long, default_value = "128")]
+    #[arg(allow_negative_numbers = true, long, default_value = "128")]
     pub output_tokens: String,
 }
 
@@ -83,13 +83,13 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
     /// Seed (overrides the spec's).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub seed: Option<u64>,
     /// Stop generating at this many seconds (overrides the spec's horizon).
-    #[arg(long, value_name = "S")]
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
     pub horizon_s: Option<f64>,
     /// Stop after this many requests (overrides the spec's num_requests).
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
 }
 
@@ -145,26 +145,26 @@ pub struct RunArgs {
     pub no_stream: bool,
     /// Closed loop: N users, each sending its next request when its last
     /// response ends (arrival times are ignored).
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub concurrency: Option<usize>,
     /// Requests in flight at most (open loop; later sends wait and their
     /// lag is recorded).
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub max_in_flight: Option<usize>,
     /// Client timeout per request, seconds.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 300.0)]
     pub timeout_s: f64,
     /// Leading requests marked as warm-up (excluded from statistics).
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub warmup_requests: u64,
     /// Stop sending after this many seconds.
-    #[arg(long, value_name = "S")]
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
     pub duration_s: Option<f64>,
     /// Stop after this many requests.
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
     /// Seed of the workload and the prompt texts.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub seed: Option<u64>,
     /// API key sent as a Bearer token (never written anywhere).
     #[arg(long, env = "BLIS_API_KEY", hide_env_values = true)]
@@ -173,20 +173,25 @@ pub struct RunArgs {
     #[arg(long)]
     pub metrics_url: Option<String>,
     /// Scrape interval, ms (0: no scraping).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
     pub scrape_interval_ms: u64,
     /// Client-bound when the p99 send lag exceeds this, ms.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10.0)]
     pub max_send_lag_ms: f64,
     /// Exit with code 3 when the run was client-bound.
     #[arg(long)]
     pub strict: bool,
     /// The run failed (verdict `failed`, exit code 5) when more than this
     /// share of the requests that got an answer failed, or all of them did.
-    #[arg(long, default_value_t = 0.5, value_name = "FRACTION")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        default_value_t = 0.5,
+        value_name = "FRACTION"
+    )]
     pub max_error_rate: f64,
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 5.0)]
     pub grace_s: f64,
     /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000.
     #[arg(long)]
@@ -196,6 +201,6 @@ pub struct RunArgs {
     pub json: bool,
     /// Threads that send and receive (0: one per CPU core). When the server
     /// shares this machine, 1 leaves it more CPU.
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub client_threads: usize,
 }

@@ -624,7 +624,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     let tpw =
         probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
     if let Some(f) = &tpw.calibration_failure {
-        eprintln!(
+        blis_traces::diag!(
             "warning: a one-token test request to {base} failed ({f}); the run's requests will likely fail the same way"
         );
     }
@@ -645,12 +645,12 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         {
             Ok(s) => cache = probe::cache_config(&s),
             Err(e) => {
-                eprintln!("warning: no metrics at {metrics_url} ({e}); scraping is off");
+                blis_traces::diag!("warning: no metrics at {metrics_url} ({e}); scraping is off");
                 scrape_on = false;
             }
         }
     }
-    eprintln!(
+    blis_traces::diag!(
         "server {base}: model {}, round trip {}, {:.3} tokens per word ({}){}",
         args.model,
         info.rtt_ms
@@ -819,7 +819,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
                 interrupted = true;
                 sh.stopping.send_replace(true);
                 let n = sh.progress.in_flight.load(Ordering::Relaxed);
-                bar.suspend(|| eprintln!(
+                bar.suspend(|| blis_traces::diag!(
                     "interrupted: no more sends; waiting up to {:.1} s for {n} requests in flight (signal again to cancel them now)",
                     args.grace_s
                 ));
@@ -924,12 +924,12 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     let attempts = scrape_stats.attempts.load(Ordering::Relaxed);
     let failures = scrape_stats.failures.load(Ordering::Relaxed);
     if failures > 0 {
-        eprintln!(
+        blis_traces::diag!(
             "warning: {failures} of {attempts} metric scrapes failed (first: {})",
             scrape_stats.first_error().unwrap_or_default()
         );
     }
-    eprintln!(
+    blis_traces::diag!(
         "wrote {} ({} requests{}{})",
         paths.header.display(),
         records.len(),

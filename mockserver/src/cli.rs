@@ -21,7 +21,7 @@ pub struct Opts {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
     /// Port (0: the OS picks one).
-    #[arg(long, default_value_t = 8000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 8000)]
     pub port: u16,
     /// Served model name (also selects coefficients and the model config).
     #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
@@ -30,10 +30,10 @@ pub struct Opts {
     #[arg(long, env = "BLIS_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// /health answers 503 for this long after start.
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub startup_delay_ms: u64,
     /// Simulated seconds per wall second (2: twice as fast as real time).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Metric names: vllm or sglang.
     #[arg(long, value_enum, default_value = "vllm")]
@@ -43,7 +43,7 @@ pub struct Opts {
     #[arg(long, default_value = "exponential:256")]
     pub output_dist: OutputDist,
     /// Seed of output lengths and fault draws.
-    #[arg(long, default_value_t = 42)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 42)]
     pub seed: u64,
 
     /// Latency model: blackbox or roofline (default: blackbox when the
@@ -60,7 +60,7 @@ pub struct Opts {
     #[arg(long)]
     pub hardware: Option<String>,
     /// Tensor parallelism.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub tp: Option<u32>,
     /// Batch and KV-cache limits (vLLM's flags).
     #[command(flatten)]
@@ -73,31 +73,31 @@ pub struct Opts {
     pub no_prefix_caching: bool,
 
     /// Probability of HTTP 500.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_500_rate: f64,
     /// Probability of HTTP 503.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_503_rate: f64,
     /// Probability of HTTP 429 (with Retry-After).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_429_rate: f64,
     /// Retry-After of injected 429s, seconds.
-    #[arg(long, default_value_t = 1)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1)]
     pub retry_after_s: u32,
     /// Probability of a connection dropped mid-stream.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_drop_rate: f64,
     /// Probability of a stall mid-stream.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_stall_rate: f64,
     /// Stall length, ms.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 2000)]
     pub fault_stall_ms: u64,
     /// Probability of a malformed JSON chunk.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_malformed_rate: f64,
     /// Probability of a response without usage.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_missing_usage_rate: f64,
     /// Keep every completed request's served timings in memory
     /// ([`crate::server::ServedLog`]), for tests that check a client's

@@ -10,20 +10,22 @@ fn main() {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
+            blis_traces::diag!("error: starting the runtime: {e}");
             std::process::exit(1);
         }
     };
     let code = rt.block_on(async {
         match blis_mockserver::start(&opts).await {
             Ok(server) => {
-                println!("listening on http://{}", server.addr);
-                let _ = std::io::stdout().flush();
+                let mut out = blis_traces::stdio::PipeSafe::new(std::io::stdout().lock());
+                let _ = writeln!(out, "listening on http://{}", server.addr);
+                let _ = out.flush();
+                drop(out);
                 server.run_until_signal().await;
                 0
             }
             Err(e) => {
-                eprintln!("error: {e:#}");
+                blis_traces::diag!("error: {e:#}");
                 1
             }
         }

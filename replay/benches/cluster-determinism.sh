@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS="${1:-100}"
-cargo build -q --release -p blis-replay
+cargo build -q --release  # the whole workspace: the same artifacts as every other build
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 first=""

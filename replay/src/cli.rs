@@ -47,23 +47,23 @@ pub enum Command {
 #[derive(Args, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineFlags {
     /// Running requests at most (vLLM --max-num-seqs).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub max_num_seqs: Option<u32>,
     /// Token budget per step (vLLM --max-num-batched-tokens).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub max_num_batched_tokens: Option<u32>,
     /// Tokens per KV block (vLLM --block-size).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub block_size: Option<u32>,
     /// GPU KV blocks (default: trace header, coefficients row, or estimated
     /// from GPU memory, utilisation and the model's weights).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub total_kv_blocks: Option<u32>,
     /// Prefill tokens per request per step at most (0: off).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub long_prefill_token_threshold: Option<u32>,
     /// Prompt + output tokens at most (0: unlimited).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub max_model_len: Option<u32>,
 }
 
@@ -101,23 +101,23 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "P.yaml")]
     pub policy_config: Option<PathBuf>,
     /// Instances in the cluster (default 1).
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_instances: Option<u32>,
     /// Admission: always-admit, reject-all, token-bucket, rate-limit
     /// (tenant-quota in a --policy-config).
     #[arg(long, value_name = "POLICY")]
     pub admission: Option<String>,
     /// Token-bucket capacity, tokens.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub token_bucket_capacity: Option<f64>,
     /// Token-bucket refill rate, tokens/s.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub token_bucket_refill_rate: Option<f64>,
     /// Rate limit, requests/s.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub rate_limit_rps: Option<f64>,
     /// Rate-limit burst, requests.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub rate_limit_burst: Option<f64>,
     /// Routing: round-robin, least-loaded, weighted, always-busiest.
     #[arg(long, value_name = "POLICY")]
@@ -133,23 +133,23 @@ pub struct ClusterArgs {
     pub priority_policy: Option<String>,
     /// Refresh interval of queue depth, batch size and KV usage as the
     /// router sees them, µs (0: read at every decision).
-    #[arg(long, value_name = "US")]
+    #[arg(allow_negative_numbers = true, long, value_name = "US")]
     pub snapshot_refresh_interval_us: Option<i64>,
     /// Hold admitted requests in a priority-ordered gateway queue and route
     /// them only while the cluster is not saturated.
     #[arg(long)]
     pub flow_control: bool,
     /// Flow control: queued requests per instance at saturation (default 4).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub flow_queue_depth_threshold: Option<f64>,
     /// Flow control: mean KV usage at saturation (default 0.9).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub flow_kv_threshold: Option<f64>,
     /// Time the admission decision takes, µs.
-    #[arg(long, value_name = "US")]
+    #[arg(allow_negative_numbers = true, long, value_name = "US")]
     pub admission_latency_us: Option<i64>,
     /// Time the routing decision takes, µs.
-    #[arg(long, value_name = "US")]
+    #[arg(allow_negative_numbers = true, long, value_name = "US")]
     pub routing_latency_us: Option<i64>,
     /// `decisions`: write PREFIX.decisions.jsonl, one admission and
     /// routing decision per line with what the router saw, every
@@ -157,7 +157,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value = "none", value_parser = ["none", "decisions"])]
     pub trace_level: String,
     /// Candidates kept per decision in the decision trace.
-    #[arg(long, default_value_t = 3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 3)]
     pub counterfactual_k: usize,
     /// One fitness from the metrics, e.g. throughput:0.5,p99_ttft:0.3,mean_e2e:0.2.
     #[arg(long, value_name = "METRIC:W,...")]
@@ -209,13 +209,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub hardware_config: Option<PathBuf>,
     /// Tensor-parallel degree.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub tp: Option<u32>,
     /// Batch and KV-cache limits (vLLM's flags).
     #[command(flatten)]
     pub engine: EngineFlags,
     /// Fraction of GPU memory for weights and KV cache, for the KV estimate.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
     /// Wait-queue order: fcfs, priority-fcfs, sjf, reverse-priority.
     #[arg(long, default_value = "fcfs")]
@@ -224,16 +224,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// Seed for generated or imported workloads.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub seed: Option<u64>,
     /// Workload horizon for specs, seconds.
-    #[arg(long, value_name = "S")]
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
     pub horizon_s: Option<f64>,
     /// Stop generating or reading after this many requests.
-    #[arg(long, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
     /// Time-series sample interval, ms (0: no time series).
-    #[arg(long, default_value_t = 100)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 100)]
     pub sample_interval_ms: u64,
     /// Do not write the per-token ITL companion.
     #[arg(long)]

@@ -138,7 +138,7 @@ impl CoefficientsFile {
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
             path: path.to_path_buf(),
-            source: e,
+            error: e,
         })?;
         Self::parse(&path.display().to_string(), &text)
     }
@@ -175,7 +175,7 @@ impl CoefficientsFile {
             .map_err(|e| ReplayError::Config(format!("serializing coefficients: {e}")))?;
         std::fs::write(path, text).map_err(|e| ReplayError::Io {
             path: path.to_path_buf(),
-            source: e,
+            error: e,
         })
     }
 }

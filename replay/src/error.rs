@@ -10,13 +10,12 @@ pub enum ReplayError {
     #[error(transparent)]
     Trace(#[from] blis_traces::Error),
     /// An output file could not be written.
-    #[error("{path}: {source}")]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: std::path::PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, not chained, so it prints once).
+        error: std::io::Error,
     },
 }
 

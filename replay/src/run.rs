@@ -295,7 +295,7 @@ fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             summary_path.display()
         )?;
     }
-    eprintln!(
+    blis_traces::diag!(
         "replayed {} requests ({} steps) in {:.1} ms of wall time",
         summary.requests.total,
         summary.steps,

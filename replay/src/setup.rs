@@ -148,6 +148,18 @@ fn pick(
     v
 }
 
+/// The models of the bundled blackbox coefficients, sorted, once each.
+fn bundled_coefficient_models() -> Vec<String> {
+    let mut m: Vec<String> = CoefficientsFile::bundled()
+        .rows
+        .into_iter()
+        .map(|r| r.model)
+        .collect();
+    m.sort();
+    m.dedup();
+    m
+}
+
 /// Resolves the server from `args` and the trace header (if any).
 ///
 /// # Errors
@@ -174,6 +186,13 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         .clone()
         .or_else(|| hh.and_then(|h| h.gpu.clone()))
         .unwrap_or_else(|| "H100".to_string());
+    if model.is_empty() && args.model_config.is_none() {
+        return Err(ReplayError::Config(format!(
+            "no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)",
+            crate::arch::BUNDLED_MODELS.len(),
+            bundled_coefficient_models().join(", ")
+        )));
+    }
     let coefs = match (&args.coefficient_rows, &args.coefficients) {
         (Some(rows), _) => rows.clone(),
         (None, Some(p)) => CoefficientsFile::read(p)?,
@@ -193,7 +212,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     let hardware_text = match &args.hardware_config {
         Some(p) => std::fs::read_to_string(p).map_err(|e| ReplayError::Io {
             path: p.clone(),
-            source: e,
+            error: e,
         })?,
         None => crate::arch::BUNDLED_HARDWARE.to_string(),
     };

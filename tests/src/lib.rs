@@ -43,7 +43,7 @@ pub struct LoopOpts {
     #[arg(long, default_value = "out/loop")]
     pub out: PathBuf,
     /// Stop sending after this many seconds of the workload.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub duration_s: Option<f64>,
     /// Extra `blis-replay run` flags for a real server's settings, e.g.
     /// "--max-num-seqs 4 --max-num-batched-tokens 2048 --total-kv-blocks 2048".
@@ -52,7 +52,7 @@ pub struct LoopOpts {
     /// Fraction of the trace (its end) held out of the coefficient fit
     /// (real servers only); the report compares only those requests
     /// (0: fit and compare everything).
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
 }
 

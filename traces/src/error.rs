@@ -66,13 +66,13 @@ impl fmt::Display for Location {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be opened, read, created or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file concerned.
         path: PathBuf,
-        /// The operating-system error.
-        #[source]
-        source: std::io::Error,
+        /// The operating-system error (in the message, not chained as a
+        /// source, so that an error chain prints it once).
+        error: std::io::Error,
     },
     /// The input is malformed or violates a rule of its format; `message`
     /// names the field.
@@ -90,7 +90,7 @@ impl Error {
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.as_ref().to_path_buf(),
-            source,
+            error: source,
         }
     }
 

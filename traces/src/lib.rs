@@ -63,6 +63,7 @@ pub mod record;
 pub mod servegen;
 pub mod slo;
 pub mod spec;
+pub mod stdio;
 pub mod summary;
 
 pub use bundle::{Trace, TracePaths, TraceWriter};

@@ -602,7 +602,7 @@ impl WorkloadSpec {
         {
             return e(
                 "aggregate_rate",
-                format!("must be ≥ 0 requests/s, got {}", r.0),
+                format!("must be a positive rate in requests/s, got {}", r.0),
             );
         }
         if self.horizon_us == Some(0) {
@@ -630,7 +630,16 @@ impl WorkloadSpec {
                     if !explicit {
                         return e(
                             "aggregate_rate",
-                            "a positive aggregate_rate (requests/s) is required for clients".into(),
+                            match self.aggregate_rate {
+                                Some(r) => format!(
+                                    "must be a positive rate in requests/s (0 only when every client sets its own arrival shape and scale), got {}",
+                                    r.0
+                                ),
+                                None => {
+                                    "a positive aggregate_rate (requests/s) is required for clients"
+                                        .into()
+                                }
+                            },
                         );
                     }
                 }
@@ -646,18 +655,22 @@ impl WorkloadSpec {
             }
         }
         if let Some(sg) = &self.servegen_data {
-            for (name, v) in [
-                ("span_start_s", sg.span_start_s),
-                ("span_end_s", sg.span_end_s),
-                ("rate_scale", sg.rate_scale),
-                ("aggregate_rate", sg.aggregate_rate),
+            for (name, v, zero_ok) in [
+                ("span_start_s", sg.span_start_s, true),
+                ("span_end_s", sg.span_end_s, false),
+                ("rate_scale", sg.rate_scale, false),
+                ("aggregate_rate", sg.aggregate_rate, false),
             ] {
                 if let Some(v) = v
-                    && v.0 < 0.0
+                    && (v.0 < 0.0 || (v.0 == 0.0 && !zero_ok))
                 {
                     return e(
                         &format!("servegen_data.{name}"),
-                        format!("must be ≥ 0, got {}", v.0),
+                        if zero_ok {
+                            format!("must be ≥ 0, got {}", v.0)
+                        } else {
+                            format!("must be positive, got {}", v.0)
+                        },
                     );
                 }
             }

@@ -65,11 +65,23 @@ fn bad_options_are_rejected_before_anything_is_sent() {
             "gaussian:5",
             "--output-tokens: gaussian:MEAN,STD",
         ),
+        // A negative number is a value, not an unknown flag.
+        (
+            "--rate",
+            "-5",
+            "--rate must be a positive number of requests/s, got -5",
+        ),
+        ("--timeout-s", "-1", "--timeout-s must be a positive"),
     ] {
         let out = loadgen()
             .args(["run", "--server-url", "http://127.0.0.1:9", "--model", "m"])
-            .args(["--rate", "1", "--num-requests", "1", flag, value, "--out"])
+            .args(["--num-requests", "1", flag, value, "--out"])
             .arg(dir.path().join("x"))
+            .args(if flag == "--rate" {
+                vec![]
+            } else {
+                vec!["--rate", "1"]
+            })
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(1), "{flag}");

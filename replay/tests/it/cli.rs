@@ -181,3 +181,76 @@ fn errors_are_one_line_and_exit_nonzero() {
         .assert()
         .code(2);
 }
+
+/// `blis-replay run ... 2>&1 | head -4`: the reader goes away before the
+/// summary is written. A closed pipe is a normal end: exit 0 (or the
+/// run's own code), never a panic, and the trace is complete.
+#[test]
+fn a_closed_output_pipe_is_a_normal_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pred");
+    for (args, code) in [
+        (vec!["--model", "meta-llama/Llama-3.1-8B-Instruct"], Some(0)),
+        // No model: the error line is dropped, the exit code kept.
+        (vec![], Some(1)),
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = std::process::Command::new(assert_cmd::cargo::cargo_bin!("blis-replay"))
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args(["--num-requests", "200", "--out"])
+            .arg(&out)
+            .args(&args)
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), code, "{args:?}");
+    }
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 200);
+}
+
+/// Errors say what is wrong in the user's terms, once.
+#[test]
+fn errors_name_what_is_missing_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args(["--num-requests", "10", "--out"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: configuring the server: no model given")
+            && err.contains("give --model NAME")
+            && !err.contains("roofline"),
+        "{err}"
+    );
+    let out = replay()
+        .args(["run", "--workload-spec", "/nonexistent/w.yaml", "--out"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/w.yaml"), "{err}");
+    // A negative number is a value, judged by its flag.
+    let out = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args(["--max-num-seqs", "-1", "--out"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid value '-1' for '--max-num-seqs"),
+        "{err}"
+    );
+}

@@ -1,17 +1,21 @@
+use std::io::Write;
+
 use clap::Parser;
 
 fn main() {
     let o = blis_tests::LoopOpts::parse();
-    match blis_tests::run_loop(&o, &mut |l| eprintln!("{}", l.trim_end())) {
+    match blis_tests::run_loop(&o, &mut |l| blis_traces::diag!("{}", l.trim_end())) {
         Ok(r) => {
-            print!("{}", r.markdown);
-            println!(
+            let mut out = blis_traces::stdio::PipeSafe::new(std::io::stdout().lock());
+            let _ = write!(out, "{}", r.markdown);
+            let _ = writeln!(
+                out,
                 "\nHTML report: {}",
                 r.report.with_extension("html").display()
             );
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            blis_traces::diag!("error: {e:#}");
             std::process::exit(1);
         }
     }

@@ -73,7 +73,13 @@ fn malformed_specs_name_file_line_and_field() {
             "aggregate_rate: 10\n",
             "aggregate_rate: -10\n",
             ":3:1: ",
-            "aggregate_rate: must be ≥ 0",
+            "aggregate_rate: must be a positive rate in requests/s, got -10",
+        ),
+        (
+            "aggregate_rate: 10\n",
+            "aggregate_rate: 0\n",
+            ":3:1: ",
+            "aggregate_rate: must be a positive rate in requests/s (0 only when every client sets its own arrival shape and scale), got 0",
         ),
         (
             "        std_dev: 10\n",
@@ -210,11 +216,15 @@ fn malformed_header_yaml_and_missing_files() {
     let h = write(dir.path(), "h.yaml", "trace_version: [3\n");
     let msg = one_line(&Trace::read(&h).unwrap_err());
     assert!(msg.starts_with(&format!("{}:", h.display())), "{msg}");
-    let msg = one_line(&Trace::read(&dir.path().join("nope.yaml")).unwrap_err());
+    let err = Trace::read(&dir.path().join("nope.yaml")).unwrap_err();
+    let msg = one_line(&err);
     assert!(
         msg.contains("nope.yaml") && msg.contains("No such file"),
         "{msg}"
     );
+    // The OS error is in the message and not chained again, so a
+    // binary's `{:#}` prints it once.
+    assert!(std::error::Error::source(&err).is_none(), "{err:?}");
     // A header whose CSV is missing names the CSV.
     write(dir.path(), "lonely.yaml", "trace_version: 2\nmode: real\n");
     let msg = one_line(&Trace::read(&dir.path().join("lonely.yaml")).unwrap_err());

@@ -108,15 +108,14 @@ fn part_text(v: &Value) -> String {
 /// Parses a request body.
 ///
 /// # Errors
-/// A message for a 400 response: invalid JSON, a missing `model`, `prompt`
-/// or `messages`, a negative or zero `max_tokens`, `n` ≠ 1.
+/// A message for a 400 response: invalid JSON, a missing `prompt` or
+/// `messages`, a negative or zero `max_tokens`, `n` ≠ 1. A missing `model`
+/// is not an error (vLLM uses its served model): `model` is then empty.
 pub fn parse(body: &[u8], chat: bool) -> Result<Parsed, String> {
     let raw: RawRequest =
         serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
-    let model = raw
-        .model
-        .clone()
-        .ok_or_else(|| "field `model` is required".to_string())?;
+    // vLLM serves its model to requests that name none.
+    let model = raw.model.clone().unwrap_or_default();
     if raw.n.is_some_and(|n| n != 1) {
         return Err("only n = 1 is supported".into());
     }
@@ -206,20 +205,25 @@ pub fn usage(prompt: u32, completion: u32, cached: Option<u32>) -> Value {
     u
 }
 
+/// The first chunk of a streamed chat completion: the role with empty
+/// content, sent with the first token, as vLLM's `serving_chat` does
+/// (`DeltaMessage(role=role, content="")`), with zero completion tokens
+/// under `continuous_usage_stats`.
+pub fn role_chunk(p: &Parsed, id: &str, created: u64) -> Value {
+    let mut v = json!({
+        "id": id, "object": "chat.completion.chunk", "created": created, "model": p.model,
+        "choices": [{ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }],
+    });
+    if p.continuous_usage {
+        v["usage"] = usage(p.prompt_tokens, 0, None);
+    }
+    v
+}
+
 /// One streamed chunk carrying `text` (and `finish_reason` on the last).
-pub fn chunk(
-    p: &Parsed,
-    id: &str,
-    created: u64,
-    text: &str,
-    first: bool,
-    finish: Option<&str>,
-) -> Value {
+pub fn chunk(p: &Parsed, id: &str, created: u64, text: &str, finish: Option<&str>) -> Value {
     if p.chat {
-        let mut delta = json!({ "content": text });
-        if first {
-            delta["role"] = json!("assistant");
-        }
+        let delta = json!({ "content": text });
         json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": p.model,
             "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish, "stop_reason": null }],
@@ -298,10 +302,8 @@ mod tests {
                 .unwrap_err()
                 .starts_with("invalid JSON body")
         );
-        assert_eq!(
-            parse(br#"{"prompt":"x"}"#, false).unwrap_err(),
-            "field `model` is required"
-        );
+        // No model: the server's (filled in by the handler), as vLLM.
+        assert_eq!(parse(br#"{"prompt":"x"}"#, false).unwrap().model, "");
         assert!(
             parse(br#"{"model":"m","prompt":"x","max_tokens":-3}"#, false)
                 .unwrap_err()

@@ -7,6 +7,42 @@
 //! observe → replay → calibrate loop can run without a GPU, and a correct
 //! loop must reproduce its timing almost exactly.
 //!
+//! ## Where it matches vLLM, and where it does not
+//!
+//! It answers as vLLM's OpenAI server does (`vllm/entrypoints/openai`):
+//! the same JSON shapes and error objects, a request without `model` is
+//! served by the served model and one naming another model is a 404
+//! (`The model `X` does not exist.`), a streamed chat completion opens
+//! with a chunk holding only the role (`{"role": "assistant", "content":
+//! ""}`) sent with the first token, `stream_options.include_usage` and
+//! `continuous_usage_stats` behave as in vLLM, `max_tokens` + `ignore_eos`
+//! or `min_tokens` force the output length, `priority` orders the queue,
+//! and an unknown path or method gets FastAPI's `{"detail": "Not Found"}`
+//! (404) or `{"detail": "Method Not Allowed"}` (405); like vLLM it has no
+//! `GET /v1/models/{id}`. What differs:
+//!
+//! - **No tokenizer.** A prompt is 4 bytes per token (a token-id prompt is
+//!   exact); `/tokenize` counts the same way. The chat template is a
+//!   plain `<|role|>` one, not the model's.
+//! - **No model.** Output text is synthetic (` 001 002 …`, one token per
+//!   chunk; vLLM may put several tokens in a chunk under load), and where
+//!   the length is not forced it is drawn from `--output-dist` instead of
+//!   ending at an end-of-sequence token. Sampling options (`temperature`,
+//!   `top_p`, `stop`, `logprobs`, tools, `response_format`, ...) are
+//!   accepted and ignored; `n` other than 1 is rejected.
+//! - **Timing** is the simulator's (blackbox or roofline latency model) on
+//!   the wall clock: no GPU noise, no CUDA graphs or warm-up; the HTTP path
+//!   adds its own ~0.5 ms.
+//! - **Usage** always carries `prompt_tokens_details.cached_tokens` (vLLM
+//!   only with `--enable-prompt-tokens-details`).
+//! - **Endpoints**: completions, chat completions, `/v1/models`,
+//!   `/tokenize`, `/health`, `/metrics`; none of `/v1/embeddings`,
+//!   `/v1/responses`, `/detokenize`, `/pooling`, `/version`, LoRA loading.
+//! - **Metrics** are a subset of vLLM's names (running, waiting, KV usage,
+//!   prefix-cache queries and hits, preemptions, prompt and generation
+//!   tokens, request successes, TTFT, ITL, queue-time and E2E histograms) plus
+//!   `blis_mock_faults_total`.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use clap::Parser;

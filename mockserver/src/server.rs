@@ -207,7 +207,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// An unknown path, answered as vLLM's FastAPI server does.
+async fn not_found() -> Response {
+    json_response(StatusCode::NOT_FOUND, &json!({ "detail": "Not Found" }))
+}
+
+/// A known path with the wrong method, answered as FastAPI does.
+async fn method_not_allowed() -> Response {
+    json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({ "detail": "Method Not Allowed" }),
+    )
 }
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
@@ -342,11 +357,13 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
             "the server is starting",
         );
     }
-    let p = match api::parse(&body, chat) {
+    let mut p = match api::parse(&body, chat) {
         Ok(p) => p,
         Err(m) => return err(StatusCode::BAD_REQUEST, "BadRequestError", &m),
     };
-    if p.model != st.model {
+    if p.model.is_empty() {
+        p.model.clone_from(&st.model);
+    } else if p.model != st.model {
         return err(
             StatusCode::NOT_FOUND,
             "NotFoundError",
@@ -581,98 +598,110 @@ fn stream_response(c: Ctx) -> Response {
         End,
     }
     let fault_at = c.out.div_ceil(2).max(1);
-    let state = (c, Phase::Tokens, false);
-    let stream = futures::stream::unfold(state, move |(mut c, phase, mut faulted)| async move {
-        match phase {
-            Phase::End => None,
-            Phase::Done => Some((
-                Ok::<_, std::io::Error>(SseEvent::default().data("[DONE]")),
-                (c, Phase::End, faulted),
-            )),
-            Phase::Tokens => match c.rx.recv().await {
-                Some(Event::Token {
-                    index,
-                    visible_us,
-                    handoff_us,
-                }) => {
-                    if index == 1 {
-                        c.st.engine.record_handoff(handoff_us);
-                    }
-                    c.wait_visible(visible_us).await;
-                    if index == fault_at && !faulted {
-                        faulted = true;
-                        match c.fault {
-                            Some(Fault::Drop) => {
-                                let e: SseItem =
-                                    Err(std::io::Error::other("injected connection drop"));
-                                return Some((e, (c, Phase::End, faulted)));
-                            }
-                            Some(Fault::Stall) => {
-                                tokio::time::sleep(Duration::from_millis(c.stall_ms())).await
-                            }
-                            Some(Fault::Malformed) => {
-                                let ev = SseEvent::default().data(format!(
-                                    "{{\"id\": \"{}\", \"choices\": [{{\"text\": ",
-                                    c.id
-                                ));
-                                return Some((Ok(ev), (c, Phase::Tokens, faulted)));
-                            }
-                            _ => {}
+    // (context, phase, fault injected, an event to send before the next)
+    let state = (c, Phase::Tokens, false, None::<SseEvent>);
+    let stream = futures::stream::unfold(
+        state,
+        move |(mut c, phase, mut faulted, pending)| async move {
+            if let Some(ev) = pending {
+                return Some((Ok(ev), (c, phase, faulted, None)));
+            }
+            match phase {
+                Phase::End => None,
+                Phase::Done => Some((
+                    Ok::<_, std::io::Error>(SseEvent::default().data("[DONE]")),
+                    (c, Phase::End, faulted, None),
+                )),
+                Phase::Tokens => match c.rx.recv().await {
+                    Some(Event::Token {
+                        index,
+                        visible_us,
+                        handoff_us,
+                    }) => {
+                        if index == 1 {
+                            c.st.engine.record_handoff(handoff_us);
                         }
-                    }
-                    let last = index >= c.out;
-                    let mut v = api::chunk(
-                        &c.p,
-                        &c.id,
-                        c.created,
-                        &tokenizer::output_token(index),
-                        index == 1,
-                        last.then_some(c.finish),
-                    );
-                    if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
-                        v["usage"] = api::usage(c.p.prompt_tokens, index, None);
-                    }
-                    if c.first_sent.is_none() {
-                        c.first_sent = Some(Instant::now());
-                    }
-                    Some((
-                        Ok(SseEvent::default().data(v.to_string())),
-                        (c, Phase::Tokens, faulted),
-                    ))
-                }
-                Some(Event::Finished(fin)) => {
-                    c.guard.done = true;
-                    c.st.metrics.success(c.finish);
-                    c.log_served(fin.output_tokens, fin.output_tokens);
-                    if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
-                        let u = api::usage(
-                            c.p.prompt_tokens,
-                            fin.output_tokens,
-                            Some(fin.cached_tokens),
+                        c.wait_visible(visible_us).await;
+                        if index == fault_at && !faulted {
+                            faulted = true;
+                            match c.fault {
+                                Some(Fault::Drop) => {
+                                    let e: SseItem =
+                                        Err(std::io::Error::other("injected connection drop"));
+                                    return Some((e, (c, Phase::End, faulted, None)));
+                                }
+                                Some(Fault::Stall) => {
+                                    tokio::time::sleep(Duration::from_millis(c.stall_ms())).await
+                                }
+                                Some(Fault::Malformed) => {
+                                    let ev = SseEvent::default().data(format!(
+                                        "{{\"id\": \"{}\", \"choices\": [{{\"text\": ",
+                                        c.id
+                                    ));
+                                    return Some((Ok(ev), (c, Phase::Tokens, faulted, None)));
+                                }
+                                _ => {}
+                            }
+                        }
+                        let last = index >= c.out;
+                        let mut v = api::chunk(
+                            &c.p,
+                            &c.id,
+                            c.created,
+                            &tokenizer::output_token(index),
+                            last.then_some(c.finish),
                         );
-                        let v = api::usage_chunk(&c.p, &c.id, c.created, u);
-                        return Some((
-                            Ok(SseEvent::default().data(v.to_string())),
-                            (c, Phase::Done, faulted),
-                        ));
+                        if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
+                            v["usage"] = api::usage(c.p.prompt_tokens, index, None);
+                        }
+                        if c.first_sent.is_none() {
+                            c.first_sent = Some(Instant::now());
+                        }
+                        let ev = SseEvent::default().data(v.to_string());
+                        if index == 1 && c.p.chat {
+                            // vLLM sends the role alone first, with the first token.
+                            let role = api::role_chunk(&c.p, &c.id, c.created);
+                            return Some((
+                                Ok(SseEvent::default().data(role.to_string())),
+                                (c, Phase::Tokens, faulted, Some(ev)),
+                            ));
+                        }
+                        Some((Ok(ev), (c, Phase::Tokens, faulted, None)))
                     }
-                    Some((
-                        Ok(SseEvent::default().data("[DONE]")),
-                        (c, Phase::End, faulted),
-                    ))
-                }
-                Some(Event::Rejected(m)) => {
-                    c.guard.done = true;
-                    let v = json!({ "error": api::error(400, "BadRequestError", &m) });
-                    Some((
-                        Ok(SseEvent::default().data(v.to_string())),
-                        (c, Phase::Done, faulted),
-                    ))
-                }
-                None => None,
-            },
-        }
-    });
+                    Some(Event::Finished(fin)) => {
+                        c.guard.done = true;
+                        c.st.metrics.success(c.finish);
+                        c.log_served(fin.output_tokens, fin.output_tokens);
+                        if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
+                            let u = api::usage(
+                                c.p.prompt_tokens,
+                                fin.output_tokens,
+                                Some(fin.cached_tokens),
+                            );
+                            let v = api::usage_chunk(&c.p, &c.id, c.created, u);
+                            return Some((
+                                Ok(SseEvent::default().data(v.to_string())),
+                                (c, Phase::Done, faulted, None),
+                            ));
+                        }
+                        Some((
+                            Ok(SseEvent::default().data("[DONE]")),
+                            (c, Phase::End, faulted, None),
+                        ))
+                    }
+                    Some(Event::Rejected(m)) => {
+                        c.guard.done = true;
+                        let v = json!({ "error": api::error(400, "BadRequestError", &m) });
+                        Some((
+                            Ok(SseEvent::default().data(v.to_string())),
+                            (c, Phase::Done, faulted, None),
+                        ))
+                    }
+                    None => None,
+                },
+            }
+        },
+    );
     Sse::new(stream).into_response()
 }
 

@@ -46,14 +46,67 @@ async fn streaming_chat_has_role_deltas_and_continuous_usage() {
         "stream_options": {"include_usage": true, "continuous_usage_stats": true},
     })).await;
     let chunks = r.json();
-    assert_eq!(chunks.len(), 5);
+    assert_eq!(chunks.len(), 6, "role, 4 tokens, usage");
+    // As vLLM: the role alone first (empty content), then the tokens.
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
-    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks[1]["choices"][0]["delta"].get("role").is_none());
-    for (i, c) in chunks[..4].iter().enumerate() {
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(chunks[0]["usage"]["completion_tokens"], 0);
+    for (i, c) in chunks[1..5].iter().enumerate() {
+        assert!(c["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(
+            c["choices"][0]["delta"]["content"].as_str().unwrap().len(),
+            4
+        );
         assert_eq!(c["usage"]["completion_tokens"].as_u64(), Some(i as u64 + 1));
     }
-    assert_eq!(chunks[4]["usage"]["completion_tokens"], 4);
+    assert_eq!(chunks[5]["usage"]["completion_tokens"], 4);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_details_no_model_unknown_paths_and_methods() {
+    let (s, url) = server(&["--time-scale", "50"]).await;
+    let c = client();
+    // vLLM serves its model to a request that names none.
+    let r = c
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"prompt": "abcdefgh", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["model"], MODEL);
+    // A model it does not serve is a 404 in OpenAI's error shape.
+    let r = c
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"model": "other", "prompt": "abcdefgh", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["message"], "The model `other` does not exist.");
+    // vLLM has no GET /v1/models/{id}: FastAPI's 404 with a JSON body.
+    let r = c
+        .get(format!("{url}/v1/models/{MODEL}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"detail": "Not Found"})
+    );
+    let r = c.get(format!("{url}/v1/completions")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"detail": "Method Not Allowed"})
+    );
     s.shutdown().await;
 }
 
@@ -157,8 +210,8 @@ async fn errors_are_clear_and_auth_is_enforced() {
     assert_eq!(r.status(), 401);
     for (body, words) in [
         (
-            json!({"prompt": "x"}).to_string(),
-            "field `model` is required",
+            json!({"model": MODEL}).to_string(),
+            "field `prompt` is required",
         ),
         (
             json!({"model": MODEL, "prompt": "x", "max_tokens": -1}).to_string(),

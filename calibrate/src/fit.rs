@@ -322,6 +322,24 @@ fn part_errors(
 }
 
 /// The parameters being fitted.
+/// What a fitted parameter is, with its unit (the fit table's second
+/// column).
+pub fn parameter_meaning(name: &str) -> &'static str {
+    match name {
+        "alpha0" => "queueing delay per request (µs)",
+        "alpha1" => "queueing delay per input token (µs/token)",
+        "alpha2" => "output processing per output token (µs/token)",
+        "beta0" => "step time, fixed part (µs/step)",
+        "beta1" => "step time per uncached prefill token (µs/token)",
+        "beta2" => "step time per decoding request (µs/request)",
+        "mfu_prefill" => "model FLOPs utilisation in prefill (fraction)",
+        "mfu_decode" => "model FLOPs utilisation in decode (fraction)",
+        "overhead_us" => "fixed overhead per step (µs)",
+        "allreduce_latency_us" => "latency of one tensor-parallel all-reduce, two per layer (µs)",
+        _ => "",
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Space {
     Blackbox,

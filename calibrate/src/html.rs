@@ -62,6 +62,22 @@ fn range(vals: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// A tick label as a person writes it: `2000`, `0.25`, `12.5`, never
+/// `2000.0` (at most four decimals, trailing zeros dropped).
+pub fn tick(v: &f64) -> String {
+    let v = if v.abs() < 5e-5 { 0.0 } else { *v };
+    if v.abs() >= 1000.0 {
+        return format!("{v:.0}");
+    }
+    let s = format!("{v:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
 type Chart<'a, 'b> = ChartContext<
     'a,
     SVGBackend<'b>,
@@ -112,6 +128,8 @@ pub fn cdf_svg(title: &str, real: &[f64], sim: &[f64]) -> Result<String, HtmlErr
             .build_cartesian_2d(lo..hi, 0.0..1.0)
             .map_err(plot_err(title))?;
         c.configure_mesh()
+            .x_label_formatter(&tick)
+            .y_label_formatter(&tick)
             .x_desc("ms")
             .y_desc("fraction")
             .draw()
@@ -182,6 +200,8 @@ fn identity_plot(
             .build_cartesian_2d(lo..hi, lo..hi)
             .map_err(plot_err(title))?;
         c.configure_mesh()
+            .x_label_formatter(&tick)
+            .y_label_formatter(&tick)
             .x_desc(x_desc)
             .y_desc(y_desc)
             .draw()
@@ -193,6 +213,16 @@ fn identity_plot(
         root.present().map_err(plot_err(title))?;
     }
     Ok(s)
+}
+
+/// The y-axis label of a server series.
+fn series_unit(series: &str) -> &'static str {
+    match series {
+        "queue_depth" => "requests waiting",
+        "running" => "requests running",
+        "kv_usage" => "KV cache usage (fraction)",
+        _ => "value",
+    }
 }
 
 /// A server series of both sides over time.
@@ -211,7 +241,10 @@ pub fn series_svg(title: &str, t: &[f64], real: &[f64], sim: &[f64]) -> Result<S
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(plot_err(title))?;
         c.configure_mesh()
+            .x_label_formatter(&tick)
+            .y_label_formatter(&tick)
             .x_desc("s since run start")
+            .y_desc(series_unit(title))
             .draw()
             .map_err(plot_err(title))?;
         for (v, color, name) in [(real, REAL, "real"), (sim, SIM, "sim")] {
@@ -284,4 +317,43 @@ pub fn render(c: &Comparison) -> Result<String, HtmlError> {
         series => series,
         markdown => c.report.to_markdown(),
     })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_written_plainly() {
+        let t = |v: f64| tick(&v);
+        assert_eq!(
+            [
+                t(2000.0),
+                t(0.25),
+                t(12.5),
+                t(0.0),
+                t(-3.0),
+                t(1e-6),
+                t(123_456.7)
+            ],
+            ["2000", "0.25", "12.5", "0", "-3", "0", "123457"]
+        );
+    }
+
+    #[test]
+    fn series_plots_name_their_y_axis_and_use_plain_ticks() {
+        let t: Vec<f64> = (0..120).map(|i| f64::from(i) * 0.5).collect();
+        let real: Vec<f64> = (0..120).map(|i| f64::from(i) * 20.0).collect();
+        let svg = series_svg("queue_depth", &t, &real, &real).unwrap();
+        assert!(svg.contains("requests waiting"), "y-axis label");
+        let ticks: Vec<&str> = svg
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .filter(|t| t.parse::<f64>().is_ok())
+            .collect();
+        assert!(ticks.len() >= 8, "{ticks:?}");
+        assert!(ticks.contains(&"2000"), "{ticks:?}");
+        assert!(!svg.contains(".0<"), "no '2000.0' tick: {svg}");
+    }
 }

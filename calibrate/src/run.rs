@@ -210,9 +210,16 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         r.loss[1],
         r.evaluations
     )?;
-    writeln!(out, "| parameter | start | fitted |\n|---|---:|---:|")?;
+    writeln!(
+        out,
+        "| parameter | what (unit) | start | fitted |\n|---|---|---:|---:|"
+    )?;
     for ((n, s), f) in r.names.iter().zip(&r.start).zip(&r.fitted) {
-        writeln!(out, "| {n} | {s:.6} | {f:.6} |")?;
+        writeln!(
+            out,
+            "| {n} | {} | {s:.6} | {f:.6} |",
+            crate::fit::parameter_meaning(n)
+        )?;
     }
     writeln!(
         out,

@@ -249,7 +249,7 @@ pub struct Counters {
     pub aborted: u64,
     /// Priority inversions: a request scheduled from the wait queue while
     /// one of a more urgent SLO class waits there still (BLIS's
-    /// `PriorityInversionCount`, `macro-plan.md` D.8).
+    /// `PriorityInversionCount`, `../shared/design/macro-plan.md` D.8).
     pub priority_inversions: u64,
     /// Head-of-line blocking events: a request completing while one of a
     /// more urgent SLO class waits in the same queue (BLIS's

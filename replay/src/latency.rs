@@ -52,7 +52,7 @@ impl BatchShape {
 
 /// Predicts step times and overheads, in microseconds.
 ///
-/// Semantics follow BLIS (`core-engine.md`, Latency Models):
+/// Semantics follow BLIS (`../shared/design/core-engine.md`, Latency Models):
 /// - a step's duration blocks the next step;
 /// - the queueing delay (α0 + α1·input_tokens) delays a request's entry
 ///   into the wait queue but blocks nothing else;

@@ -161,7 +161,7 @@ pub struct Summary {
     pub throughput: Throughput,
     /// Preemptions.
     pub preemptions: u64,
-    /// Scheduling anomalies (BLIS's failure modes, `macro-plan.md` D.8).
+    /// Scheduling anomalies (BLIS's failure modes, `../shared/design/macro-plan.md` D.8).
     pub anomalies: Anomalies,
     /// Prefix cache.
     pub prefix_cache: PrefixCache,

@@ -5,7 +5,7 @@
 //! `slo-based` and `inverted-slo` follow BLIS's priority policies
 //! (`../shared/design/core-engine.md`, "Priority Policies"): a score
 //! `base + age_weight × age` (higher is more urgent), `base` from the
-//! request's SLO class (the class scores of `macro-plan.md`'s policy
+//! request's SLO class (the class scores of `../shared/design/macro-plan.md`'s policy
 //! bundle). Because every waiting request ages at the same rate, the order
 //! of `base_i + w·(t − arrival_i)` is the same at every time `t`: that of
 //! `base_i − w·arrival_i`. So the priority is fixed at arrival and the wait

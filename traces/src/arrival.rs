@@ -3,7 +3,7 @@
 //!
 //! Gamma: shape 1/CV², scale CV²/rate. Weibull: shape k solved from
 //! Γ(1+2/k)/Γ(1+1/k)² = 1 + CV², scale (1/rate)/Γ(1+1/k). Both as in the
-//! seed design (`workload-observe-calibrate.md` §4) and ServeGen
+//! seed design (`../shared/design/workload-observe-calibrate.md` §4) and ServeGen
 //! (arXiv:2505.09999, Finding 1: Gamma fits M-large, Weibull M-mid).
 
 use rand_distr::{Distribution, Exp, Gamma, Weibull};

@@ -167,8 +167,15 @@ fn a_spec_is_observed_exactly_as_the_mock_served_it() {
         diffs[diffs.len() - 1],
         diffs.len()
     );
+    // Bounds from the measured spread on a busy 2-core machine (20 runs:
+    // median 0.30-0.56 ms, 0-7 of 240 over 2 ms, max 5.0 ms): the client's
+    // view is the server's within scheduling noise.
     assert!(
-        over * 100 <= diffs.len(),
+        blis_traces::percentile(&diffs, 50.0) <= 1.0,
+        "median difference over 1 ms"
+    );
+    assert!(
+        over * 20 <= diffs.len(),
         "{over} of {} differences over 2 ms",
         diffs.len()
     );

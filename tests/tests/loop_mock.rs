@@ -22,6 +22,15 @@ fn the_mock_loop_reproduces_e2e_and_ttft() {
     let o = LoopOpts::parse_from(["blis-loop", "--out", dir.path().to_str().unwrap()]);
     let r = run_loop(&o, &mut |l| eprintln!("{}", l.trim_end())).unwrap();
     eprintln!("{}", r.markdown);
+    // The mock is busy (~40 answers streaming at once) but not saturated:
+    // first tokens come within tens of ms on both sides.
+    let sat = &r.report_json["saturation"];
+    assert_eq!(sat["real"]["saturated"], false, "{sat}");
+    assert_eq!(sat["sim"]["saturated"], false, "{sat}");
+    assert!(
+        !r.markdown.contains("Both sides are saturated") && !r.markdown.contains("WARNING"),
+        "the report opens without a saturation note"
+    );
     let m = &r.report_json["metrics"];
     let stat = |metric: &str, side: &str, s: &str| m[metric][side][s].as_f64().unwrap();
     let rel = |metric: &str, s: &str| m[metric]["errors"][s]["relative"].as_f64().unwrap();

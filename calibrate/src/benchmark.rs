@@ -1,19 +1,35 @@
-//! `benchmark`: how accurate is the simulator on real vLLM runs? For each
-//! run in a folder of runs (laid out like `vllm-ground-truth/train`: one
-//! folder per run, read by the `vllm-gt` importer), blackbox coefficients
-//! are fitted on the *other* runs of the same model (leave-one-out), or on
-//! the runs of another folder (`--fit-on`), and the run is predicted with
-//! them; the roofline model (nothing fitted) is the baseline.
+//! `benchmark`: how accurate is the simulator on real runs it was not
+//! fitted on? Every run of a folder (see [`crate::runs`]) is predicted by
+//! one latency model and compared with what was measured, each side over
+//! its own completed requests (the statistics of [`RunStats`]):
+//!
+//! - `trained-physics` (the default): leave-one-run-out. Each run is
+//!   predicted by a joint fit ([`crate::joint`]) on every *other* run of
+//!   the folder, of every model; with `--fit-on DIR2`, by one joint fit on
+//!   the runs of DIR2.
+//! - `blackbox`: each run is predicted by coefficients fitted on the other
+//!   runs of the *same* model (or of DIR2), as [`crate::fit`] does.
+//! - `blis-physics`: BLIS's published global coefficients, nothing fitted.
+//! - `roofline`: the analytical model, nothing fitted.
+//!
+//! Requests are replayed from the plan: a run's recorded failures never
+//! enter a prediction, and requests past the client's timeout are
+//! cancelled (see `blis_replay::run`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use blis_replay::coefficients::{CoefficientRow, LatencyKind};
-use blis_traces::{ImportKind, ImportSource, import};
+use blis_replay::latency::Model;
+use blis_replay::physics::BlisPhysics;
+use blis_replay::setup::ServerArgs;
+use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
 
-use crate::fit::{FitTrace, PartErrors, fit, server_args};
+use crate::fit::{FitTrace, fit, server_args};
+use crate::joint::{JointRun, OVERLOADED_TTFT_MS, RunStats, describe, fit_joint};
+use crate::runs::{RunDir, runs_in, workload_of};
 
 /// Real and predicted mean and p99 of one latency, ms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -46,191 +62,361 @@ pub struct RunResult {
     pub model: String,
     /// Workload (from the folder name).
     pub workload: String,
-    /// Requests compared (completed on both sides).
-    pub n: u64,
-    /// TTFT.
+    /// Requests of the run.
+    pub requests: u64,
+    /// Completed (`ok`) requests, real / predicted.
+    pub completed: [u64; 2],
+    /// TTFT, each side over its own completed requests.
     pub ttft: MeanP99,
-    /// E2E.
+    /// E2E, each side over its own completed requests.
     pub e2e: MeanP99,
-    /// Derived ITL: (E2E − TTFT) / (output − 1).
+    /// ITL per generated token: (E2E − TTFT) / (output − 1), averaged over
+    /// requests.
     pub itl: MeanOnly,
-    /// Per-request E2E MAPE, %.
+    /// Per-request E2E MAPE over the requests completed on both sides, %.
     pub e2e_mape: f64,
-    /// The runs the coefficients were fitted on.
+    /// Saturated (mean TTFT above 10 s), real / predicted.
+    pub saturated: [bool; 2],
+    /// The runs the coefficients were fitted on (empty: nothing fitted).
     pub fitted_on: Vec<String>,
-    /// The fitted coefficients.
-    pub coefficients: CoefficientRow,
-    /// Per-request E2E MAPE of the roofline baseline, %.
-    pub roofline_e2e_mape: Option<f64>,
+    /// The coefficients used (none for roofline and blis-physics).
+    pub coefficients: Option<CoefficientRow>,
+}
+
+/// Median absolute relative errors over the predicted runs, %.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Summary {
+    /// Runs predicted.
+    pub runs: usize,
+    /// Median |sim − real| / real of the mean TTFT.
+    pub ttft_mean: f64,
+    /// Of the p99 TTFT.
+    pub ttft_p99: f64,
+    /// Of the mean E2E.
+    pub e2e_mean: f64,
+    /// Of the p99 E2E.
+    pub e2e_p99: f64,
+    /// Of the mean ITL per token.
+    pub itl_mean: f64,
+    /// Median per-request E2E MAPE.
+    pub e2e_mape: f64,
+    /// Runs predicted saturated that are not, or the reverse.
+    pub saturation_mismatches: usize,
 }
 
 /// The benchmark's result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchmarkReport {
+    /// The latency model (`trained-physics`, `blackbox`, `blis-physics`,
+    /// `roofline`).
+    pub latency_model: String,
+    /// How the coefficients were obtained.
+    pub protocol: String,
+    /// The medians over the runs.
+    pub summary: Summary,
     /// One entry per predicted run.
     pub runs: Vec<RunResult>,
     /// Runs that could not be predicted, with the reason.
     pub skipped: Vec<(String, String)>,
 }
 
-/// A run folder and its imported trace.
-struct Run {
-    name: String,
-    path: PathBuf,
-    model: String,
-    trace: blis_traces::Trace,
+/// What to benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchmarkOptions {
+    /// The latency model.
+    pub latency: LatencyKind,
+    /// Replays allowed to each fit (trained-physics: replays of the whole
+    /// set of runs; blackbox: of each run).
+    pub budget: u64,
+    /// Threads replaying runs in parallel (the result is the same).
+    pub threads: usize,
+    /// vLLM's `--async-scheduling` for the replays (None: trained-physics
+    /// on, as it is fitted; the others the trace header's, else off).
+    pub async_scheduling: Option<bool>,
 }
 
-fn runs_in(dir: &Path, skipped: &mut Vec<(String, String)>) -> std::io::Result<Vec<Run>> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    let mut out = Vec::new();
-    for path in dirs {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let src = ImportSource {
-            kind: ImportKind::VllmGt,
-            path: path.clone(),
-        };
-        match import(&src, 42) {
-            Ok(trace) => {
-                let model = trace
-                    .header
-                    .server
-                    .as_ref()
-                    .and_then(|s| s.model.clone())
-                    .unwrap_or_default();
-                out.push(Run {
-                    name,
-                    path,
-                    model,
-                    trace,
-                });
-            }
-            Err(e) => skipped.push((name, format!("not a readable run: {e}"))),
-        }
-    }
-    Ok(out)
-}
-
-/// The workload of a run folder named like `DATE-TIME-MODEL-tpN-WORKLOAD`.
-pub fn workload_of(name: &str) -> String {
-    match name.rfind("-tp") {
-        Some(i) => name[i + 3..]
-            .split_once('-')
-            .map_or(name.to_string(), |(_, w)| w.to_string()),
-        None => name.rsplit('-').next().unwrap_or(name).to_string(),
-    }
-}
-
-fn mean_p99(e: &PartErrors, f: impl Fn(&PartErrors) -> ([f64; 2], [f64; 2])) -> MeanP99 {
-    let (m, p) = f(e);
-    MeanP99 {
-        real_mean: m[0],
-        sim_mean: m[1],
-        real_p99: p[0],
-        sim_p99: p[1],
-    }
+/// The server arguments a run is replayed with.
+fn args_for(run: &RunDir, o: &BenchmarkOptions) -> ServerArgs {
+    let mut a = server_args(None, None, o.latency, None, &run.trace.header);
+    a.async_scheduling = o.async_scheduling.or(match o.latency {
+        LatencyKind::TrainedPhysics => Some(true),
+        _ => None,
+    });
+    a
 }
 
 /// Runs the benchmark on the runs of `dir`, fitting on `fit_on` (default:
-/// the other runs of `dir`) with `budget` replays per fit. `progress`
-/// receives one line per step.
+/// leave-one-run-out within `dir`). `progress` receives one line per step.
 ///
 /// # Errors
 /// An unreadable folder.
 pub fn benchmark(
     dir: &Path,
     fit_on: Option<&Path>,
-    budget: u64,
+    o: &BenchmarkOptions,
     progress: &mut dyn FnMut(&str),
 ) -> std::io::Result<BenchmarkReport> {
     let mut skipped = Vec::new();
-    let targets = runs_in(dir, &mut skipped)?;
+    let targets = prepare(runs_in(dir, &mut skipped)?, o, &mut skipped);
     let pool = match fit_on {
-        Some(d) => runs_in(d, &mut skipped)?,
+        Some(d) => prepare(runs_in(d, &mut skipped)?, o, &mut skipped),
         None => Vec::new(),
     };
-    let pool: &[Run] = if fit_on.is_some() { &pool } else { &targets };
-    let mut fits: BTreeMap<Vec<String>, CoefficientRow> = BTreeMap::new();
-    let mut results = Vec::new();
-    for run in &targets {
-        let train: Vec<&Run> = pool
-            .iter()
-            .filter(|r| r.model == run.model && r.path != run.path)
-            .collect();
-        if train.is_empty() {
-            skipped.push((
-                run.name.clone(),
-                format!("no other run of {} to fit on", run.model),
-            ));
-            continue;
+    let pool: &[(RunDir, JointRun)] = if fit_on.is_some() { &pool } else { &targets };
+    let protocol = match (o.latency, fit_on.is_some()) {
+        (LatencyKind::TrainedPhysics, false) => {
+            "leave-one-run-out: each run predicted by one joint fit on every other run of the folder (all models)"
         }
-        let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
-        let row = match fits.get(&key) {
-            Some(r) => r.clone(),
-            None => {
-                progress(&format!("fitting {} on {}", run.model, key.join(", ")));
-                let mut fts = Vec::new();
-                for r in &train {
-                    let args =
-                        server_args(None, None, LatencyKind::Blackbox, None, &r.trace.header);
-                    match FitTrace::new(&r.name, r.trace.clone(), &args, 0.0) {
-                        Ok(t) => fts.push(t),
-                        Err(e) => skipped.push((r.name.clone(), e.to_string())),
-                    }
+        (LatencyKind::TrainedPhysics, true) => {
+            "one joint fit on every run of the --fit-on folder (all models)"
+        }
+        (LatencyKind::Blackbox, false) => {
+            "each run predicted by coefficients fitted on the other runs of its model"
+        }
+        (LatencyKind::Blackbox, true) => {
+            "each run predicted by coefficients fitted on the --fit-on runs of its model"
+        }
+        (LatencyKind::BlisPhysics, _) => "BLIS's published global coefficients, nothing fitted",
+        (LatencyKind::Roofline, _) => "analytical roofline, nothing fitted",
+    }
+    .to_string();
+    let mut physics_fits: BTreeMap<Vec<String>, CoefficientRow> = BTreeMap::new();
+    let mut blackbox_fits: BTreeMap<Vec<String>, CoefficientRow> = BTreeMap::new();
+    let mut results = Vec::new();
+    for (run, jr) in &targets {
+        let (model, fitted_on, row) = match o.latency {
+            LatencyKind::Roofline => (jr.server().latency.clone(), Vec::new(), None),
+            LatencyKind::BlisPhysics => {
+                let Model::Roofline(r) = &jr.server().latency else {
+                    skipped.push((run.name.clone(), "no model architecture".into()));
+                    continue;
+                };
+                let m = Model::BlisPhysics(Box::new(BlisPhysics::published(&r.arch, &r.hw, r.tp)));
+                (m, Vec::new(), None)
+            }
+            LatencyKind::TrainedPhysics => {
+                let train: Vec<&JointRun> = pool
+                    .iter()
+                    .filter(|(r, _)| r.path != run.path)
+                    .map(|(_, j)| j)
+                    .collect();
+                if train.is_empty() {
+                    skipped.push((run.name.clone(), "no other run to fit on".into()));
+                    continue;
                 }
-                let row = match fit(&fts, budget) {
-                    Ok(f) => f.row,
+                let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
+                let row = match physics_fits.get(&key) {
+                    Some(r) => r.clone(),
+                    None => {
+                        progress(&format!(
+                            "fitting trained-physics on {} runs (all but {})",
+                            train.len(),
+                            if fit_on.is_some() { "none" } else { &run.name }
+                        ));
+                        let f = match fit_joint(&train, o.budget, o.threads, &mut |l| {
+                            progress(&format!("  {l}"))
+                        }) {
+                            Ok(f) => f,
+                            Err(e) => {
+                                skipped.push((run.name.clone(), format!("fit failed: {e}")));
+                                continue;
+                            }
+                        };
+                        progress(&format!("  fitted: {}", describe(&f.fitted)));
+                        let row = f.fitted.row(
+                            "*",
+                            jr.server().engine.async_scheduling,
+                            format!("joint fit on {}", key.join(", ")),
+                        );
+                        physics_fits.insert(key.clone(), row.clone());
+                        row
+                    }
+                };
+                let c = crate::joint::PhysicsCoefficients::from_row(&row);
+                (c.model(jr.basis()), key, Some(row))
+            }
+            LatencyKind::Blackbox => {
+                let train: Vec<&RunDir> = pool
+                    .iter()
+                    .map(|(r, _)| r)
+                    .filter(|r| r.model == run.model && r.path != run.path)
+                    .collect();
+                if train.is_empty() {
+                    skipped.push((
+                        run.name.clone(),
+                        format!("no other run of {} to fit on", run.model),
+                    ));
+                    continue;
+                }
+                let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
+                let row = match blackbox_fits.get(&key) {
+                    Some(r) => r.clone(),
+                    None => {
+                        progress(&format!(
+                            "fitting blackbox {} on {}",
+                            run.model,
+                            key.join(", ")
+                        ));
+                        let mut fts = Vec::new();
+                        for r in &train {
+                            match FitTrace::new(&r.name, r.trace.clone(), &args_for(r, o), 0.0) {
+                                Ok(t) => fts.push(t),
+                                Err(e) => skipped.push((r.name.clone(), e.to_string())),
+                            }
+                        }
+                        let row = match fit(&fts, o.budget) {
+                            Ok(f) => f.row,
+                            Err(e) => {
+                                skipped.push((run.name.clone(), format!("fit failed: {e}")));
+                                continue;
+                            }
+                        };
+                        blackbox_fits.insert(key.clone(), row.clone());
+                        row
+                    }
+                };
+                let t = match FitTrace::new(&run.name, run.trace.clone(), &args_for(run, o), 0.0) {
+                    Ok(t) => t,
                     Err(e) => {
-                        skipped.push((run.name.clone(), format!("fit failed: {e}")));
+                        skipped.push((run.name.clone(), e.to_string()));
                         continue;
                     }
                 };
-                fits.insert(key.clone(), row.clone());
-                row
+                (t.model_of(&row), key, Some(row))
             }
         };
         progress(&format!("predicting {}", run.name));
-        let args = server_args(None, None, LatencyKind::Blackbox, None, &run.trace.header);
-        let t = match FitTrace::new(&run.name, run.trace.clone(), &args, 0.0) {
-            Ok(t) => t,
-            Err(e) => {
-                skipped.push((run.name.clone(), e.to_string()));
-                continue;
-            }
-        };
-        let e = t.evaluate(&t.model_of(&row));
-        let roof_args = server_args(None, None, LatencyKind::Roofline, None, &run.trace.header);
-        let roofline_e2e_mape = FitTrace::new(&run.name, run.trace.clone(), &roof_args, 0.0)
-            .ok()
-            .map(|rt| rt.evaluate(rt.base_model()).e2e_mape);
-        results.push(RunResult {
-            name: run.name.clone(),
-            model: run.model.clone(),
-            workload: workload_of(&run.name),
-            n: e.n,
-            ttft: mean_p99(&e, |e| (e.ttft_mean, e.ttft_p99)),
-            e2e: mean_p99(&e, |e| (e.e2e_mean, e.e2e_p99)),
-            itl: MeanOnly {
-                real_mean: e.itl_mean[0],
-                sim_mean: e.itl_mean[1],
-            },
-            e2e_mape: e.e2e_mape,
-            fitted_on: key,
-            coefficients: row,
-            roofline_e2e_mape,
-        });
+        let sim_records = jr.replay(model);
+        let sim = RunStats::of(&sim_records);
+        results.push(result_of(run, jr, &sim, &sim_records, fitted_on, row));
     }
+    let summary = summarise(&results);
     Ok(BenchmarkReport {
+        latency_model: o.latency.name().to_string(),
+        protocol,
+        summary,
         runs: results,
         skipped,
     })
+}
+
+/// The runs that can be replayed, each with its prepared replay.
+fn prepare(
+    runs: Vec<RunDir>,
+    o: &BenchmarkOptions,
+    skipped: &mut Vec<(String, String)>,
+) -> Vec<(RunDir, JointRun)> {
+    let mut out = Vec::new();
+    for r in runs {
+        match JointRun::new(&r.name, r.trace.clone(), &args_for(&r, o)) {
+            Ok(j) => out.push((r, j)),
+            Err(e) => skipped.push((r.name.clone(), e.to_string())),
+        }
+    }
+    out
+}
+
+fn result_of(
+    run: &RunDir,
+    jr: &JointRun,
+    sim: &RunStats,
+    sim_records: &[TraceRecord],
+    fitted_on: Vec<String>,
+    coefficients: Option<CoefficientRow>,
+) -> RunResult {
+    let real = &jr.real;
+    RunResult {
+        name: run.name.clone(),
+        model: run.model.clone(),
+        workload: workload_of(&run.name),
+        requests: real.requests,
+        completed: [real.completed, sim.completed],
+        ttft: MeanP99 {
+            real_mean: real.ttft_mean,
+            sim_mean: sim.ttft_mean,
+            real_p99: real.ttft_p99,
+            sim_p99: sim.ttft_p99,
+        },
+        e2e: MeanP99 {
+            real_mean: real.e2e_mean,
+            sim_mean: sim.e2e_mean,
+            real_p99: real.e2e_p99,
+            sim_p99: sim.e2e_p99,
+        },
+        itl: MeanOnly {
+            real_mean: real.itl_mean,
+            sim_mean: sim.itl_mean,
+        },
+        e2e_mape: e2e_mape(&jr.trace().records, sim_records),
+        saturated: [real.overloaded(), sim.overloaded()],
+        fitted_on,
+        coefficients,
+    }
+}
+
+/// Per-request E2E MAPE (%) over the requests completed on both sides.
+fn e2e_mape(real: &[TraceRecord], sim: &[TraceRecord]) -> f64 {
+    let e2e = |r: &TraceRecord| -> Option<(u64, f64)> {
+        let o = &r.outcome;
+        if o.status != Some(Status::Ok) {
+            return None;
+        }
+        Some((
+            r.request.request_id,
+            o.last_chunk_time_us?.checked_sub(o.send_time_us?)? as f64,
+        ))
+    };
+    let sim: BTreeMap<u64, f64> = sim.iter().filter_map(e2e).collect();
+    let (mut sum, mut n) = (0.0, 0u64);
+    for (id, r) in real.iter().filter_map(e2e) {
+        if let Some(s) = sim.get(&id)
+            && r > 0.0
+        {
+            sum += (s - r).abs() / r;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        f64::NAN
+    } else {
+        100.0 * sum / n as f64
+    }
+}
+
+fn rel(real: f64, sim: f64) -> f64 {
+    if real > 0.0 {
+        100.0 * (sim - real).abs() / real
+    } else {
+        f64::NAN
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The medians over `runs`.
+pub fn summarise(runs: &[RunResult]) -> Summary {
+    let m = |f: &dyn Fn(&RunResult) -> f64| median(runs.iter().map(f).collect());
+    Summary {
+        runs: runs.len(),
+        ttft_mean: m(&|r| rel(r.ttft.real_mean, r.ttft.sim_mean)),
+        ttft_p99: m(&|r| rel(r.ttft.real_p99, r.ttft.sim_p99)),
+        e2e_mean: m(&|r| rel(r.e2e.real_mean, r.e2e.sim_mean)),
+        e2e_p99: m(&|r| rel(r.e2e.real_p99, r.e2e.sim_p99)),
+        itl_mean: m(&|r| rel(r.itl.real_mean, r.itl.sim_mean)),
+        e2e_mape: m(&|r| r.e2e_mape),
+        saturation_mismatches: runs
+            .iter()
+            .filter(|r| r.saturated[0] != r.saturated[1])
+            .count(),
+    }
 }
 
 fn pct(real: f64, sim: f64) -> String {
@@ -247,32 +433,53 @@ impl BenchmarkReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "| model | workload | n | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim | E2E MAPE | roofline E2E MAPE |"
+            "Latency model **{}**: {}.\n",
+            self.latency_model, self.protocol
         );
-        let _ = writeln!(o, "|---|---|---:|---|---|---|---|---|---:|---:|");
+        let _ = writeln!(
+            o,
+            "| model | workload | ok real / sim | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim | E2E MAPE |"
+        );
+        let _ = writeln!(o, "|---|---|---:|---|---|---|---|---|---:|");
         // "real / sim (relative error)" with `d` decimals.
         let cell =
             |real: f64, sim: f64, d: usize| format!("{real:.d$} / {sim:.d$} ({})", pct(real, sim));
         for r in &self.runs {
+            let sat = |s: bool| if s { " (saturated)" } else { "" };
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1}% | {} |",
+                "| {} | {} | {}{} / {}{} | {} | {} | {} | {} | {} | {:.1}% |",
                 r.model,
                 r.workload,
-                r.n,
+                r.completed[0],
+                sat(r.saturated[0]),
+                r.completed[1],
+                sat(r.saturated[1]),
                 cell(r.ttft.real_mean, r.ttft.sim_mean, 1),
                 cell(r.ttft.real_p99, r.ttft.sim_p99, 1),
                 cell(r.e2e.real_mean, r.e2e.sim_mean, 0),
                 cell(r.e2e.real_p99, r.e2e.sim_p99, 0),
                 cell(r.itl.real_mean, r.itl.sim_mean, 2),
                 r.e2e_mape,
-                r.roofline_e2e_mape
-                    .map_or("-".into(), |m| format!("{m:.1}%"))
             );
         }
+        let s = &self.summary;
         let _ = writeln!(
             o,
-            "\nTimes in ms (ITL per generated token, derived as (E2E − TTFT) / (output − 1)); blackbox coefficients fitted on the model's other runs; MAPE per request over requests completed on both sides."
+            "\nMedian over {} runs of |sim − real| / real: TTFT mean {:.1}%, TTFT p99 {:.1}%, E2E mean {:.1}%, E2E p99 {:.1}%, ITL mean {:.1}%; median E2E MAPE {:.1}%; saturation verdicts that differ: {}.",
+            s.runs,
+            s.ttft_mean,
+            s.ttft_p99,
+            s.e2e_mean,
+            s.e2e_p99,
+            s.itl_mean,
+            s.e2e_mape,
+            s.saturation_mismatches
+        );
+        let _ = writeln!(
+            o,
+            "\nTimes in ms, each side over its own completed requests (ITL per generated token, (E2E − TTFT) / (output − 1)); saturated: mean TTFT above {:.0} s; E2E MAPE per request over requests completed on both sides.",
+            OVERLOADED_TTFT_MS / 1e3
         );
         for (name, why) in &self.skipped {
             let _ = writeln!(o, "- skipped {name}: {why}");
@@ -286,15 +493,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn workloads_come_from_folder_names() {
-        assert_eq!(
-            workload_of("20260217-155451-llama-2-7b-tp1-codegen"),
-            "codegen"
-        );
-        assert_eq!(
-            workload_of("20260218-150304-codellama-34b-tp2-general"),
-            "general"
-        );
-        assert_eq!(workload_of("run-x-chat"), "chat");
+    fn medians_ignore_missing_values() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
+        assert!(median(vec![]).is_nan());
     }
 }

@@ -27,14 +27,17 @@ pub enum Command {
     /// Fit latency coefficients to real traces by replaying them.
     #[command(after_help = "Examples:\n  \
         blis-calibrate fit --trace out/real.yaml --model meta-llama/Llama-3.1-8B-Instruct --out coeffs.yaml\n  \
-        blis-calibrate fit --trace a.yaml --trace b.yaml --latency-model roofline --out coeffs.yaml --budget-evals 300")]
+        blis-calibrate fit --trace a.yaml --trace b.yaml --latency-model roofline --out coeffs.yaml --budget-evals 300\n  \
+        blis-calibrate fit --runs ../shared/vllm-ground-truth/train --latency-model trained-physics --out coeffs.yaml")]
     Fit(FitArgs),
-    /// How accurate is the simulator on real vLLM runs: for each run of a
-    /// folder, fit on the model's other runs and predict it.
+    /// How accurate is the simulator on real runs it was not fitted on:
+    /// each run of a folder predicted by a fit on the other runs
+    /// (leave-one-run-out) or on another folder's runs.
     #[command(after_help = "Examples:\n  \
         blis-calibrate benchmark ../shared/vllm-ground-truth/train --out docs/accuracy\n  \
-        blis-calibrate benchmark runs/test --fit-on runs/train --out out/accuracy\n\n\
-        Writes PREFIX.md (the table) and PREFIX.json ({\"runs\": [...]}, times in ms).")]
+        blis-calibrate benchmark runs/test --fit-on runs/train --out out/accuracy\n  \
+        blis-calibrate benchmark ../shared/vllm-ground-truth/train --latency-model blis-physics --out out/blis\n\n\
+        Writes PREFIX.md (the table) and PREFIX.json ({\"latency_model\", \"summary\", \"runs\": [...]}, times in ms).")]
     Benchmark(BenchmarkArgs),
 }
 
@@ -47,13 +50,25 @@ pub struct BenchmarkArgs {
     /// Output prefix: PREFIX.md and PREFIX.json.
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
-    /// Fit on this folder's runs (of the same model) instead of
-    /// leave-one-out within DIR.
+    /// Fit once on this folder's runs (blackbox: on its runs of the same
+    /// model) instead of leave-one-run-out within DIR.
     #[arg(long, value_name = "DIR2")]
     pub fit_on: Option<PathBuf>,
-    /// Replays allowed to each fit.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 300)]
-    pub budget_evals: u64,
+    /// The latency model: trained-physics (joint fits), blackbox (fits per
+    /// model), blis-physics or roofline (nothing fitted).
+    #[arg(long, value_enum, default_value = "trained-physics")]
+    pub latency_model: blis_replay::cli::LatencyChoice,
+    /// Replays allowed to each fit (trained-physics: replays of every run
+    /// fitted on; default 40; blackbox: of each run, default 300).
+    #[arg(allow_negative_numbers = true, long)]
+    pub budget_evals: Option<u64>,
+    /// Runs replayed in parallel (0: one per core; the result is the same).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
+    pub threads: usize,
+    /// vLLM's --async-scheduling for every replay (default: on for
+    /// trained-physics, as it is fitted; else the trace header's, else off).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub async_scheduling: Option<bool>,
 }
 
 /// `compare` options.
@@ -98,14 +113,24 @@ pub struct CompareArgs {
 pub struct FitArgs {
     /// Real traces to fit on (jointly): header YAMLs, or KIND:PATH of public
     /// traces such as vllm-gt:RUN_DIR.
-    #[arg(long = "trace", value_name = "REAL.yaml", required = true)]
+    #[arg(
+        long = "trace",
+        value_name = "REAL.yaml",
+        required_unless_present = "runs"
+    )]
     pub traces: Vec<PathBuf>,
+    /// A folder of runs to fit on as well: each sub-folder a vLLM
+    /// ground-truth run, each *.yaml a trace header.
+    #[arg(long, value_name = "DIR")]
+    pub runs: Option<PathBuf>,
     /// Model id (default: the first trace header's).
     #[arg(long)]
     pub model: Option<String>,
-    /// Latency model to fit.
-    #[arg(long, value_enum, default_value = "blackbox")]
-    pub latency_model: blis_replay::cli::LatencyChoice,
+    /// Latency model to fit (default: trained-physics with --runs, else
+    /// blackbox). trained-physics coefficients are global: one row for
+    /// every model (`model: "*"`), fitted on every run at once.
+    #[arg(long, value_enum)]
+    pub latency_model: Option<blis_replay::cli::LatencyChoice>,
     /// Output coefficients file (the format blis-replay and blis-mockserver
     /// read).
     #[arg(long, value_name = "COEFFS.yaml")]
@@ -113,9 +138,14 @@ pub struct FitArgs {
     /// Fraction of each trace (by arrival time, the end) held out.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
-    /// Replays allowed to the optimiser.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 400)]
-    pub budget_evals: u64,
+    /// Replays allowed to the optimiser (trained-physics: replays of every
+    /// run at once; default 40; the others: default 400).
+    #[arg(allow_negative_numbers = true, long)]
+    pub budget_evals: Option<u64>,
+    /// Runs replayed in parallel by the trained-physics fit (0: one per
+    /// core; the result is the same).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
+    pub threads: usize,
     /// GPU name for the coefficients row (default: the trace header's, else
     /// H100).
     #[arg(long)]

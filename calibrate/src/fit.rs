@@ -383,8 +383,8 @@ impl Space {
         }
     }
 
-    fn start(model: &Model) -> (Self, Vec<f64>) {
-        match model {
+    fn start(model: &Model) -> Option<(Self, Vec<f64>)> {
+        Some(match model {
             Model::Blackbox(b) => (
                 Space::Blackbox,
                 vec![
@@ -406,7 +406,8 @@ impl Space {
                     ],
                 )
             }
-        }
+            Model::TrainedPhysics(_) | Model::BlisPhysics(_) => return None,
+        })
     }
 
     /// Scales for parameters that start at 0.
@@ -574,7 +575,12 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
     let first = traces
         .first()
         .ok_or_else(|| FitError::Options("give at least one --trace".into()))?;
-    let (space, start) = Space::start(&first.base.latency);
+    let (space, start) = Space::start(&first.base.latency).ok_or_else(|| {
+        FitError::Options(
+            "trained-physics coefficients are global: fit them on every run at once (the joint fit)"
+                .into(),
+        )
+    })?;
     let scale: Vec<f64> = start
         .iter()
         .enumerate()
@@ -731,6 +737,8 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
             mfu_decode: None,
             overhead_us: None,
             allreduce_latency_us: None,
+            terms: None,
+            async_scheduling: None,
             total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
             source: Some(source),
         },
@@ -745,6 +753,8 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
             mfu_decode: Some(fitted[1].clamp(1e-4, 1.0)),
             overhead_us: Some(fitted[2]),
             allreduce_latency_us: Some(fitted[3]),
+            terms: None,
+            async_scheduling: None,
             total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
             source: Some(source),
         },
@@ -824,6 +834,8 @@ pub fn server_args(
             mfu_decode: None,
             overhead_us: None,
             allreduce_latency_us: None,
+            terms: None,
+            async_scheduling: None,
             total_kv_blocks: None,
             source: Some("generic starting point".into()),
         });

@@ -164,13 +164,29 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             a.holdout_fraction
         );
     }
-    if a.budget_evals == 0 {
+    if a.budget_evals == Some(0) {
         bail!("--budget-evals must be at least 1");
     }
     let kind = match a.latency_model {
-        blis_replay::cli::LatencyChoice::Blackbox => LatencyKind::Blackbox,
-        blis_replay::cli::LatencyChoice::Roofline => LatencyKind::Roofline,
+        Some(c) => c.kind(),
+        None if a.runs.is_some() => LatencyKind::TrainedPhysics,
+        None => LatencyKind::Blackbox,
     };
+    match kind {
+        LatencyKind::TrainedPhysics => return joint_fit_command(a, out),
+        LatencyKind::BlisPhysics => {
+            bail!(
+                "blis-physics has BLIS's published coefficients and nothing to fit; fit trained-physics (--latency-model trained-physics)"
+            )
+        }
+        LatencyKind::Blackbox | LatencyKind::Roofline => {}
+    }
+    if a.runs.is_some() {
+        bail!(
+            "--runs fits trained-physics (one global row across models); give --trace for {} fits",
+            kind.name()
+        );
+    }
     let start = a
         .coefficients
         .as_deref()
@@ -194,7 +210,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             a.holdout_fraction,
         )?);
     }
-    let r = fit(&traces, a.budget_evals)?;
+    let r = fit(&traces, a.budget_evals.unwrap_or(400))?;
     write_row(&a.out, &r.row).with_context(|| format!("writing {}", a.out.display()))?;
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
@@ -256,15 +272,152 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn threads(n: usize) -> usize {
+    if n > 0 {
+        n
+    } else {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    }
+}
+
+/// `blis-calibrate fit` of the global trained-physics coefficients on
+/// every run of `--runs` and every `--trace`, jointly.
+///
+/// # Errors
+/// Unreadable runs, a run that cannot be replayed, an unwritable output.
+fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut named: Vec<(String, Trace)> = Vec::new();
+    if let Some(dir) = &a.runs {
+        let mut skipped = Vec::new();
+        let runs = crate::runs::runs_in(dir, &mut skipped)
+            .with_context(|| format!("reading the runs in {}", dir.display()))?;
+        if let Some((name, why)) = skipped.first() {
+            bail!("{}: {name}: {why}", dir.display());
+        }
+        named.extend(runs.into_iter().map(|r| (r.name, r.trace)));
+    }
+    for p in &a.traces {
+        named.push((p.display().to_string(), read_outcomes(p)?));
+    }
+    if named.is_empty() {
+        bail!(
+            "no runs to fit on: --runs {} holds no run folder or trace header",
+            a.runs.as_deref().unwrap_or(Path::new("")).display()
+        );
+    }
+    let mut runs = Vec::new();
+    for (name, t) in named {
+        let mut args = server_args(
+            a.model.clone(),
+            a.hardware.clone(),
+            LatencyKind::TrainedPhysics,
+            None,
+            &t.header,
+        );
+        // The step structure measured in vLLM's TTFT (a request joins the
+        // step after the one in flight), unless the trace or flag says.
+        args.async_scheduling = Some(
+            t.header
+                .server
+                .as_ref()
+                .and_then(|s| s.async_scheduling)
+                .unwrap_or(true),
+        );
+        a.engine.apply(&mut args);
+        runs.push(crate::joint::JointRun::new(&name, t, &args)?);
+    }
+    let refs: Vec<&crate::joint::JointRun> = runs.iter().collect();
+    let gpus: std::collections::BTreeSet<String> =
+        runs.iter().map(|r| r.server().gpu.clone()).collect();
+    let gpu = if gpus.len() == 1 {
+        gpus.into_iter().next().unwrap_or_default()
+    } else {
+        "*".to_string()
+    };
+    let asyncs: std::collections::BTreeSet<bool> = runs
+        .iter()
+        .map(|r| r.server().engine.async_scheduling)
+        .collect();
+    let started = std::time::Instant::now();
+    let f = crate::joint::fit_joint(
+        &refs,
+        a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET),
+        threads(a.threads),
+        &mut |l| blis_traces::diag!("{l}"),
+    )?;
+    let row = f.fitted.row(
+        &gpu,
+        asyncs.contains(&true),
+        format!(
+            "blis-calibrate fit (trained-physics, joint) on {} runs: {}",
+            f.runs.len(),
+            f.runs.join(", ")
+        ),
+    );
+    write_row(&a.out, &row).with_context(|| format!("writing {}", a.out.display()))?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&f)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "fitted global trained-physics coefficients on {} runs in {:.0} s: loss {:.4} (decode intervals) -> {:.4} in {} replays of every run\n",
+        f.runs.len(),
+        started.elapsed().as_secs_f64(),
+        f.loss[0],
+        f.loss[1],
+        f.evaluations
+    )?;
+    writeln!(out, "{}", crate::joint::coefficients_table(&f.fitted))?;
+    writeln!(
+        out,
+        "| run | ok real / sim | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim |\n|---|---:|---|---|---|---|---|"
+    )?;
+    for (name, r, s) in &f.per_run {
+        writeln!(
+            out,
+            "| {name} | {} / {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} / {:.2} |",
+            r.completed,
+            s.completed,
+            r.ttft_mean,
+            s.ttft_mean,
+            r.ttft_p99,
+            s.ttft_p99,
+            r.e2e_mean,
+            s.e2e_mean,
+            r.e2e_p99,
+            s.e2e_p99,
+            r.itl_mean,
+            s.itl_mean
+        )?;
+    }
+    writeln!(
+        out,
+        "\nTimes in ms, each side over its own completed requests (in-sample: these runs were fitted on).\nwrote {}",
+        a.out.display()
+    )?;
+    Ok(())
+}
+
 /// `blis-calibrate benchmark`.
 ///
 /// # Errors
 /// An unreadable folder or unwritable output.
 pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if a.budget_evals == 0 {
+    if a.budget_evals == Some(0) {
         bail!("--budget-evals must be at least 1");
     }
-    let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), a.budget_evals, &mut |l| {
+    let latency = a.latency_model.kind();
+    let o = crate::benchmark::BenchmarkOptions {
+        latency,
+        budget: a.budget_evals.unwrap_or(match latency {
+            LatencyKind::TrainedPhysics => crate::joint::DEFAULT_BUDGET,
+            _ => 300,
+        }),
+        threads: threads(a.threads),
+        async_scheduling: a.async_scheduling,
+    };
+    let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), &o, &mut |l| {
         blis_traces::diag!("{l}")
     })
     .with_context(|| format!("reading the runs in {}", a.dir.display()))?;

@@ -914,6 +914,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         send_lag_p50_ms: summary.schedule.send_lag_p50_ms,
         send_lag_p99_ms: summary.schedule.send_lag_p99_ms,
         client_bound: Some(summary.schedule.client_bound),
+        timeout_s: Some(args.timeout_s),
     });
     if let Some(e) = error {
         return Err(

@@ -67,7 +67,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use blis_replay::coefficients::LatencyKind;
 use blis_replay::setup::{ServerArgs, resolve};
 
 pub use cli::Opts;
@@ -161,10 +160,9 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
     }
     let mut args = ServerArgs {
         model: Some(opts.model.clone()),
-        latency: opts.latency_model.map(|l| match l {
-            blis_replay::cli::LatencyChoice::Blackbox => LatencyKind::Blackbox,
-            blis_replay::cli::LatencyChoice::Roofline => LatencyKind::Roofline,
-        }),
+        latency: opts
+            .latency_model
+            .map(blis_replay::cli::LatencyChoice::kind),
         coefficients: opts.coefficients.clone(),
         model_config: opts.model_config.clone(),
         hardware: opts.hardware.clone(),

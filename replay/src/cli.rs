@@ -65,6 +65,10 @@ pub struct EngineFlags {
     /// Prompt + output tokens at most (0: unlimited).
     #[arg(allow_negative_numbers = true, long)]
     pub max_model_len: Option<u32>,
+    /// vLLM's --async-scheduling: a request arriving during a step joins
+    /// the step after the next one (default: the trace header's, else off).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub async_scheduling: Option<bool>,
 }
 
 impl EngineFlags {
@@ -78,6 +82,7 @@ impl EngineFlags {
             .long_prefill_token_threshold
             .or(a.long_prefill_token_threshold);
         a.max_model_len = self.max_model_len.or(a.max_model_len);
+        a.async_scheduling = self.async_scheduling.or(a.async_scheduling);
     }
 }
 
@@ -171,6 +176,24 @@ pub enum LatencyChoice {
     Blackbox,
     /// Analytical roofline from the model's config.json and the GPU.
     Roofline,
+    /// Physics terms of the model's config.json and the GPU with global
+    /// fitted coefficients.
+    TrainedPhysics,
+    /// BLIS's trained-physics formula with its published coefficients.
+    BlisPhysics,
+}
+
+impl LatencyChoice {
+    /// The coefficients-file kind.
+    pub fn kind(self) -> crate::coefficients::LatencyKind {
+        use crate::coefficients::LatencyKind as K;
+        match self {
+            LatencyChoice::Blackbox => K::Blackbox,
+            LatencyChoice::Roofline => K::Roofline,
+            LatencyChoice::TrainedPhysics => K::TrainedPhysics,
+            LatencyChoice::BlisPhysics => K::BlisPhysics,
+        }
+    }
 }
 
 /// `run` options.
@@ -192,7 +215,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Latency model (default: blackbox when the coefficients file has a row
-    /// for the model, GPU and TP; else roofline).
+    /// for the model, GPU and TP; else trained-physics when it has a global
+    /// row for the GPU and the model's config.json is known; else roofline).
     #[arg(long, value_enum)]
     pub latency_model: Option<LatencyChoice>,
     /// Coefficients file (default: the bundled one).
@@ -214,6 +238,12 @@ pub struct RunArgs {
     /// Batch and KV-cache limits (vLLM's flags).
     #[command(flatten)]
     pub engine: EngineFlags,
+    /// The client's timeout per request, seconds: every request is
+    /// cancelled this long after its send (default: the trace header's
+    /// `load_generator.timeout_s`; requests' own deadlines apply too).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub client_timeout_s: Option<f64>,
+
     /// Fraction of GPU memory for weights and KV cache, for the KV estimate.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,

@@ -46,13 +46,29 @@ fn one() -> u32 {
 
 /// Which latency model a row parameterises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum LatencyKind {
     /// α/β regression.
     #[default]
     Blackbox,
     /// Analytical roofline.
     Roofline,
+    /// Physics terms with global coefficients ([`crate::physics`]).
+    TrainedPhysics,
+    /// BLIS's trained-physics formula with its published coefficients.
+    BlisPhysics,
+}
+
+impl LatencyKind {
+    /// The name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencyKind::Blackbox => "blackbox",
+            LatencyKind::Roofline => "roofline",
+            LatencyKind::TrainedPhysics => "trained-physics",
+            LatencyKind::BlisPhysics => "blis-physics",
+        }
+    }
 }
 
 /// One model × GPU × TP row.
@@ -87,6 +103,18 @@ pub struct CoefficientRow {
     /// Roofline: per all-reduce latency, µs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_latency_us: Option<f64>,
+    /// Trained-physics: the coefficient of each physics term, by name
+    /// ([`crate::physics::TERM_NAMES`]; missing terms are 0). Its `alpha`
+    /// is then the queueing delay (µs), the queueing delay per input token
+    /// (µs) and the output hop (µs per token, not accumulating).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terms: Option<std::collections::BTreeMap<String, f64>>,
+    /// Trained-physics: the step structure the row was fitted with (vLLM's
+    /// `--async-scheduling`: a request arriving during a step joins the
+    /// step after the next). Used where neither the command line nor the
+    /// trace header says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub async_scheduling: Option<bool>,
     /// GPU KV blocks of the deployment the row was measured on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_kv_blocks: Option<u64>,
@@ -114,7 +142,8 @@ impl CoefficientsFile {
                 .alpha
                 .iter()
                 .chain(r.beta.iter().flatten())
-                .chain(extra.iter().flatten());
+                .chain(extra.iter().flatten())
+                .chain(r.terms.iter().flat_map(|t| t.values()));
             for v in nums {
                 if !v.is_finite() {
                     return Err(ReplayError::Config(format!(
@@ -126,6 +155,21 @@ impl CoefficientsFile {
                 return Err(ReplayError::Config(format!(
                     "{name}: rows[{i}]: a blackbox row needs `beta`"
                 )));
+            }
+            if let Some(t) = &r.terms {
+                for (k, v) in t {
+                    if !crate::physics::TERM_NAMES.contains(&k.as_str()) {
+                        return Err(ReplayError::Config(format!(
+                            "{name}: rows[{i}].terms: unknown term {k:?} (known: {})",
+                            crate::physics::TERM_NAMES.join(", ")
+                        )));
+                    }
+                    if *v < 0.0 {
+                        return Err(ReplayError::Config(format!(
+                            "{name}: rows[{i}].terms.{k}: must be ≥ 0, got {v}"
+                        )));
+                    }
+                }
             }
         }
         Ok(f)
@@ -158,11 +202,25 @@ impl CoefficientsFile {
         kind: LatencyKind,
     ) -> Option<&CoefficientRow> {
         let key = model_key(model);
-        self.rows.iter().find(|r| {
+        let exact = self.rows.iter().find(|r| {
             model_key(&r.model) == key
                 && r.gpu.eq_ignore_ascii_case(gpu)
                 && r.tensor_parallel == tp
                 && r.latency_model == kind
+        });
+        // Trained-physics rows are global: `model: "*"` covers every model
+        // and TP on its GPU (`gpu: "*"`: on any), the physics terms carry
+        // what differs.
+        exact.or_else(|| {
+            (kind == LatencyKind::TrainedPhysics)
+                .then(|| {
+                    self.rows.iter().find(|r| {
+                        r.latency_model == kind
+                            && r.model == "*"
+                            && (r.gpu == "*" || r.gpu.eq_ignore_ascii_case(gpu))
+                    })
+                })
+                .flatten()
         })
     }
 

@@ -58,6 +58,12 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Execute runs of identical decode steps as one event.
     pub fast_forward: bool,
+    /// `--async-scheduling`: the scheduler forms step k+1 while step k
+    /// runs, so a request that arrives while a step is in flight joins the
+    /// step after the next one (vLLM V1's async scheduling). When nothing
+    /// is running the request starts at once, as an idle engine core picks
+    /// it up.
+    pub async_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +78,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerPolicy::Fcfs,
             prefix_caching: true,
             fast_forward: true,
+            async_scheduling: false,
         }
     }
 }
@@ -153,6 +160,8 @@ pub struct TokenSpan {
     pub first_step: u32,
     /// Tokens.
     pub count: u32,
+    /// The request's output length: the token of this index is its last.
+    pub target: u32,
 }
 
 /// A request that completed.
@@ -188,21 +197,22 @@ pub struct StepReport {
     pub spans: Vec<TokenSpan>,
     /// Requests that completed.
     pub finished: Vec<Finished>,
-    /// Per-output-token client overhead (α2), µs.
-    pub token_overhead_us: f64,
+    /// When a produced token becomes visible to the client.
+    pub timing: TokenTiming,
     /// Steps executed (including fast-forwarded ones).
     pub steps: u64,
 }
 
 impl StepReport {
     /// Client-visible time of token `m` (0-based) of `span`: the end of the
-    /// step that produced it plus α2 per output token so far (BLIS: every
-    /// inter-token latency includes α2).
+    /// step that produced it plus the latency model's output overheads
+    /// ([`TokenTiming`]).
     pub fn token_time(&self, span: &TokenSpan, m: u32) -> i64 {
-        visible(
+        let index = span.first_index + m;
+        self.timing.visible(
             self.step_ends[(span.first_step + m) as usize],
-            self.token_overhead_us,
-            span.first_index + m,
+            index,
+            index >= span.target,
         )
     }
 
@@ -214,11 +224,42 @@ impl StepReport {
     }
 }
 
-fn visible(step_end: i64, overhead_us: f64, index: u32) -> i64 {
-    if overhead_us == 0.0 {
-        step_end
-    } else {
-        step_end + (overhead_us * f64::from(index)).round() as i64
+/// When a token produced at the end of a step becomes visible to the
+/// client: the latency model's per-token hop, its accumulating per-token
+/// overhead (BLIS's α2: token `m` is `m` times it late) and, on a request's
+/// last token, its completion overhead.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TokenTiming {
+    /// Accumulating overhead per output token, µs.
+    pub per_token_us: f64,
+    /// Delay of every token, µs.
+    pub hop_us: f64,
+    /// Delay of a request's last token, µs.
+    pub completion_us: f64,
+}
+
+impl TokenTiming {
+    /// The timing of `model`.
+    pub fn of(model: &impl LatencyModel) -> Self {
+        Self {
+            per_token_us: model.output_token_overhead_us(),
+            hop_us: model.output_hop_us(),
+            completion_us: model.completion_overhead_us(),
+        }
+    }
+
+    /// Client-visible time of output token `index` (1-based) produced by a
+    /// step ending at `step_end`; `last`: it is the request's last token.
+    pub fn visible(&self, step_end: i64, index: u32, last: bool) -> i64 {
+        let mut extra = self.hop_us + self.per_token_us * f64::from(index);
+        if last {
+            extra += self.completion_us;
+        }
+        if extra == 0.0 {
+            step_end
+        } else {
+            step_end + extra.round() as i64
+        }
     }
 }
 
@@ -335,6 +376,9 @@ struct Active {
     /// Its first block of private content (see
     /// [`Instance::set_private_blocks`]); `u32::MAX`: none or not tracked.
     private_from: u32,
+    /// Async scheduling: the end of the step in flight when it arrived; it
+    /// may join batches formed after that time only.
+    eligible_after: i64,
 }
 
 impl Active {
@@ -589,6 +633,12 @@ impl Instance {
             cached_tokens: None,
             preemptions: 0,
             private_from,
+            eligible_after: match &self.run {
+                Some(run) if self.cfg.async_scheduling => {
+                    run.ends.last().copied().unwrap_or(i64::MIN)
+                }
+                _ => i64::MIN,
+            },
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -641,7 +691,7 @@ impl Instance {
     /// it. Use `now` to disable fast-forward for this call.
     pub fn step(&mut self, now: i64, limit: i64, report: &mut StepReport) {
         report.clear();
-        report.token_overhead_us = self.latency.output_token_overhead_us();
+        report.timing = TokenTiming::of(&self.latency);
         if let Some(run) = self.run.take() {
             debug_assert_eq!(run.ends.last().copied(), Some(now));
             self.finish_run(&run, report);
@@ -662,14 +712,18 @@ impl Instance {
         let Some(run) = &self.run else {
             return;
         };
-        let overhead = self.latency.output_token_overhead_us();
+        let timing = TokenTiming::of(&self.latency);
         if run.ends.len() > 1 {
             // Decode-only fast-forwarded run: a token per request per step.
             for (j, &end) in run.ends.iter().enumerate() {
                 for &(slot, _) in &run.scheduled {
                     let a = self.act(slot);
                     let index = a.generated + 1 + j as u32;
-                    out.push((a.req.id, index, visible(end, overhead, index)));
+                    out.push((
+                        a.req.id,
+                        index,
+                        timing.visible(end, index, index >= a.target),
+                    ));
                 }
             }
         } else {
@@ -678,7 +732,11 @@ impl Instance {
                 let a = self.act(slot);
                 if a.num_computed + n == a.num_tokens() {
                     let index = a.generated + 1;
-                    out.push((a.req.id, index, visible(end, overhead, index)));
+                    out.push((
+                        a.req.id,
+                        index,
+                        timing.visible(end, index, index >= a.target),
+                    ));
                 }
             }
         }
@@ -709,7 +767,7 @@ impl Instance {
         let rest = run.ends[i.min(n - 1)];
         let mut run = self.run.take().expect("checked");
         run.ends.truncate(i.min(n - 1));
-        report.token_overhead_us = self.latency.output_token_overhead_us();
+        report.timing = TokenTiming::of(&self.latency);
         self.finish_steps(&run, report, true);
         run.ends.clear();
         run.ends.push(rest);
@@ -733,7 +791,7 @@ impl Instance {
         self.counters.steps += u64::from(k);
         self.counters.fast_forwarded_steps += u64::from(k - 1);
         let bs = self.kv.block_size();
-        let overhead = report.token_overhead_us;
+        let timing = report.timing;
         if k > 1 || continues {
             // Decode-only run of k steps. Block fills and allocations recur
             // every `bs` steps per request; group the requests by phase so
@@ -781,6 +839,7 @@ impl Instance {
                     first_index,
                     first_step: base_step,
                     count: k,
+                    target: a.target,
                 });
             }
             self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
@@ -796,7 +855,7 @@ impl Instance {
                     let a = self.act_mut(slot);
                     a.generated += 1;
                     if a.generated == 1 {
-                        a.first_token_us = Some(visible(end, overhead, 1));
+                        a.first_token_us = Some(timing.visible(end, 1, a.target <= 1));
                     }
                     report.spans.push(TokenSpan {
                         id: a.req.id,
@@ -804,6 +863,7 @@ impl Instance {
                         first_index: a.generated,
                         first_step: base_step,
                         count: 1,
+                        target: a.target,
                     });
                     self.counters.generation_tokens += 1;
                 }
@@ -825,7 +885,7 @@ impl Instance {
                     id: a.req.id,
                     tag: a.req.tag,
                     first_token_us: a.first_token_us.unwrap_or(end),
-                    last_token_us: visible(end, overhead, a.generated),
+                    last_token_us: timing.visible(end, a.generated, true),
                     scheduled_us: a.scheduled_us.unwrap_or(end),
                     output_tokens: a.generated,
                     cached_tokens: a.cached_tokens.unwrap_or(0),
@@ -968,13 +1028,19 @@ impl Instance {
             budget -= n;
             i += 1;
         }
-        // 2. Waiting requests.
+        // 2. Waiting requests. Under async scheduling only those that were
+        // waiting when the previous step was formed, unless the engine is
+        // idle.
+        let idle = self.running.is_empty();
         if !preempted {
             while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
                 let Some(slot) = self.waiting.peek() else {
                     break;
                 };
                 let a = self.slots[slot as usize].as_mut().expect("live slot");
+                if !idle && a.eligible_after >= now {
+                    break;
+                }
                 let num_tokens = a.num_tokens();
                 // Prefix-cache hits: full blocks, at most all but the last token.
                 let mut max_hit_blocks = (num_tokens - 1) / bs;

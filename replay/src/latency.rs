@@ -1,7 +1,11 @@
 //! Latency models: how long a batch step takes, and the non-GPU overheads
-//! around it. One trait, two models: `blackbox` (trained α/β regression) and
-//! `roofline` (analytical, from the model's architecture and the GPU).
+//! around it. One trait, four models: `blackbox` (trained α/β regression
+//! per model), `roofline` (analytical, from the model's architecture and
+//! the GPU), `trained-physics` (physics terms with global coefficients,
+//! [`crate::physics`]) and `blis-physics` (BLIS's formula with its published
+//! coefficients, a reference).
 
+use crate::physics::{BlisPhysics, TrainedPhysics};
 use crate::roofline::Roofline;
 
 /// One request's share of a batch step, as a latency model sees it.
@@ -63,8 +67,19 @@ pub trait LatencyModel: Send + Sync + std::fmt::Debug {
     fn step_time_us(&self, batch: &BatchShape) -> f64;
     /// Delay from arrival to entering the wait queue, µs.
     fn queueing_delay_us(&self, input_tokens: u32) -> f64;
-    /// Client-visible overhead per output token, µs.
+    /// Client-visible overhead per output token, µs, accumulating: token
+    /// `m` (1-based) is visible `m` times this after its step (BLIS's α2).
     fn output_token_overhead_us(&self) -> f64;
+    /// Client-visible delay of every token after its step, µs, not
+    /// accumulating (detokenisation and the stream write).
+    fn output_hop_us(&self) -> f64 {
+        0.0
+    }
+    /// Delay added once to a request's last token, µs (BLIS's post-decode
+    /// overhead).
+    fn completion_overhead_us(&self) -> f64 {
+        0.0
+    }
     /// Short name for reports.
     fn name(&self) -> &'static str;
 }
@@ -107,32 +122,41 @@ pub enum Model {
     Blackbox(Blackbox),
     /// Analytical roofline.
     Roofline(Box<Roofline>),
+    /// Physics terms with global coefficients.
+    TrainedPhysics(Box<TrainedPhysics>),
+    /// BLIS's trained-physics formula with its published coefficients.
+    BlisPhysics(Box<BlisPhysics>),
+}
+
+impl Model {
+    fn inner(&self) -> &dyn LatencyModel {
+        match self {
+            Model::Blackbox(m) => m,
+            Model::Roofline(m) => m.as_ref(),
+            Model::TrainedPhysics(m) => m.as_ref(),
+            Model::BlisPhysics(m) => m.as_ref(),
+        }
+    }
 }
 
 impl LatencyModel for Model {
     fn step_time_us(&self, b: &BatchShape) -> f64 {
-        match self {
-            Model::Blackbox(m) => m.step_time_us(b),
-            Model::Roofline(m) => m.step_time_us(b),
-        }
+        self.inner().step_time_us(b)
     }
     fn queueing_delay_us(&self, input_tokens: u32) -> f64 {
-        match self {
-            Model::Blackbox(m) => m.queueing_delay_us(input_tokens),
-            Model::Roofline(m) => m.queueing_delay_us(input_tokens),
-        }
+        self.inner().queueing_delay_us(input_tokens)
     }
     fn output_token_overhead_us(&self) -> f64 {
-        match self {
-            Model::Blackbox(m) => m.output_token_overhead_us(),
-            Model::Roofline(m) => m.output_token_overhead_us(),
-        }
+        self.inner().output_token_overhead_us()
+    }
+    fn output_hop_us(&self) -> f64 {
+        self.inner().output_hop_us()
+    }
+    fn completion_overhead_us(&self) -> f64 {
+        self.inner().completion_overhead_us()
     }
     fn name(&self) -> &'static str {
-        match self {
-            Model::Blackbox(m) => m.name(),
-            Model::Roofline(m) => m.name(),
-        }
+        self.inner().name()
     }
 }
 

@@ -54,6 +54,7 @@ pub mod instance;
 pub mod kv;
 pub mod latency;
 pub mod output;
+pub mod physics;
 pub mod policy;
 pub mod prefix_index;
 pub mod priority;

@@ -12,7 +12,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{Command, LatencyChoice, Opts, RunArgs};
 use crate::cluster::{ClusterSummary, Control, DecisionRecord};
-use crate::coefficients::LatencyKind;
 use crate::instance::{Instance, Snapshot};
 use crate::output::{Collector, Summary};
 use crate::policy::PolicyBundle;
@@ -49,15 +48,28 @@ impl std::fmt::Debug for Workload {
 }
 
 /// The inputs of a whole trace, in entry order (send time relative to the
-/// run start when recorded, else intended arrival; ties by request id).
+/// run start when recorded, else intended arrival; ties by request id),
+/// each cancelled at its planned deadline or after the client's timeout
+/// recorded in the header.
 pub fn trace_inputs(header: &TraceHeader, records: Vec<TraceRecord>) -> Vec<Input> {
     let run_start = header.run_start_unix_us.unwrap_or(0);
+    let timeout = client_timeout_us(header);
     let mut inputs: Vec<Input> = records
         .into_iter()
-        .map(|r| Input::from_record(r, run_start))
+        .map(|r| Input::from_record(r, run_start).with_client_timeout(timeout))
         .collect();
     inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
     inputs
+}
+
+/// The client's timeout per request recorded in `header`, µs.
+pub fn client_timeout_us(header: &TraceHeader) -> Option<i64> {
+    header
+        .load_generator
+        .as_ref()
+        .and_then(|l| l.timeout_s)
+        .filter(|t| *t > 0.0 && t.is_finite())
+        .map(|t| (t * 1e6).round() as i64)
 }
 
 /// Loads the workload named by `args`.
@@ -70,7 +82,20 @@ pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
         horizon_us: args.horizon_s.map(|s| (s * 1e6).round() as u64),
         num_requests: args.num_requests,
     };
-    let from_trace = |trace: Trace| -> Workload {
+    if let Some(t) = args.client_timeout_s
+        && !(t > 0.0 && t.is_finite())
+    {
+        bail!("--client-timeout-s must be a positive number of seconds, got {t}");
+    }
+    let timeout_flag = args.client_timeout_s.map(|t| (t * 1e6).round() as i64);
+    let from_trace = |mut trace: Trace| -> Workload {
+        if let Some(t) = args.client_timeout_s {
+            trace
+                .header
+                .load_generator
+                .get_or_insert_with(Default::default)
+                .timeout_s = Some(t);
+        }
         let mut records = trace.records;
         if let Some(n) = args.num_requests {
             records.sort_by_key(|r| r.request.request_id);
@@ -103,9 +128,9 @@ pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
         let generator = Generator::new(&spec, &opts)?;
         // A generator error (an unreadable data file mid-way) ends the
         // stream; it was checked when the generator was built.
-        let inputs = generator
-            .map_while(Result::ok)
-            .map(|r| Input::from_record(TraceRecord::planned(r), 0));
+        let inputs = generator.map_while(Result::ok).map(move |r| {
+            Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
+        });
         return Ok(Workload {
             header,
             inputs: Box::new(inputs),
@@ -120,10 +145,7 @@ pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
 pub fn server_args(args: &RunArgs) -> ServerArgs {
     let mut s = ServerArgs {
         model: args.model.clone(),
-        latency: args.latency_model.map(|l| match l {
-            LatencyChoice::Blackbox => LatencyKind::Blackbox,
-            LatencyChoice::Roofline => LatencyKind::Roofline,
-        }),
+        latency: args.latency_model.map(LatencyChoice::kind),
         coefficients: args.coefficients.clone(),
         coefficient_rows: None,
         model_config: args.model_config.clone(),

@@ -11,6 +11,7 @@ use crate::coefficients::{CoefficientsFile, LatencyKind};
 use crate::error::{ReplayError, Result};
 use crate::instance::EngineConfig;
 use crate::latency::{Blackbox, Model};
+use crate::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedPhysics};
 use crate::roofline::{Roofline, RooflineParams};
 use crate::scheduler::SchedulerPolicy;
 
@@ -55,6 +56,8 @@ pub struct ServerArgs {
     pub prefix_caching: bool,
     /// Fast-forward.
     pub fast_forward: bool,
+    /// vLLM's `--async-scheduling` (None: the trace header's, else off).
+    pub async_scheduling: Option<bool>,
 }
 
 /// The resolved server: settings, latency model, and how they were found.
@@ -89,6 +92,7 @@ impl Resolved {
                 gpu_memory_utilization: None,
                 max_model_len: (e.max_model_len > 0).then_some(u64::from(e.max_model_len)),
                 total_kv_blocks: Some(u64::from(e.total_kv_blocks)),
+                async_scheduling: e.async_scheduling.then_some(true),
             },
             HeaderHardware {
                 gpu: Some(self.gpu.clone()),
@@ -207,6 +211,14 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         {
             LatencyKind::Blackbox
         }
+        None if !model.is_empty()
+            && crate::arch::find_model(Some(&model), args.model_config.as_deref()).is_ok()
+            && coefs
+                .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
+                .is_some() =>
+        {
+            LatencyKind::TrainedPhysics
+        }
         None => LatencyKind::Roofline,
     };
     let hardware_text = match &args.hardware_config {
@@ -216,7 +228,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         })?,
         None => crate::arch::BUNDLED_HARDWARE.to_string(),
     };
-    let needs_arch = kind == LatencyKind::Roofline;
+    let needs_arch = kind != LatencyKind::Blackbox;
     let arch = if needs_arch || args.model_config.is_some() || !model.is_empty() {
         match find_model(
             (!model.is_empty()).then_some(model.as_str()),
@@ -230,6 +242,8 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         None
     };
     let hw = Hardware::from_json(&hardware_text, &gpu);
+    // The step structure a trained-physics row was fitted with.
+    let mut row_async = None;
     let latency = match kind {
         LatencyKind::Blackbox => {
             let row = coefs
@@ -280,6 +294,49 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
                 arch.name, hw.name, params.mfu_prefill, params.mfu_decode, params.overhead_us
             ));
             Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
+        }
+        LatencyKind::TrainedPhysics => {
+            let arch = arch.clone().expect("checked above");
+            let hw = hw
+                .as_ref()
+                .map_err(|e| ReplayError::Config(e.to_string()))?
+                .clone();
+            let row = coefs
+                .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
+                .ok_or_else(|| {
+                    ReplayError::Config(
+                        "no trained-physics coefficients: give --coefficients with a trained-physics row (blis-calibrate fit --runs DIR writes one)".into(),
+                    )
+                })?;
+            let terms = row.terms.clone().unwrap_or_default();
+            row_async = row.async_scheduling;
+            prov.push(format!(
+                "trained-physics {} on {} TP{tp} ({})",
+                arch.name,
+                hw.name,
+                row.source.as_deref().unwrap_or("coefficients file")
+            ));
+            Model::TrainedPhysics(Box::new(TrainedPhysics::from_named(
+                PhysicsBasis::new(&arch, &hw, tp),
+                &terms,
+                HostOverheads {
+                    queue_us: row.alpha[0],
+                    queue_per_input_token_us: row.alpha[1],
+                    output_hop_us: row.alpha[2],
+                },
+            )))
+        }
+        LatencyKind::BlisPhysics => {
+            let arch = arch.clone().expect("checked above");
+            let hw = hw
+                .as_ref()
+                .map_err(|e| ReplayError::Config(e.to_string()))?
+                .clone();
+            prov.push(format!(
+                "blis-physics {} on {} TP{tp} (BLIS's published global coefficients)",
+                arch.name, hw.name
+            ));
+            Model::BlisPhysics(Box::new(BlisPhysics::published(&arch, &hw, tp)))
         }
     };
     let block_size = pick(
@@ -350,6 +407,11 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         scheduler: args.scheduler,
         prefix_caching: args.prefix_caching,
         fast_forward: args.fast_forward,
+        async_scheduling: args
+            .async_scheduling
+            .or_else(|| hs.and_then(|s| s.async_scheduling))
+            .or(row_async)
+            .unwrap_or(false),
     };
     if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
         return Err(ReplayError::Config(

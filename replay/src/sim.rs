@@ -111,23 +111,17 @@ pub struct Input {
 impl Input {
     /// The input for `rec` of a trace whose run started at `run_start`:
     /// entry at the recorded send time when there is one, else at the
-    /// intended arrival; a recorded client timeout or a deadline becomes a
-    /// cancellation.
+    /// intended arrival; the request's planned deadline (`deadline_us`)
+    /// becomes its client's cancellation. What happened to the request in
+    /// the recorded run (its status, when it ended) is never used: a
+    /// prediction must not know it.
     pub fn from_record(rec: TraceRecord, run_start_us: i64) -> Self {
         let arrival = rec.request.arrival_time_us;
         let entry = rec
             .outcome
             .send_time_us
             .map_or(arrival, |s| s - run_start_us);
-        let cancel = if rec.outcome.status == Some(Status::Timeout) {
-            rec.outcome
-                .last_chunk_time_us
-                .zip(rec.outcome.send_time_us)
-                .map(|(l, s)| entry + (l - s))
-        } else {
-            None
-        }
-        .or_else(|| rec.request.deadline_us.map(|d| entry + (d - arrival)));
+        let cancel = rec.request.deadline_us.map(|d| entry + (d - arrival));
         let closed_loop = rec.request.round_index > 0
             && rec.request.think_time_us.is_some()
             && rec.outcome.send_time_us.is_none()
@@ -138,6 +132,16 @@ impl Input {
             cancel_at_us: cancel,
             closed_loop,
         }
+    }
+
+    /// With a client that gives up `timeout_us` after sending (a request
+    /// with an earlier planned deadline keeps it).
+    pub fn with_client_timeout(mut self, timeout_us: Option<i64>) -> Self {
+        if let Some(t) = timeout_us {
+            let at = self.entry_us + t;
+            self.cancel_at_us = Some(self.cancel_at_us.map_or(at, |c| c.min(at)));
+        }
+        self
     }
 }
 
@@ -460,10 +464,6 @@ impl Driver<'_> {
         {
             // A repeated id: its "private" content is another request's.
             self.share_private_blocks();
-        }
-        if matches!(input.rec.outcome.status, Some(Status::Error)) {
-            sink.not_served(input.rec, input.entry_us, NotServed::InputError);
-            return;
         }
         if !self.control.admit(now, &input.rec) {
             let why = NotServed::Rejected(self.control.admission.policy().name());

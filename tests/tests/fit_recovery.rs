@@ -35,6 +35,8 @@ fn fit_recovers_the_mocks_coefficients() {
             mfu_decode: None,
             overhead_us: None,
             allreduce_latency_us: None,
+            terms: None,
+            async_scheduling: None,
             total_kv_blocks: None,
             source: Some("test truth".into()),
         }],

@@ -62,6 +62,10 @@ pub struct ServerConfig {
     /// GPU KV blocks available (from the server's log or `/metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_kv_blocks: Option<u64>,
+    /// vLLM's `--async-scheduling` (the next step is scheduled while one
+    /// runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub async_scheduling: Option<bool>,
 }
 
 /// Accelerators the server ran on.
@@ -101,6 +105,10 @@ pub struct LoadGeneratorInfo {
     /// True when the client, not the server, limited the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_bound: Option<bool>,
+    /// The client's timeout per request, seconds: a replay cancels every
+    /// request this long after its send, as the client did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
 }
 
 /// The header YAML of a trace-v2 bundle.
@@ -292,6 +300,7 @@ mod tests {
             gpu_memory_utilization: Some(0.9),
             max_model_len: Some(4096),
             total_kv_blocks: Some(7462),
+            async_scheduling: None,
         });
         h.hardware = Some(Hardware {
             gpu: Some("H100".into()),
@@ -306,6 +315,7 @@ mod tests {
             send_lag_p50_ms: Some(0.1),
             send_lag_p99_ms: Some(1.5),
             client_bound: Some(false),
+            timeout_s: Some(300.0),
         });
         h.run_start_unix_us = Some(1_700_000_000_000_000);
         h.data_file = Some("x.csv".into());

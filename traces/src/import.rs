@@ -351,6 +351,34 @@ fn gt_shared_prefix(dir: &Path) -> Result<Option<crate::spec::InferencePerfShare
     Ok(None)
 }
 
+/// The client's timeout per request of a run, seconds: inference-perf's
+/// `load.request_timeout` (`results/config.yaml`, else `profile.yaml`), and
+/// when it is null or absent the 300 s total timeout of the aiohttp client
+/// session inference-perf sends with (aiohttp's `ClientTimeout` default);
+/// the failed requests of the ground truth end after 300.0–301.0 s.
+fn gt_request_timeout_s(dir: &Path) -> Result<f64> {
+    #[derive(Deserialize)]
+    struct Load {
+        #[serde(default)]
+        request_timeout: Option<f64>,
+    }
+    #[derive(Deserialize)]
+    struct F {
+        #[serde(default)]
+        load: Option<Load>,
+    }
+    for name in ["results/config.yaml", "profile.yaml"] {
+        let p = dir.join(name);
+        if let Ok(text) = std::fs::read_to_string(&p) {
+            let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
+            if let Some(t) = f.load.and_then(|l| l.request_timeout).filter(|t| *t > 0.0) {
+                return Ok(t);
+            }
+        }
+    }
+    Ok(300.0)
+}
+
 /// Unix µs of an experiment name's leading `YYYYMMDD-HHMMSS` (read as UTC).
 fn experiment_start_us(name: &str) -> Option<i64> {
     let stamp = name.get(..15)?;
@@ -375,10 +403,13 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// system prompt) sent in a repeating cycle; as the prompt of each request
 /// is not recorded, request i carries prompt i mod N (`content_key`,
 /// `prefix_group`), which reproduces the cycle's reuse of the prefix cache
-/// but not the exact order within a cycle. Failed requests
-/// (client timeouts) get the run's median prompt length and status
-/// `timeout`. Send times are `run_start_unix_us` (the experiment name's
-/// timestamp, read as UTC) plus `arrival_time_us`.
+/// but not the exact order within a cycle. Every request's
+/// `deadline_us` is its arrival plus the client's timeout (300 s unless the
+/// run set `request_timeout`), so that a prediction times requests out as
+/// the client did. Failed requests (client timeouts) have status `timeout`;
+/// their prompt length, not recorded, is the plan's (the median length of
+/// the same prompt of the cycle). Send times are `run_start_unix_us` (the
+/// experiment name's timestamp, read as UTC) plus `arrival_time_us`.
 ///
 /// # Errors
 /// Missing or malformed files, naming them.
@@ -428,14 +459,30 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         let per = s.num_prompts_per_group.unwrap_or(10).max(1);
         (groups * per, per, s.system_prompt_len)
     });
-    let mut ok_inputs: Vec<u32> = replay
+    // A request whose prompt length was not recorded (the client reports 0
+    // for failed requests) gets the plan's: the median recorded length of
+    // requests carrying the same prompt of the cycle, else of all. Whether
+    // a request failed is never used.
+    let cycle = prompts.map_or(1, |(n, _, _)| u64::from(n.max(1)));
+    let mut recorded: Vec<(u64, u32)> = replay
         .requests
         .iter()
-        .filter(|r| !r.has_error && r.input_tokens > 0)
-        .map(|r| r.input_tokens)
+        .filter(|r| r.input_tokens > 0)
+        .map(|r| (r.index % cycle, r.input_tokens))
         .collect();
-    ok_inputs.sort_unstable();
-    let median_input = ok_inputs.get(ok_inputs.len() / 2).copied().unwrap_or(1);
+    recorded.sort_unstable();
+    let median = |v: &[u32]| v.get(v.len() / 2).copied();
+    let mut all: Vec<u32> = recorded.iter().map(|x| x.1).collect();
+    all.sort_unstable();
+    let median_input = median(&all).unwrap_or(1);
+    let planned_input = |index: u64| -> u32 {
+        let p = index % cycle;
+        let lo = recorded.partition_point(|x| x.0 < p);
+        let hi = recorded.partition_point(|x| x.0 <= p);
+        let same: Vec<u32> = recorded[lo..hi].iter().map(|x| x.1).collect();
+        median(&same).unwrap_or(median_input)
+    };
+    let timeout_us = (gt_request_timeout_s(dir)? * 1e6).round() as i64;
     let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
     for t in &truth {
         if let Some(slot) = by_index.get_mut(t.index as usize) {
@@ -465,7 +512,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         let t = by_index.get(r.index as usize).copied().flatten();
         let failed = r.has_error || t.is_none_or(|t| t.has_error);
         let input = if r.input_tokens == 0 {
-            median_input
+            planned_input(r.index)
         } else {
             r.input_tokens
         };
@@ -479,6 +526,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             input_tokens: input,
             output_tokens: output,
             arrival_time_us: r.arrival_time_us,
+            deadline_us: Some(r.arrival_time_us + timeout_us),
             ..Request::default()
         };
         if let Some((n, per, system)) = prompts {
@@ -531,6 +579,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         gpu_memory_utilization: None,
         max_model_len: exp.max_model_len,
         total_kv_blocks: replay.config.kv_blocks_total_gpu,
+        async_scheduling: None,
     });
     header.hardware = Some(Hardware {
         gpu: Some("H100".into()),

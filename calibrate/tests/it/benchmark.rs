@@ -14,9 +14,9 @@ const SEVEN_B_CODEGEN: &str = "20260217-155451-llama-2-7b-tp1-codegen";
 const SEVEN_B_REASONING: &str = "20260217-170634-llama-2-7b-tp1-reasoning";
 
 /// Any folder laid out like vllm-ground-truth/train works: each run is
-/// predicted with coefficients fitted on the model's other runs, a run with
-/// no partner or an unreadable folder is listed as skipped, and PREFIX.md
-/// and PREFIX.json carry the documented shape.
+/// predicted by a trained-physics fit on the other runs (leave-one-run-out),
+/// an unreadable folder is listed as skipped, and PREFIX.md and PREFIX.json
+/// carry the documented shape with the latency model and the medians.
 #[test]
 fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
     if !gt(SEVEN_B_CODEGEN).exists() {
@@ -42,13 +42,19 @@ fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
     let md = std::fs::read_to_string(out.with_extension("md")).unwrap();
     assert!(printed.contains(&md));
     assert!(
-        md.contains("| meta-llama/Llama-2-7b-hf | codegen | 9000 |"),
+        md.contains("| meta-llama/Llama-2-7b-hf | codegen | 9000 / 9000 |"),
         "{md}"
     );
     assert!(md.contains("skipped not-a-run"), "{md}");
     let j: Value =
         serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
             .unwrap();
+    assert_eq!(j["latency_model"], "trained-physics");
+    for k in ["ttft_mean", "e2e_mean", "itl_mean", "e2e_mape"] {
+        assert!(j["summary"][k].as_f64().unwrap() >= 0.0, "summary.{k}");
+    }
+    assert_eq!(j["summary"]["runs"], 2);
+    assert!(md.contains("Median over 2 runs"), "{md}");
     let runs_j = j["runs"].as_array().unwrap();
     assert_eq!(runs_j.len(), 2);
     for r in runs_j {
@@ -77,6 +83,32 @@ fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
     let codegen = runs_j.iter().find(|r| r["workload"] == "codegen").unwrap();
     let ttft = codegen["ttft"]["real_mean"].as_f64().unwrap();
     assert!((5.0..200.0).contains(&ttft), "{ttft}");
+    // The reasoning run is saturated (mean TTFT above 10 s), codegen not.
+    let reasoning = runs_j
+        .iter()
+        .find(|r| r["workload"] == "reasoning")
+        .unwrap();
+    assert_eq!(reasoning["saturated"][0], true);
+    assert_eq!(codegen["saturated"][0], false);
+
+    // BLIS's published coefficients: nothing fitted, the same runs.
+    let blis = dir.path().join("blis");
+    calibrate(&[
+        "benchmark",
+        runs.to_str().unwrap(),
+        "--latency-model",
+        "blis-physics",
+        "--out",
+        blis.to_str().unwrap(),
+    ])
+    .unwrap();
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(blis.with_extension("json")).unwrap())
+            .unwrap();
+    assert_eq!(j["latency_model"], "blis-physics");
+    assert_eq!(j["runs"].as_array().unwrap().len(), 2);
+    assert!(j["runs"][0]["fitted_on"].as_array().unwrap().is_empty());
+    assert!(j["runs"][0]["coefficients"].is_null());
 }
 
 /// `--fit-on` fits on another folder's runs; a model with none there is

@@ -235,16 +235,29 @@ fn a_later_session_round_waits_for_the_previous_response_and_think_time() {
     );
 }
 
+/// The client's timeout cancels a request wherever it is; what happened to
+/// the request in the recorded run is never an input.
 #[test]
-fn a_recorded_client_timeout_cancels_the_request() {
+fn the_client_timeout_cancels_and_recorded_failures_are_ignored() {
     let mut rec = TraceRecord::planned(req(0, 0, 100, 1000));
+    // Recorded as timed out at 20 ms: a prediction must not know it.
     rec.outcome = Outcome {
         send_time_us: Some(0),
-        last_chunk_time_us: Some(50_000),
+        last_chunk_time_us: Some(20_000),
         status: Some(Status::Timeout),
         ..Outcome::default()
     };
-    let input = blis_replay::sim::Input::from_record(rec, 0);
+    let input = blis_replay::sim::Input::from_record(rec.clone(), 0);
+    assert_eq!(input.cancel_at_us, None);
+    let mut flipped = rec;
+    flipped.outcome.status = Some(Status::Ok);
+    let other = blis_replay::sim::Input::from_record(flipped, 0);
+    assert_eq!(
+        (other.entry_us, other.cancel_at_us, other.closed_loop),
+        (input.entry_us, input.cancel_at_us, input.closed_loop),
+        "the status is not an input"
+    );
+    let input = input.with_client_timeout(Some(50_000));
     assert_eq!(input.cancel_at_us, Some(50_000));
     let mut inst = blis_replay::Instance::new(cfg(), simple_model());
     let mut sink = blis_replay::output::Collector::in_memory(0);
@@ -272,6 +285,84 @@ fn a_recorded_client_timeout_cancels_the_request() {
     // 2000 µs prefill, then 1100 µs per token until 50 ms.
     assert_eq!(r.outcome.num_chunks, 1 + (50_000 - 2000) / 1100);
     assert!(r.outcome.last_chunk_time_us.unwrap() <= 50_000);
+}
+
+/// An overloaded run under a client timeout: requests arrive far faster
+/// than the engine serves them, each with a 3 s deadline. Every request
+/// that could not finish by its deadline is cancelled there as `timeout`,
+/// wherever it was (waiting, prefilling or decoding); every other one
+/// completes in time; and the KV cache ends empty with its blocks
+/// accounted for.
+#[test]
+fn an_overloaded_run_times_out_past_the_deadline_and_conserves_kv() {
+    const DEADLINE: i64 = 3_000_000;
+    let reqs: Vec<_> = (0..400)
+        .map(|i| {
+            // One every 5 ms, 200 output tokens: ~100 running at once would
+            // be needed; max_num_seqs 16 and 600 KV blocks allow far fewer.
+            let mut r = req(i, i as i64 * 5_000, 300 + (i as u32 % 7) * 100, 200);
+            r.deadline_us = Some(r.arrival_time_us + DEADLINE);
+            r
+        })
+        .collect();
+    let config = EngineConfig {
+        total_kv_blocks: 600,
+        max_num_seqs: 16,
+        ..EngineConfig::default()
+    };
+    let mut inst = blis_replay::Instance::new(config, simple_model());
+    let mut sink = blis_replay::output::Collector::in_memory(0);
+    let last = blis_replay::replay(
+        &mut inst,
+        crate::common::inputs(reqs),
+        &SimOptions {
+            sample_interval_us: None,
+            horizon_us: None,
+        },
+        &mut sink,
+    );
+    inst.check().unwrap();
+    assert_eq!(inst.kv().used(), 0, "every block freed");
+    assert_eq!(inst.kv().free(), inst.kv().total());
+    let (s, recs) = sink
+        .finish(
+            &blis_traces::TraceHeader::new(blis_traces::Mode::Replayed),
+            &last,
+            "t",
+        )
+        .unwrap();
+    let recs = recs.unwrap();
+    assert_eq!(recs.len(), 400);
+    let (mut ok, mut timeout, mut in_flight) = (0, 0, 0);
+    for r in &recs {
+        let o = &r.outcome;
+        let deadline = r.request.arrival_time_us + DEADLINE;
+        let end = o.last_chunk_time_us.or(o.send_time_us).unwrap();
+        assert!(
+            end <= deadline,
+            "request {} ends after its deadline",
+            r.request.request_id
+        );
+        match o.status {
+            Some(Status::Ok) => {
+                ok += 1;
+                assert_eq!(o.num_chunks, 200);
+            }
+            Some(Status::Timeout) => {
+                timeout += 1;
+                assert!(o.num_chunks < 200);
+                if o.num_chunks > 0 {
+                    in_flight += 1;
+                }
+            }
+            other => panic!("request {}: {other:?}", r.request.request_id),
+        }
+    }
+    assert!(ok > 0 && timeout > 200, "{ok} ok, {timeout} timed out");
+    assert!(in_flight > 0, "some were cancelled while decoding");
+    assert!(timeout - in_flight > 0, "some were cancelled while waiting");
+    assert_eq!(s.requests.cancelled, timeout);
+    assert_eq!(last.counters.aborted, timeout);
 }
 
 #[test]

@@ -135,6 +135,7 @@ proptest! {
         sched in 0u8..4,
         prefix_caching in any::<bool>(),
         fast_forward in any::<bool>(),
+        async_scheduling in any::<bool>(),
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, shared))| {
             let r = req(i as u64, t, inp, out);
@@ -151,6 +152,7 @@ proptest! {
             scheduler,
             prefix_caching,
             fast_forward,
+            async_scheduling,
         };
         check_run(cfg, reqs)?;
     }

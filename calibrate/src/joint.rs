@@ -1,0 +1,1030 @@
+//! The joint fit of the global `trained-physics` coefficients
+//! ([`blis_replay::physics`]) on every run of every model at once.
+//!
+//! What a user reads of a run, and what the fit is judged on, is each
+//! run's mean and tail: mean and p99 of TTFT and E2E and the mean ITL per
+//! output token, each side over its own completed requests. The loss is
+//! the root mean square over runs of each run's weighted root mean square
+//! of those relative errors, so a 9,000-request run and a 700-request run
+//! count alike:
+//!
+//! ```text
+//! e_r  = sqrt( Σ_m w_m · min(|sim_m − real_m| / real_m, 3)² / Σ_m w_m )
+//!        m ∈ {TTFT mean (1), TTFT p99 (½), E2E mean (1), E2E p99 (½), ITL mean (1)}
+//! loss = sqrt( Σ_r v_r · e_r² / Σ_r v_r ),   v_r = OVERLOADED_WEIGHT for an
+//!        overloaded run (real mean TTFT above 10 s), else 1
+//! ```
+//!
+//! Two stages:
+//!
+//! 1. **Decode intervals** (convex). Every completed request decoded for
+//!    `E2E − TTFT` over `output − 1` steps; its mean step time is the mean
+//!    of the physics terms of the batches it decoded with, times the
+//!    coefficients. The batches are rebuilt from all requests' measured
+//!    intervals (who was decoding, with how much context; whose prefill
+//!    fell in the interval), wherever the rebuild is complete: before the
+//!    first arrival of a request that failed (its state is unknown). A
+//!    non-negative least squares of the relative error, each run weighted
+//!    alike, gives the coefficients (Lawson & Hanson 1974).
+//! 2. **Replays** (derivative-free). Starting there, the host overheads
+//!    (queueing delay, output hop) and the coefficients are refined by
+//!    replaying every run in-process (its recorded server settings and
+//!    client timeout) with a coordinate search on multiplicative grids and
+//!    Nelder–Mead restarts (argmin), runs replayed in parallel threads.
+//!
+//! Recorded failures never enter a prediction: a replay cancels requests
+//! only at the client's timeout.
+
+use std::cell::Cell;
+
+use argmin::core::{CostFunction, Executor, State};
+use argmin::solver::neldermead::NelderMead;
+use blis_replay::coefficients::{CoefficientRow, LatencyKind};
+use blis_replay::latency::{BatchShape, Model, PrefillChunk};
+use blis_replay::physics::{HostOverheads, PhysicsBasis, TERM_NAMES, TERMS, TrainedPhysics};
+use blis_replay::run::replay_trace_in_memory;
+use blis_replay::setup::{Resolved, ServerArgs, resolve};
+use blis_traces::{Status, Trace, TraceRecord};
+use serde::Serialize;
+
+use crate::fit::FitError;
+use crate::stats::{mean, percentile, sorted};
+
+/// Weight of an overloaded run in the loss (measured by leave-one-run-out
+/// cross-validation on the vLLM ground truth; see the README).
+pub const OVERLOADED_WEIGHT: f64 = 0.5;
+
+/// The terms refined by replays in stage 2 (with the host overheads); the
+/// others keep their decode-interval fit. Prefill compute is seen only in
+/// TTFT, which stage 1 does not measure. Measured by leave-one-run-out on
+/// the 8 ground-truth runs (budget 40–60): refining every free term gave
+/// median errors TTFT 6.0%, E2E 3.3%, ITL 8.5% (stage 2 trades decode
+/// accuracy for TTFT, and doubling the ITL weight did not stop it: ITL
+/// 8.8% on Llama-2-7B reasoning, −23% on Mixtral reasoning); refining only
+/// these gave TTFT 6.9%, E2E 3.8%, ITL 6.4%.
+pub const STAGE2_TERMS: [&str; 1] = ["prefill_compute"];
+
+/// Replays of every run allowed to stage 2 by default (about a minute for
+/// the 8 ground-truth runs on 2 cores).
+pub const DEFAULT_BUDGET: u64 = 40;
+
+/// A run is overloaded when its mean TTFT exceeds this, ms.
+pub const OVERLOADED_TTFT_MS: f64 = 10_000.0;
+
+/// Relative errors are capped here in the loss.
+const ERROR_CAP: f64 = 3.0;
+
+/// A run's mean and tail latencies over its completed requests, ms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct RunStats {
+    /// Requests.
+    pub requests: u64,
+    /// Completed (`ok`) requests.
+    pub completed: u64,
+    /// TTFT mean.
+    pub ttft_mean: f64,
+    /// TTFT p99.
+    pub ttft_p99: f64,
+    /// E2E mean.
+    pub e2e_mean: f64,
+    /// E2E p99.
+    pub e2e_p99: f64,
+    /// Mean ITL per output token: (E2E − TTFT) / (output − 1).
+    pub itl_mean: f64,
+}
+
+impl RunStats {
+    /// Of the completed streamed requests of `records` (times relative to
+    /// each request's send).
+    pub fn of(records: &[TraceRecord]) -> Self {
+        let (mut t, mut e, mut i) = (Vec::new(), Vec::new(), Vec::new());
+        for r in records {
+            let o = &r.outcome;
+            if o.status != Some(Status::Ok) {
+                continue;
+            }
+            let (Some(s), Some(f), Some(l)) =
+                (o.send_time_us, o.first_chunk_time_us, o.last_chunk_time_us)
+            else {
+                continue;
+            };
+            t.push((f - s) as f64 / 1e3);
+            e.push((l - s) as f64 / 1e3);
+            let n = r.request.output_tokens;
+            if n > 1 {
+                i.push((l - f) as f64 / 1e3 / f64::from(n - 1));
+            }
+        }
+        let (ts, es) = (sorted(&t), sorted(&e));
+        Self {
+            requests: records.len() as u64,
+            completed: e.len() as u64,
+            ttft_mean: mean(&t),
+            ttft_p99: percentile(&ts, 99.0),
+            e2e_mean: mean(&e),
+            e2e_p99: percentile(&es, 99.0),
+            itl_mean: mean(&i),
+        }
+    }
+
+    /// Whether the run is overloaded (mean TTFT above 10 s).
+    pub fn overloaded(&self) -> bool {
+        self.ttft_mean > OVERLOADED_TTFT_MS
+    }
+
+    /// (value, weight) of the metrics of the loss.
+    fn metrics(&self) -> [(f64, f64); 5] {
+        [
+            (self.ttft_mean, 1.0),
+            (self.ttft_p99, 0.5),
+            (self.e2e_mean, 1.0),
+            (self.e2e_p99, 0.5),
+            (self.itl_mean, 1.0),
+        ]
+    }
+}
+
+/// The loss term `e_r²` of one run (see the module docs).
+pub fn run_error_sq(real: &RunStats, sim: &RunStats) -> f64 {
+    if sim.completed == 0 {
+        return ERROR_CAP * ERROR_CAP;
+    }
+    let (mut num, mut den) = (0.0, 0.0);
+    for ((r, w), (s, _)) in real.metrics().into_iter().zip(sim.metrics()) {
+        if !(r > 0.0 && r.is_finite()) {
+            continue;
+        }
+        let e = if s.is_finite() {
+            ((s - r).abs() / r).min(ERROR_CAP)
+        } else {
+            ERROR_CAP
+        };
+        num += w * e * e;
+        den += w;
+    }
+    if den > 0.0 { num / den } else { 0.0 }
+}
+
+/// The global coefficients: the physics terms' β and the host overheads.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PhysicsCoefficients {
+    /// β in [`blis_replay::physics::TERM_NAMES`] order.
+    pub beta: [f64; TERMS],
+    /// Queueing delay (µs), per input token (µs), output hop (µs).
+    pub host: [f64; 3],
+}
+
+impl PhysicsCoefficients {
+    /// The model of `basis` with these coefficients.
+    pub fn model(&self, basis: &PhysicsBasis) -> Model {
+        Model::TrainedPhysics(Box::new(TrainedPhysics {
+            basis: basis.clone(),
+            beta: self.beta.map(|b| b.max(0.0)),
+            host: HostOverheads {
+                queue_us: self.host[0].max(0.0),
+                queue_per_input_token_us: self.host[1].max(0.0),
+                output_hop_us: self.host[2].max(0.0),
+            },
+        }))
+    }
+
+    /// The global coefficients row (`model: "*"`): for every model on `gpu` (`*`: any),
+    /// fitted with the step structure `async_scheduling`.
+    pub fn row(&self, gpu: &str, async_scheduling: bool, source: String) -> CoefficientRow {
+        let named = blis_replay::physics::TERM_NAMES
+            .iter()
+            .zip(self.beta)
+            .filter(|(_, b)| *b > 0.0)
+            .map(|(n, b)| ((*n).to_string(), b))
+            .collect();
+        CoefficientRow {
+            model: "*".into(),
+            gpu: gpu.into(),
+            tensor_parallel: 0,
+            latency_model: LatencyKind::TrainedPhysics,
+            alpha: self.host,
+            beta: None,
+            mfu_prefill: None,
+            mfu_decode: None,
+            overhead_us: None,
+            allreduce_latency_us: None,
+            terms: Some(named),
+            async_scheduling: Some(async_scheduling),
+            total_kv_blocks: None,
+            source: Some(source),
+        }
+    }
+
+    /// The coefficients of a trained-physics row.
+    pub fn from_row(row: &CoefficientRow) -> Self {
+        let mut beta = [0.0; TERMS];
+        if let Some(t) = &row.terms {
+            for (i, n) in blis_replay::physics::TERM_NAMES.iter().enumerate() {
+                beta[i] = t.get(*n).copied().unwrap_or(0.0);
+            }
+        }
+        Self {
+            beta,
+            host: row.alpha,
+        }
+    }
+}
+
+/// Lower bounds of the coefficients: a step reads every weight and the
+/// KV it attends to at least once, so it cannot take less than those bytes
+/// over the peak bandwidth (the roofline's memory floor); the all-reduce
+/// bytes cross the interconnect at its bandwidth.
+pub const FLOOR: [f64; TERMS] = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+
+/// The terms whose coefficients are fitted; the others stay at their floor.
+/// Chosen by leave-one-run-out cross-validation of the decode-interval
+/// regression on the vLLM ground truth (median error of the mean ITL of
+/// the held-out run): this set 2.2%; adding a per-step constant 2.2%, a
+/// per-request term 2.2% (fitted to 0), the all-reduce latency 9.9% (it is
+/// collinear with the per-layer term on TP runs), the decode GEMMs 4.3%, a
+/// per-MoE-layer term 2.2% but 53% on one run; leaving the KV term free
+/// below its floor 4.3%. The prefill GEMM term is fitted on TTFT in the
+/// second stage.
+pub const FREE: [bool; TERMS] = [
+    false, true, false, false, true, true, true, false, true, true, false, false,
+];
+
+/// Physically plausible starting coefficients (weights read at ~90% of
+/// peak bandwidth, compute at ~50% of peak, tens of µs per layer, request
+/// and all-reduce), used before the first stage and where it lacks data.
+pub const PRIOR: PhysicsCoefficients = PhysicsCoefficients {
+    beta: [0.0, 60.0, 0.0, 0.0, 1.0, 1.0, 2.0, 0.0, 40.0, 6.0, 1.0, 0.0],
+    host: [3000.0, 0.0, 1000.0],
+};
+
+/// One run prepared for replays.
+#[derive(Debug, Clone)]
+pub struct JointRun {
+    /// Its name.
+    pub name: String,
+    /// Model id.
+    pub model: String,
+    trace: Trace,
+    base: Resolved,
+    basis: PhysicsBasis,
+    /// The measured statistics.
+    pub real: RunStats,
+}
+
+impl JointRun {
+    /// Prepares `trace` (named `name`): its server from the header (and
+    /// `args`, e.g. `--async-scheduling`).
+    ///
+    /// # Errors
+    /// The server cannot be resolved (no model architecture), or too few
+    /// completed requests.
+    pub fn new(name: &str, trace: Trace, args: &ServerArgs) -> Result<Self, FitError> {
+        let mut args = args.clone();
+        args.latency = Some(LatencyKind::Roofline);
+        let base = resolve(&args, Some(&trace.header)).map_err(|error| FitError::Setup {
+            trace: name.to_string(),
+            error,
+        })?;
+        let Model::Roofline(r) = &base.latency else {
+            return Err(FitError::Options(format!(
+                "{name}: no model architecture to compute physics terms"
+            )));
+        };
+        let basis = PhysicsBasis::new(&r.arch, &r.hw, r.tp);
+        let real = RunStats::of(&trace.records);
+        if real.completed < 20 {
+            return Err(FitError::TooFew(name.to_string()));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            model: base.model.clone(),
+            trace,
+            base,
+            basis,
+            real,
+        })
+    }
+
+    /// Replays the run with `model`; the predicted records.
+    pub fn replay(&self, model: Model) -> Vec<TraceRecord> {
+        let mut resolved = self.base.clone();
+        resolved.latency = model;
+        replay_trace_in_memory(
+            &self.trace.header,
+            self.trace.records.clone(),
+            &resolved,
+            None,
+        )
+        .1
+    }
+
+    /// The predicted statistics with coefficients `c`.
+    pub fn predict(&self, c: &PhysicsCoefficients) -> RunStats {
+        RunStats::of(&self.replay(c.model(&self.basis)))
+    }
+
+    /// The predicted statistics with `model` (e.g. another latency model).
+    pub fn predict_with(&self, model: Model) -> RunStats {
+        RunStats::of(&self.replay(model))
+    }
+
+    /// The trace.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// The physics terms of the run's model and hardware.
+    pub fn basis(&self) -> &PhysicsBasis {
+        &self.basis
+    }
+
+    /// The resolved server (engine settings; its latency model is the
+    /// roofline, the source of the architecture).
+    pub fn server(&self) -> &Resolved {
+        &self.base
+    }
+}
+
+/// Predicts every run with `c`, `threads` at a time; results in run order.
+pub fn predict_all(runs: &[&JointRun], c: &PhysicsCoefficients, threads: usize) -> Vec<RunStats> {
+    parallel_map(runs, threads, |r| r.predict(c))
+}
+
+/// `f` over `items`, on up to `threads` threads, results in order. Items
+/// are dealt to threads largest first (by request count) for balance.
+fn parallel_map<T, F>(runs: &[&JointRun], threads: usize, f: F) -> Vec<T>
+where
+    T: Send + Default + Clone,
+    F: Fn(&JointRun) -> T + Sync,
+{
+    let threads = threads.max(1).min(runs.len().max(1));
+    if threads == 1 {
+        return runs.iter().map(|r| f(r)).collect();
+    }
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(runs[i].trace.records.len()));
+    let mut buckets: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); threads];
+    for i in order {
+        let b = buckets
+            .iter_mut()
+            .min_by_key(|b| b.0)
+            .expect("at least one thread");
+        b.0 += runs[i].trace.records.len() as u64;
+        b.1.push(i);
+    }
+    let mut out = vec![T::default(); runs.len()];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = buckets
+            .iter()
+            .map(|(_, idx)| {
+                let f = &f;
+                s.spawn(move || idx.iter().map(|&i| (i, f(runs[i]))).collect::<Vec<_>>())
+            })
+            .collect();
+        for h in handles {
+            for (i, v) in h.join().expect("a replay thread panicked") {
+                out[i] = v;
+            }
+        }
+    });
+    out
+}
+
+/// The loss of predictions `sim` of `runs` (module docs).
+pub fn loss(runs: &[&JointRun], sim: &[RunStats]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (r, s) in runs.iter().zip(sim) {
+        let v = if r.real.overloaded() {
+            OVERLOADED_WEIGHT
+        } else {
+            1.0
+        };
+        num += v * run_error_sq(&r.real, s);
+        den += v;
+    }
+    if den > 0.0 { (num / den).sqrt() } else { 0.0 }
+}
+
+// ---------------------------------------------------------------- stage 1
+
+/// One completed request of a run, times in µs since the run start.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    first: f64,
+    last: f64,
+    input: f64,
+    output: f64,
+    /// Prompt tokens found in the prefix cache (from a replay).
+    cached: f64,
+}
+
+/// The rows of the decode-interval regression of one run: per request,
+/// the mean physics terms of its decode steps, and its mean step time.
+fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)> {
+    let run_start = run.trace.header.run_start_unix_us.unwrap_or(0);
+    let cached_of = |id: u64| {
+        cached
+            .binary_search_by_key(&id, |x| x.0)
+            .map_or(0.0, |i| f64::from(cached[i].1))
+    };
+    // Requests that failed: their state is unknown from their arrival on.
+    let t_fail = run
+        .trace
+        .records
+        .iter()
+        .filter(|r| r.outcome.status != Some(Status::Ok))
+        .map(|r| {
+            r.outcome
+                .send_time_us
+                .map_or(r.request.arrival_time_us as f64, |s| (s - run_start) as f64)
+        })
+        .fold(f64::INFINITY, f64::min);
+    let mut iv: Vec<(f64, Interval)> = Vec::new();
+    for r in &run.trace.records {
+        let o = &r.outcome;
+        if o.status != Some(Status::Ok) {
+            continue;
+        }
+        let (Some(s), Some(f), Some(l)) =
+            (o.send_time_us, o.first_chunk_time_us, o.last_chunk_time_us)
+        else {
+            continue;
+        };
+        if r.request.output_tokens < 2 || l <= f {
+            continue;
+        }
+        iv.push((
+            (s - run_start) as f64,
+            Interval {
+                first: (f - run_start) as f64,
+                last: (l - run_start) as f64,
+                input: f64::from(r.effective_input_tokens()),
+                output: f64::from(r.request.output_tokens),
+                cached: cached_of(r.request.request_id),
+            },
+        ));
+    }
+    if iv.len() < 30 {
+        return Vec::new();
+    }
+    iv.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let lo = iv.iter().map(|x| x.1.first).fold(f64::INFINITY, f64::min);
+    let hi = iv
+        .iter()
+        .map(|x| x.1.last)
+        .fold(f64::NEG_INFINITY, f64::max)
+        .min(t_fail);
+    if hi <= lo {
+        return Vec::new();
+    }
+    // The decode batch on a grid: D(t) and C(t) = A(t) + t·B(t), from
+    // difference arrays of each interval's count, context offset and rate.
+    let dt = 5_000.0;
+    let n = ((hi - lo) / dt).ceil() as usize + 2;
+    let (mut dd, mut da, mut db) = (vec![0.0; n + 1], vec![0.0; n + 1], vec![0.0; n + 1]);
+    let cell = |t: f64| (((t - lo) / dt).floor().max(0.0) as usize).min(n);
+    for (_, v) in &iv {
+        let itl = (v.last - v.first) / (v.output - 1.0);
+        let (a, b) = (cell(v.first), cell(v.last));
+        dd[a] += 1.0;
+        dd[b] -= 1.0;
+        da[a] += v.input - v.first / itl;
+        da[b] -= v.input - v.first / itl;
+        db[a] += 1.0 / itl;
+        db[b] -= 1.0 / itl;
+    }
+    let basis = &run.basis;
+    let mut cum = vec![[0.0; TERMS]; n + 1];
+    let (mut d, mut a, mut b) = (0.0f64, 0.0f64, 0.0f64);
+    let mut shape = BatchShape::default();
+    let mut x = [0.0; TERMS];
+    for k in 0..n {
+        d += dd[k];
+        a += da[k];
+        b += db[k];
+        let t = lo + (k as f64 + 0.5) * dt;
+        shape.clear();
+        shape.decode_count = d.round().max(0.0) as u32;
+        shape.decode_context_sum = (a + t * b).max(0.0).round() as u64;
+        if shape.decode_count > 0 {
+            basis.terms(&shape, &mut x);
+        } else {
+            x = [0.0; TERMS];
+        }
+        let mut next = cum[k];
+        for j in 0..TERMS {
+            next[j] += x[j] * dt;
+        }
+        cum[k + 1] = next;
+    }
+    // Prefill events at their first token: the terms they add to a step.
+    let mut pf: Vec<(f64, [f64; TERMS])> = Vec::with_capacity(iv.len());
+    for (_, v) in &iv {
+        shape.clear();
+        let before = v.cached.min(v.input - 1.0).max(0.0);
+        shape.prefill.push(PrefillChunk {
+            computed_before: before as u32,
+            new_tokens: (v.input - before).max(1.0) as u32,
+        });
+        basis.terms(&shape, &mut x);
+        let mut y = [0.0; TERMS];
+        // Only what a prefill adds to a step that runs anyway.
+        for j in [3usize, 5, 6, 8, 9, 10] {
+            y[j] = x[j];
+        }
+        pf.push((v.first, y));
+    }
+    pf.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut pf_cum = vec![[0.0; TERMS]; pf.len() + 1];
+    for (k, (_, y)) in pf.iter().enumerate() {
+        let mut next = pf_cum[k];
+        for j in 0..TERMS {
+            next[j] += y[j];
+        }
+        pf_cum[k + 1] = next;
+    }
+    let mut rows = Vec::new();
+    // The first requests meet an engine still warming up.
+    for (_, v) in iv.iter().skip(20) {
+        if v.last >= hi {
+            continue;
+        }
+        let (ka, kb) = (cell(v.first), cell(v.last));
+        if kb <= ka + 1 {
+            continue;
+        }
+        let span = (kb - ka) as f64 * dt;
+        let steps = v.output - 1.0;
+        let pa = pf.partition_point(|p| p.0 <= v.first);
+        let pb = pf.partition_point(|p| p.0 <= v.last);
+        let mut row = [0.0; TERMS];
+        for j in 0..TERMS {
+            row[j] = (cum[kb][j] - cum[ka][j]) / span + (pf_cum[pb][j] - pf_cum[pa][j]) / steps;
+        }
+        rows.push((row, (v.last - v.first) / steps));
+    }
+    rows
+}
+
+/// Non-negative least squares `min ‖A x − b‖, x ≥ 0` from the normal
+/// equations `G = AᵀA`, `c = Aᵀb` (Lawson & Hanson's active-set method).
+pub fn nnls(g: &[Vec<f64>], c: &[f64]) -> Vec<f64> {
+    let n = c.len();
+    let mut x = vec![0.0; n];
+    let mut passive = vec![false; n];
+    let solve = |set: &[usize]| -> Vec<f64> {
+        // Gaussian elimination on the passive sub-system, with a tiny ridge
+        // for collinear columns.
+        let m = set.len();
+        let mut a: Vec<Vec<f64>> = set
+            .iter()
+            .map(|&i| {
+                let mut row: Vec<f64> = set.iter().map(|&j| g[i][j]).collect();
+                row.push(c[i]);
+                row
+            })
+            .collect();
+        for (k, row) in a.iter_mut().enumerate() {
+            row[k] += 1e-10 * (1.0 + row[k].abs());
+        }
+        for col in 0..m {
+            let piv = (col..m)
+                .max_by(|&p, &q| a[p][col].abs().total_cmp(&a[q][col].abs()))
+                .unwrap_or(col);
+            a.swap(col, piv);
+            let p = a[col][col];
+            if p.abs() < 1e-300 {
+                continue;
+            }
+            let pivot_row = a[col].clone();
+            for (r, row) in a.iter_mut().enumerate() {
+                if r != col {
+                    let f = row[col] / p;
+                    if f != 0.0 {
+                        for (v, pv) in row.iter_mut().zip(&pivot_row).skip(col) {
+                            *v -= f * pv;
+                        }
+                    }
+                }
+            }
+        }
+        (0..m)
+            .map(|k| {
+                if a[k][k].abs() < 1e-300 {
+                    0.0
+                } else {
+                    a[k][m] / a[k][k]
+                }
+            })
+            .collect()
+    };
+    for _ in 0..(3 * n + 10) {
+        // Gradient of ½‖Ax − b‖²: w = c − G x.
+        let w: Vec<f64> = (0..n)
+            .map(|i| c[i] - (0..n).map(|j| g[i][j] * x[j]).sum::<f64>())
+            .collect();
+        let Some(t) = (0..n)
+            .filter(|&i| !passive[i] && w[i] > 1e-12 * (1.0 + c[i].abs()))
+            .max_by(|&i, &j| w[i].total_cmp(&w[j]))
+        else {
+            break;
+        };
+        passive[t] = true;
+        loop {
+            let set: Vec<usize> = (0..n).filter(|&i| passive[i]).collect();
+            let z = solve(&set);
+            if z.iter().all(|&v| v > 0.0) {
+                for (k, &i) in set.iter().enumerate() {
+                    x[i] = z[k];
+                }
+                break;
+            }
+            let mut alpha = f64::INFINITY;
+            for (k, &i) in set.iter().enumerate() {
+                if z[k] <= 0.0 {
+                    alpha = alpha.min(x[i] / (x[i] - z[k]));
+                }
+            }
+            for (k, &i) in set.iter().enumerate() {
+                x[i] += alpha * (z[k] - x[i]);
+                if x[i] <= 1e-12 {
+                    x[i] = 0.0;
+                    passive[i] = false;
+                }
+            }
+        }
+    }
+    x
+}
+
+/// Stage 1: the decode-interval regression over `runs` (each weighted
+/// alike), starting from the prefix-cache hits of a replay with `start`.
+/// Terms no run informs keep `start`'s value.
+pub fn stage1(
+    runs: &[&JointRun],
+    start: &PhysicsCoefficients,
+    threads: usize,
+) -> PhysicsCoefficients {
+    let cached: Vec<Vec<(u64, u32)>> = parallel_map(runs, threads, |r| {
+        let mut c: Vec<(u64, u32)> = r
+            .replay(start.model(&r.basis))
+            .iter()
+            .map(|x| (x.request.request_id, x.outcome.cached_tokens.unwrap_or(0)))
+            .collect();
+        c.sort_unstable();
+        c
+    });
+    let mut g = vec![vec![0.0; TERMS]; TERMS];
+    let mut c = [0.0; TERMS];
+    let mut used = 0;
+    for (r, cached) in runs.iter().zip(&cached) {
+        let rows = decode_rows(r, cached);
+        if rows.is_empty() {
+            continue;
+        }
+        used += 1;
+        let w = 1.0 / rows.len() as f64;
+        for (x, y) in &rows {
+            // What the floors already explain is taken off the target; the
+            // rest is regressed on β − floor ≥ 0, relative to the target.
+            let base: f64 = x.iter().zip(FLOOR).map(|(x, f)| x * f).sum();
+            let rest = (y - base) / y;
+            for i in 0..TERMS {
+                let xi = x[i] / y;
+                c[i] += w * xi * rest;
+                for j in 0..TERMS {
+                    g[i][j] += w * xi * x[j] / y;
+                }
+            }
+        }
+    }
+    if used == 0 {
+        return *start;
+    }
+    // The free terms that some row varies; the others keep their start
+    // (e.g. the expert term without an MoE run), fixed ones their floor.
+    let cols: Vec<usize> = (0..TERMS).filter(|&i| FREE[i] && g[i][i] > 0.0).collect();
+    let gs: Vec<Vec<f64>> = cols
+        .iter()
+        .map(|&i| cols.iter().map(|&j| g[i][j]).collect())
+        .collect();
+    let cs: Vec<f64> = cols.iter().map(|&i| c[i]).collect();
+    let beta = nnls(&gs, &cs);
+    let mut out = *start;
+    for i in 0..TERMS {
+        out.beta[i] = if FREE[i] {
+            start.beta[i].max(FLOOR[i])
+        } else {
+            FLOOR[i]
+        };
+    }
+    for (k, &i) in cols.iter().enumerate() {
+        out.beta[i] = FLOOR[i] + beta[k];
+    }
+    out
+}
+
+// ---------------------------------------------------------------- stage 2
+
+/// The result of a joint fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JointFit {
+    /// The runs fitted on.
+    pub runs: Vec<String>,
+    /// The coefficients after stage 1.
+    pub stage1: PhysicsCoefficients,
+    /// The fitted coefficients.
+    pub fitted: PhysicsCoefficients,
+    /// Loss after stage 1 and at the end.
+    pub loss: [f64; 2],
+    /// Replays of the whole set of runs in stage 2.
+    pub evaluations: u64,
+    /// Per run: real and predicted statistics with the fitted coefficients.
+    pub per_run: Vec<(String, RunStats, RunStats)>,
+}
+
+struct Stage2<'a> {
+    runs: &'a [&'a JointRun],
+    /// The fitted terms: `u[k]` scales `FREE` term `terms[k]`; the last two
+    /// are the queueing delay and the output hop.
+    terms: Vec<usize>,
+    /// Coefficients of the terms not fitted here.
+    base: [f64; TERMS],
+    scale: Vec<f64>,
+    threads: usize,
+    evals: Cell<u64>,
+}
+
+impl Stage2<'_> {
+    fn coefficients(&self, u: &[f64]) -> PhysicsCoefficients {
+        let t: Vec<f64> = u
+            .iter()
+            .zip(&self.scale)
+            .map(|(u, s)| u.abs() * s)
+            .collect();
+        let mut beta = self.base;
+        for (k, &i) in self.terms.iter().enumerate() {
+            beta[i] = FLOOR[i] + t[k];
+        }
+        let n = self.terms.len();
+        PhysicsCoefficients {
+            beta,
+            host: [t[n], 0.0, t[n + 1]],
+        }
+    }
+
+    fn loss_of(&self, c: &PhysicsCoefficients) -> f64 {
+        self.evals.set(self.evals.get() + 1);
+        loss(self.runs, &predict_all(self.runs, c, self.threads))
+    }
+}
+
+impl CostFunction for Stage2<'_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+
+    fn cost(&self, u: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+        let l = self.loss_of(&self.coefficients(u));
+        Ok(if l.is_finite() { l } else { 1e9 })
+    }
+}
+
+/// Fits the global coefficients on `runs` with at most `budget` replays of
+/// the whole set in stage 2, on `threads` threads. `progress` gets a line
+/// per stage and round.
+///
+/// # Errors
+/// No runs, or an optimiser failure.
+pub fn fit_joint(
+    runs: &[&JointRun],
+    budget: u64,
+    threads: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<JointFit, FitError> {
+    if runs.is_empty() {
+        return Err(FitError::Options("no runs to fit on".into()));
+    }
+    let s1 = stage1(runs, &PRIOR, threads);
+    progress(&format!("stage 1 (decode intervals): {}", describe(&s1)));
+    let terms: Vec<usize> = (0..TERMS)
+        .filter(|&i| STAGE2_TERMS.contains(&TERM_NAMES[i]))
+        .collect();
+    let excess: Vec<f64> = terms.iter().map(|&i| s1.beta[i] - FLOOR[i]).collect();
+    let scale: Vec<f64> = excess
+        .iter()
+        .zip(&terms)
+        .map(|(e, &i)| {
+            if *e > 0.0 {
+                *e
+            } else {
+                (PRIOR.beta[i] - FLOOR[i]).max(0.05)
+            }
+        })
+        .chain([PRIOR.host[0], PRIOR.host[2]])
+        .collect();
+    let n_terms = terms.len();
+    let problem = Stage2 {
+        runs,
+        terms,
+        base: s1.beta,
+        scale,
+        threads,
+        evals: Cell::new(0),
+    };
+    let mut best_u: Vec<f64> = excess
+        .iter()
+        .map(|e| if *e > 0.0 { 1.0 } else { 0.0 })
+        .chain([1.0, 1.0])
+        .collect();
+    let mut best = problem.cost(&best_u).unwrap_or(f64::INFINITY);
+    let loss1 = best;
+    progress(&format!("stage 1 loss {loss1:.4}"));
+    // The host overheads first (TTFT), then every parameter.
+    let mut grid: &[f64] = &[0.0, 0.25, 0.5, 0.75, 1.25, 1.6, 2.5, 4.0];
+    let mut step = 0.3;
+    let mut round = 0;
+    while problem.evals.get() < budget {
+        round += 1;
+        let round_start = best;
+        let order: Vec<usize> = if round == 1 {
+            vec![n_terms, n_terms + 1]
+        } else {
+            (0..best_u.len()).collect()
+        };
+        for i in order {
+            let here = best_u[i];
+            for &m in grid {
+                if problem.evals.get() >= budget {
+                    break;
+                }
+                let mut u = best_u.clone();
+                u[i] = if here.abs() > 1e-12 {
+                    here * m
+                } else {
+                    m * 0.05
+                };
+                let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+                if l < best {
+                    best = l;
+                    best_u = u;
+                }
+            }
+        }
+        progress(&format!(
+            "round {round}: coordinate search, loss {best:.4} ({} replays of {} runs)",
+            problem.evals.get(),
+            runs.len()
+        ));
+        if round == 1 {
+            continue;
+        }
+        if problem.evals.get() >= budget {
+            break;
+        }
+        // Nelder–Mead on the parameters that are not 0.
+        let active: Vec<usize> = (0..best_u.len()).filter(|&i| best_u[i] != 0.0).collect();
+        let base = best_u.clone();
+        let mut simplex = vec![active.iter().map(|&i| base[i]).collect::<Vec<f64>>()];
+        for k in 0..active.len() {
+            let mut v = simplex[0].clone();
+            v[k] *= 1.0 + step;
+            simplex.push(v);
+        }
+        struct Sub<'p, 'a> {
+            p: &'p Stage2<'a>,
+            base: Vec<f64>,
+            active: Vec<usize>,
+        }
+        impl CostFunction for Sub<'_, '_> {
+            type Param = Vec<f64>;
+            type Output = f64;
+            fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+                let mut u = self.base.clone();
+                for (k, &i) in self.active.iter().enumerate() {
+                    u[i] = v[k];
+                }
+                self.p.cost(&u)
+            }
+        }
+        let left = budget - problem.evals.get();
+        let sub = Sub {
+            p: &problem,
+            base,
+            active: active.clone(),
+        };
+        let solver = NelderMead::new(simplex)
+            .with_sd_tolerance(1e-6)
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        let res = Executor::new(sub, solver)
+            .configure(|s| s.max_iters(left / 2 + 1))
+            .run()
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        if let Some(v) = res.state().get_best_param().cloned() {
+            let cost = res.state().get_best_cost();
+            if cost < best {
+                best = cost;
+                for (k, &i) in active.iter().enumerate() {
+                    best_u[i] = v[k];
+                }
+            }
+        }
+        progress(&format!(
+            "round {round}: Nelder–Mead, loss {best:.4} ({} replays of {} runs)",
+            problem.evals.get(),
+            runs.len()
+        ));
+        if best >= round_start * (1.0 - 1e-3) {
+            break;
+        }
+        step = (step * 0.6).max(0.05);
+        grid = &[0.0, 0.6, 0.8, 0.9, 1.1, 1.25, 1.6];
+    }
+    let fitted = problem.coefficients(&best_u);
+    let sims = predict_all(runs, &fitted, threads);
+    Ok(JointFit {
+        runs: runs.iter().map(|r| r.name.clone()).collect(),
+        stage1: s1,
+        fitted,
+        loss: [loss1, loss(runs, &sims)],
+        evaluations: problem.evals.get(),
+        per_run: runs
+            .iter()
+            .zip(sims)
+            .map(|(r, s)| (r.name.clone(), r.real, s))
+            .collect(),
+    })
+}
+
+/// The coefficients as a Markdown table (name, meaning, value).
+pub fn coefficients_table(c: &PhysicsCoefficients) -> String {
+    let mut o = String::from("| term | what (unit) | fitted |\n|---|---|---:|\n");
+    for ((n, m), b) in blis_replay::physics::TERM_NAMES
+        .iter()
+        .zip(blis_replay::physics::TERM_MEANINGS)
+        .zip(c.beta)
+    {
+        o.push_str(&format!("| {n} | {m} | {b:.4} |\n"));
+    }
+    for (n, m, v) in [
+        (
+            "alpha[0]",
+            "queueing delay: arrival to the scheduler (µs)",
+            c.host[0],
+        ),
+        ("alpha[1]", "queueing delay per input token (µs)", c.host[1]),
+        (
+            "alpha[2]",
+            "output hop: a token to the client (µs)",
+            c.host[2],
+        ),
+    ] {
+        o.push_str(&format!("| {n} | {m} | {v:.1} |\n"));
+    }
+    o
+}
+
+/// The coefficients on one line.
+pub fn describe(c: &PhysicsCoefficients) -> String {
+    let mut parts: Vec<String> = blis_replay::physics::TERM_NAMES
+        .iter()
+        .zip(c.beta)
+        .filter(|(_, b)| *b > 0.0)
+        .map(|(n, b)| format!("{n} {b:.4}"))
+        .collect();
+    parts.push(format!(
+        "queue {:.0} µs, output hop {:.0} µs",
+        c.host[0], c.host[2]
+    ));
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nnls_solves_a_small_problem_with_an_active_bound() {
+        // A = [[1, 0], [0, 1], [1, 1]], b = [1, -1, 0]: unconstrained
+        // x = (1, -1); with x ≥ 0, x = (0.5, 0).
+        let a = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
+        let b = [1.0, -1.0, 0.0];
+        let mut g = vec![vec![0.0; 2]; 2];
+        let mut c = vec![0.0; 2];
+        for (row, y) in a.iter().zip(b) {
+            for i in 0..2 {
+                c[i] += row[i] * y;
+                for j in 0..2 {
+                    g[i][j] += row[i] * row[j];
+                }
+            }
+        }
+        let x = nnls(&g, &c);
+        assert!((x[0] - 0.5).abs() < 1e-9 && x[1] == 0.0, "{x:?}");
+        // A positive solution is the least-squares one.
+        let x = nnls(&[vec![2.0, 0.0], vec![0.0, 4.0]], &[2.0, 2.0]);
+        assert!(
+            (x[0] - 1.0).abs() < 1e-9 && (x[1] - 0.5).abs() < 1e-9,
+            "{x:?}"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The trained-physics joint fit: synthetic runs made with known global
+//! coefficients are fitted back; recorded failures never reach a
+//! prediction.
+
+use std::path::{Path, PathBuf};
+
+use blis_calibrate::joint::{JointRun, PRIOR};
+use blis_replay::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::setup::ServerArgs;
+use blis_traces::{ImportKind, ImportSource, Status, import};
+
+use clap::Parser;
+
+use crate::common::{calibrate, spec};
+
+/// The truth: a step of 55 µs per layer, weights and KV at 1.2× and 1.5×
+/// their time at peak bandwidth, attention at 30× its time at peak FLOPs,
+/// prefill GEMMs at 2× (50% MFU); 4 ms from arrival to the scheduler and
+/// 1.5 ms from a token to the client.
+fn truth() -> CoefficientRow {
+    let terms = [
+        ("layer", 55.0),
+        ("weight", 1.2),
+        ("kv", 1.5),
+        ("prefill_compute", 2.0),
+        ("attention_compute", 30.0),
+        ("allreduce_bytes", 1.0),
+    ];
+    CoefficientRow {
+        model: "*".into(),
+        gpu: "H100".into(),
+        tensor_parallel: 0,
+        latency_model: LatencyKind::TrainedPhysics,
+        alpha: [4000.0, 0.0, 1500.0],
+        beta: None,
+        mfu_prefill: None,
+        mfu_decode: None,
+        overhead_us: None,
+        allreduce_latency_us: None,
+        terms: Some(terms.iter().map(|(k, v)| ((*k).to_string(), *v)).collect()),
+        async_scheduling: Some(true),
+        total_kv_blocks: None,
+        source: Some("test truth".into()),
+    }
+}
+
+/// Runs of three models (Llama-3.1-8B at two loads, Llama-2-7B, Llama-2-70B
+/// at TP 4 at two loads), replayed with the truth: three (layers, weight
+/// bytes per GPU) pairs tell the per-layer and weight terms apart, and
+/// three ratios of attention FLOPs to KV bytes per token (multi-head 1,
+/// GQA 4 and 8) the attention and KV terms.
+fn synthetic_runs(dir: &Path) -> Vec<PathBuf> {
+    let coeffs = dir.join("truth.yaml");
+    CoefficientsFile {
+        version: 1,
+        rows: vec![truth()],
+    }
+    .write(&coeffs)
+    .unwrap();
+    let mut out = Vec::new();
+    for (model, tp, rate) in [
+        ("meta-llama/Llama-2-7b-hf", "2", 8.0),
+        ("meta-llama/Llama-3.1-8B-Instruct", "1", 9.0),
+        ("meta-llama/Llama-2-7b-hf", "1", 5.0),
+        ("meta-llama/Llama-2-70b-hf", "4", 1.5),
+        ("meta-llama/Llama-2-70b-hf", "4", 4.0),
+    ] {
+        {
+            let name = format!("run{}", out.len());
+            let w = spec(dir, rate, 400);
+            let prefix = dir.join(&name);
+            let argv = [
+                "blis-replay",
+                "run",
+                "--workload-spec",
+                w.to_str().unwrap(),
+                "--model",
+                model,
+                "--tp",
+                tp,
+                "--latency-model",
+                "trained-physics",
+                "--coefficients",
+                coeffs.to_str().unwrap(),
+                "--out",
+                prefix.to_str().unwrap(),
+            ];
+            blis_replay::run::run(blis_replay::Opts::parse_from(argv), &mut Vec::new()).unwrap();
+            out.push(prefix.with_extension("yaml"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_joint_fit_recovers_known_coefficients_from_synthetic_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = synthetic_runs(dir.path());
+    let fitted = dir.path().join("fitted.yaml");
+    let mut args = vec!["fit", "--latency-model", "trained-physics"];
+    for r in &runs {
+        args.extend(["--trace", r.to_str().unwrap()]);
+    }
+    args.extend([
+        "--out",
+        fitted.to_str().unwrap(),
+        "--budget-evals",
+        "40",
+        "--threads",
+        "2",
+    ]);
+    let printed = calibrate(&args).unwrap();
+    eprintln!("{printed}");
+    let file = CoefficientsFile::read(&fitted).unwrap();
+    let row = file
+        .find("any/model", "H100", 2, LatencyKind::TrainedPhysics)
+        .expect("one global row for every model on the GPU");
+    assert_eq!(row.model, "*");
+    assert_eq!(row.async_scheduling, Some(true));
+    let terms = row.terms.clone().unwrap();
+    let want = truth().terms.unwrap();
+    // What the runs constrain comes back within 2%: the decode terms from
+    // the inter-token intervals, prefill compute and the two host hops from
+    // the replays.
+    let mut worst = (String::new(), 0.0f64);
+    for (k, v) in &want {
+        let got = terms.get(k).copied().unwrap_or(0.0);
+        let rel = (got - v).abs() / v;
+        eprintln!("{k}: fitted {got:.4}, truth {v} ({:.2}% off)", 100.0 * rel);
+        if rel > worst.1 {
+            worst = (k.clone(), rel);
+        }
+    }
+    // The queueing delay and the output hop each add once to every TTFT
+    // and E2E (the hop does not accumulate over tokens): the runs tell
+    // only their sum.
+    let (got, want) = (
+        row.alpha[0] + row.alpha[2],
+        truth().alpha[0] + truth().alpha[2],
+    );
+    let rel = (got - want).abs() / want;
+    eprintln!(
+        "queueing delay + output hop: fitted {got:.0}, truth {want} ({:.2}% off)",
+        100.0 * rel
+    );
+    if rel > worst.1 {
+        worst = ("queueing delay + output hop".to_string(), rel);
+    }
+    assert!(
+        worst.1 <= 0.02,
+        "{} is {:.1}% off the truth",
+        worst.0,
+        100.0 * worst.1
+    );
+    // Deterministic: the same runs give the same file.
+    let again = dir.path().join("again.yaml");
+    let n = args.len();
+    args[n - 5] = again.to_str().unwrap();
+    calibrate(&args).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&fitted).unwrap(),
+        std::fs::read_to_string(&again).unwrap()
+    );
+}
+
+/// A real run's failures (status, times, error text) flipped: failed
+/// requests marked ok and completed ones marked timed out, the prediction
+/// is the same to the microsecond.
+#[test]
+fn recorded_failures_never_reach_a_prediction() {
+    let run = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "../../shared/vllm-ground-truth/train/20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning",
+    );
+    if !run.exists() {
+        eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        return;
+    }
+    let trace = import(
+        &ImportSource {
+            kind: ImportKind::VllmGt,
+            path: run,
+        },
+        42,
+    )
+    .unwrap();
+    let mut flipped = trace.clone();
+    let mut flips = 0;
+    for r in &mut flipped.records {
+        let o = &mut r.outcome;
+        if o.status == Some(Status::Ok) {
+            o.status = Some(Status::Timeout);
+            o.last_chunk_time_us = o.first_chunk_time_us;
+            o.error_message = "flipped".into();
+            o.num_chunks = 1;
+        } else {
+            o.status = Some(Status::Ok);
+            o.first_chunk_time_us = o.send_time_us.map(|s| s + 1000);
+            o.last_chunk_time_us = o.send_time_us.map(|s| s + 2000);
+            o.error_message.clear();
+            o.num_chunks = 7;
+            flips += 1;
+        }
+    }
+    let args = ServerArgs {
+        prefix_caching: true,
+        async_scheduling: Some(true),
+        ..ServerArgs::default()
+    };
+    let a = JointRun::new("real", trace, &args).unwrap();
+    let b = JointRun::new("flipped", flipped, &args).unwrap();
+    let pa = a.replay(PRIOR.model(a.basis()));
+    let pb = b.replay(PRIOR.model(b.basis()));
+    assert_eq!(pa.len(), pb.len());
+    for (x, y) in pa.iter().zip(&pb) {
+        assert_eq!(x.request, y.request);
+        assert_eq!(x.outcome, y.outcome, "request {}", x.request.request_id);
+    }
+    assert!(flips > 1000, "the run has failures to flip: {flips}");
+}

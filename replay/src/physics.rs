@@ -1,0 +1,634 @@
+//! The `trained-physics` latency model: a step's time is a non-negative
+//! combination of physics terms of the batch, with one set of coefficients
+//! for every model, GPU and tensor-parallel degree.
+//!
+//! # The formula
+//!
+//! For a step with prefill chunks `(c_j computed before, n_j new tokens)`,
+//! `D` decoding requests whose contexts sum to `C` tokens, on a model with
+//! `L` layers, hidden size `d`, `H` query heads of width `d_h`, vocabulary
+//! `V`, at tensor-parallel degree `t` on a GPU with peak FLOP rate `F`,
+//! memory bandwidth `B` and interconnect bandwidth `N`:
+//!
+//! ```text
+//! step_us = Σ_k β_k · x_k                    (every β_k ≥ 0)
+//!
+//! x_step              = 1
+//! x_layer             = L                       per-layer kernel launches
+//! x_allreduce         = 2·L if t > 1 else 0     all-reduces (their latency)
+//! x_request           = D + #prefill chunks     per-request work
+//! x_weight            = W(tokens) / (t·B)       weights read once per step
+//! x_kv                = (Σc_j + C + tokens)·K / (t·B)   KV read and written
+//! x_prefill_compute   = [Σ_j 2·P·n_j + 2·d·V] / (t·F)   prefill GEMMs, logits
+//! x_decode_compute    = D·(2·P + 2·d·V) / (t·F)          decode GEMMs, logits
+//! x_attention_compute = a·[Σ_j (n_j·c_j + n_j(n_j+1)/2) + C + D] / (t·F)
+//! x_expert_compute    = tokens·2·P_e / (t·F)    routed experts' GEMMs
+//! x_allreduce_bytes   = 2·L·tokens·d·2 bytes·2(t−1)/t / N
+//! x_moe_layer         = MoE layers              routing, permutation
+//! ```
+//!
+//! All terms except the counts are in µs at the hardware's peak. `P` is the
+//! parameters a token multiplies outside the routed experts (attention, the
+//! dense MLPs, shared experts, the router), `P_e` those of the `k` routed
+//! experts a token goes through (their grouped GEMMs run far below peak at
+//! decode batch sizes, so they get their own coefficient), `a = 4·H·d_h·L`
+//! the attention FLOPs per token of
+//! context, `K` the KV bytes per token (GQA and MLA aware), and `W` the
+//! weight bytes: every dense weight plus, for MoE layers, the experts the
+//! step's tokens are expected to touch, `E·(1 − (1 − k/E)^tokens)`.
+//!
+//! Sources: the basis follows BLIS's trained-physics model
+//! (`sim/latency/trained_physics_model.go`, and its blog post "How BLIS
+//! learns latency"): roofline terms corrected by learned factors, plus
+//! per-layer, per-request and per-step overheads; it differs in splitting
+//! the tensor-parallel all-reduce into its latency (a count) and its bytes
+//! over the interconnect, in counting KV traffic of prefill context reads,
+//! and in charging MoE routing per MoE layer of any MoE model. The FLOP and
+//! byte counts are the roofline literature's (Williams et al., "Roofline",
+//! CACM 2009; Kaplan et al.'s 2·params FLOPs per token; the attention
+//! FLOPs of FlashAttention, Dao et al. 2022). The step structure (one
+//! forward pass over every scheduled token) is vLLM V1's
+//! (`vllm/v1/core/sched/scheduler.py`).
+//!
+//! The per-request overheads around the engine are `queue_us` (arrival to
+//! the scheduler: HTTP, tokenisation and the hop to the engine core),
+//! `queue_per_input_token_us` and `output_hop_us` (a produced token to the
+//! client: detokenisation and the stream write, the same for every token).
+//!
+//! [`BlisPhysics`] is BLIS's own formula with its published global
+//! coefficients, kept as a reference.
+
+use std::collections::BTreeMap;
+
+use crate::arch::{Hardware, ModelArch};
+use crate::latency::{BatchShape, LatencyModel};
+
+/// Number of terms of the trained-physics basis.
+pub const TERMS: usize = 12;
+
+/// Names of the terms, in order (the keys of a coefficients row).
+pub const TERM_NAMES: [&str; TERMS] = [
+    "step",
+    "layer",
+    "allreduce",
+    "request",
+    "weight",
+    "kv",
+    "prefill_compute",
+    "decode_compute",
+    "attention_compute",
+    "expert_compute",
+    "allreduce_bytes",
+    "moe_layer",
+];
+
+/// What each term's coefficient means, with its unit.
+pub const TERM_MEANINGS: [&str; TERMS] = [
+    "fixed time per step (µs)",
+    "time per layer per step (µs/layer)",
+    "latency of one tensor-parallel all-reduce (µs)",
+    "time per scheduled request per step (µs/request)",
+    "correction of weight-read time at peak bandwidth (×)",
+    "correction of KV-cache traffic time at peak bandwidth (×)",
+    "correction of prefill GEMM time at peak FLOPs (× = 1/MFU)",
+    "correction of decode GEMM time at peak FLOPs (× = 1/MFU)",
+    "correction of attention time at peak FLOPs (× = 1/MFU)",
+    "correction of routed-expert compute time at peak FLOPs (× = 1/MFU)",
+    "correction of all-reduce bytes over the interconnect (×)",
+    "time per MoE layer per step (µs/layer)",
+];
+
+/// The physics terms of one model on one GPU at one TP degree: the
+/// per-step basis `x_k` of the module docs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhysicsBasis {
+    layers: f64,
+    tp: f64,
+    hidden: f64,
+    moe_layers: f64,
+    /// FLOPs per token of the linear layers but the routed experts (2·P).
+    linear_flops: f64,
+    /// FLOPs per token of its routed experts (2·P_e).
+    expert_flops: f64,
+    /// FLOPs of the logits of one sequence (2·d·V).
+    logits_flops: f64,
+    /// Attention FLOPs per token of context (4·H·d_h·L).
+    attn_flops: f64,
+    /// Weight bytes read every step (all but the routed experts).
+    static_weight_bytes: f64,
+    /// Bytes of one routed expert of one layer.
+    expert_bytes: f64,
+    experts: f64,
+    experts_per_token: f64,
+    kv_bytes_per_token: f64,
+    /// FLOP/µs at peak.
+    flops_per_us: f64,
+    /// Bytes/µs at peak.
+    bytes_per_us: f64,
+    /// Interconnect bytes/µs.
+    link_bytes_per_us: f64,
+}
+
+impl PhysicsBasis {
+    /// The basis of `arch` on `hw` at TP `tp`.
+    pub fn new(arch: &ModelArch, hw: &Hardware, tp: u32) -> Self {
+        let a = arch;
+        let d = f64::from(a.hidden);
+        let layers = f64::from(a.layers);
+        let dense_layers = f64::from(a.dense_layers);
+        let moe_layers = layers - dense_layers;
+        let mlp_m = a.mlp_matrices();
+        let dense_mlp = mlp_m * d * f64::from(a.intermediate);
+        let expert = mlp_m * d * f64::from(a.expert_intermediate);
+        let router = d * f64::from(a.experts);
+        let shared_moe = expert * f64::from(a.shared_experts) + router;
+        let routed = expert * f64::from(a.experts_per_token);
+        let attn = a.attention_params_per_layer();
+        let linear_params = attn * layers + dense_mlp * dense_layers + shared_moe * moe_layers;
+        let static_params = attn * layers
+            + dense_mlp * dense_layers
+            + (expert * f64::from(a.shared_experts) + router) * moe_layers
+            + d * f64::from(a.vocab);
+        let peak = if a.weight_bytes <= 1.0 && hw.tflops_fp8 > 0.0 {
+            hw.tflops_fp8
+        } else {
+            hw.tflops_peak
+        };
+        Self {
+            layers,
+            tp: f64::from(tp.max(1)),
+            hidden: d,
+            moe_layers: if a.experts > 0 { moe_layers } else { 0.0 },
+            linear_flops: 2.0 * linear_params,
+            expert_flops: if a.experts > 0 {
+                2.0 * routed * moe_layers
+            } else {
+                0.0
+            },
+            logits_flops: 2.0 * d * f64::from(a.vocab),
+            attn_flops: 4.0 * f64::from(a.heads) * f64::from(a.head_dim) * layers,
+            static_weight_bytes: static_params * a.weight_bytes,
+            expert_bytes: expert * a.weight_bytes,
+            experts: f64::from(a.experts),
+            experts_per_token: f64::from(a.experts_per_token),
+            kv_bytes_per_token: a.kv_bytes_per_token(),
+            flops_per_us: peak * 1e6,
+            bytes_per_us: hw.bw_peak_tbs * 1e6,
+            link_bytes_per_us: hw.interconnect_gbs * 1e3,
+        }
+    }
+
+    /// The terms of a step into `x` (order of [`TERM_NAMES`]).
+    pub fn terms(&self, b: &BatchShape, x: &mut [f64; TERMS]) {
+        let t = self.tp;
+        let mut prefill_flops = 0.0;
+        let mut attn_tokens = 0.0;
+        let mut prefill_ctx = 0.0;
+        for c in &b.prefill {
+            let n = f64::from(c.new_tokens);
+            let before = f64::from(c.computed_before);
+            prefill_flops += self.linear_flops * n + self.logits_flops;
+            attn_tokens += n * before + n * (n + 1.0) / 2.0;
+            prefill_ctx += before;
+        }
+        let dn = f64::from(b.decode_count);
+        let ctx = b.decode_context_sum as f64;
+        attn_tokens += ctx + dn;
+        let tokens = b.total_tokens() as f64;
+        let touched = if self.experts > 0.0 && tokens > 0.0 {
+            self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts).powf(tokens))
+        } else {
+            0.0
+        };
+        let weight = self.static_weight_bytes + self.expert_bytes * touched * self.moe_layers;
+        let tp_bytes_per_us = t * self.bytes_per_us;
+        let tp_flops_per_us = t * self.flops_per_us;
+        x[0] = 1.0;
+        x[1] = self.layers;
+        x[2] = if t > 1.0 { 2.0 * self.layers } else { 0.0 };
+        x[3] = dn + b.prefill.len() as f64;
+        x[4] = weight / tp_bytes_per_us;
+        x[5] = (prefill_ctx + ctx + tokens) * self.kv_bytes_per_token / tp_bytes_per_us;
+        x[6] = prefill_flops / tp_flops_per_us;
+        x[7] = dn * (self.linear_flops + self.logits_flops) / tp_flops_per_us;
+        x[8] = self.attn_flops * attn_tokens / tp_flops_per_us;
+        x[9] = tokens * self.expert_flops / tp_flops_per_us;
+        x[10] = if t > 1.0 {
+            2.0 * self.layers * tokens * self.hidden * 2.0 * 2.0 * (t - 1.0)
+                / t
+                / self.link_bytes_per_us
+        } else {
+            0.0
+        };
+        x[11] = self.moe_layers;
+    }
+}
+
+/// The per-request overheads around the engine, µs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostOverheads {
+    /// Arrival to the scheduler, per request.
+    pub queue_us: f64,
+    /// Arrival to the scheduler, per input token (tokenisation).
+    pub queue_per_input_token_us: f64,
+    /// A produced token to the client (every token alike).
+    pub output_hop_us: f64,
+}
+
+/// The trained-physics model of one model on one GPU at one TP degree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainedPhysics {
+    /// The terms.
+    pub basis: PhysicsBasis,
+    /// The coefficients β_k, in [`TERM_NAMES`] order.
+    pub beta: [f64; TERMS],
+    /// Overheads around the engine.
+    pub host: HostOverheads,
+}
+
+impl TrainedPhysics {
+    /// The model with named coefficients (missing names are 0).
+    pub fn from_named(
+        basis: PhysicsBasis,
+        named: &BTreeMap<String, f64>,
+        host: HostOverheads,
+    ) -> Self {
+        let mut beta = [0.0; TERMS];
+        for (i, n) in TERM_NAMES.iter().enumerate() {
+            beta[i] = named.get(*n).copied().unwrap_or(0.0).max(0.0);
+        }
+        Self { basis, beta, host }
+    }
+
+    /// The coefficients by name.
+    pub fn named(&self) -> BTreeMap<String, f64> {
+        TERM_NAMES
+            .iter()
+            .zip(self.beta)
+            .map(|(n, b)| ((*n).to_string(), b))
+            .collect()
+    }
+}
+
+impl LatencyModel for TrainedPhysics {
+    fn step_time_us(&self, b: &BatchShape) -> f64 {
+        if b.is_empty() {
+            return 1.0;
+        }
+        let mut x = [0.0; TERMS];
+        self.basis.terms(b, &mut x);
+        let t: f64 = x.iter().zip(&self.beta).map(|(x, b)| x * b).sum();
+        t.max(1.0)
+    }
+
+    fn queueing_delay_us(&self, input_tokens: u32) -> f64 {
+        (self.host.queue_us + self.host.queue_per_input_token_us * f64::from(input_tokens)).max(0.0)
+    }
+
+    fn output_token_overhead_us(&self) -> f64 {
+        0.0
+    }
+
+    fn output_hop_us(&self) -> f64 {
+        self.host.output_hop_us.max(0.0)
+    }
+
+    fn name(&self) -> &'static str {
+        "trained-physics"
+    }
+}
+
+/// BLIS's published global trained-physics coefficients (its
+/// `defaults.yaml`, `trained_physics_coefficients`): β₁ₐ, β₂ₐ, β₃ … β₈,
+/// β₁ᵦ, β₂ᵦ.
+pub const BLIS_BETA: [f64; 10] = [
+    0.152128,
+    0.0,
+    1.36252915,
+    0.752037,
+    32.09546717,
+    4.41684444,
+    126.024825,
+    481.8613888,
+    0.0,
+    1.94710771,
+];
+
+/// BLIS's published α: queueing (µs), post-decode fixed overhead (µs), per
+/// output token (µs).
+pub const BLIS_ALPHA: [f64; 3] = [15563.199579, 777.3455, 45.907545];
+
+/// BLIS's trained-physics formula (`sim/latency/trained_physics_model.go`,
+/// 10-β form), our implementation, as the reference row of the accuracy
+/// table:
+///
+/// ```text
+/// step = β₁ₐ·T_pf_compute + β₁ᵦ·T_pf_kv + β₂ₐ·T_dc_compute + β₂ᵦ·T_dc_kv
+///      + β₃·T_weight + β₄·T_tp + β₅·L + β₆·B + β₇ + β₈·(interleaved MoE layers)
+/// ```
+///
+/// with BLIS's bases: projection, attention and MLP FLOPs over peak;
+/// KV bytes (2 bytes per element) over HBM bandwidth (prefill writes, decode
+/// reads and writes); all weights (every expert of an MoE layer) over HBM
+/// bandwidth; all-reduce bytes (2 per layer, ring) over HBM bandwidth; `B`
+/// the requests in the batch. α₀ delays entry into the queue, α₁ is added
+/// once to the last token, α₂ to every token (each inter-token gap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlisPhysics {
+    layers: f64,
+    moe_layers_interleaved: f64,
+    proj_flops_per_token: f64,
+    mlp_flops_per_token: f64,
+    attn_head_factor: f64,
+    kv_elems_per_token: f64,
+    weight_bytes: f64,
+    allreduce_bytes_per_token: f64,
+    flops_per_us: f64,
+    bytes_per_us: f64,
+    /// β in [`BLIS_BETA`] order.
+    pub beta: [f64; 10],
+    /// α in [`BLIS_ALPHA`] order.
+    pub alpha: [f64; 3],
+}
+
+impl BlisPhysics {
+    /// The formula of `arch` on `hw` at TP `tp` with BLIS's published
+    /// coefficients.
+    pub fn published(arch: &ModelArch, hw: &Hardware, tp: u32) -> Self {
+        let a = arch;
+        let t = f64::from(tp.max(1));
+        let d = f64::from(a.hidden);
+        let dh = f64::from(a.head_dim);
+        let dkv = f64::from(a.kv_heads) * dh;
+        let layers = f64::from(a.layers);
+        let moe = a.experts > 0;
+        let moe_layers = if moe {
+            layers - f64::from(a.dense_layers)
+        } else {
+            0.0
+        };
+        let dense_layers = layers - moe_layers;
+        let k = f64::from(a.experts_per_token.max(1));
+        let ffn_moe = f64::from(a.expert_intermediate);
+        let ffn_dense = f64::from(a.intermediate);
+        // Per token, summed over layers, already divided by TP.
+        let proj = layers * 2.0 * d * (2.0 * d + 2.0 * dkv) / t;
+        let mlp = (moe_layers * k * 6.0 * d * ffn_moe + dense_layers * 6.0 * d * ffn_dense) / t;
+        let bpp = a.weight_bytes;
+        let attn_w = layers * d * (2.0 * d + 2.0 * dkv) * bpp / t;
+        let ffn_w = (moe_layers * f64::from(a.experts) * 3.0 * d * ffn_moe
+            + dense_layers * 3.0 * d * ffn_dense)
+            * bpp
+            / t;
+        let units = 2.0 * dense_layers + moe_layers;
+        let peak = if bpp <= 1.0 && hw.tflops_fp8 > 0.0 {
+            hw.tflops_fp8
+        } else {
+            hw.tflops_peak
+        };
+        Self {
+            layers,
+            moe_layers_interleaved: if moe && a.dense_layers > 0 {
+                moe_layers
+            } else {
+                0.0
+            },
+            proj_flops_per_token: proj,
+            mlp_flops_per_token: mlp,
+            attn_head_factor: 4.0 * f64::from(a.heads) / t * dh * layers,
+            kv_elems_per_token: layers * 2.0 * dkv / t,
+            weight_bytes: attn_w + ffn_w,
+            allreduce_bytes_per_token: if tp > 1 {
+                units * d * 2.0 * 2.0 * (t - 1.0) / t
+            } else {
+                0.0
+            },
+            flops_per_us: peak * 1e6,
+            bytes_per_us: hw.bw_peak_tbs * 1e6,
+            beta: BLIS_BETA,
+            alpha: BLIS_ALPHA,
+        }
+    }
+}
+
+impl LatencyModel for BlisPhysics {
+    fn step_time_us(&self, b: &BatchShape) -> f64 {
+        if b.is_empty() {
+            return 1.0;
+        }
+        let pf: f64 = b.prefill_tokens() as f64;
+        let mut pf_attn = 0.0;
+        for c in &b.prefill {
+            let ti = f64::from(c.new_tokens);
+            let si = f64::from(c.computed_before + c.new_tokens);
+            pf_attn += ti * (si + ti / 2.0);
+        }
+        let dn = f64::from(b.decode_count);
+        let ctx = b.decode_context_sum as f64;
+        let pf_compute = if pf > 0.0 {
+            (pf * (self.proj_flops_per_token + self.mlp_flops_per_token)
+                + self.attn_head_factor * pf_attn)
+                / self.flops_per_us
+        } else {
+            0.0
+        };
+        let pf_kv = self.kv_elems_per_token * pf * 2.0 / self.bytes_per_us;
+        let dc_compute = if dn > 0.0 {
+            (dn * (self.proj_flops_per_token + self.mlp_flops_per_token)
+                + self.attn_head_factor * ctx)
+                / self.flops_per_us
+        } else {
+            0.0
+        };
+        let dc_kv = self.kv_elems_per_token * 2.0 * (ctx + dn) / self.bytes_per_us;
+        let weight = self.weight_bytes / self.bytes_per_us;
+        let tokens = pf + dn;
+        let tp = self.allreduce_bytes_per_token * tokens / self.bytes_per_us;
+        let batch = dn + b.prefill.len() as f64;
+        let be = &self.beta;
+        let t = be[0] * pf_compute
+            + be[8] * pf_kv
+            + be[1] * dc_compute
+            + be[9] * dc_kv
+            + be[2] * weight
+            + be[3] * tp
+            + be[4] * self.layers
+            + be[5] * batch
+            + be[6]
+            + be[7] * self.moe_layers_interleaved;
+        t.max(1.0)
+    }
+
+    fn queueing_delay_us(&self, _input_tokens: u32) -> f64 {
+        self.alpha[0].max(0.0)
+    }
+
+    fn output_token_overhead_us(&self) -> f64 {
+        self.alpha[2].max(0.0)
+    }
+
+    fn completion_overhead_us(&self) -> f64 {
+        self.alpha[1].max(0.0)
+    }
+
+    fn name(&self) -> &'static str {
+        "blis-physics"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::find_model;
+    use crate::latency::PrefillChunk;
+
+    /// H100 of the bundled table: 989.5 TFLOP/s, 3.35 TB/s, NVLink 450
+    /// GB/s, in FLOP/µs and bytes/µs.
+    const F: f64 = 989.5e6;
+    const B: f64 = 3.35e6;
+    const N: f64 = 450e3;
+
+    /// One chunk of 50 new tokens after 100 computed, and 3 decoding
+    /// requests with 1,000 tokens of context between them: 53 tokens.
+    fn batch() -> BatchShape {
+        BatchShape {
+            prefill: vec![PrefillChunk {
+                computed_before: 100,
+                new_tokens: 50,
+            }],
+            decode_count: 3,
+            decode_context_sum: 1000,
+        }
+    }
+
+    fn terms(model: &str, tp: u32) -> [f64; TERMS] {
+        let arch = find_model(Some(model), None).unwrap();
+        let hw = Hardware::bundled("H100").unwrap();
+        let mut x = [0.0; TERMS];
+        PhysicsBasis::new(&arch, &hw, tp).terms(&batch(), &mut x);
+        x
+    }
+
+    /// The terms by hand, from a model's parameters P (per token, outside
+    /// routed experts), routed-expert parameters P_e, weight bytes W, KV
+    /// bytes per token K, attention FLOPs per context token a, d, V, L and
+    /// MoE layers.
+    #[allow(clippy::too_many_arguments)]
+    fn by_hand(
+        tp: f64,
+        l: f64,
+        d: f64,
+        v: f64,
+        p: f64,
+        pe: f64,
+        w: f64,
+        k: f64,
+        a: f64,
+        moe_layers: f64,
+    ) -> [f64; TERMS] {
+        let tokens = 53.0;
+        let attended = 50.0 * 100.0 + 50.0 * 51.0 / 2.0 + 1000.0 + 3.0;
+        [
+            1.0,
+            l,
+            if tp > 1.0 { 2.0 * l } else { 0.0 },
+            4.0,
+            w / (tp * B),
+            (100.0 + 1000.0 + tokens) * k / (tp * B),
+            (2.0 * p * 50.0 + 2.0 * d * v) / (tp * F),
+            3.0 * (2.0 * p + 2.0 * d * v) / (tp * F),
+            a * attended / (tp * F),
+            tokens * 2.0 * pe / (tp * F),
+            2.0 * l * tokens * d * 2.0 * 2.0 * (tp - 1.0) / tp / N,
+            moe_layers,
+        ]
+    }
+
+    fn assert_close(got: [f64; TERMS], want: [f64; TERMS], what: &str) {
+        for i in 0..TERMS {
+            let tol = 1e-9 * want[i].abs().max(1e-9);
+            assert!(
+                (got[i] - want[i]).abs() <= tol,
+                "{what}: {} = {} by the code, {} by hand",
+                TERM_NAMES[i],
+                got[i],
+                want[i]
+            );
+        }
+    }
+
+    #[test]
+    fn dense_llama_2_7b_terms_match_the_hand_computation() {
+        // d 4096, 32 layers, 32 heads = 32 KV heads of 128, MLP 11008
+        // (gated), vocabulary 32000, FP16.
+        let attn = 4.0 * 4096.0 * 4096.0;
+        let mlp = 3.0 * 4096.0 * 11008.0;
+        let p = 32.0 * (attn + mlp);
+        let w = (p + 4096.0 * 32000.0) * 2.0;
+        let k = 2.0 * 32.0 * 128.0 * 32.0 * 2.0;
+        let a = 4.0 * 32.0 * 128.0 * 32.0;
+        for tp in [1, 4] {
+            let want = by_hand(f64::from(tp), 32.0, 4096.0, 32000.0, p, 0.0, w, k, a, 0.0);
+            assert_close(terms("meta-llama/Llama-2-7b-hf", tp), want, "llama-2-7b");
+        }
+        // Spot values: 13.2 GB of weights read in 3.94 ms at TP 1.
+        let x = terms("meta-llama/Llama-2-7b-hf", 1);
+        assert!((x[4] - 13_214_154_752.0 / 3.35e6).abs() < 1e-6, "{}", x[4]);
+    }
+
+    #[test]
+    fn gqa_llama_2_70b_terms_match_the_hand_computation() {
+        // d 8192, 80 layers, 64 query heads and 8 KV heads of 128, MLP
+        // 28672 (gated), vocabulary 32000, FP16.
+        let attn = 2.0 * 8192.0 * 8192.0 + 2.0 * 8192.0 * 1024.0;
+        let mlp = 3.0 * 8192.0 * 28672.0;
+        let p = 80.0 * (attn + mlp);
+        let w = (p + 8192.0 * 32000.0) * 2.0;
+        let k = 2.0 * 8.0 * 128.0 * 80.0 * 2.0;
+        let a = 4.0 * 64.0 * 128.0 * 80.0;
+        for tp in [1, 4] {
+            let want = by_hand(f64::from(tp), 80.0, 8192.0, 32000.0, p, 0.0, w, k, a, 0.0);
+            assert_close(terms("meta-llama/Llama-2-70b-hf", tp), want, "llama-2-70b");
+        }
+        // GQA: 320 KiB of KV per token, an eighth of multi-head attention's.
+        assert_eq!(k, 327_680.0);
+    }
+
+    #[test]
+    fn moe_mixtral_terms_match_the_hand_computation() {
+        // d 4096, 32 layers, 32 query heads and 8 KV heads of 128, 8
+        // experts of 14336 (gated), 2 per token, vocabulary 32000, FP16.
+        let attn = 2.0 * 4096.0 * 4096.0 + 2.0 * 4096.0 * 1024.0;
+        let router = 4096.0 * 8.0;
+        let expert = 3.0 * 4096.0 * 14336.0;
+        let p = 32.0 * (attn + router);
+        let pe = 32.0 * 2.0 * expert;
+        // 53 tokens touch 8·(1 − (6/8)^53) of the 8 experts of a layer.
+        let touched = 8.0 * (1.0 - 0.75f64.powi(53));
+        let w = (p + 4096.0 * 32000.0 + 32.0 * touched * expert) * 2.0;
+        let k = 2.0 * 8.0 * 128.0 * 32.0 * 2.0;
+        let a = 4.0 * 32.0 * 128.0 * 32.0;
+        for tp in [1, 4] {
+            let want = by_hand(f64::from(tp), 32.0, 4096.0, 32000.0, p, pe, w, k, a, 32.0);
+            assert_close(
+                terms("mistralai/Mixtral-8x7B-v0.1", tp),
+                want,
+                "mixtral-8x7b",
+            );
+        }
+    }
+
+    #[test]
+    fn step_time_is_the_coefficients_times_the_terms() {
+        let arch = find_model(Some("meta-llama/Llama-2-7b-hf"), None).unwrap();
+        let hw = Hardware::bundled("H100").unwrap();
+        let basis = PhysicsBasis::new(&arch, &hw, 1);
+        let mut named = BTreeMap::new();
+        named.insert("step".to_string(), 100.0);
+        named.insert("weight".to_string(), 1.5);
+        let m = TrainedPhysics::from_named(basis, &named, HostOverheads::default());
+        let x = terms("meta-llama/Llama-2-7b-hf", 1);
+        let want = 100.0 + 1.5 * x[4];
+        assert!((m.step_time_us(&batch()) - want).abs() < 1e-9);
+    }
+}

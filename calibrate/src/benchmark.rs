@@ -28,7 +28,7 @@ use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
 
 use crate::fit::{FitTrace, fit, server_args};
-use crate::joint::{JointRun, OVERLOADED_TTFT_MS, RunStats, describe, fit_joint};
+use crate::joint::{JointOptions, JointRun, OVERLOADED_TTFT_MS, RunStats, describe, fit_joint};
 use crate::runs::{RunDir, runs_in, workload_of};
 
 /// Real and predicted mean and p99 of one latency, ms.
@@ -130,6 +130,8 @@ pub struct BenchmarkOptions {
     pub budget: u64,
     /// Threads replaying runs in parallel (the result is the same).
     pub threads: usize,
+    /// Weight of an overloaded run in a trained-physics fit.
+    pub overloaded_weight: f64,
     /// vLLM's `--async-scheduling` for the replays (None: trained-physics
     /// on, as it is fitted; the others the trace header's, else off).
     pub async_scheduling: Option<bool>,
@@ -213,9 +215,12 @@ pub fn benchmark(
                             train.len(),
                             if fit_on.is_some() { "none" } else { &run.name }
                         ));
-                        let f = match fit_joint(&train, o.budget, o.threads, &mut |l| {
-                            progress(&format!("  {l}"))
-                        }) {
+                        let jo = JointOptions {
+                            budget: o.budget,
+                            threads: o.threads,
+                            overloaded_weight: o.overloaded_weight,
+                        };
+                        let f = match fit_joint(&train, &jo, &mut |l| progress(&format!("  {l}"))) {
                             Ok(f) => f,
                             Err(e) => {
                                 skipped.push((run.name.clone(), format!("fit failed: {e}")));

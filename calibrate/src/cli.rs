@@ -65,6 +65,10 @@ pub struct BenchmarkArgs {
     /// Runs replayed in parallel (0: one per core; the result is the same).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub threads: usize,
+    /// Weight of an overloaded run (real mean TTFT above 10 s) in a
+    /// trained-physics fit's loss, relative to 1 for the others.
+    #[arg(allow_negative_numbers = true, long, default_value_t = crate::joint::OVERLOADED_WEIGHT)]
+    pub overloaded_weight: f64,
     /// vLLM's --async-scheduling for every replay (default: on for
     /// trained-physics, as it is fitted; else the trace header's, else off).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -146,6 +150,10 @@ pub struct FitArgs {
     /// core; the result is the same).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub threads: usize,
+    /// Weight of an overloaded run (real mean TTFT above 10 s) in the
+    /// trained-physics loss, relative to 1 for the others.
+    #[arg(allow_negative_numbers = true, long, default_value_t = crate::joint::OVERLOADED_WEIGHT)]
+    pub overloaded_weight: f64,
     /// GPU name for the coefficients row (default: the trace header's, else
     /// H100).
     #[arg(long)]

@@ -50,18 +50,41 @@ use serde::Serialize;
 use crate::fit::FitError;
 use crate::stats::{mean, percentile, sorted};
 
-/// Weight of an overloaded run in the loss (measured by leave-one-run-out
-/// cross-validation on the vLLM ground truth; see the README).
+/// Default weight of an overloaded run in the loss (leave-one-run-out on
+/// the vLLM ground truth with 0.25, 0.5 and 1: see the README).
 pub const OVERLOADED_WEIGHT: f64 = 0.5;
+
+/// How a joint fit runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JointOptions {
+    /// Replays of every run allowed to stage 2.
+    pub budget: u64,
+    /// Runs replayed in parallel (the result is the same).
+    pub threads: usize,
+    /// Weight of an overloaded run (real mean TTFT above 10 s) in the loss,
+    /// relative to 1 for the others.
+    pub overloaded_weight: f64,
+}
+
+impl Default for JointOptions {
+    fn default() -> Self {
+        Self {
+            budget: DEFAULT_BUDGET,
+            threads: 1,
+            overloaded_weight: OVERLOADED_WEIGHT,
+        }
+    }
+}
 
 /// The terms refined by replays in stage 2 (with the host overheads); the
 /// others keep their decode-interval fit. Prefill compute is seen only in
 /// TTFT, which stage 1 does not measure. Measured by leave-one-run-out on
-/// the 8 ground-truth runs (budget 40–60): refining every free term gave
-/// median errors TTFT 6.0%, E2E 3.3%, ITL 8.5% (stage 2 trades decode
-/// accuracy for TTFT, and doubling the ITL weight did not stop it: ITL
-/// 8.8% on Llama-2-7B reasoning, −23% on Mixtral reasoning); refining only
-/// these gave TTFT 6.9%, E2E 3.8%, ITL 6.4%.
+/// the 8 ground-truth runs (budget 40–60, before the compute floors):
+/// refining every free term gave median errors TTFT 6.0%, E2E 3.3%, ITL
+/// 8.5% (stage 2 trades decode accuracy for TTFT, and doubling the ITL
+/// weight did not stop it: ITL 8.8% on Llama-2-7B reasoning, −23% on
+/// Mixtral reasoning); refining only these gave TTFT 6.9%, E2E 3.8%, ITL
+/// 6.4%.
 pub const STAGE2_TERMS: [&str; 1] = ["prefill_compute"];
 
 /// Replays of every run allowed to stage 2 by default (about a minute for
@@ -233,8 +256,9 @@ impl PhysicsCoefficients {
 /// Lower bounds of the coefficients: a step reads every weight and the
 /// KV it attends to at least once, so it cannot take less than those bytes
 /// over the peak bandwidth (the roofline's memory floor); the all-reduce
-/// bytes cross the interconnect at its bandwidth.
-pub const FLOOR: [f64; TERMS] = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+/// bytes cross the interconnect at its bandwidth; and no GEMM runs above
+/// the peak FLOP rate (MFU ≤ 1), so the compute corrections are at least 1.
+pub const FLOOR: [f64; TERMS] = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0];
 
 /// The terms whose coefficients are fitted; the others stay at their floor.
 /// Chosen by leave-one-run-out cross-validation of the decode-interval
@@ -391,11 +415,11 @@ where
 }
 
 /// The loss of predictions `sim` of `runs` (module docs).
-pub fn loss(runs: &[&JointRun], sim: &[RunStats]) -> f64 {
+pub fn loss(runs: &[&JointRun], sim: &[RunStats], overloaded_weight: f64) -> f64 {
     let (mut num, mut den) = (0.0, 0.0);
     for (r, s) in runs.iter().zip(sim) {
         let v = if r.real.overloaded() {
-            OVERLOADED_WEIGHT
+            overloaded_weight
         } else {
             1.0
         };
@@ -752,6 +776,7 @@ struct Stage2<'a> {
     base: [f64; TERMS],
     scale: Vec<f64>,
     threads: usize,
+    overloaded_weight: f64,
     evals: Cell<u64>,
 }
 
@@ -775,7 +800,11 @@ impl Stage2<'_> {
 
     fn loss_of(&self, c: &PhysicsCoefficients) -> f64 {
         self.evals.set(self.evals.get() + 1);
-        loss(self.runs, &predict_all(self.runs, c, self.threads))
+        loss(
+            self.runs,
+            &predict_all(self.runs, c, self.threads),
+            self.overloaded_weight,
+        )
     }
 }
 
@@ -789,18 +818,24 @@ impl CostFunction for Stage2<'_> {
     }
 }
 
-/// Fits the global coefficients on `runs` with at most `budget` replays of
-/// the whole set in stage 2, on `threads` threads. `progress` gets a line
-/// per stage and round.
+/// Fits the global coefficients on `runs` as `o` says (at most `o.budget`
+/// replays of the whole set in stage 2). `progress` gets a line per stage
+/// and round.
 ///
 /// # Errors
-/// No runs, or an optimiser failure.
+/// No runs, a bad option, or an optimiser failure.
 pub fn fit_joint(
     runs: &[&JointRun],
-    budget: u64,
-    threads: usize,
+    o: &JointOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<JointFit, FitError> {
+    let (budget, threads) = (o.budget, o.threads);
+    if !(o.overloaded_weight >= 0.0 && o.overloaded_weight.is_finite()) {
+        return Err(FitError::Options(format!(
+            "the weight of overloaded runs must be a number ≥ 0, got {}",
+            o.overloaded_weight
+        )));
+    }
     if runs.is_empty() {
         return Err(FitError::Options("no runs to fit on".into()));
     }
@@ -829,6 +864,7 @@ pub fn fit_joint(
         base: s1.beta,
         scale,
         threads,
+        overloaded_weight: o.overloaded_weight,
         evals: Cell::new(0),
     };
     let mut best_u: Vec<f64> = excess
@@ -945,7 +981,7 @@ pub fn fit_joint(
         runs: runs.iter().map(|r| r.name.clone()).collect(),
         stage1: s1,
         fitted,
-        loss: [loss1, loss(runs, &sims)],
+        loss: [loss1, loss(runs, &sims, o.overloaded_weight)],
         evaluations: problem.evals.get(),
         per_run: runs
             .iter()

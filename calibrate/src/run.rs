@@ -339,12 +339,12 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map(|r| r.server().engine.async_scheduling)
         .collect();
     let started = std::time::Instant::now();
-    let f = crate::joint::fit_joint(
-        &refs,
-        a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET),
-        threads(a.threads),
-        &mut |l| blis_traces::diag!("{l}"),
-    )?;
+    let o = crate::joint::JointOptions {
+        budget: a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET),
+        threads: threads(a.threads),
+        overloaded_weight: a.overloaded_weight,
+    };
+    let f = crate::joint::fit_joint(&refs, &o, &mut |l| blis_traces::diag!("{l}"))?;
     let row = f.fitted.row(
         &gpu,
         asyncs.contains(&true),
@@ -415,6 +415,7 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Resu
             _ => 300,
         }),
         threads: threads(a.threads),
+        overloaded_weight: a.overloaded_weight,
         async_scheduling: a.async_scheduling,
     };
     let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), &o, &mut |l| {

@@ -116,10 +116,13 @@ pub struct CompareArgs {
 #[derive(Args, Debug, Clone)]
 pub struct FitArgs {
     /// Real traces to fit on (jointly): header YAMLs, or KIND:PATH of public
-    /// traces such as vllm-gt:RUN_DIR.
+    /// traces such as vllm-gt:RUN_DIR (`--trace A --trace B` or
+    /// `--traces A B`).
     #[arg(
         long = "trace",
+        alias = "traces",
         value_name = "REAL.yaml",
+        num_args = 1..,
         required_unless_present = "runs"
     )]
     pub traces: Vec<PathBuf>,
@@ -139,9 +142,10 @@ pub struct FitArgs {
     /// read).
     #[arg(long, value_name = "COEFFS.yaml")]
     pub out: PathBuf,
-    /// Fraction of each trace (by arrival time, the end) held out.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
-    pub holdout_fraction: f64,
+    /// Fraction of each trace (by arrival time, the end) held out
+    /// (default: 0.3; trained-physics: 0, every request of every run).
+    #[arg(allow_negative_numbers = true, long)]
+    pub holdout_fraction: Option<f64>,
     /// Replays allowed to the optimiser (trained-physics: replays of every
     /// run at once; default 40; the others: default 400).
     #[arg(allow_negative_numbers = true, long)]
@@ -162,6 +166,15 @@ pub struct FitArgs {
     /// start).
     #[arg(long)]
     pub coefficients: Option<PathBuf>,
+    /// The model's HF config.json (a folder or the file) for the physics
+    /// terms of trained-physics and roofline (default: the bundled config
+    /// matching the model id).
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub model_config: Option<PathBuf>,
+    /// A hardware_config.json with the GPU (or CPU) named by --hardware
+    /// (default: the bundled one).
+    #[arg(long, value_name = "FILE")]
+    pub hardware_config: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

@@ -369,6 +369,23 @@ impl JointRun {
     }
 }
 
+/// The first `fraction` of `trace`'s requests by arrival (ties by id): a
+/// run that ends early, for fitting on its start and judging the rest.
+pub fn first_part(mut trace: Trace, fraction: f64) -> Trace {
+    let mut order: Vec<(i64, u64)> = trace
+        .records
+        .iter()
+        .map(|r| (r.request.arrival_time_us, r.request.request_id))
+        .collect();
+    order.sort_unstable();
+    let keep = ((order.len() as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
+    let kept: std::collections::BTreeSet<u64> = order[..keep].iter().map(|x| x.1).collect();
+    trace
+        .records
+        .retain(|r| kept.contains(&r.request.request_id));
+    trace
+}
+
 /// Predicts every run with `c`, `threads` at a time; results in run order.
 pub fn predict_all(runs: &[&JointRun], c: &PhysicsCoefficients, threads: usize) -> Vec<RunStats> {
     parallel_map(runs, threads, |r| r.predict(c))
@@ -1037,6 +1054,29 @@ pub fn describe(c: &PhysicsCoefficients) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_part_keeps_the_earliest_arrivals() {
+        let mut t = Trace::new(
+            blis_traces::TraceHeader::new(blis_traces::Mode::Replayed),
+            Vec::new(),
+        );
+        for (id, at) in [(0u64, 50i64), (1, 10), (2, 40), (3, 20), (4, 30)] {
+            t.records.push(TraceRecord::planned(blis_traces::Request {
+                request_id: id,
+                arrival_time_us: at,
+                ..Default::default()
+            }));
+        }
+        let ids: Vec<u64> = first_part(t.clone(), 0.6)
+            .records
+            .iter()
+            .map(|r| r.request.request_id)
+            .collect();
+        assert_eq!(ids, [1, 3, 4], "arrivals 10, 20, 30 in file order");
+        assert_eq!(first_part(t.clone(), 1.0).records.len(), 5);
+        assert!(first_part(t, 0.0).records.is_empty());
+    }
 
     #[test]
     fn nnls_solves_a_small_problem_with_an_active_bound() {

@@ -158,11 +158,10 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
 /// # Errors
 /// Unreadable traces, bad options, a server that cannot be configured.
 pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if !(0.0..1.0).contains(&a.holdout_fraction) {
-        bail!(
-            "--holdout-fraction must be in [0, 1), got {}",
-            a.holdout_fraction
-        );
+    if let Some(h) = a.holdout_fraction
+        && !(0.0..1.0).contains(&h)
+    {
+        bail!("--holdout-fraction must be in [0, 1), got {h}");
     }
     if a.budget_evals == Some(0) {
         bail!("--budget-evals must be at least 1");
@@ -202,12 +201,14 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             start.clone(),
             &t.header,
         );
+        args.model_config = a.model_config.clone();
+        args.hardware_config = a.hardware_config.clone();
         a.engine.apply(&mut args);
         traces.push(FitTrace::new(
             &p.display().to_string(),
             t,
             &args,
-            a.holdout_fraction,
+            a.holdout_fraction.unwrap_or(0.3),
         )?);
     }
     let r = fit(&traces, a.budget_evals.unwrap_or(400))?;
@@ -323,7 +324,15 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 .and_then(|s| s.async_scheduling)
                 .unwrap_or(true),
         );
+        args.model_config = a.model_config.clone();
+        args.hardware_config = a.hardware_config.clone();
         a.engine.apply(&mut args);
+        let holdout = a.holdout_fraction.unwrap_or(0.0);
+        let t = if holdout > 0.0 {
+            crate::joint::first_part(t, 1.0 - holdout)
+        } else {
+            t
+        };
         runs.push(crate::joint::JointRun::new(&name, t, &args)?);
     }
     let refs: Vec<&crate::joint::JointRun> = runs.iter().collect();

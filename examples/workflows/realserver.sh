@@ -7,6 +7,10 @@
 #      workload again, and compare the two real traces (the floor for any
 #      prediction).
 #   examples/workflows/realserver.sh [OUT] [PORT]
+#   LATENCY_MODEL=trained-physics examples/workflows/realserver.sh   (the
+#   physics terms of the model's config.json on this CPU's measured FLOP
+#   rate and bandwidth, examples/realserver/; blackbox by default: it
+#   predicts this server better, see the README)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source examples/workflows/bin.sh
@@ -14,13 +18,17 @@ OUT="${1:-out/realserver}"
 PORT="${2:-8097}"
 RS=../shared/realserver
 SETTINGS="--max-num-seqs 4 --max-num-batched-tokens 2048 --block-size 16 --total-kv-blocks 2048 --max-model-len 8192"
+LATENCY_MODEL="${LATENCY_MODEL:-blackbox}"
+if [ "$LATENCY_MODEL" = trained-physics ]; then
+    SETTINGS="$SETTINGS --model-config examples/realserver/random-llama.json --hardware-config examples/realserver/cpu-hardware.json --hardware CPU --async-scheduling false"
+fi
 trap 'bash $RS/stop.sh $PORT >/dev/null 2>&1 || true' EXIT
 mkdir -p "$OUT"
 
 URL=$(bash $RS/start.sh "$PORT" 4)
 "$BLIS_BIN"/blis-loop --server-url "$URL" --server-type llamacpp \
     --workload-spec examples/realserver-servegen.yaml --out "$OUT/loop" \
-    --replay-args "$SETTINGS" >"$OUT/loop.md"
+    --latency-model "$LATENCY_MODEL" --replay-args "$SETTINGS" >"$OUT/loop.md"
 bash $RS/stop.sh "$PORT" >/dev/null
 
 # A fresh server (cold prompt cache) for the second observation.

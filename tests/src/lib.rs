@@ -54,6 +54,12 @@ pub struct LoopOpts {
     /// (0: fit and compare everything).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
+    /// The latency model fitted to a real server: blackbox (α/β of this
+    /// server) or trained-physics (physics terms of the model's config.json
+    /// and the hardware in --replay-args, e.g. "--model-config C.json
+    /// --hardware-config H.json --hardware CPU").
+    #[arg(long, value_enum, default_value = "blackbox")]
+    pub latency_model: blis_replay::cli::LatencyChoice,
 }
 
 /// What the loop produced.
@@ -181,7 +187,10 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     } else {
         let coeffs = o.out.join("coefficients.yaml");
         let _ = std::fs::remove_file(&coeffs);
-        log("fitting blackbox coefficients on the observed trace (blis-calibrate fit)");
+        let latency = o.latency_model.kind().name();
+        log(&format!(
+            "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
+        ));
         let mut fit: Vec<String> = vec![
             "blis-calibrate".into(),
             "fit".into(),
@@ -193,6 +202,8 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
             o.holdout_fraction.to_string(),
             "--model".into(),
             model.clone(),
+            "--latency-model".into(),
+            latency.into(),
         ];
         fit.extend(o.replay_args.split_whitespace().map(str::to_string));
         let mut out = Vec::new();
@@ -203,7 +214,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
             "--coefficients".into(),
             s(&coeffs),
             "--latency-model".into(),
-            "blackbox".into(),
+            latency.into(),
             "--model".into(),
             model.clone(),
         ]);

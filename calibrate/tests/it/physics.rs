@@ -97,9 +97,10 @@ fn the_joint_fit_recovers_known_coefficients_from_synthetic_runs() {
     let dir = tempfile::tempdir().unwrap();
     let runs = synthetic_runs(dir.path());
     let fitted = dir.path().join("fitted.yaml");
-    let mut args = vec!["fit", "--latency-model", "trained-physics"];
+    // `--traces A B ...` and `--trace A --trace B` are the same.
+    let mut args = vec!["fit", "--latency-model", "trained-physics", "--traces"];
     for r in &runs {
-        args.extend(["--trace", r.to_str().unwrap()]);
+        args.push(r.to_str().unwrap());
     }
     args.extend([
         "--out",

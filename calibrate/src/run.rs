@@ -287,6 +287,12 @@ fn threads(n: usize) -> usize {
 /// # Errors
 /// Unreadable runs, a run that cannot be replayed, an unwritable output.
 fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if !(a.overloaded_weight >= 0.0 && a.overloaded_weight.is_finite()) {
+        bail!(
+            "--overloaded-weight must be a number ≥ 0, got {}",
+            a.overloaded_weight
+        );
+    }
     let mut named: Vec<(String, Trace)> = Vec::new();
     if let Some(dir) = &a.runs {
         let mut skipped = Vec::new();
@@ -415,6 +421,12 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if a.budget_evals == Some(0) {
         bail!("--budget-evals must be at least 1");
+    }
+    if !(a.overloaded_weight >= 0.0 && a.overloaded_weight.is_finite()) {
+        bail!(
+            "--overloaded-weight must be a number ≥ 0, got {}",
+            a.overloaded_weight
+        );
     }
     let latency = a.latency_model.kind();
     let o = crate::benchmark::BenchmarkOptions {

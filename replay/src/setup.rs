@@ -304,9 +304,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             let row = coefs
                 .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
                 .ok_or_else(|| {
-                    ReplayError::Config(
-                        "no trained-physics coefficients: give --coefficients with a trained-physics row (blis-calibrate fit --runs DIR writes one)".into(),
-                    )
+                    ReplayError::Config(format!(
+                        "no trained-physics coefficients for {gpu} (a row with model \"*\" and gpu {gpu} or \"*\"): give --coefficients with one (blis-calibrate fit --runs DIR writes it)"
+                    ))
                 })?;
             let terms = row.terms.clone().unwrap_or_default();
             row_async = row.async_scheduling;

@@ -26,11 +26,19 @@
 //!    first arrival of a request that failed (its state is unknown). A
 //!    non-negative least squares of the relative error, each run weighted
 //!    alike, gives the coefficients (Lawson & Hanson 1974).
-//! 2. **Replays** (derivative-free). Starting there, the host overheads
-//!    (queueing delay, output hop) and the coefficients are refined by
-//!    replaying every run in-process (its recorded server settings and
-//!    client timeout) with a coordinate search on multiplicative grids and
-//!    Nelder–Mead restarts (argmin), runs replayed in parallel threads.
+//! 2. **Replays** (derivative-free). Starting there, what decode intervals
+//!    cannot see ([`STAGE2_TERMS`]: prefill compute; the queueing delay and
+//!    the output hop) is refined by replaying every run in-process (its
+//!    recorded server settings and client timeout) with a coordinate
+//!    search on multiplicative grids and Nelder–Mead restarts (argmin),
+//!    runs replayed in parallel threads.
+//!
+//! Every coefficient is non-negative, and those that correct a time at the
+//! hardware's peak are at least 1 ([`FLOOR`]): nothing moves bytes faster
+//! than peak bandwidth or multiplies faster than peak FLOPs. Each choice
+//! here (the terms, the floors, the stage-2 terms, the weight of overloaded
+//! runs, the step structure) was made by leave-one-run-out on the vLLM
+//! ground truth (`blis-calibrate benchmark`); the README gives the numbers.
 //!
 //! Recorded failures never enter a prediction: a replay cancels requests
 //! only at the client's timeout.

@@ -169,7 +169,7 @@ pub struct FitArgs {
     /// The model's HF config.json (a folder or the file) for the physics
     /// terms of trained-physics and roofline (default: the bundled config
     /// matching the model id).
-    #[arg(long, value_name = "DIR_OR_FILE")]
+    #[arg(long, value_name = "DIR_OR_FILE", alias = "model-config-folder")]
     pub model_config: Option<PathBuf>,
     /// A hardware_config.json with the GPU (or CPU) named by --hardware
     /// (default: the bundled one).

@@ -19,11 +19,14 @@ pub struct Opts {
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
     /// Write the planned trace of a workload (`mode: generated`) without
-    /// sending anything, and print a summary.
+    /// sending anything, and print a summary. An imported real run (e.g.
+    /// vllm-gt:RUN_DIR) keeps only its plan; with --keep-measured, what it
+    /// measured too (`mode: real`).
     #[command(after_help = "Examples:\n  \
         blis-loadgen generate --workload-spec examples/chat.yaml --out out/chat\n  \
         blis-loadgen generate --import mooncake:conversation_trace.jsonl --out out/mooncake\n  \
-        blis-loadgen generate --workload-spec w.yaml --seed 7 --horizon-s 60 --out out/w")]
+        blis-loadgen generate --workload-spec w.yaml --seed 7 --horizon-s 60 --out out/w\n  \
+        blis-loadgen generate --import vllm-gt:RUN_DIR --keep-measured --out out/run   (a real run as trace v2, with its times)")]
     Generate(Box<GenerateArgs>),
     /// Send a workload to an OpenAI-compatible server on its exact schedule,
     /// record every request and streamed chunk, scrape /metrics, and write a
@@ -91,6 +94,13 @@ pub struct GenerateArgs {
     /// Stop after this many requests (overrides the spec's num_requests).
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
+    /// Keep what an imported real run measured (send, first and last chunk
+    /// times, statuses, cached tokens): write it as a real trace
+    /// (`mode: real`) that `blis-calibrate compare --real` and `fit` read,
+    /// instead of its plan (`mode: generated`, outcomes dropped: the
+    /// default, for sending it again).
+    #[arg(long)]
+    pub keep_measured: bool,
 }
 
 /// The API a run speaks.

@@ -122,8 +122,14 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
         bail!("--horizon-s must be a positive number of seconds, got {h}");
     }
     let (mut header, mut records) = load_workload(&args.workload, &args.synthetic, &opts)?;
-    // A generated trace is a plan: keep the requests, drop any outcome.
-    if header.mode == Mode::Real {
+    if args.keep_measured && header.mode != Mode::Real {
+        bail!(
+            "--keep-measured keeps what a real run measured, but this workload has no measurements (give --import of a real run, e.g. vllm-gt:RUN_DIR)"
+        );
+    }
+    // A generated trace is a plan: keep the requests, drop any outcome
+    // (unless asked to keep what was measured).
+    if header.mode == Mode::Real && !args.keep_measured {
         header.mode = Mode::Generated;
         for r in &mut records {
             r.outcome = Default::default();

@@ -47,13 +47,17 @@ pub enum Command {
 #[derive(Args, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineFlags {
     /// Running requests at most (vLLM --max-num-seqs).
-    #[arg(allow_negative_numbers = true, long)]
+    #[arg(allow_negative_numbers = true, long, alias = "max-num-running-reqs")]
     pub max_num_seqs: Option<u32>,
     /// Token budget per step (vLLM --max-num-batched-tokens).
-    #[arg(allow_negative_numbers = true, long)]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        alias = "max-num-scheduled-tokens"
+    )]
     pub max_num_batched_tokens: Option<u32>,
     /// Tokens per KV block (vLLM --block-size).
-    #[arg(allow_negative_numbers = true, long)]
+    #[arg(allow_negative_numbers = true, long, alias = "block-size-in-tokens")]
     pub block_size: Option<u32>,
     /// GPU KV blocks (default: trace header, coefficients row, or estimated
     /// from GPU memory, utilisation and the model's weights).
@@ -110,7 +114,7 @@ pub struct ClusterArgs {
     pub num_instances: Option<u32>,
     /// Admission: always-admit, reject-all, token-bucket, rate-limit
     /// (tenant-quota in a --policy-config).
-    #[arg(long, value_name = "POLICY")]
+    #[arg(long, value_name = "POLICY", alias = "admission-policy")]
     pub admission: Option<String>,
     /// Token-bucket capacity, tokens.
     #[arg(allow_negative_numbers = true, long)]
@@ -125,7 +129,7 @@ pub struct ClusterArgs {
     #[arg(allow_negative_numbers = true, long)]
     pub rate_limit_burst: Option<f64>,
     /// Routing: round-robin, least-loaded, weighted, always-busiest.
-    #[arg(long, value_name = "POLICY")]
+    #[arg(long, value_name = "POLICY", alias = "routing-policy")]
     pub routing: Option<String>,
     /// Scorers of `weighted` routing with weights (normalised), e.g.
     /// prefix-affinity:3,queue-depth:2,kv-utilization:2.
@@ -151,10 +155,20 @@ pub struct ClusterArgs {
     #[arg(allow_negative_numbers = true, long)]
     pub flow_kv_threshold: Option<f64>,
     /// Time the admission decision takes, µs.
-    #[arg(allow_negative_numbers = true, long, value_name = "US")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "US",
+        alias = "admission-latency"
+    )]
     pub admission_latency_us: Option<i64>,
     /// Time the routing decision takes, µs.
-    #[arg(allow_negative_numbers = true, long, value_name = "US")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "US",
+        alias = "routing-latency"
+    )]
     pub routing_latency_us: Option<i64>,
     /// `decisions`: write PREFIX.decisions.jsonl, one admission and
     /// routing decision per line with what the router saw, every
@@ -224,7 +238,7 @@ pub struct RunArgs {
     pub coefficients: Option<PathBuf>,
     /// The model's Hugging Face config.json, or a folder holding it
     /// (default: the bundled config matching --model).
-    #[arg(long, value_name = "DIR_OR_FILE")]
+    #[arg(long, value_name = "DIR_OR_FILE", alias = "model-config-folder")]
     pub model_config: Option<PathBuf>,
     /// GPU name in the hardware file (default: the trace header's, else H100).
     #[arg(long)]

@@ -111,6 +111,59 @@ fn a_real_import_becomes_a_plan_without_outcomes() {
     assert_eq!(t.header.server.unwrap().total_kv_blocks, Some(26602));
 }
 
+/// `--keep-measured` converts a real run to trace v2 keeping what it
+/// measured: the written trace reads back with the same records as the
+/// import (times, statuses, lengths), as `mode: real`; a workload without
+/// measurements is refused.
+#[test]
+fn keep_measured_converts_a_real_run_with_its_times() {
+    let _g = crate::common::serial();
+    let run =
+        shared().join("vllm-ground-truth/train/20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gt");
+    let src = format!("vllm-gt:{}", run.display());
+    loadgen()
+        .args(["generate", "--import", &src, "--keep-measured", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.header.mode, Mode::Real);
+    let imported = blis_traces::import(&src.parse().unwrap(), 42).unwrap();
+    assert_eq!(t.records.len(), imported.records.len());
+    let mut timeouts = 0;
+    for (a, b) in t.records.iter().zip(&imported.records) {
+        assert_eq!(a.request, b.request);
+        assert_eq!(a.outcome.send_time_us, b.outcome.send_time_us);
+        assert_eq!(a.outcome.first_chunk_time_us, b.outcome.first_chunk_time_us);
+        assert_eq!(a.outcome.last_chunk_time_us, b.outcome.last_chunk_time_us);
+        assert_eq!(a.outcome.status, b.outcome.status);
+        timeouts += usize::from(a.outcome.status == Some(blis_traces::Status::Timeout));
+    }
+    assert!(timeouts > 1000, "the run's failures are kept: {timeouts}");
+    // Nothing measured, nothing to keep.
+    let assert = loadgen()
+        .args([
+            "generate",
+            "--rate",
+            "5",
+            "--num-requests",
+            "3",
+            "--keep-measured",
+            "--out",
+        ])
+        .arg(dir.path().join("x"))
+        .assert()
+        .failure()
+        .code(1);
+    let err = String::from_utf8(assert.get_output().stderr.clone()).unwrap();
+    assert!(
+        err.contains("--keep-measured") && err.contains("vllm-gt"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_spec_fails_with_one_line_naming_file_line_and_field() {
     let _g = crate::common::serial();

@@ -254,3 +254,83 @@ fn errors_name_what_is_missing_once() {
         "{err}"
     );
 }
+
+/// BLIS's flag names are accepted where ours differ (same meaning and
+/// unit): the same cluster replay spelled either way writes the same files.
+#[test]
+fn blis_flag_names_are_aliases_of_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = shared().join("examples/two-client-workload.yaml");
+    let run = |out: &std::path::Path, flags: &[&str]| {
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(&spec)
+            .args([
+                "--num-requests",
+                "200",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--num-instances",
+                "2",
+            ])
+            .args(flags)
+            .arg("--out")
+            .arg(out)
+            .assert()
+            .success();
+    };
+    let ours = dir.path().join("ours");
+    run(
+        &ours,
+        &[
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "512",
+            "--block-size",
+            "32",
+            "--admission",
+            "always-admit",
+            "--routing",
+            "least-loaded",
+            "--admission-latency-us",
+            "100",
+            "--routing-latency-us",
+            "50",
+        ],
+    );
+    let blis = dir.path().join("blis");
+    run(
+        &blis,
+        &[
+            "--max-num-running-reqs",
+            "8",
+            "--max-num-scheduled-tokens",
+            "512",
+            "--block-size-in-tokens",
+            "32",
+            "--admission-policy",
+            "always-admit",
+            "--routing-policy",
+            "least-loaded",
+            "--admission-latency",
+            "100",
+            "--routing-latency",
+            "50",
+        ],
+    );
+    for ext in ["csv", "summary.json"] {
+        assert_eq!(
+            std::fs::read(ours.with_extension(ext)).unwrap(),
+            std::fs::read(blis.with_extension(ext)).unwrap(),
+            "{ext}"
+        );
+    }
+    // And the flags took effect: without them the prediction differs.
+    let plain = dir.path().join("plain");
+    run(&plain, &[]);
+    assert_ne!(
+        std::fs::read(ours.with_extension("csv")).unwrap(),
+        std::fs::read(plain.with_extension("csv")).unwrap()
+    );
+}

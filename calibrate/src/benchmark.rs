@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use blis_replay::coefficients::{CoefficientRow, LatencyKind};
-use blis_replay::latency::Model;
+use blis_replay::latency::{Blackbox, Model};
 use blis_replay::physics::BlisPhysics;
 use blis_replay::setup::ServerArgs;
 use blis_traces::{Status, TraceRecord};
@@ -125,13 +125,9 @@ pub struct BenchmarkReport {
 pub struct BenchmarkOptions {
     /// The latency model.
     pub latency: LatencyKind,
-    /// Replays allowed to each fit (trained-physics: replays of the whole
-    /// set of runs; blackbox: of each run).
-    pub budget: u64,
-    /// Threads replaying runs in parallel (the result is the same).
-    pub threads: usize,
-    /// Weight of an overloaded run in a trained-physics fit.
-    pub overloaded_weight: f64,
+    /// The trained-physics fits; its budget is also each blackbox fit's
+    /// (replays of each run).
+    pub joint: JointOptions,
     /// vLLM's `--async-scheduling` for the replays (None: trained-physics
     /// on, as it is fitted; the others the trace header's, else off).
     pub async_scheduling: Option<bool>,
@@ -215,18 +211,15 @@ pub fn benchmark(
                             train.len(),
                             if fit_on.is_some() { "none" } else { &run.name }
                         ));
-                        let jo = JointOptions {
-                            budget: o.budget,
-                            threads: o.threads,
-                            overloaded_weight: o.overloaded_weight,
-                        };
-                        let f = match fit_joint(&train, &jo, &mut |l| progress(&format!("  {l}"))) {
-                            Ok(f) => f,
-                            Err(e) => {
-                                skipped.push((run.name.clone(), format!("fit failed: {e}")));
-                                continue;
-                            }
-                        };
+                        let f =
+                            match fit_joint(&train, &o.joint, &mut |l| progress(&format!("  {l}")))
+                            {
+                                Ok(f) => f,
+                                Err(e) => {
+                                    skipped.push((run.name.clone(), format!("fit failed: {e}")));
+                                    continue;
+                                }
+                            };
                         progress(&format!("  fitted: {}", describe(&f.fitted)));
                         let row = f.fitted.row(
                             "*",
@@ -269,7 +262,7 @@ pub fn benchmark(
                                 Err(e) => skipped.push((r.name.clone(), e.to_string())),
                             }
                         }
-                        let row = match fit(&fts, o.budget) {
+                        let row = match fit(&fts, o.joint.budget) {
                             Ok(f) => f.row,
                             Err(e) => {
                                 skipped.push((run.name.clone(), format!("fit failed: {e}")));
@@ -280,14 +273,11 @@ pub fn benchmark(
                         row
                     }
                 };
-                let t = match FitTrace::new(&run.name, run.trace.clone(), &args_for(run, o), 0.0) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        skipped.push((run.name.clone(), e.to_string()));
-                        continue;
-                    }
-                };
-                (t.model_of(&row), key, Some(row))
+                let model = Model::Blackbox(Blackbox {
+                    alpha: row.alpha,
+                    beta: row.beta.unwrap_or_default(),
+                });
+                (model, key, Some(row))
             }
         };
         progress(&format!("predicting {}", run.name));
@@ -361,15 +351,8 @@ fn result_of(
 
 /// Per-request E2E MAPE (%) over the requests completed on both sides.
 fn e2e_mape(real: &[TraceRecord], sim: &[TraceRecord]) -> f64 {
-    let e2e = |r: &TraceRecord| -> Option<(u64, f64)> {
-        let o = &r.outcome;
-        if o.status != Some(Status::Ok) {
-            return None;
-        }
-        Some((
-            r.request.request_id,
-            o.last_chunk_time_us?.checked_sub(o.send_time_us?)? as f64,
-        ))
+    let e2e = |r: &TraceRecord| {
+        (r.outcome.status == Some(Status::Ok)).then_some((r.request.request_id, r.e2e_us()? as f64))
     };
     let sim: BTreeMap<u64, f64> = sim.iter().filter_map(e2e).collect();
     let (mut sum, mut n) = (0.0, 0u64);

@@ -62,17 +62,46 @@ pub struct BenchmarkArgs {
     /// fitted on; default 40; blackbox: of each run, default 300).
     #[arg(allow_negative_numbers = true, long)]
     pub budget_evals: Option<u64>,
-    /// Runs replayed in parallel (0: one per core; the result is the same).
+    /// How the trained-physics fits run.
+    #[command(flatten)]
+    pub joint: JointFitFlags,
+    /// vLLM's --async-scheduling for every replay (default: on for
+    /// trained-physics, as it is fitted; else the trace header's, else off).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub async_scheduling: Option<bool>,
+}
+
+/// How a trained-physics joint fit runs (`fit` and `benchmark`).
+#[derive(Args, Debug, Clone)]
+pub struct JointFitFlags {
+    /// Runs replayed in parallel by a trained-physics fit (0: one per
+    /// core; the result is the same).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub threads: usize,
     /// Weight of an overloaded run (real mean TTFT above 10 s) in a
     /// trained-physics fit's loss, relative to 1 for the others.
     #[arg(allow_negative_numbers = true, long, default_value_t = crate::joint::OVERLOADED_WEIGHT)]
     pub overloaded_weight: f64,
-    /// vLLM's --async-scheduling for every replay (default: on for
-    /// trained-physics, as it is fitted; else the trace header's, else off).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub async_scheduling: Option<bool>,
+}
+
+impl JointFitFlags {
+    /// The joint fit's options with `budget` replays.
+    ///
+    /// # Errors
+    /// A weight that is not a number ≥ 0.
+    pub fn options(&self, budget: u64) -> Result<crate::joint::JointOptions, crate::fit::FitError> {
+        let o = crate::joint::JointOptions {
+            budget,
+            threads: if self.threads > 0 {
+                self.threads
+            } else {
+                std::thread::available_parallelism().map_or(1, usize::from)
+            },
+            overloaded_weight: self.overloaded_weight,
+        };
+        o.validate()?;
+        Ok(o)
+    }
 }
 
 /// `compare` options.
@@ -150,14 +179,9 @@ pub struct FitArgs {
     /// run at once; default 40; the others: default 400).
     #[arg(allow_negative_numbers = true, long)]
     pub budget_evals: Option<u64>,
-    /// Runs replayed in parallel by the trained-physics fit (0: one per
-    /// core; the result is the same).
-    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
-    pub threads: usize,
-    /// Weight of an overloaded run (real mean TTFT above 10 s) in the
-    /// trained-physics loss, relative to 1 for the others.
-    #[arg(allow_negative_numbers = true, long, default_value_t = crate::joint::OVERLOADED_WEIGHT)]
-    pub overloaded_weight: f64,
+    /// How a trained-physics fit runs.
+    #[command(flatten)]
+    pub joint: JointFitFlags,
     /// GPU name for the coefficients row (default: the trace header's, else
     /// H100).
     #[arg(long)]

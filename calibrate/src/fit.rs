@@ -74,13 +74,15 @@ pub enum FitError {
 
 /// Measured latencies of one request, ms.
 #[derive(Debug, Clone, Copy)]
-struct Measured {
-    ttft: Option<f64>,
-    e2e: f64,
-    tpot: Option<f64>,
+pub(crate) struct Measured {
+    pub(crate) ttft: Option<f64>,
+    pub(crate) e2e: f64,
+    pub(crate) tpot: Option<f64>,
 }
 
-fn measured(r: &TraceRecord) -> Option<Measured> {
+/// A completed (`ok`) request's TTFT, E2E and TPOT in ms (TTFT and TPOT
+/// only when streamed), from its send.
+pub(crate) fn measured(r: &TraceRecord) -> Option<Measured> {
     let o = &r.outcome;
     if o.status != Some(Status::Ok) {
         return None;
@@ -566,6 +568,41 @@ pub struct FitResult {
     pub row: CoefficientRow,
 }
 
+/// One sweep of a coordinate search on multiplicative grids: each
+/// coordinate of `order` in turn is tried at its value times each factor
+/// of `grid` (a coordinate at 0 at `factor × from_zero`), keeping every
+/// improvement of `cost` in `best_u` and `best`, while `more()` says the
+/// budget lasts. Shared by [`fit`] and the joint fit.
+pub(crate) fn coordinate_sweep(
+    order: impl IntoIterator<Item = usize>,
+    grid: &[f64],
+    from_zero: f64,
+    cost: &dyn Fn(&[f64]) -> f64,
+    more: &dyn Fn() -> bool,
+    best_u: &mut Vec<f64>,
+    best: &mut f64,
+) {
+    for i in order {
+        let here = best_u[i];
+        for &m in grid {
+            if !more() {
+                return;
+            }
+            let mut u = best_u.clone();
+            u[i] = if here.abs() > 1e-12 {
+                here * m
+            } else {
+                m * from_zero
+            };
+            let l = cost(&u);
+            if l < *best {
+                *best = l;
+                *best_u = u;
+            }
+        }
+    }
+}
+
 /// Fits the latency model of `traces[0]`'s resolved server (all traces
 /// share one model), with at most about `budget` replays per trace.
 ///
@@ -637,25 +674,15 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
     let mut grid: &[f64] = &[0.0, 0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0];
     while problem.evals.get() < budget {
         let round_start = best;
-        for i in 0..best_u.len() {
-            let here = best_u[i];
-            for &m in grid {
-                if problem.evals.get() >= budget {
-                    break;
-                }
-                let mut u = best_u.clone();
-                u[i] = if here.abs() > 1e-12 {
-                    here * m
-                } else {
-                    m * 0.1
-                };
-                let l = problem.cost(&u).unwrap_or(f64::INFINITY);
-                if l < best {
-                    best = l;
-                    best_u = u;
-                }
-            }
-        }
+        coordinate_sweep(
+            0..best_u.len(),
+            grid,
+            0.1,
+            &|u| problem.cost(&u.to_vec()).unwrap_or(f64::INFINITY),
+            &|| problem.evals.get() < budget,
+            &mut best_u,
+            &mut best,
+        );
         if problem.evals.get() >= budget {
             break;
         }

@@ -74,6 +74,23 @@ pub struct JointOptions {
     pub overloaded_weight: f64,
 }
 
+impl JointOptions {
+    /// Checks the options.
+    ///
+    /// # Errors
+    /// A weight of overloaded runs that is not a number ≥ 0.
+    pub fn validate(&self) -> Result<(), FitError> {
+        if self.overloaded_weight >= 0.0 && self.overloaded_weight.is_finite() {
+            Ok(())
+        } else {
+            Err(FitError::Options(format!(
+                "--overloaded-weight must be a number ≥ 0, got {}",
+                self.overloaded_weight
+            )))
+        }
+    }
+}
+
 impl Default for JointOptions {
     fn default() -> Self {
         Self {
@@ -129,22 +146,11 @@ impl RunStats {
     /// each request's send).
     pub fn of(records: &[TraceRecord]) -> Self {
         let (mut t, mut e, mut i) = (Vec::new(), Vec::new(), Vec::new());
-        for r in records {
-            let o = &r.outcome;
-            if o.status != Some(Status::Ok) {
-                continue;
-            }
-            let (Some(s), Some(f), Some(l)) =
-                (o.send_time_us, o.first_chunk_time_us, o.last_chunk_time_us)
-            else {
-                continue;
-            };
-            t.push((f - s) as f64 / 1e3);
-            e.push((l - s) as f64 / 1e3);
-            let n = r.request.output_tokens;
-            if n > 1 {
-                i.push((l - f) as f64 / 1e3 / f64::from(n - 1));
-            }
+        for m in records.iter().filter_map(crate::fit::measured) {
+            let Some(ttft) = m.ttft else { continue };
+            t.push(ttft);
+            e.push(m.e2e);
+            i.extend(m.tpot);
         }
         let (ts, es) = (sorted(&t), sorted(&e));
         Self {
@@ -854,13 +860,8 @@ pub fn fit_joint(
     o: &JointOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<JointFit, FitError> {
+    o.validate()?;
     let (budget, threads) = (o.budget, o.threads);
-    if !(o.overloaded_weight >= 0.0 && o.overloaded_weight.is_finite()) {
-        return Err(FitError::Options(format!(
-            "the weight of overloaded runs must be a number ≥ 0, got {}",
-            o.overloaded_weight
-        )));
-    }
     if runs.is_empty() {
         return Err(FitError::Options("no runs to fit on".into()));
     }
@@ -912,25 +913,15 @@ pub fn fit_joint(
         } else {
             (0..best_u.len()).collect()
         };
-        for i in order {
-            let here = best_u[i];
-            for &m in grid {
-                if problem.evals.get() >= budget {
-                    break;
-                }
-                let mut u = best_u.clone();
-                u[i] = if here.abs() > 1e-12 {
-                    here * m
-                } else {
-                    m * 0.05
-                };
-                let l = problem.cost(&u).unwrap_or(f64::INFINITY);
-                if l < best {
-                    best = l;
-                    best_u = u;
-                }
-            }
-        }
+        crate::fit::coordinate_sweep(
+            order,
+            grid,
+            0.05,
+            &|u| problem.cost(&u.to_vec()).unwrap_or(f64::INFINITY),
+            &|| problem.evals.get() < budget,
+            &mut best_u,
+            &mut best,
+        );
         progress(&format!(
             "round {round}: coordinate search, loss {best:.4} ({} replays of {} runs)",
             problem.evals.get(),

@@ -273,26 +273,15 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn threads(n: usize) -> usize {
-    if n > 0 {
-        n
-    } else {
-        std::thread::available_parallelism().map_or(1, usize::from)
-    }
-}
-
 /// `blis-calibrate fit` of the global trained-physics coefficients on
 /// every run of `--runs` and every `--trace`, jointly.
 ///
 /// # Errors
 /// Unreadable runs, a run that cannot be replayed, an unwritable output.
 fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if !(a.overloaded_weight >= 0.0 && a.overloaded_weight.is_finite()) {
-        bail!(
-            "--overloaded-weight must be a number ≥ 0, got {}",
-            a.overloaded_weight
-        );
-    }
+    let o = a
+        .joint
+        .options(a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET))?;
     let mut named: Vec<(String, Trace)> = Vec::new();
     if let Some(dir) = &a.runs {
         let mut skipped = Vec::new();
@@ -354,11 +343,6 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map(|r| r.server().engine.async_scheduling)
         .collect();
     let started = std::time::Instant::now();
-    let o = crate::joint::JointOptions {
-        budget: a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET),
-        threads: threads(a.threads),
-        overloaded_weight: a.overloaded_weight,
-    };
     let f = crate::joint::fit_joint(&refs, &o, &mut |l| blis_traces::diag!("{l}"))?;
     let row = f.fitted.row(
         &gpu,
@@ -422,21 +406,13 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Resu
     if a.budget_evals == Some(0) {
         bail!("--budget-evals must be at least 1");
     }
-    if !(a.overloaded_weight >= 0.0 && a.overloaded_weight.is_finite()) {
-        bail!(
-            "--overloaded-weight must be a number ≥ 0, got {}",
-            a.overloaded_weight
-        );
-    }
     let latency = a.latency_model.kind();
     let o = crate::benchmark::BenchmarkOptions {
         latency,
-        budget: a.budget_evals.unwrap_or(match latency {
+        joint: a.joint.options(a.budget_evals.unwrap_or(match latency {
             LatencyKind::TrainedPhysics => crate::joint::DEFAULT_BUDGET,
             _ => 300,
-        }),
-        threads: threads(a.threads),
-        overloaded_weight: a.overloaded_weight,
+        }))?,
         async_scheduling: a.async_scheduling,
     };
     let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), &o, &mut |l| {

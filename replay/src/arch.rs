@@ -230,6 +230,29 @@ impl ModelArch {
     pub fn mlp_matrices(&self) -> f64 {
         if self.gated_mlp { 3.0 } else { 2.0 }
     }
+
+    /// Parameters of one dense layer's MLP.
+    pub fn dense_mlp_params(&self) -> f64 {
+        self.mlp_matrices() * f64::from(self.hidden) * f64::from(self.intermediate)
+    }
+
+    /// Parameters of one expert (routed or shared) of an MoE layer.
+    pub fn expert_params(&self) -> f64 {
+        self.mlp_matrices() * f64::from(self.hidden) * f64::from(self.expert_intermediate)
+    }
+
+    /// Parameters every step reads whatever its tokens: attention, dense
+    /// MLPs, the shared experts and routers of MoE layers, and the LM head
+    /// (everything but the routed experts).
+    pub fn static_weight_params(&self) -> f64 {
+        let d = f64::from(self.hidden);
+        let moe_layers = f64::from(self.layers - self.dense_layers);
+        self.attention_params_per_layer() * f64::from(self.layers)
+            + self.dense_mlp_params() * f64::from(self.dense_layers)
+            + (self.expert_params() * f64::from(self.shared_experts) + d * f64::from(self.experts))
+                * moe_layers
+            + d * f64::from(self.vocab)
+    }
 }
 
 /// A GPU, as in `hardware_config.json`.
@@ -300,6 +323,16 @@ impl Hardware {
             memory_gib: f("MemoryGiB").unwrap_or(80.0),
             interconnect_gbs: f("NvlinkBwGBs").unwrap_or(default_link),
         })
+    }
+
+    /// The peak FLOP rate (TFLOP/s) for weights of `weight_bytes` bytes:
+    /// FP8 where the GPU has it and the weights are 8-bit, else BF16/FP16.
+    pub fn peak_tflops(&self, weight_bytes: f64) -> f64 {
+        if weight_bytes <= 1.0 && self.tflops_fp8 > 0.0 {
+            self.tflops_fp8
+        } else {
+            self.tflops_peak
+        }
     }
 
     /// A bundled GPU by name.

@@ -137,23 +137,13 @@ impl PhysicsBasis {
         let layers = f64::from(a.layers);
         let dense_layers = f64::from(a.dense_layers);
         let moe_layers = layers - dense_layers;
-        let mlp_m = a.mlp_matrices();
-        let dense_mlp = mlp_m * d * f64::from(a.intermediate);
-        let expert = mlp_m * d * f64::from(a.expert_intermediate);
-        let router = d * f64::from(a.experts);
-        let shared_moe = expert * f64::from(a.shared_experts) + router;
+        let expert = a.expert_params();
         let routed = expert * f64::from(a.experts_per_token);
-        let attn = a.attention_params_per_layer();
-        let linear_params = attn * layers + dense_mlp * dense_layers + shared_moe * moe_layers;
-        let static_params = attn * layers
-            + dense_mlp * dense_layers
-            + (expert * f64::from(a.shared_experts) + router) * moe_layers
-            + d * f64::from(a.vocab);
-        let peak = if a.weight_bytes <= 1.0 && hw.tflops_fp8 > 0.0 {
-            hw.tflops_fp8
-        } else {
-            hw.tflops_peak
-        };
+        // Every parameter a token multiplies but the routed experts' (the
+        // LM head's are the logits, counted per sequence).
+        let static_params = a.static_weight_params();
+        let linear_params = static_params - d * f64::from(a.vocab);
+        let peak = hw.peak_tflops(a.weight_bytes);
         Self {
             layers,
             tp: f64::from(tp.max(1)),
@@ -381,11 +371,7 @@ impl BlisPhysics {
             * bpp
             / t;
         let units = 2.0 * dense_layers + moe_layers;
-        let peak = if bpp <= 1.0 && hw.tflops_fp8 > 0.0 {
-            hw.tflops_fp8
-        } else {
-            hw.tflops_peak
-        };
+        let peak = hw.peak_tflops(bpp);
         Self {
             layers,
             moe_layers_interleaved: if moe && a.dense_layers > 0 {
@@ -590,8 +576,6 @@ mod tests {
             let want = by_hand(f64::from(tp), 80.0, 8192.0, 32000.0, p, 0.0, w, k, a, 0.0);
             assert_close(terms("meta-llama/Llama-2-70b-hf", tp), want, "llama-2-70b");
         }
-        // GQA: 320 KiB of KV per token, an eighth of multi-head attention's.
-        assert_eq!(k, 327_680.0);
     }
 
     #[test]

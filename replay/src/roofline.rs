@@ -74,23 +74,14 @@ impl Roofline {
         let layers = f64::from(a.layers);
         let dense_layers = f64::from(a.dense_layers);
         let moe_layers = layers - dense_layers;
-        let mlp_m = a.mlp_matrices();
-        let dense_mlp_params = mlp_m * d * f64::from(a.intermediate);
-        let expert_params = mlp_m * d * f64::from(a.expert_intermediate);
+        let expert_params = a.expert_params();
         let active_moe_params = expert_params * f64::from(a.experts_per_token + a.shared_experts)
             + d * f64::from(a.experts);
         let linear_params_per_token = a.attention_params_per_layer() * layers
-            + dense_mlp_params * dense_layers
+            + a.dense_mlp_params() * dense_layers
             + active_moe_params * moe_layers;
-        let static_weight_params = a.attention_params_per_layer() * layers
-            + dense_mlp_params * dense_layers
-            + (expert_params * f64::from(a.shared_experts) + d * f64::from(a.experts)) * moe_layers
-            + d * f64::from(a.vocab);
-        let peak = if a.weight_bytes <= 1.0 && hw.tflops_fp8 > 0.0 {
-            hw.tflops_fp8
-        } else {
-            hw.tflops_peak
-        } * 1e12;
+        let static_weight_params = a.static_weight_params();
+        let peak = hw.peak_tflops(a.weight_bytes) * 1e12;
         Self {
             linear_flops_per_token: 2.0 * linear_params_per_token,
             logits_flops: 2.0 * d * f64::from(a.vocab),

@@ -202,6 +202,13 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         (None, Some(p)) => CoefficientsFile::read(p)?,
         (None, None) => CoefficientsFile::bundled(),
     };
+    // The architecture, when a model or config names one (read once).
+    let found = (args.model_config.is_some() || !model.is_empty()).then(|| {
+        find_model(
+            (!model.is_empty()).then_some(model.as_str()),
+            args.model_config.as_deref(),
+        )
+    });
     let kind = match args.latency {
         Some(k) => k,
         None if !model.is_empty()
@@ -212,7 +219,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             LatencyKind::Blackbox
         }
         None if !model.is_empty()
-            && crate::arch::find_model(Some(&model), args.model_config.as_deref()).is_ok()
+            && matches!(found, Some(Ok(_)))
             && coefs
                 .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
                 .is_some() =>
@@ -229,19 +236,21 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         None => crate::arch::BUNDLED_HARDWARE.to_string(),
     };
     let needs_arch = kind != LatencyKind::Blackbox;
-    let arch = if needs_arch || args.model_config.is_some() || !model.is_empty() {
-        match find_model(
-            (!model.is_empty()).then_some(model.as_str()),
-            args.model_config.as_deref(),
-        ) {
-            Ok(a) => Some(a),
-            Err(e) if needs_arch => return Err(e),
-            Err(_) => None,
-        }
-    } else {
-        None
+    let arch = match found {
+        Some(Ok(a)) => Some(a),
+        Some(Err(e)) if needs_arch => return Err(e),
+        Some(Err(_)) => None,
+        // No model and no config: the error that says to give one.
+        None if needs_arch => Some(find_model(None, None)?),
+        None => None,
     };
     let hw = Hardware::from_json(&hardware_text, &gpu);
+    // The GPU, for the latency models that need it.
+    let hardware = || {
+        hw.as_ref()
+            .map_err(|e| ReplayError::Config(e.to_string()))
+            .cloned()
+    };
     // The step structure a trained-physics row was fitted with.
     let mut row_async = None;
     let latency = match kind {
@@ -267,10 +276,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         }
         LatencyKind::Roofline => {
             let arch = arch.clone().expect("checked above");
-            let hw = hw
-                .as_ref()
-                .map_err(|e| ReplayError::Config(e.to_string()))?
-                .clone();
+            let hw = hardware()?;
             let mut params = RooflineParams {
                 mfu_prefill: hw.mfu_prefill,
                 mfu_decode: hw.mfu_decode,
@@ -297,10 +303,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         }
         LatencyKind::TrainedPhysics => {
             let arch = arch.clone().expect("checked above");
-            let hw = hw
-                .as_ref()
-                .map_err(|e| ReplayError::Config(e.to_string()))?
-                .clone();
+            let hw = hardware()?;
             let row = coefs
                 .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
                 .ok_or_else(|| {
@@ -328,10 +331,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         }
         LatencyKind::BlisPhysics => {
             let arch = arch.clone().expect("checked above");
-            let hw = hw
-                .as_ref()
-                .map_err(|e| ReplayError::Config(e.to_string()))?
-                .clone();
+            let hw = hardware()?;
             prov.push(format!(
                 "blis-physics {} on {} TP{tp} (BLIS's published global coefficients)",
                 arch.name, hw.name

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use blis_calibrate::fit::{FitTrace, PartErrors, fit, server_args};
-use blis_replay::coefficients::LatencyKind;
+use blis_replay::latency::coefficients::LatencyKind;
 use blis_traces::{ImportSource, import};
 
 const PAIRS: [(&str, &str); 4] = [

@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use blis_replay::coefficients::{CoefficientRow, LatencyKind};
+use blis_replay::latency::coefficients::{CoefficientRow, LatencyKind};
+use blis_replay::latency::physics::BlisPhysics;
 use blis_replay::latency::{Blackbox, Model};
-use blis_replay::physics::BlisPhysics;
 use blis_replay::setup::ServerArgs;
 use blis_traces::{Status, TraceRecord};
 use serde::Serialize;

@@ -57,7 +57,7 @@ pub struct BenchmarkArgs {
     /// The latency model: trained-physics (joint fits), blackbox (fits per
     /// model), blis-physics or roofline (nothing fitted).
     #[arg(long, value_enum, default_value = "trained-physics")]
-    pub latency_model: blis_replay::cli::LatencyChoice,
+    pub latency_model: blis_replay::commands::cli::LatencyChoice,
     /// Replays allowed to each fit (trained-physics: replays of every run
     /// fitted on; default 40; blackbox: of each run, default 300).
     #[arg(allow_negative_numbers = true, long)]
@@ -166,7 +166,7 @@ pub struct FitArgs {
     /// blackbox). trained-physics coefficients are global: one row for
     /// every model (`model: "*"`), fitted on every run at once.
     #[arg(long, value_enum)]
-    pub latency_model: Option<blis_replay::cli::LatencyChoice>,
+    pub latency_model: Option<blis_replay::commands::cli::LatencyChoice>,
     /// Output coefficients file (the format blis-replay and blis-mockserver
     /// read).
     #[arg(long, value_name = "COEFFS.yaml")]
@@ -206,5 +206,5 @@ pub struct FitArgs {
     /// flag names; llama.cpp: slots as max_num_seqs, its batch size as the
     /// token budget).
     #[command(flatten)]
-    pub engine: blis_replay::cli::EngineFlags,
+    pub engine: blis_replay::commands::cli::EngineFlags,
 }

@@ -34,10 +34,10 @@ use std::path::Path;
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
-use blis_replay::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::api::replay_trace_in_memory;
+use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::latency::roofline::{Roofline, RooflineParams};
 use blis_replay::latency::{Blackbox, Model};
-use blis_replay::roofline::{Roofline, RooflineParams};
-use blis_replay::run::replay_trace_in_memory;
 use blis_replay::setup::{Resolved, ServerArgs, resolve};
 use blis_traces::{Status, Trace, TraceRecord};
 use serde::Serialize;
@@ -816,7 +816,8 @@ pub fn write_row(path: &Path, row: &CoefficientRow) -> Result<(), blis_replay::R
         }
     };
     file.rows.retain(|r| {
-        !(blis_replay::arch::model_key(&r.model) == blis_replay::arch::model_key(&row.model)
+        !(blis_replay::latency::arch::model_key(&r.model)
+            == blis_replay::latency::arch::model_key(&row.model)
             && r.gpu.eq_ignore_ascii_case(&row.gpu)
             && r.tensor_parallel == row.tensor_parallel
             && r.latency_model == row.latency_model)

@@ -47,10 +47,12 @@ use std::cell::Cell;
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
-use blis_replay::coefficients::{CoefficientRow, LatencyKind};
+use blis_replay::api::replay_trace_in_memory;
+use blis_replay::latency::coefficients::{CoefficientRow, LatencyKind};
+use blis_replay::latency::physics::{
+    HostOverheads, PhysicsBasis, TERM_NAMES, TERMS, TrainedPhysics,
+};
 use blis_replay::latency::{BatchShape, Model, PrefillChunk};
-use blis_replay::physics::{HostOverheads, PhysicsBasis, TERM_NAMES, TERMS, TrainedPhysics};
-use blis_replay::run::replay_trace_in_memory;
 use blis_replay::setup::{Resolved, ServerArgs, resolve};
 use blis_traces::{Status, Trace, TraceRecord};
 use serde::Serialize;
@@ -205,7 +207,7 @@ pub fn run_error_sq(real: &RunStats, sim: &RunStats) -> f64 {
 /// The global coefficients: the physics terms' β and the host overheads.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PhysicsCoefficients {
-    /// β in [`blis_replay::physics::TERM_NAMES`] order.
+    /// β in [`blis_replay::latency::physics::TERM_NAMES`] order.
     pub beta: [f64; TERMS],
     /// Queueing delay (µs), per input token (µs), output hop (µs).
     pub host: [f64; 3],
@@ -228,7 +230,7 @@ impl PhysicsCoefficients {
     /// The global coefficients row (`model: "*"`): for every model on `gpu` (`*`: any),
     /// fitted with the step structure `async_scheduling`.
     pub fn row(&self, gpu: &str, async_scheduling: bool, source: String) -> CoefficientRow {
-        let named = blis_replay::physics::TERM_NAMES
+        let named = blis_replay::latency::physics::TERM_NAMES
             .iter()
             .zip(self.beta)
             .filter(|(_, b)| *b > 0.0)
@@ -256,7 +258,7 @@ impl PhysicsCoefficients {
     pub fn from_row(row: &CoefficientRow) -> Self {
         let mut beta = [0.0; TERMS];
         if let Some(t) = &row.terms {
-            for (i, n) in blis_replay::physics::TERM_NAMES.iter().enumerate() {
+            for (i, n) in blis_replay::latency::physics::TERM_NAMES.iter().enumerate() {
                 beta[i] = t.get(*n).copied().unwrap_or(0.0);
             }
         }
@@ -1010,9 +1012,9 @@ pub fn fit_joint(
 /// The coefficients as a Markdown table (name, meaning, value).
 pub fn coefficients_table(c: &PhysicsCoefficients) -> String {
     let mut o = String::from("| term | what (unit) | fitted |\n|---|---|---:|\n");
-    for ((n, m), b) in blis_replay::physics::TERM_NAMES
+    for ((n, m), b) in blis_replay::latency::physics::TERM_NAMES
         .iter()
-        .zip(blis_replay::physics::TERM_MEANINGS)
+        .zip(blis_replay::latency::physics::TERM_MEANINGS)
         .zip(c.beta)
     {
         o.push_str(&format!("| {n} | {m} | {b:.4} |\n"));
@@ -1037,7 +1039,7 @@ pub fn coefficients_table(c: &PhysicsCoefficients) -> String {
 
 /// The coefficients on one line.
 pub fn describe(c: &PhysicsCoefficients) -> String {
-    let mut parts: Vec<String> = blis_replay::physics::TERM_NAMES
+    let mut parts: Vec<String> = blis_replay::latency::physics::TERM_NAMES
         .iter()
         .zip(c.beta)
         .filter(|(_, b)| *b > 0.0)

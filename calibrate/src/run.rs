@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use blis_replay::coefficients::{CoefficientsFile, LatencyKind};
+use blis_replay::latency::coefficients::{CoefficientsFile, LatencyKind};
 use blis_traces::{Slo, Trace};
 
 use crate::cli::{BenchmarkArgs, Command, CompareArgs, FitArgs, Opts};

@@ -49,7 +49,7 @@ pub struct Opts {
     /// Latency model: blackbox or roofline (default: blackbox when the
     /// coefficients file has a row for the model, else roofline).
     #[arg(long, value_enum)]
-    pub latency_model: Option<blis_replay::cli::LatencyChoice>,
+    pub latency_model: Option<blis_replay::commands::cli::LatencyChoice>,
     /// Coefficients file (default: bundled).
     #[arg(long)]
     pub coefficients: Option<PathBuf>,
@@ -64,7 +64,7 @@ pub struct Opts {
     pub tp: Option<u32>,
     /// Batch and KV-cache limits (vLLM's flags).
     #[command(flatten)]
-    pub engine: blis_replay::cli::EngineFlags,
+    pub engine: blis_replay::commands::cli::EngineFlags,
     /// Scheduler: fcfs, priority-fcfs, sjf.
     #[arg(long, default_value = "fcfs")]
     pub scheduler: blis_replay::SchedulerPolicy,

@@ -34,7 +34,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use blis_replay::instance::{Finished, Snapshot, StepReport};
+use blis_replay::engine::instance::{Finished, Snapshot, StepReport};
 use blis_replay::{Instance, LatencyModel, SimRequest};
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc::UnboundedSender;

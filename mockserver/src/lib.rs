@@ -162,7 +162,7 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         model: Some(opts.model.clone()),
         latency: opts
             .latency_model
-            .map(blis_replay::cli::LatencyChoice::kind),
+            .map(blis_replay::commands::cli::LatencyChoice::kind),
         coefficients: opts.coefficients.clone(),
         model_config: opts.model_config.clone(),
         hardware: opts.hardware.clone(),

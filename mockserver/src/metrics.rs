@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-use blis_replay::instance::{Finished, Snapshot};
+use blis_replay::engine::instance::{Finished, Snapshot};
 
 /// Which server's metric names to expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -13,11 +13,11 @@
 
 use std::path::PathBuf;
 
+use blis_replay::api::trace_inputs;
 use blis_replay::cluster::Control;
+use blis_replay::cluster::policy::PolicyBundle;
+use blis_replay::cluster::routing::{RoutingPolicy, default_scorers};
 use blis_replay::output::Collector;
-use blis_replay::policy::PolicyBundle;
-use blis_replay::routing::{RoutingPolicy, default_scorers};
-use blis_replay::run::trace_inputs;
 use blis_replay::setup::{ServerArgs, resolve};
 use blis_replay::sim::{Input, SimOptions};
 use blis_replay::{Instance, SchedulerPolicy, replay, replay_cluster};

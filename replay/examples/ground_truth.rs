@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 
 use blis_replay::SchedulerPolicy;
-use blis_replay::run::replay_trace_in_memory;
+use blis_replay::api::replay_trace_in_memory;
 use blis_replay::setup::{ServerArgs, resolve};
 use blis_traces::{Status, TraceRecord, percentile};
 
@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?;
         let trace = blis_traces::import(&src, 42)?;
         let args = ServerArgs {
-            latency: Some(blis_replay::coefficients::LatencyKind::Roofline),
+            latency: Some(blis_replay::latency::coefficients::LatencyKind::Roofline),
             scheduler: SchedulerPolicy::Fcfs,
             prefix_caching: true,
             fast_forward: true,

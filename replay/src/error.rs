@@ -9,6 +9,14 @@ pub enum ReplayError {
     /// Reading or writing a trace or workload failed.
     #[error(transparent)]
     Trace(#[from] blis_traces::Error),
+    /// A workload (trace, import, spec) could not be read.
+    #[error("{what}: {source}")]
+    Input {
+        /// What was being read (`reading the trace out/real.yaml`).
+        what: String,
+        /// Why it failed.
+        source: Box<blis_traces::Error>,
+    },
     /// An output file could not be written.
     #[error("{}: {error}", path.display())]
     Io {

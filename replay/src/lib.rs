@@ -13,6 +13,18 @@
 //!                 └──── Sink ◀── tokens, completions, samples
 //! ```
 //!
+//! The folders are the layers, each using only those below it:
+//!
+//! | layer | modules |
+//! |---|---|
+//! | commands (the command line) | [`commands`]: `cli`, `run`, `evaluate` |
+//! | library entry points | [`api`] (workloads, replays), [`setup`] (flags-free server settings → engine) |
+//! | outputs | [`output`]: `collector` (trace files), `summary`, `fitness` |
+//! | discrete-event run | [`sim`] (one clock over instances and the gateway) |
+//! | the cluster | [`cluster`]: `control`, `admission`, `routing` (policies, scorers), `priority`, `prefix_index`, `policy` (bundles) |
+//! | the engine | [`engine`]: `instance`, `batch` (batch formation, chunked prefill, preemption), `queue_order`, `kv_cache` |
+//! | latency models | [`latency`]: `shape` (the trait), `blackbox`, `roofline`, `physics`, `arch`, `coefficients` |
+//!
 //! ## Example
 //!
 //! ```
@@ -41,35 +53,20 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod admission;
-pub mod arch;
-pub mod cli;
+pub mod api;
 pub mod cluster;
-pub mod coefficients;
+pub mod commands;
+pub mod engine;
 pub mod error;
-pub mod evaluate;
-pub mod fitness;
-mod hash_index;
-pub mod instance;
-pub mod kv;
 pub mod latency;
 pub mod output;
-pub mod physics;
-pub mod policy;
-pub mod prefix_index;
-pub mod priority;
-pub mod roofline;
-pub mod routing;
-pub mod run;
-pub mod scheduler;
 pub mod setup;
 pub mod sim;
 
-pub use cli::{Command, Opts, RunArgs};
+pub use commands::{Command, Opts, RunArgs};
+pub use engine::{EngineConfig, Instance, SchedulerPolicy, SimRequest};
 pub use error::{ReplayError, Result};
-pub use instance::{EngineConfig, Instance, SimRequest};
 pub use latency::{Blackbox, LatencyModel, Model};
-pub use scheduler::SchedulerPolicy;
 pub use sim::{replay, replay_cluster};
 
 /// Process exit codes of `blis-replay`.

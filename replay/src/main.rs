@@ -2,7 +2,7 @@ use clap::Parser;
 
 fn main() {
     let opts = blis_replay::Opts::parse();
-    let code = match blis_replay::run::run(
+    let code = match blis_replay::commands::execute(
         opts,
         &mut blis_traces::stdio::PipeSafe::new(std::io::stdout().lock()),
     ) {

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use blis_traces::{Hardware as HeaderHardware, ServerConfig, TraceHeader};
 
-use crate::arch::{Hardware, ModelArch, find_model};
-use crate::coefficients::{CoefficientsFile, LatencyKind};
+use crate::engine::instance::EngineConfig;
+use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::{ReplayError, Result};
-use crate::instance::EngineConfig;
+use crate::latency::arch::{Hardware, ModelArch, find_model};
+use crate::latency::coefficients::{CoefficientsFile, LatencyKind};
+use crate::latency::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedPhysics};
+use crate::latency::roofline::{Roofline, RooflineParams};
 use crate::latency::{Blackbox, Model};
-use crate::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedPhysics};
-use crate::roofline::{Roofline, RooflineParams};
-use crate::scheduler::SchedulerPolicy;
 
 /// Everything that can be set about a simulated server.
 #[derive(Debug, Clone, Default)]
@@ -78,6 +78,12 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// Name of the latency model.
+    pub fn latency_name(&self) -> &'static str {
+        use crate::latency::LatencyModel;
+        self.latency.name()
+    }
+
     /// The header `server`/`hardware` sections describing this server.
     pub fn header_sections(&self) -> (ServerConfig, HeaderHardware) {
         let e = &self.engine;
@@ -193,7 +199,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     if model.is_empty() && args.model_config.is_none() {
         return Err(ReplayError::Config(format!(
             "no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)",
-            crate::arch::BUNDLED_MODELS.len(),
+            crate::latency::arch::BUNDLED_MODELS.len(),
             bundled_coefficient_models().join(", ")
         )));
     }
@@ -233,7 +239,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             path: p.clone(),
             error: e,
         })?,
-        None => crate::arch::BUNDLED_HARDWARE.to_string(),
+        None => crate::latency::arch::BUNDLED_HARDWARE.to_string(),
     };
     let needs_arch = kind != LatencyKind::Blackbox;
     let arch = match found {

@@ -21,11 +21,11 @@ use blis_traces::{SharedStr, Status, TraceRecord};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::cluster::Control;
-use crate::instance::{
+use crate::engine::instance::{
     DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
 };
+use crate::engine::queue_order::slo_priority;
 use crate::latency::LatencyModel;
-use crate::scheduler::slo_priority;
 
 /// Receives the replay's results.
 pub trait Sink {

@@ -59,7 +59,7 @@ pub struct LoopOpts {
     /// and the hardware in --replay-args, e.g. "--model-config C.json
     /// --hardware-config H.json --hardware CPU").
     #[arg(long, value_enum, default_value = "blackbox")]
-    pub latency_model: blis_replay::cli::LatencyChoice,
+    pub latency_model: blis_replay::commands::cli::LatencyChoice,
 }
 
 /// What the loop produced.
@@ -222,7 +222,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     replay.extend(o.replay_args.split_whitespace().map(str::to_string));
     log("replaying the observed trace (blis-replay run)");
     let mut out = Vec::new();
-    blis_replay::run::run(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
+    blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
         .context("replaying the trace (blis-replay run)")?;
     let on_mock = mock.is_some();
     if let Some(server) = mock.take() {

@@ -9,7 +9,7 @@
 //! fit is expected at truth / 2.
 
 use blis_calibrate::fit::{FitTrace, fit, server_args};
-use blis_replay::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
 use blis_traces::Trace;
 use clap::Parser;
 

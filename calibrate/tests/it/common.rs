@@ -50,7 +50,7 @@ pub fn replayed(dir: &Path, name: &str, spec: &Path, extra: &[&str]) -> (PathBuf
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    blis_replay::run::run(blis_replay::Opts::parse_from(args), &mut Vec::new()).unwrap();
+    blis_replay::commands::execute(blis_replay::Opts::parse_from(args), &mut Vec::new()).unwrap();
     let h = out.with_extension("yaml");
     let t = Trace::read(&h).unwrap();
     (h, t)

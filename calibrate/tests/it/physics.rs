@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use blis_calibrate::joint::{JointRun, PRIOR};
-use blis_replay::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
+use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
 use blis_replay::setup::ServerArgs;
 use blis_traces::{ImportKind, ImportSource, Status, import};
 
@@ -85,7 +85,8 @@ fn synthetic_runs(dir: &Path) -> Vec<PathBuf> {
                 "--out",
                 prefix.to_str().unwrap(),
             ];
-            blis_replay::run::run(blis_replay::Opts::parse_from(argv), &mut Vec::new()).unwrap();
+            blis_replay::commands::execute(blis_replay::Opts::parse_from(argv), &mut Vec::new())
+                .unwrap();
             out.push(prefix.with_extension("yaml"));
         }
     }

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use assert_cmd::Command;
-use blis_replay::admission::AdmissionPolicy;
 use blis_replay::cluster::Control;
+use blis_replay::cluster::admission::AdmissionPolicy;
+use blis_replay::cluster::policy::PolicyBundle;
+use blis_replay::cluster::priority::PriorityPolicy;
+use blis_replay::cluster::routing::{RoutingPolicy, Scorer};
 use blis_replay::output::{Collector, Summary};
-use blis_replay::policy::PolicyBundle;
-use blis_replay::priority::PriorityPolicy;
-use blis_replay::routing::{RoutingPolicy, Scorer};
 use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, replay_cluster};
 use blis_traces::{Mode, Request, Status, TraceHeader, TraceRecord};
@@ -432,7 +432,7 @@ prop_compose! {
             routing,
             admission,
             snapshot_refresh_interval_us: refresh,
-            flow_control: flow.map(|(q, kv)| blis_replay::policy::FlowControl {
+            flow_control: flow.map(|(q, kv)| blis_replay::cluster::policy::FlowControl {
                 queue_depth_threshold: q,
                 kv_utilization_threshold: kv,
             }),
@@ -597,7 +597,7 @@ fn flow_control_routes_urgent_requests_first_when_room_frees() {
         reqs.clone(),
     );
     let mut b = bundle(2, RoutingPolicy::RoundRobin);
-    b.flow_control = Some(blis_replay::policy::FlowControl {
+    b.flow_control = Some(blis_replay::cluster::policy::FlowControl {
         queue_depth_threshold: 1.0,
         kv_utilization_threshold: 0.9,
     });

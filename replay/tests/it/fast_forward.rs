@@ -1,7 +1,7 @@
 //! Executing runs of identical decode steps as one event must not change a
 //! single byte of the results.
 
-use blis_replay::roofline::Roofline;
+use blis_replay::latency::roofline::Roofline;
 use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Model, SchedulerPolicy};
 use proptest::prelude::*;
@@ -34,8 +34,8 @@ fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample
 }
 
 fn roofline() -> Model {
-    let arch = blis_replay::arch::find_model(Some("llama-2-7b-hf"), None).unwrap();
-    let hw = blis_replay::arch::Hardware::bundled("H100").unwrap();
+    let arch = blis_replay::latency::arch::find_model(Some("llama-2-7b-hf"), None).unwrap();
+    let hw = blis_replay::latency::arch::Hardware::bundled("H100").unwrap();
     Model::Roofline(Box::new(Roofline::new(arch, hw, 1)))
 }
 

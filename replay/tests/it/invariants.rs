@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use blis_replay::instance::StepReport;
+use blis_replay::engine::instance::StepReport;
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, SimRequest};
 use blis_traces::content;
 use proptest::prelude::*;

@@ -3,7 +3,7 @@
 //! queue of free blocks whose contents stay findable until the block is
 //! reused (evicted).
 
-use crate::hash_index::HashIndex;
+use crate::engine::hash_index::HashIndex;
 use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;

@@ -32,9 +32,9 @@
 
 use blis_traces::content::{self, Segment};
 
-use crate::kv::KvCache;
-use crate::latency::{BatchShape, LatencyModel, Model, PrefillChunk};
-use crate::scheduler::{QueueKey, SchedulerPolicy, WaitQueue};
+use crate::engine::kv_cache::KvCache;
+use crate::engine::queue_order::{QueueKey, SchedulerPolicy, WaitQueue};
+use crate::latency::{BatchShape, LatencyModel, Model};
 
 /// Settings of one instance (vLLM's flag names).
 #[derive(Debug, Clone, PartialEq)]
@@ -92,9 +92,9 @@ pub struct SimRequest {
     pub input_tokens: u32,
     /// Output tokens to generate.
     pub output_tokens: u32,
-    /// Priority (lower = more urgent; [`crate::priority::PriorityPolicy`]).
+    /// Priority (lower = more urgent; [`crate::cluster::priority::PriorityPolicy`]).
     pub priority: i64,
-    /// Urgency of its SLO class ([`crate::scheduler::slo_priority`], 0 the
+    /// Urgency of its SLO class ([`crate::engine::queue_order::slo_priority`], 0 the
     /// most urgent), for the anomaly counters whatever the priority policy.
     pub class: u8,
     /// Token content of prompt and output, for prefix-cache hashing.
@@ -355,40 +355,40 @@ impl Snapshot {
 }
 
 #[derive(Debug)]
-struct Active {
-    req: SimRequest,
-    key: QueueKey,
+pub(super) struct Active {
+    pub(super) req: SimRequest,
+    pub(super) key: QueueKey,
     /// Output tokens it will produce (capped by max_model_len).
-    target: u32,
-    capped: bool,
-    num_computed: u32,
-    generated: u32,
-    blocks: Vec<u32>,
+    pub(super) target: u32,
+    pub(super) capped: bool,
+    pub(super) num_computed: u32,
+    pub(super) generated: u32,
+    pub(super) blocks: Vec<u32>,
     /// Leading blocks committed to the prefix cache (or hit there).
-    hashed: u32,
+    pub(super) hashed: u32,
     /// Content hashes of its leading blocks, computed once each (content
     /// never changes, so they survive preemption).
-    hashes: Vec<u64>,
-    scheduled_us: Option<i64>,
-    first_token_us: Option<i64>,
-    cached_tokens: Option<u32>,
-    preemptions: u32,
+    pub(super) hashes: Vec<u64>,
+    pub(super) scheduled_us: Option<i64>,
+    pub(super) first_token_us: Option<i64>,
+    pub(super) cached_tokens: Option<u32>,
+    pub(super) preemptions: u32,
     /// Its first block of private content (see
     /// [`Instance::set_private_blocks`]); `u32::MAX`: none or not tracked.
-    private_from: u32,
+    pub(super) private_from: u32,
     /// Async scheduling: the end of the step in flight when it arrived; it
     /// may join batches formed after that time only.
-    eligible_after: i64,
+    pub(super) eligible_after: i64,
 }
 
 impl Active {
-    fn num_tokens(&self) -> u32 {
+    pub(super) fn num_tokens(&self) -> u32 {
         self.req.input_tokens + self.generated
     }
 
     /// The content hash of block `j` (chained: each includes its parent's),
     /// computing the missing ones up to it.
-    fn hash(&mut self, block_size: u32, j: u32) -> u64 {
+    pub(super) fn hash(&mut self, block_size: u32, j: u32) -> u64 {
         while self.hashes.len() as u32 <= j {
             let parent = self.hashes.last().copied().unwrap_or(content::ROOT_HASH);
             let i = self.hashes.len() as u32;
@@ -405,41 +405,41 @@ impl Active {
 
 /// The batch in flight.
 #[derive(Debug, Default)]
-struct Run {
+pub(super) struct Run {
     /// (slot, tokens) scheduled in the first step, in running order.
-    scheduled: Vec<(u32, u32)>,
+    pub(super) scheduled: Vec<(u32, u32)>,
     /// End times of the run's steps; more than one only for a decode-only
     /// fast-forwarded run.
-    ends: Vec<i64>,
+    pub(super) ends: Vec<i64>,
 }
 
 /// One serving instance.
 #[derive(Debug)]
 pub struct Instance {
-    cfg: EngineConfig,
-    latency: Model,
-    kv: KvCache,
-    slots: Vec<Option<Active>>,
-    free_slots: Vec<u32>,
-    waiting: WaitQueue,
-    running: Vec<u32>,
-    run: Option<Run>,
-    kick: Option<i64>,
-    seq: u64,
-    counters: Counters,
-    shape: BatchShape,
-    hits: Vec<u32>,
-    groups: Vec<Vec<u32>>,
-    index: rustc_hash::FxHashMap<u64, u32>,
-    spare_scheduled: Vec<(u32, u32)>,
-    spare_ends: Vec<i64>,
-    spare_phase: Vec<u32>,
+    pub(super) cfg: EngineConfig,
+    pub(super) latency: Model,
+    pub(super) kv: KvCache,
+    pub(super) slots: Vec<Option<Active>>,
+    pub(super) free_slots: Vec<u32>,
+    pub(super) waiting: WaitQueue,
+    pub(super) running: Vec<u32>,
+    pub(super) run: Option<Run>,
+    pub(super) kick: Option<i64>,
+    pub(super) seq: u64,
+    pub(super) counters: Counters,
+    pub(super) shape: BatchShape,
+    pub(super) hits: Vec<u32>,
+    pub(super) groups: Vec<Vec<u32>>,
+    pub(super) index: rustc_hash::FxHashMap<u64, u32>,
+    pub(super) spare_scheduled: Vec<(u32, u32)>,
+    pub(super) spare_ends: Vec<i64>,
+    pub(super) spare_phase: Vec<u32>,
     /// Waiting requests per SLO class (`class`, capped at 7).
-    waiting_classes: [u32; 8],
+    pub(super) waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
-    private_blocks: bool,
+    pub(super) private_blocks: bool,
     /// Whether a request in the system may have a private part.
-    private_live: bool,
+    pub(super) private_live: bool,
 }
 
 impl Instance {
@@ -516,7 +516,7 @@ impl Instance {
     /// Indexes every private block; requests in the system commit the rest
     /// of their blocks to the index (also those that have committed no
     /// private block yet).
-    fn share_private(&mut self) {
+    pub(super) fn share_private(&mut self) {
         self.kv.index_all_private();
         if std::mem::take(&mut self.private_live) {
             for a in self.slots.iter_mut().flatten() {
@@ -661,7 +661,7 @@ impl Instance {
     }
 
     /// Counts `slot` into (`enter`) or out of the wait queue's classes.
-    fn count_waiting(&mut self, slot: u32, enter: bool) {
+    pub(super) fn count_waiting(&mut self, slot: u32, enter: bool) {
         let n = &mut self.waiting_classes[usize::from(self.act(slot).req.class.min(7))];
         if enter {
             *n += 1;
@@ -671,17 +671,17 @@ impl Instance {
     }
 
     /// Whether a request of an SLO class more urgent than `class` waits.
-    fn more_urgent_waiting(&self, class: u8) -> bool {
+    pub(super) fn more_urgent_waiting(&self, class: u8) -> bool {
         self.waiting_classes[..usize::from(class.min(7))]
             .iter()
             .any(|&n| n > 0)
     }
 
-    fn act(&self, slot: u32) -> &Active {
+    pub(super) fn act(&self, slot: u32) -> &Active {
         self.slots[slot as usize].as_ref().expect("live slot")
     }
 
-    fn act_mut(&mut self, slot: u32) -> &mut Active {
+    pub(super) fn act_mut(&mut self, slot: u32) -> &mut Active {
         self.slots[slot as usize].as_mut().expect("live slot")
     }
 
@@ -776,14 +776,14 @@ impl Instance {
     }
 
     /// Applies the effects of a completed run, in single-step order.
-    fn finish_run(&mut self, run: &Run, report: &mut StepReport) {
+    pub(super) fn finish_run(&mut self, run: &Run, report: &mut StepReport) {
         self.finish_steps(run, report, false);
     }
 
     /// Applies the effects of the steps of `run`; `continues`: the batch
     /// goes on for another step (a split run), whose new blocks are
     /// allocated too.
-    fn finish_steps(&mut self, run: &Run, report: &mut StepReport, continues: bool) {
+    pub(super) fn finish_steps(&mut self, run: &Run, report: &mut StepReport, continues: bool) {
         let k = run.ends.len() as u32;
         let base_step = report.step_ends.len() as u32;
         report.step_ends.extend_from_slice(&run.ends);
@@ -907,7 +907,7 @@ impl Instance {
     }
 
     /// Registers the hashes of the request's blocks `[hashed, upto)`.
-    fn commit_hashes_upto(&mut self, slot: u32, upto: u32) {
+    pub(super) fn commit_hashes_upto(&mut self, slot: u32, upto: u32) {
         if !self.kv.prefix_caching() {
             return;
         }
@@ -926,254 +926,6 @@ impl Instance {
             }
             a.hashed += 1;
         }
-    }
-
-    /// Removes `victim` from the running set and puts it back to wait.
-    fn preempt(&mut self, victim_pos: usize) -> u32 {
-        let slot = self.running.remove(victim_pos);
-        let a = self.slots[slot as usize].as_mut().expect("live slot");
-        // Its private blocks become findable by hash: it will look them up
-        // when it is scheduled again.
-        for &b in a.blocks.iter().skip(a.private_from as usize) {
-            self.kv.index_private(b);
-        }
-        let mut blocks = std::mem::take(&mut a.blocks);
-        a.num_computed = 0;
-        a.hashed = 0;
-        a.preemptions += 1;
-        let key = a.key;
-        self.kv.release(&mut blocks);
-        self.waiting.push_preempted(slot, key);
-        self.count_waiting(slot, true);
-        self.counters.preemptions += 1;
-        slot
-    }
-
-    /// The running position of the request to preempt: the last one
-    /// (FCFS, SJF) or the least urgent, latest one (priority policies).
-    fn victim(&self) -> usize {
-        match self.cfg.scheduler {
-            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf => self.running.len() - 1,
-            SchedulerPolicy::PriorityFcfs | SchedulerPolicy::ReversePriority => {
-                let mut best = self.running.len() - 1;
-                for (i, &s) in self.running.iter().enumerate() {
-                    if self.act(s).key >= self.act(self.running[best]).key {
-                        best = i;
-                    }
-                }
-                best
-            }
-        }
-    }
-
-    fn form_batch(&mut self, now: i64, limit: i64) {
-        let cfg = self.cfg.clone();
-        let bs = self.kv.block_size();
-        let mut budget = cfg.max_num_batched_tokens;
-        let mut scheduled = std::mem::take(&mut self.spare_scheduled);
-        scheduled.clear();
-        let mut preempted = false;
-        // 1. Running requests.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let slot = self.running[i];
-            let a = self.act(slot);
-            let mut n = a.num_tokens() - a.num_computed;
-            if cfg.long_prefill_token_threshold > 0 {
-                n = n.min(cfg.long_prefill_token_threshold);
-            }
-            n = n.min(budget);
-            if n == 0 {
-                i += 1;
-                continue;
-            }
-            let mut scheduled_it = false;
-            loop {
-                let a = self.act(slot);
-                let need = self
-                    .kv
-                    .blocks_for(a.num_computed + n)
-                    .saturating_sub(a.blocks.len() as u32);
-                if need == 0 {
-                    scheduled_it = true;
-                    break;
-                }
-                let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
-                let ok = self.kv.allocate(&mut blocks, &[], need);
-                self.act_mut(slot).blocks = blocks;
-                if ok {
-                    scheduled_it = true;
-                    break;
-                }
-                let v = self.victim();
-                let victim_slot = self.running[v];
-                // A victim already scheduled in this step gives its budget back.
-                if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim_slot) {
-                    budget += scheduled[pos].1;
-                    scheduled.remove(pos);
-                }
-                if v < i {
-                    i -= 1;
-                }
-                self.preempt(v);
-                preempted = true;
-                if victim_slot == slot {
-                    break;
-                }
-            }
-            if !scheduled_it {
-                break;
-            }
-            scheduled.push((slot, n));
-            budget -= n;
-            i += 1;
-        }
-        // 2. Waiting requests. Under async scheduling only those that were
-        // waiting when the previous step was formed, unless the engine is
-        // idle.
-        let idle = self.running.is_empty();
-        if !preempted {
-            while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
-                let Some(slot) = self.waiting.peek() else {
-                    break;
-                };
-                let a = self.slots[slot as usize].as_mut().expect("live slot");
-                if !idle && a.eligible_after >= now {
-                    break;
-                }
-                let num_tokens = a.num_tokens();
-                // Prefix-cache hits: full blocks, at most all but the last token.
-                let mut max_hit_blocks = (num_tokens - 1) / bs;
-                if a.preemptions == 0 {
-                    // Private content is nowhere in the cache yet.
-                    max_hit_blocks = max_hit_blocks.min(a.private_from);
-                }
-                self.kv
-                    .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
-                let a = self.slots[slot as usize].as_ref().expect("live slot");
-                let hit_tokens = self.hits.len() as u32 * bs;
-                let mut n = num_tokens - hit_tokens;
-                if cfg.long_prefill_token_threshold > 0 {
-                    n = n.min(cfg.long_prefill_token_threshold);
-                }
-                n = n.min(budget);
-                let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
-                let hits = std::mem::take(&mut self.hits);
-                let mut blocks =
-                    Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
-                let ok = self.kv.allocate(&mut blocks, &hits, need);
-                self.hits = hits;
-                if !ok {
-                    break;
-                }
-                self.waiting.pop();
-                let class = a.req.class;
-                self.count_waiting(slot, false);
-                if self.more_urgent_waiting(class) {
-                    self.counters.priority_inversions += 1;
-                }
-                self.running.push(slot);
-                let nh = self.hits.len() as u32;
-                let a = self.slots[slot as usize].as_mut().expect("live slot");
-                a.blocks = blocks;
-                a.num_computed = hit_tokens;
-                a.hashed = nh;
-                if a.scheduled_us.is_none() {
-                    a.scheduled_us = Some(now);
-                    a.cached_tokens = Some(hit_tokens);
-                    self.counters.prefix_queries += u64::from(a.req.input_tokens);
-                    self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
-                }
-                scheduled.push((slot, n));
-                budget -= n;
-            }
-        }
-        if scheduled.is_empty() {
-            self.spare_scheduled = scheduled;
-            if preempted {
-                // The request being scheduled preempted itself (a priority
-                // policy chose it as the victim): like vLLM's next engine
-                // iteration, schedule again with the freed blocks. Each
-                // round preempts a request, so this ends.
-                return self.form_batch(now, limit);
-            }
-            // Nothing waits or runs. (With work in the system one request
-            // is always schedulable: the unservable check guarantees that
-            // any request fits on its own.)
-            debug_assert_eq!(self.in_system(), 0, "work waits but nothing was scheduled");
-            if self.in_system() > 0 {
-                self.kick = Some(now + 1);
-            }
-            return;
-        }
-        // 3. The step's shape and duration.
-        self.shape.clear();
-        let mut decode_only = true;
-        let mut min_left = u32::MAX;
-        for &(slot, n) in &scheduled {
-            let a = self.slots[slot as usize].as_ref().expect("live slot");
-            let is_decode = a.generated > 0 && n == 1 && a.num_computed + 1 == a.num_tokens();
-            if is_decode {
-                self.shape.decode_count += 1;
-                self.shape.decode_context_sum += u64::from(a.num_computed);
-                min_left = min_left.min(a.target - a.generated);
-            } else {
-                decode_only = false;
-                self.shape.prefill.push(PrefillChunk {
-                    computed_before: a.num_computed,
-                    new_tokens: n,
-                });
-                self.counters.prompt_tokens += u64::from(n);
-            }
-        }
-        let dt = self.latency.step_time_us(&self.shape).round().max(1.0) as i64;
-        let mut ends = std::mem::take(&mut self.spare_ends);
-        ends.clear();
-        ends.push(now + dt);
-        // 4. Fast-forward a run of identical decode steps.
-        let all_running_scheduled = scheduled.len() == self.running.len();
-        let can_grow = self.waiting.is_empty() || self.running.len() as u32 >= cfg.max_num_seqs;
-        if cfg.fast_forward && decode_only && all_running_scheduled && can_grow && !preempted {
-            let max_k = min_left;
-            // Requests needing a new block at step j+1 of the run are those
-            // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
-            // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
-            let mut per_phase = std::mem::take(&mut self.spare_phase);
-            per_phase.clear();
-            per_phase.resize(bs as usize, 0);
-            for &(slot, _) in &scheduled {
-                let c0 = self.act(slot).num_computed;
-                per_phase[((bs - c0 % bs) % bs) as usize] += 1;
-            }
-            let mut free = self.kv.free();
-            let b = scheduled.len() as u64;
-            let mut ctx = self.shape.decode_context_sum;
-            let mut end = now + dt;
-            let mut k = 1u32;
-            let constant = matches!(self.latency, Model::Blackbox(_));
-            while k < max_k {
-                let need = per_phase[(k % bs) as usize];
-                if need > free {
-                    break;
-                }
-                let d = if constant {
-                    dt
-                } else {
-                    ctx += b;
-                    self.shape.decode_context_sum = ctx;
-                    self.latency.step_time_us(&self.shape).round().max(1.0) as i64
-                };
-                if end + d > limit {
-                    break;
-                }
-                free -= need;
-                end += d;
-                ends.push(end);
-                k += 1;
-            }
-            self.spare_phase = per_phase;
-        }
-        self.run = Some(Run { scheduled, ends });
     }
 
     /// Cancels request `id` (a client timeout or disconnect): it leaves the

@@ -6,7 +6,7 @@
 //! The normalisation compresses differences, so the raw metrics are always
 //! reported beside it.
 
-use crate::output::{Dist, Summary};
+use crate::output::summary::{Dist, FitnessPart, FitnessReport, Summary};
 
 /// A metric the fitness can weigh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,29 +105,6 @@ pub fn parse_weights(s: &str) -> Result<Vec<(String, FitnessMetric, f64)>, Strin
         return Err("--fitness-weights: no metric given".into());
     }
     Ok(out)
-}
-
-/// A fitness and its parts, as reported.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct FitnessReport {
-    /// The weighted sum of normalised metrics (higher is better).
-    pub score: f64,
-    /// Each metric: name, weight, raw value (ms, req/s or tok/s) and
-    /// normalised score.
-    pub metrics: Vec<FitnessPart>,
-}
-
-/// One metric of a fitness.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct FitnessPart {
-    /// Its name (`p99_ttft`).
-    pub name: String,
-    /// Its weight.
-    pub weight: f64,
-    /// Its raw value.
-    pub raw: f64,
-    /// Its normalised score.
-    pub normalised: f64,
 }
 
 /// The fitness report of `s`.

@@ -14,7 +14,7 @@
 //! The MFU factors are inference-sim's fitted values from
 //! `hardware_config.json`; `blis-calibrate fit` refits them.
 
-use crate::arch::{Hardware, ModelArch};
+use crate::latency::arch::{Hardware, ModelArch};
 use crate::latency::{BatchShape, LatencyModel};
 
 /// Roofline parameters that a fit may change.
@@ -177,8 +177,8 @@ impl LatencyModel for Roofline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::find_model;
     use crate::latency::PrefillChunk;
+    use crate::latency::arch::find_model;
 
     fn llama7b() -> Roofline {
         Roofline::new(

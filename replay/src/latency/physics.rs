@@ -60,7 +60,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::arch::{Hardware, ModelArch};
+use crate::latency::arch::{Hardware, ModelArch};
 use crate::latency::{BatchShape, LatencyModel};
 
 /// Number of terms of the trained-physics basis.
@@ -465,8 +465,8 @@ impl LatencyModel for BlisPhysics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::find_model;
     use crate::latency::PrefillChunk;
+    use crate::latency::arch::find_model;
 
     /// H100 of the bundled table: 989.5 TFLOP/s, 3.35 TB/s, NVLink 450
     /// GB/s, in FLOP/µs and bytes/µs.

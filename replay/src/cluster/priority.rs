@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::scheduler::slo_priority;
+use crate::engine::queue_order::slo_priority;
 
 /// A priority policy and its parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

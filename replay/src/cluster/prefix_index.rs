@@ -15,7 +15,7 @@
 //! request, so their nodes take their place in the recency list (they
 //! still use capacity and push others out) but not in the hash index.
 
-use crate::hash_index::HashIndex;
+use crate::engine::hash_index::HashIndex;
 
 const NO_NODE: u32 = u32::MAX;
 

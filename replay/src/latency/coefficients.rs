@@ -22,11 +22,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::model_key;
 use crate::error::{ReplayError, Result};
+use crate::latency::arch::model_key;
 
 /// The coefficients file shipped with the project.
-pub const BUNDLED_COEFFICIENTS: &str = include_str!("../coefficients.yaml");
+pub const BUNDLED_COEFFICIENTS: &str = include_str!("../../coefficients.yaml");
 
 /// A coefficients file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -104,7 +104,7 @@ pub struct CoefficientRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allreduce_latency_us: Option<f64>,
     /// Trained-physics: the coefficient of each physics term, by name
-    /// ([`crate::physics::TERM_NAMES`]; missing terms are 0). Its `alpha`
+    /// ([`crate::latency::physics::TERM_NAMES`]; missing terms are 0). Its `alpha`
     /// is then the queueing delay (µs), the queueing delay per input token
     /// (µs) and the output hop (µs per token, not accumulating).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,10 +158,10 @@ impl CoefficientsFile {
             }
             if let Some(t) = &r.terms {
                 for (k, v) in t {
-                    if !crate::physics::TERM_NAMES.contains(&k.as_str()) {
+                    if !crate::latency::physics::TERM_NAMES.contains(&k.as_str()) {
                         return Err(ReplayError::Config(format!(
                             "{name}: rows[{i}].terms: unknown term {k:?} (known: {})",
-                            crate::physics::TERM_NAMES.join(", ")
+                            crate::latency::physics::TERM_NAMES.join(", ")
                         )));
                     }
                     if *v < 0.0 {

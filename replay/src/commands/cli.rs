@@ -6,6 +6,12 @@ use std::path::PathBuf;
 use blis_traces::ImportSource;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::cluster::PolicyBundle;
+use crate::cluster::admission::AdmissionPolicy;
+use crate::cluster::priority::PriorityPolicy;
+use crate::cluster::routing::{self, RoutingPolicy};
+use crate::error::{ReplayError, Result};
+
 /// Predict how a vLLM-style server serves a workload, request by request.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "blis-replay", version, about, long_about = None)]
@@ -199,8 +205,8 @@ pub enum LatencyChoice {
 
 impl LatencyChoice {
     /// The coefficients-file kind.
-    pub fn kind(self) -> crate::coefficients::LatencyKind {
-        use crate::coefficients::LatencyKind as K;
+    pub fn kind(self) -> crate::latency::coefficients::LatencyKind {
+        use crate::latency::coefficients::LatencyKind as K;
         match self {
             LatencyChoice::Blackbox => K::Blackbox,
             LatencyChoice::Roofline => K::Roofline,
@@ -263,7 +269,7 @@ pub struct RunArgs {
     pub gpu_memory_utilization: f64,
     /// Wait-queue order: fcfs, priority-fcfs, sjf, reverse-priority.
     #[arg(long, default_value = "fcfs")]
-    pub scheduler: crate::scheduler::SchedulerPolicy,
+    pub scheduler: crate::engine::queue_order::SchedulerPolicy,
     /// Turn automatic prefix caching off.
     #[arg(long)]
     pub no_prefix_caching: bool,
@@ -291,4 +297,113 @@ pub struct RunArgs {
     /// Cluster settings.
     #[command(flatten)]
     pub cluster: ClusterArgs,
+}
+
+impl ClusterArgs {
+    /// The bundle of `--policy-config` (or the default), with the flags of
+    /// these flags applied over it.
+    ///
+    /// # Errors
+    /// An unreadable or invalid bundle, an unknown policy name, or a
+    /// policy missing its parameters (named by flag).
+    pub fn bundle(&self) -> Result<PolicyBundle> {
+        let a = self;
+        let mut b = match &a.policy_config {
+            Some(p) => PolicyBundle::from_file(p)?,
+            None => PolicyBundle::default(),
+        };
+        let bad = |m: String| ReplayError::Config(m);
+        if let Some(n) = a.num_instances {
+            b.num_instances = n;
+        }
+        if let Some(name) = &a.admission {
+            b.admission = match name.as_str() {
+                "always-admit" => AdmissionPolicy::AlwaysAdmit,
+                "reject-all" => AdmissionPolicy::RejectAll,
+                "token-bucket" => AdmissionPolicy::TokenBucket {
+                    capacity: a.token_bucket_capacity.ok_or_else(|| {
+                        bad("--admission token-bucket needs --token-bucket-capacity".into())
+                    })?,
+                    refill_rate: a.token_bucket_refill_rate.ok_or_else(|| {
+                        bad("--admission token-bucket needs --token-bucket-refill-rate".into())
+                    })?,
+                },
+                "rate-limit" => AdmissionPolicy::RateLimit {
+                    rate: a.rate_limit_rps.ok_or_else(|| {
+                        bad("--admission rate-limit needs --rate-limit-rps".into())
+                    })?,
+                    burst: a.rate_limit_burst.unwrap_or(1.0),
+                },
+                "tenant-quota" => {
+                    return Err(bad(
+                        "--admission tenant-quota: give its quotas in a --policy-config".into(),
+                    ));
+                }
+                other => {
+                    return Err(bad(format!(
+                        "--admission: unknown policy {other:?} (always-admit, reject-all, token-bucket, rate-limit, tenant-quota)"
+                    )));
+                }
+            };
+        }
+        if let Some(name) = &a.routing {
+            b.routing = match name.as_str() {
+                "round-robin" => RoutingPolicy::RoundRobin,
+                "least-loaded" => RoutingPolicy::LeastLoaded,
+                "always-busiest" => RoutingPolicy::AlwaysBusiest,
+                "weighted" => RoutingPolicy::Weighted {
+                    scorers: routing::default_scorers().into_iter().collect(),
+                },
+                other => {
+                    return Err(bad(format!(
+                        "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest)"
+                    )));
+                }
+            };
+        }
+        if let Some(sc) = &a.routing_scorers {
+            let scorers =
+                routing::parse_scorers(sc).map_err(|e| bad(format!("--routing-scorers: {e}")))?;
+            match &mut b.routing {
+                RoutingPolicy::Weighted { scorers: s } => *s = scorers.into_iter().collect(),
+                _ if a.routing.is_none() => {
+                    b.routing = RoutingPolicy::Weighted {
+                        scorers: scorers.into_iter().collect(),
+                    };
+                }
+                other => {
+                    return Err(bad(format!(
+                        "--routing-scorers applies to weighted routing, not {}",
+                        other.name()
+                    )));
+                }
+            }
+        }
+        if let Some(p) = &a.priority_policy {
+            b.priority =
+                PriorityPolicy::from_name(p).map_err(|e| bad(format!("--priority-policy: {e}")))?;
+        }
+        if let Some(r) = a.snapshot_refresh_interval_us {
+            b.snapshot_refresh_interval_us = r;
+        }
+        if a.flow_control || a.flow_queue_depth_threshold.is_some() || a.flow_kv_threshold.is_some()
+        {
+            let mut f = b.flow_control.unwrap_or_default();
+            if let Some(q) = a.flow_queue_depth_threshold {
+                f.queue_depth_threshold = q;
+            }
+            if let Some(k) = a.flow_kv_threshold {
+                f.kv_utilization_threshold = k;
+            }
+            b.flow_control = Some(f);
+        }
+        if let Some(l) = a.admission_latency_us {
+            b.admission_latency_us = l;
+        }
+        if let Some(l) = a.routing_latency_us {
+            b.routing_latency_us = l;
+        }
+        b.validate().map_err(bad)?;
+        Ok(b)
+    }
 }

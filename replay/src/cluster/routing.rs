@@ -7,7 +7,7 @@
 //! other signals come from snapshots refreshed at the configured interval.
 //! Every tie goes to the lowest instance index.
 
-pub use crate::prefix_index::PrefixIndex;
+pub use crate::cluster::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
 /// A scorer of the `weighted` policy; each gives every instance a score in

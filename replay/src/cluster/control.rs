@@ -6,10 +6,10 @@
 
 use blis_traces::{TraceRecord, content};
 
-use crate::admission::Admission;
-use crate::instance::{Instance, Snapshot};
-use crate::policy::PolicyBundle;
-use crate::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
+use crate::cluster::admission::Admission;
+use crate::cluster::policy::PolicyBundle;
+use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
+use crate::engine::instance::{Instance, Snapshot};
 
 /// Admission and routing state of a cluster run.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub struct Control {
     /// Flow control's thresholds (queue depth per instance, KV usage).
     pub flow: Option<(f64, f64)>,
     /// Each request's priority.
-    pub priority: crate::priority::PriorityPolicy,
+    pub priority: crate::cluster::priority::PriorityPolicy,
 }
 
 /// What the router saw of one instance at a decision.
@@ -139,7 +139,7 @@ impl Control {
 
     /// Whether the router's prefix indexes keep blocks private to their
     /// request out of their hash indexes (see
-    /// [`crate::routing::Router::route_private`]): exact only while request
+    /// [`crate::cluster::routing::Router::route_private`]): exact only while request
     /// ids are unique, which the replay driver guarantees (it turns this
     /// on for a replay, and off when an id repeats). Either way, private
     /// blocks already held are indexed first.
@@ -377,9 +377,9 @@ pub struct ClusterSummary {
     /// Instances.
     pub num_instances: usize,
     /// The admission policy.
-    pub admission: crate::admission::AdmissionPolicy,
+    pub admission: crate::cluster::admission::AdmissionPolicy,
     /// The routing policy.
-    pub routing: crate::routing::RoutingPolicy,
+    pub routing: crate::cluster::routing::RoutingPolicy,
     /// Refresh interval of the routing signals, µs (0: immediate).
     pub snapshot_refresh_interval_us: i64,
     /// Requests rejected by admission.

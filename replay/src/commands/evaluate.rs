@@ -11,11 +11,11 @@ use std::io::Write;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::cli::EvaluateArgs;
 use crate::cluster::ClusterSummary;
+use crate::cluster::policy::PolicyBundle;
+use crate::cluster::routing::RoutingPolicy;
+use crate::commands::cli::EvaluateArgs;
 use crate::output::{Collector, Dist, Summary};
-use crate::policy::PolicyBundle;
-use crate::routing::RoutingPolicy;
 use crate::setup::resolve;
 use crate::sim::SimOptions;
 
@@ -66,7 +66,7 @@ pub struct SeedMetrics {
     /// Preemptions, all instances.
     pub preemptions: u64,
     /// Priority inversions and head-of-line blocking events.
-    pub anomalies: crate::output::Anomalies,
+    pub anomalies: crate::output::summary::Anomalies,
     /// Prefix-cache hit rate, all instances.
     pub prefix_cache_hit_rate: f64,
     /// Most over least routed instance.
@@ -212,8 +212,8 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
 /// # Errors
 /// Bad input or settings.
 pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let bundle = PolicyBundle::from_args(&args.run.cluster)?;
-    let weights = crate::run::fitness_weights(&args.run)?;
+    let bundle = args.run.cluster.bundle()?;
+    let weights = crate::commands::run::fitness_weights(&args.run)?;
     if args.seeds.is_empty() {
         anyhow::bail!("--seeds: give at least one seed");
     }
@@ -221,11 +221,14 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     for &seed in &args.seeds {
         let mut run = args.run.clone();
         run.seed = Some(seed);
-        let workload = crate::run::load_workload(&run)?;
-        let resolved = resolve(&crate::run::server_args(&run), Some(&workload.header))
-            .context("configuring the server")?;
+        let workload = crate::commands::run::load_workload(&run)?;
+        let resolved = resolve(
+            &crate::commands::run::server_args(&run),
+            Some(&workload.header),
+        )
+        .context("configuring the server")?;
         let mut sink = Collector::stats_only();
-        let (last, cluster, _) = crate::run::replay_on(
+        let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
             &resolved,
             &bundle,
             workload.inputs,
@@ -240,7 +243,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
         summary.fitness = weights
             .as_ref()
-            .map(|w| crate::fitness::report(&summary, w));
+            .map(|w| crate::output::fitness::report(&summary, w));
         seeds.push(seed_metrics(seed, &summary, cluster.as_ref()));
     }
     let fitness = weights

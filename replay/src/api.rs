@@ -1,0 +1,263 @@
+//! The library's entry points, what `blis-replay`'s commands,
+//! `blis-calibrate` and `blis-mockserver` call: load a workload
+//! ([`load_workload`]), configure a server ([`crate::setup::resolve`]),
+//! replay on one instance or a cluster ([`replay_on`]) or a whole trace in
+//! memory ([`replay_trace_in_memory`]), and name the result
+//! ([`replay_header`]). Nothing here knows the command line.
+
+use std::path::PathBuf;
+
+use blis_traces::{
+    ExtraColumn, GenerateOptions, Generator, ImportSource, Mode, Trace, TraceHeader, TraceRecord,
+    WorkloadSpec,
+};
+
+use crate::cluster::{ClusterSummary, Control, DecisionRecord, PolicyBundle};
+use crate::engine::instance::{Instance, Snapshot};
+use crate::error::{ReplayError, Result};
+use crate::output::{Collector, Summary};
+use crate::setup::Resolved;
+use crate::sim::{Input, SimOptions, merged, replay, replay_cluster};
+
+/// Where the requests of a replay come from.
+pub struct Workload {
+    /// Header of the input trace (a fresh one for specs).
+    pub header: TraceHeader,
+    /// Requests in entry order.
+    pub inputs: Box<dyn Iterator<Item = Input>>,
+    /// Extra columns of the input records.
+    pub extras: Vec<ExtraColumn>,
+    /// Number of requests when known.
+    pub len: Option<u64>,
+}
+
+impl std::fmt::Debug for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workload").field("len", &self.len).finish()
+    }
+}
+
+/// The inputs of a whole trace, in entry order (send time relative to the
+/// run start when recorded, else intended arrival; ties by request id),
+/// each cancelled at its planned deadline or after the client's timeout
+/// recorded in the header.
+pub fn trace_inputs(header: &TraceHeader, records: Vec<TraceRecord>) -> Vec<Input> {
+    let run_start = header.run_start_unix_us.unwrap_or(0);
+    let timeout = client_timeout_us(header);
+    let mut inputs: Vec<Input> = records
+        .into_iter()
+        .map(|r| Input::from_record(r, run_start).with_client_timeout(timeout))
+        .collect();
+    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
+    inputs
+}
+
+/// The client's timeout per request recorded in `header`, µs.
+pub fn client_timeout_us(header: &TraceHeader) -> Option<i64> {
+    header
+        .load_generator
+        .as_ref()
+        .and_then(|l| l.timeout_s)
+        .filter(|t| *t > 0.0 && t.is_finite())
+        .map(|t| (t * 1e6).round() as i64)
+}
+
+/// What to replay: a trace, a public trace to import, or a workload spec to
+/// generate (`--trace`, `--import`, `--workload-spec`).
+#[derive(Debug, Clone)]
+pub enum WorkloadSource {
+    /// A trace v2 header (`H.yaml`, its CSV beside it).
+    Trace(PathBuf),
+    /// A public trace (`KIND:PATH`).
+    Import(ImportSource),
+    /// A workload spec YAML, generated on the fly.
+    Spec(PathBuf),
+}
+
+/// How a workload is cut and seeded.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkloadOptions {
+    /// Seed of the generator or importer (default: the spec's, 42 for
+    /// imports).
+    pub seed: Option<u64>,
+    /// Horizon of a generated workload, s.
+    pub horizon_s: Option<f64>,
+    /// At most this many requests (the lowest request ids of a trace).
+    pub num_requests: Option<u64>,
+    /// The client's timeout per request, s (overrides the trace header's).
+    pub client_timeout_s: Option<f64>,
+}
+
+/// Loads the workload of `source`.
+///
+/// # Errors
+/// [`ReplayError::Input`] when the trace, import or spec cannot be read or
+/// is invalid; [`ReplayError::Config`] for a client timeout that is not a
+/// positive number of seconds.
+pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Workload> {
+    let opts = GenerateOptions {
+        seed: o.seed,
+        horizon_us: o.horizon_s.map(|s| (s * 1e6).round() as u64),
+        num_requests: o.num_requests,
+    };
+    if let Some(t) = o.client_timeout_s
+        && !(t > 0.0 && t.is_finite())
+    {
+        return Err(ReplayError::Config(format!(
+            "--client-timeout-s must be a positive number of seconds, got {t}"
+        )));
+    }
+    let timeout_flag = o.client_timeout_s.map(|t| (t * 1e6).round() as i64);
+    let from_trace = |mut trace: Trace| -> Workload {
+        if let Some(t) = o.client_timeout_s {
+            trace
+                .header
+                .load_generator
+                .get_or_insert_with(Default::default)
+                .timeout_s = Some(t);
+        }
+        let mut records = trace.records;
+        if let Some(n) = o.num_requests {
+            records.sort_by_key(|r| r.request.request_id);
+            records.truncate(n as usize);
+        }
+        let extras = ExtraColumn::needed_for(&records);
+        let inputs = trace_inputs(&trace.header, records);
+        let len = inputs.len() as u64;
+        Workload {
+            header: trace.header,
+            inputs: Box::new(inputs.into_iter()),
+            extras,
+            len: Some(len),
+        }
+    };
+    let input = |what: String| {
+        move |source| ReplayError::Input {
+            what,
+            source: Box::new(source),
+        }
+    };
+    match source {
+        WorkloadSource::Trace(p) => {
+            let trace =
+                Trace::read(p).map_err(input(format!("reading the trace {}", p.display())))?;
+            Ok(from_trace(trace))
+        }
+        WorkloadSource::Import(src) => {
+            let trace = blis_traces::import(src, o.seed.unwrap_or(42))
+                .map_err(input(format!("importing {src}")))?;
+            Ok(from_trace(trace))
+        }
+        WorkloadSource::Spec(p) => {
+            let spec = WorkloadSpec::from_file(p)?;
+            let mut header = TraceHeader::new(Mode::Generated);
+            header.workload_seed = Some(opts.seed.unwrap_or_else(|| spec.seed_or_default()));
+            header.workload_spec = Some(p.display().to_string());
+            let generator = Generator::new(&spec, &opts)?;
+            // A generator error (an unreadable data file mid-way) ends the
+            // stream; it was checked when the generator was built.
+            let inputs = generator.map_while(std::result::Result::ok).map(move |r| {
+                Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
+            });
+            Ok(Workload {
+                header,
+                inputs: Box::new(inputs),
+                extras: vec![ExtraColumn::ThinkTimeUs],
+                len: opts.num_requests,
+            })
+        }
+    }
+}
+
+/// The header of a replayed trace: the input's identity, the resolved server.
+pub fn replay_header(input: &TraceHeader, resolved: &Resolved) -> TraceHeader {
+    let mut h = TraceHeader::new(Mode::Replayed);
+    h.warm_up_requests = input.warm_up_requests;
+    h.workload_seed = input.workload_seed;
+    h.workload_spec = input.workload_spec.clone();
+    h.run_start_unix_us = input.run_start_unix_us;
+    h.network = input.network.clone();
+    let (server, hardware) = resolved.header_sections();
+    h.server = Some(server);
+    h.hardware = Some(hardware);
+    h
+}
+
+/// The instances of a cluster run: `bundle.num_instances` copies of the
+/// resolved engine (the bundle's scheduler, if it names one).
+fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
+    let mut engine = resolved.engine.clone();
+    if let Some(s) = bundle.scheduler {
+        engine.scheduler = s;
+    }
+    (0..bundle.num_instances)
+        .map(|_| Instance::new(engine.clone(), resolved.latency.clone()))
+        .collect()
+}
+
+/// Replays `inputs` on the cluster of `bundle` into `sink`; the
+/// cluster-wide final snapshot and the cluster section (for a cluster).
+///
+/// With `trace_k`, every routing decision is recorded with the best
+/// `trace_k` candidates (`--trace-level decisions`).
+pub fn replay_on<S: crate::sim::Sink>(
+    resolved: &Resolved,
+    bundle: &PolicyBundle,
+    inputs: impl IntoIterator<Item = Input>,
+    opts: &SimOptions,
+    sink: &mut S,
+    trace_k: Option<usize>,
+) -> ClusterRun {
+    let mut insts = instances(resolved, bundle);
+    let mut control = Control::new(bundle, insts.len());
+    if let Some(k) = trace_k {
+        control.trace_decisions(k);
+    }
+    replay_cluster(&mut insts, &mut control, inputs, opts, sink);
+    let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
+    let last = merged(&snaps);
+    let cluster = (!bundle.is_single()).then(|| ClusterSummary::of(bundle, &control, &insts));
+    ClusterRun {
+        last,
+        cluster,
+        decisions: control.decisions.take(),
+    }
+}
+
+/// The end of a cluster replay ([`replay_on`]).
+#[derive(Debug)]
+pub struct ClusterRun {
+    /// The cluster-wide final snapshot (instances merged).
+    pub last: Snapshot,
+    /// The cluster section of the summary (more than one instance, or any
+    /// gateway policy).
+    pub cluster: Option<ClusterSummary>,
+    /// The routing decisions, when traced.
+    pub decisions: Option<Vec<DecisionRecord>>,
+}
+
+/// Replays a whole trace in memory with `resolved` settings and returns the
+/// predicted records (for `blis-calibrate` and tests).
+pub fn replay_trace_in_memory(
+    header: &TraceHeader,
+    records: Vec<TraceRecord>,
+    resolved: &Resolved,
+    sample_interval_us: Option<i64>,
+) -> (Summary, Vec<TraceRecord>) {
+    let inputs = trace_inputs(header, records);
+    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
+    let mut sink = Collector::in_memory(header.run_start_unix_us.unwrap_or(0));
+    let last = replay(
+        &mut inst,
+        inputs,
+        &SimOptions {
+            sample_interval_us,
+            horizon_us: None,
+        },
+        &mut sink,
+    );
+    let (summary, kept) = sink
+        .finish(header, &last, resolved.latency_name())
+        .expect("an in-memory collector writes no files");
+    (summary, kept.unwrap_or_default())
+}

@@ -1,0 +1,16 @@
+//! The cluster: N instances on one clock behind a gateway
+//! (`../shared/design/cluster-architecture.md`). [`control`] admits, queues
+//! and routes each request; [`admission`], [`routing`] (policies and their
+//! scorers), [`priority`] and [`prefix_index`] (the router's view of each
+//! instance's prefix cache) are its policies; [`policy`] reads them from a
+//! policy bundle.
+
+pub mod admission;
+pub mod control;
+pub mod policy;
+pub mod prefix_index;
+pub mod priority;
+pub mod routing;
+
+pub use control::{ClusterSummary, Control, DecisionRecord};
+pub use policy::PolicyBundle;

@@ -1,0 +1,267 @@
+//! `blis-replay run`: load a workload, resolve the server, replay, write the
+//! predicted trace and the summary.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::api::{ClusterRun, Workload, WorkloadOptions, WorkloadSource, replay_header, replay_on};
+use crate::cluster::DecisionRecord;
+use crate::commands::cli::{LatencyChoice, RunArgs};
+use crate::output::{Collector, Summary};
+use crate::setup::{Resolved, ServerArgs, resolve};
+use crate::sim::SimOptions;
+
+/// Loads the workload named by `args` (`--trace`, `--import` or
+/// `--workload-spec`, cut by `--seed`, `--horizon-s`, `--num-requests`,
+/// `--client-timeout-s`).
+///
+/// # Errors
+/// Unreadable or invalid input, or none given.
+pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
+    let source = if let Some(p) = &args.trace {
+        WorkloadSource::Trace(p.clone())
+    } else if let Some(src) = &args.import {
+        WorkloadSource::Import(src.clone())
+    } else if let Some(p) = &args.workload_spec {
+        WorkloadSource::Spec(p.clone())
+    } else {
+        bail!("give one of --trace, --workload-spec or --import")
+    };
+    let opts = WorkloadOptions {
+        seed: args.seed,
+        horizon_s: args.horizon_s,
+        num_requests: args.num_requests,
+        client_timeout_s: args.client_timeout_s,
+    };
+    Ok(crate::api::load_workload(&source, &opts)?)
+}
+
+/// The server settings named by `args`.
+pub fn server_args(args: &RunArgs) -> ServerArgs {
+    let mut s = ServerArgs {
+        model: args.model.clone(),
+        latency: args.latency_model.map(LatencyChoice::kind),
+        coefficients: args.coefficients.clone(),
+        coefficient_rows: None,
+        model_config: args.model_config.clone(),
+        hardware: args.hardware.clone(),
+        hardware_config: args.hardware_config.clone(),
+        tp: args.tp,
+        gpu_memory_utilization: Some(args.gpu_memory_utilization),
+        scheduler: args.scheduler,
+        prefix_caching: !args.no_prefix_caching,
+        fast_forward: !args.no_fast_forward,
+        ..ServerArgs::default()
+    };
+    args.engine.apply(&mut s);
+    s
+}
+
+/// Writes the decision trace, each decision with its request's outcome,
+/// to `path` (JSON lines).
+fn write_decisions(
+    path: &std::path::Path,
+    mut decisions: Vec<DecisionRecord>,
+    outcomes: Option<&rustc_hash::FxHashMap<u64, crate::output::RequestOutcome>>,
+) -> anyhow::Result<()> {
+    use std::io::BufWriter;
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = BufWriter::new(f);
+    for d in &mut decisions {
+        if let Some(o) = outcomes.and_then(|m| m.get(&d.request_id)) {
+            d.status = Some(o.status.to_string());
+            d.ttft_ms = o.ttft_us.map(|t| t as f64 / 1e3);
+            d.e2e_ms = o.e2e_us.map(|t| t as f64 / 1e3);
+        }
+        serde_json::to_writer(&mut w, d)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// The weights of `--fitness-weights`.
+///
+/// # Errors
+/// A malformed list.
+pub fn fitness_weights(
+    args: &RunArgs,
+) -> anyhow::Result<Option<Vec<(String, crate::output::fitness::FitnessMetric, f64)>>> {
+    args.cluster
+        .fitness_weights
+        .as_deref()
+        .map(crate::output::fitness::parse_weights)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))
+}
+
+/// `blis-replay run`: replays, writes the outputs at `--out`, prints the summary.
+///
+/// # Errors
+/// Bad input or settings, with the file, line or flag to fix.
+pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Some(prefix) = &args.out else {
+        bail!("--out PREFIX is required: where to write the predicted trace");
+    };
+    let bundle = args.cluster.bundle()?;
+    let weights = fitness_weights(args)?;
+    let workload = load_workload(args)?;
+    let resolved =
+        resolve(&server_args(args), Some(&workload.header)).context("configuring the server")?;
+    let header = replay_header(&workload.header, &resolved);
+    let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
+    let mut sink = Collector::to_files(
+        prefix,
+        &header,
+        &workload.extras,
+        !args.no_itl,
+        sample.is_some(),
+    )
+    .with_context(|| format!("creating the outputs at {}", prefix.display()))?;
+    let bar = progress(workload.len);
+    let inputs = workload.inputs.inspect(|_| bar.inc(1));
+    let started = Instant::now();
+    let trace_k =
+        (args.cluster.trace_level == "decisions").then_some(args.cluster.counterfactual_k);
+    if trace_k.is_some() {
+        sink.track_outcomes();
+    }
+    let ClusterRun {
+        last,
+        cluster,
+        decisions,
+    } = replay_on(
+        &resolved,
+        &bundle,
+        inputs,
+        &SimOptions {
+            sample_interval_us: sample,
+            horizon_us: None,
+        },
+        &mut sink,
+        trace_k,
+    );
+    if let Some(d) = decisions {
+        write_decisions(
+            &prefix.with_extension("decisions.jsonl"),
+            d,
+            sink.outcomes(),
+        )?;
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+    summary.cluster = cluster;
+    summary.fitness = weights.map(|w| crate::output::fitness::report(&summary, &w));
+    let summary_path = prefix.with_extension("summary.json");
+    let mut json = serde_json::to_string_pretty(&summary)?;
+    json.push('\n');
+    std::fs::write(&summary_path, json)
+        .with_context(|| format!("writing {}", summary_path.display()))?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        write!(out, "{}", render_summary(&summary, &resolved))?;
+        writeln!(
+            out,
+            "\nwrote {}.{{yaml,csv{}{}}} and {}",
+            prefix.display(),
+            if args.no_itl { "" } else { ",itl.csv" },
+            if sample.is_some() { ",metrics.csv" } else { "" },
+            summary_path.display()
+        )?;
+    }
+    blis_traces::diag!(
+        "replayed {} requests ({} steps) in {:.1} ms of wall time",
+        summary.requests.total,
+        summary.steps,
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn progress(len: Option<u64>) -> ProgressBar {
+    let bar = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::no_length(),
+    };
+    bar.set_draw_target(ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} replaying {pos}/{len} requests {wide_bar} {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// A one-screen Markdown rendering of a summary.
+pub fn render_summary(s: &Summary, r: &Resolved) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let e = &r.engine;
+    let _ = writeln!(
+        o,
+        "## blis-replay: {} on {} TP{} ({} latency model)\n",
+        if r.model.is_empty() {
+            "(model unset)"
+        } else {
+            &r.model
+        },
+        r.gpu,
+        r.tp,
+        s.latency_model
+    );
+    let _ = writeln!(
+        o,
+        "max_num_seqs {} · max_num_batched_tokens {} · block_size {} · total_kv_blocks {} · scheduler {} · prefix caching {}\n",
+        e.max_num_seqs,
+        e.max_num_batched_tokens,
+        e.block_size,
+        e.total_kv_blocks,
+        e.scheduler,
+        if e.prefix_caching { "on" } else { "off" }
+    );
+    let c = &s.requests;
+    let _ = writeln!(
+        o,
+        "requests: {} total, {} completed, {} cancelled (client timeout), {} dropped (unservable), {} input errors, {} unfinished\n",
+        c.total, c.completed, c.cancelled, c.dropped, c.input_errors, c.unfinished
+    );
+    let _ = writeln!(o, "| metric (ms) | n | mean | p50 | p90 | p95 | p99 |");
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
+    for (name, d) in [
+        ("TTFT", &s.ttft_ms),
+        ("ITL", &s.itl_ms),
+        ("TPOT", &s.tpot_ms),
+        ("E2E", &s.e2e_ms),
+    ] {
+        let _ = writeln!(
+            o,
+            "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            d.n, d.mean, d.p50, d.p90, d.p95, d.p99
+        );
+    }
+    let t = &s.throughput;
+    let _ = writeln!(
+        o,
+        "\nthroughput: {:.2} req/s, {:.1} output tok/s, {:.1} input tok/s over {:.1} s",
+        t.requests_per_s, t.output_tokens_per_s, t.input_tokens_per_s, t.duration_s
+    );
+    let _ = writeln!(
+        o,
+        "preemptions: {} · priority inversions: {} · head-of-line blocking: {} · prefix-cache hit rate: {:.1}% · KV usage: peak {:.1}%, mean {:.1}% · steps: {} ({} fast-forwarded)",
+        s.preemptions,
+        s.anomalies.priority_inversions,
+        s.anomalies.hol_blocking_events,
+        100.0 * s.prefix_cache.hit_rate,
+        100.0 * s.kv.peak_usage,
+        100.0 * s.kv.mean_usage,
+        s.steps,
+        s.fast_forwarded_steps
+    );
+    o
+}

@@ -1,0 +1,266 @@
+//! Batch formation, vLLM V1's scheduler step (`vllm/v1/core/sched/scheduler.py`;
+//! `../shared/design/core-engine.md`, Batch Formation): continuous
+//! batching, chunked prefill within the token budget, prefix-cache hits
+//! at admission, and preemption by recompute when the KV cache is full.
+
+use super::instance::{Instance, Run};
+use super::queue_order::SchedulerPolicy;
+use crate::latency::{LatencyModel, Model, PrefillChunk};
+
+impl Instance {
+    /// Removes `victim` from the running set and puts it back to wait.
+    fn preempt(&mut self, victim_pos: usize) -> u32 {
+        let slot = self.running.remove(victim_pos);
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        // Its private blocks become findable by hash: it will look them up
+        // when it is scheduled again.
+        for &b in a.blocks.iter().skip(a.private_from as usize) {
+            self.kv.index_private(b);
+        }
+        let mut blocks = std::mem::take(&mut a.blocks);
+        a.num_computed = 0;
+        a.hashed = 0;
+        a.preemptions += 1;
+        let key = a.key;
+        self.kv.release(&mut blocks);
+        self.waiting.push_preempted(slot, key);
+        self.count_waiting(slot, true);
+        self.counters.preemptions += 1;
+        slot
+    }
+
+    /// The running position of the request to preempt: the last one
+    /// (FCFS, SJF) or the least urgent, latest one (priority policies).
+    fn victim(&self) -> usize {
+        match self.cfg.scheduler {
+            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf => self.running.len() - 1,
+            SchedulerPolicy::PriorityFcfs | SchedulerPolicy::ReversePriority => {
+                let mut best = self.running.len() - 1;
+                for (i, &s) in self.running.iter().enumerate() {
+                    if self.act(s).key >= self.act(self.running[best]).key {
+                        best = i;
+                    }
+                }
+                best
+            }
+        }
+    }
+
+    /// Forms the next batch at `now` (vLLM V1's scheduler): running
+    /// requests first, in running order, each its next chunk within the
+    /// token budget (`max_num_batched_tokens`, `long_prefill_token_threshold`),
+    /// preempting from the back when KV blocks run out; then waiting
+    /// requests in queue order within `max_num_seqs`, each with its prefix
+    /// cache hit and a chunk of its prompt (chunked prefill). The batch
+    /// runs until its step ends, or decode-only steps are fast-forwarded up
+    /// to `limit`.
+    pub(super) fn form_batch(&mut self, now: i64, limit: i64) {
+        let cfg = self.cfg.clone();
+        let bs = self.kv.block_size();
+        let mut budget = cfg.max_num_batched_tokens;
+        let mut scheduled = std::mem::take(&mut self.spare_scheduled);
+        scheduled.clear();
+        let mut preempted = false;
+        // 1. Running requests.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let a = self.act(slot);
+            let mut n = a.num_tokens() - a.num_computed;
+            if cfg.long_prefill_token_threshold > 0 {
+                n = n.min(cfg.long_prefill_token_threshold);
+            }
+            n = n.min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let mut scheduled_it = false;
+            loop {
+                let a = self.act(slot);
+                let need = self
+                    .kv
+                    .blocks_for(a.num_computed + n)
+                    .saturating_sub(a.blocks.len() as u32);
+                if need == 0 {
+                    scheduled_it = true;
+                    break;
+                }
+                let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
+                let ok = self.kv.allocate(&mut blocks, &[], need);
+                self.act_mut(slot).blocks = blocks;
+                if ok {
+                    scheduled_it = true;
+                    break;
+                }
+                let v = self.victim();
+                let victim_slot = self.running[v];
+                // A victim already scheduled in this step gives its budget back.
+                if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim_slot) {
+                    budget += scheduled[pos].1;
+                    scheduled.remove(pos);
+                }
+                if v < i {
+                    i -= 1;
+                }
+                self.preempt(v);
+                preempted = true;
+                if victim_slot == slot {
+                    break;
+                }
+            }
+            if !scheduled_it {
+                break;
+            }
+            scheduled.push((slot, n));
+            budget -= n;
+            i += 1;
+        }
+        // 2. Waiting requests. Under async scheduling only those that were
+        // waiting when the previous step was formed, unless the engine is
+        // idle.
+        let idle = self.running.is_empty();
+        if !preempted {
+            while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
+                let Some(slot) = self.waiting.peek() else {
+                    break;
+                };
+                let a = self.slots[slot as usize].as_mut().expect("live slot");
+                if !idle && a.eligible_after >= now {
+                    break;
+                }
+                let num_tokens = a.num_tokens();
+                // Prefix-cache hits: full blocks, at most all but the last token.
+                let mut max_hit_blocks = (num_tokens - 1) / bs;
+                if a.preemptions == 0 {
+                    // Private content is nowhere in the cache yet.
+                    max_hit_blocks = max_hit_blocks.min(a.private_from);
+                }
+                self.kv
+                    .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
+                let a = self.slots[slot as usize].as_ref().expect("live slot");
+                let hit_tokens = self.hits.len() as u32 * bs;
+                let mut n = num_tokens - hit_tokens;
+                if cfg.long_prefill_token_threshold > 0 {
+                    n = n.min(cfg.long_prefill_token_threshold);
+                }
+                n = n.min(budget);
+                let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
+                let hits = std::mem::take(&mut self.hits);
+                let mut blocks =
+                    Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
+                let ok = self.kv.allocate(&mut blocks, &hits, need);
+                self.hits = hits;
+                if !ok {
+                    break;
+                }
+                self.waiting.pop();
+                let class = a.req.class;
+                self.count_waiting(slot, false);
+                if self.more_urgent_waiting(class) {
+                    self.counters.priority_inversions += 1;
+                }
+                self.running.push(slot);
+                let nh = self.hits.len() as u32;
+                let a = self.slots[slot as usize].as_mut().expect("live slot");
+                a.blocks = blocks;
+                a.num_computed = hit_tokens;
+                a.hashed = nh;
+                if a.scheduled_us.is_none() {
+                    a.scheduled_us = Some(now);
+                    a.cached_tokens = Some(hit_tokens);
+                    self.counters.prefix_queries += u64::from(a.req.input_tokens);
+                    self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
+                }
+                scheduled.push((slot, n));
+                budget -= n;
+            }
+        }
+        if scheduled.is_empty() {
+            self.spare_scheduled = scheduled;
+            if preempted {
+                // The request being scheduled preempted itself (a priority
+                // policy chose it as the victim): like vLLM's next engine
+                // iteration, schedule again with the freed blocks. Each
+                // round preempts a request, so this ends.
+                return self.form_batch(now, limit);
+            }
+            // Nothing waits or runs. (With work in the system one request
+            // is always schedulable: the unservable check guarantees that
+            // any request fits on its own.)
+            debug_assert_eq!(self.in_system(), 0, "work waits but nothing was scheduled");
+            if self.in_system() > 0 {
+                self.kick = Some(now + 1);
+            }
+            return;
+        }
+        // 3. The step's shape and duration.
+        self.shape.clear();
+        let mut decode_only = true;
+        let mut min_left = u32::MAX;
+        for &(slot, n) in &scheduled {
+            let a = self.slots[slot as usize].as_ref().expect("live slot");
+            let is_decode = a.generated > 0 && n == 1 && a.num_computed + 1 == a.num_tokens();
+            if is_decode {
+                self.shape.decode_count += 1;
+                self.shape.decode_context_sum += u64::from(a.num_computed);
+                min_left = min_left.min(a.target - a.generated);
+            } else {
+                decode_only = false;
+                self.shape.prefill.push(PrefillChunk {
+                    computed_before: a.num_computed,
+                    new_tokens: n,
+                });
+                self.counters.prompt_tokens += u64::from(n);
+            }
+        }
+        let dt = self.latency.step_time_us(&self.shape).round().max(1.0) as i64;
+        let mut ends = std::mem::take(&mut self.spare_ends);
+        ends.clear();
+        ends.push(now + dt);
+        // 4. Fast-forward a run of identical decode steps.
+        let all_running_scheduled = scheduled.len() == self.running.len();
+        let can_grow = self.waiting.is_empty() || self.running.len() as u32 >= cfg.max_num_seqs;
+        if cfg.fast_forward && decode_only && all_running_scheduled && can_grow && !preempted {
+            let max_k = min_left;
+            // Requests needing a new block at step j+1 of the run are those
+            // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
+            // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
+            let mut per_phase = std::mem::take(&mut self.spare_phase);
+            per_phase.clear();
+            per_phase.resize(bs as usize, 0);
+            for &(slot, _) in &scheduled {
+                let c0 = self.act(slot).num_computed;
+                per_phase[((bs - c0 % bs) % bs) as usize] += 1;
+            }
+            let mut free = self.kv.free();
+            let b = scheduled.len() as u64;
+            let mut ctx = self.shape.decode_context_sum;
+            let mut end = now + dt;
+            let mut k = 1u32;
+            let constant = matches!(self.latency, Model::Blackbox(_));
+            while k < max_k {
+                let need = per_phase[(k % bs) as usize];
+                if need > free {
+                    break;
+                }
+                let d = if constant {
+                    dt
+                } else {
+                    ctx += b;
+                    self.shape.decode_context_sum = ctx;
+                    self.latency.step_time_us(&self.shape).round().max(1.0) as i64
+                };
+                if end + d > limit {
+                    break;
+                }
+                free -= need;
+                end += d;
+                ends.push(end);
+                k += 1;
+            }
+            self.spare_phase = per_phase;
+        }
+        self.run = Some(Run { scheduled, ends });
+    }
+}

@@ -1,0 +1,15 @@
+//! The engine: one vLLM-style instance. [`instance`] holds its requests and
+//! steps it through time; [`batch`] forms each step's batch (running
+//! requests first, chunked prefill within the token budget, preemption by
+//! recompute when KV blocks run out); [`queue_order`] orders the wait queue
+//! (`--scheduler`); [`kv_cache`] is the paged KV cache with prefix caching
+//! (chained block hashes, LRU eviction of free blocks, reference counts).
+
+pub mod batch;
+pub(crate) mod hash_index;
+pub mod instance;
+pub mod kv_cache;
+pub mod queue_order;
+
+pub use instance::{EngineConfig, Instance, SimRequest};
+pub use queue_order::SchedulerPolicy;

@@ -42,7 +42,13 @@ impl Sink for Boundaries {
     fn wants_tokens(&self) -> bool {
         true
     }
-    fn tokens(&mut self, _: u32, _: &TraceRecord, _: u32, times: &[i64]) {
+    fn tokens(
+        &mut self,
+        _: u32,
+        _: &TraceRecord,
+        _: &blis_replay::engine::instance::TokenSpan,
+        times: &[i64],
+    ) {
         self.0.extend(times);
     }
     fn finished(&mut self, _: Done<'_>) {}

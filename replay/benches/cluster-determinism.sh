@@ -18,7 +18,7 @@ for i in $(seq 1 "$RUNS"); do
       --snapshot-refresh-interval-us 50000 --admission token-bucket \
       --token-bucket-capacity 300000 --token-bucket-refill-rate 150000 \
       --fitness-weights throughput:0.3,p99_ttft:0.4,mean_e2e:0.3 --out "$dir/run" >/dev/null 2>&1
-  sum=$(cat "$dir"/run.yaml "$dir"/run.csv "$dir"/run.itl.csv "$dir"/run.metrics.csv "$dir"/run.summary.json | sha256sum | cut -d' ' -f1)
+  sum=$(cat "$dir"/run.yaml "$dir"/run.csv "$dir"/run.itl.csv "$dir"/run.steps.csv "$dir"/run.metrics.csv "$dir"/run.summary.json | sha256sum | cut -d' ' -f1)
   if [ -z "$first" ]; then first=$sum; fi
   if [ "$sum" != "$first" ]; then
     echo "run $i differs: $sum != $first" >&2

@@ -33,11 +33,17 @@ pub trait Sink {
     fn wants_tokens(&self) -> bool {
         false
     }
-    /// Tokens of one request; `times[m]` is the client-visible time of
-    /// output token `first_index + m`, µs since the run start. `tag` is a
-    /// small integer identifying the request while it is in flight (reused
-    /// afterwards), for sinks that keep per-request state in a vector.
-    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _first_index: u32, _times: &[i64]) {}
+    /// Steps of instance `instance` whose tokens follow (in
+    /// [`Sink::tokens`] calls), before those calls: the instance's index of
+    /// the first and the end times, µs since the run start.
+    fn steps(&mut self, _instance: u32, _first_step: u64, _ends: &[i64]) {}
+    /// Tokens of one request, produced in consecutive steps from
+    /// `span.first_step` (an index into the last [`Sink::steps`]); `times[m]`
+    /// is the client-visible time of output token `span.first_index + m`,
+    /// µs since the run start. `tag` is a small integer identifying the
+    /// request while it is in flight (reused afterwards), for sinks that
+    /// keep per-request state in a vector.
+    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _span: &TokenSpan, _times: &[i64]) {}
     /// A request completed.
     fn finished(&mut self, done: Done<'_>);
     /// A request was dropped (never served) or skipped (a failed request of
@@ -636,7 +642,7 @@ impl Driver<'_> {
     fn sync<S: Sink>(&mut self, inst: usize, now: i64, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
         if self.insts[inst].split_at(now, &mut report) {
-            self.deliver(&report, sink);
+            self.deliver(inst, &report, sink);
         }
         self.report = report;
     }
@@ -644,7 +650,7 @@ impl Driver<'_> {
     fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
         self.insts[inst].step(now, limit.max(now), &mut report);
-        self.deliver(&report, sink);
+        self.deliver(inst, &report, sink);
         self.report = report;
         if !self.gateway.is_empty() {
             self.dispatch(now);
@@ -652,8 +658,11 @@ impl Driver<'_> {
     }
 
     /// Hands a step report's tokens and completions to `sink`.
-    fn deliver<S: Sink>(&mut self, report: &StepReport, sink: &mut S) {
+    fn deliver<S: Sink>(&mut self, inst: usize, report: &StepReport, sink: &mut S) {
         let wants = sink.wants_tokens();
+        if wants && !report.step_ends.is_empty() {
+            sink.steps(inst as u32, report.first_step, &report.step_ends);
+        }
         for span in &report.spans {
             let span: TokenSpan = *span;
             let Some(f) = self.flights[span.tag as usize].as_mut() else {
@@ -665,7 +674,7 @@ impl Driver<'_> {
                 self.times.clear();
                 self.times
                     .extend((0..span.count).map(|m| report.token_time(&span, m)));
-                sink.tokens(span.tag, &f.rec, span.first_index, &self.times);
+                sink.tokens(span.tag, &f.rec, &span, &self.times);
             }
         }
         for fin in &report.finished {

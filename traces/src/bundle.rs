@@ -12,6 +12,7 @@ use crate::companions::{
 use crate::csvio::{ExtraColumn, RecordReader, RecordWriter};
 use crate::error::{Error, Result};
 use crate::header::TraceHeader;
+use crate::itl_steps::{ItlSteps, ItlTiming, StepsWriter, TokenRun, expand, read_runs, read_steps};
 use crate::record::TraceRecord;
 
 /// The files of one trace bundle.
@@ -23,6 +24,8 @@ pub struct TracePaths {
     pub data: PathBuf,
     /// ITL companion.
     pub itl: PathBuf,
+    /// Step table of an ITL companion in step form.
+    pub steps: PathBuf,
     /// Metrics companion.
     pub metrics: PathBuf,
 }
@@ -36,6 +39,7 @@ impl TracePaths {
             header: PathBuf::from(format!("{p}.yaml")),
             data: PathBuf::from(format!("{p}.csv")),
             itl: PathBuf::from(format!("{p}.itl.csv")),
+            steps: PathBuf::from(format!("{p}.steps.csv")),
             metrics: PathBuf::from(format!("{p}.metrics.csv")),
         }
     }
@@ -67,6 +71,9 @@ impl TracePaths {
             }
             if let Some(d) = &h.itl_file {
                 paths.itl = dir.join(d);
+            }
+            if let Some(s) = &h.itl_steps {
+                paths.steps = dir.join(&s.steps_file);
             }
             if let Some(d) = &h.metrics_file {
                 paths.metrics = dir.join(d);
@@ -117,7 +124,11 @@ impl Trace {
         let mut reader = RecordReader::open(&paths.data)?;
         let absent_columns = reader.absent_base_columns();
         let records = reader.read_all()?;
-        let chunks = if paths.itl.exists() {
+        let chunks = if let Some(form) = &header.itl_steps {
+            let runs = read_runs(&paths.itl)?;
+            let steps = read_steps(&paths.steps)?;
+            Some(expand(&steps, &runs, &form.timing, &paths.itl)?)
+        } else if paths.itl.exists() {
             Some(read_chunks(&paths.itl)?)
         } else {
             None
@@ -180,7 +191,24 @@ pub struct TraceWriter {
     paths: TracePaths,
     records: RecordWriter,
     chunks: Option<ChunkWriter>,
+    steps: Option<(StepsWriter, ItlTiming)>,
     metrics: Option<MetricWriter>,
+}
+
+/// The form of a bundle's ITL companion.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ItlForm {
+    /// None.
+    None,
+    /// One row per chunk (BLIS's form); `with_tokens` adds the `tokens`
+    /// column.
+    Rows {
+        /// Whether to write the `tokens` column.
+        with_tokens: bool,
+    },
+    /// The step form of a simulator ([`crate::itl_steps`]), with its
+    /// output overheads.
+    Steps(ItlTiming),
 }
 
 impl TraceWriter {
@@ -197,6 +225,24 @@ impl TraceWriter {
         chunks: Option<bool>,
         metrics: bool,
     ) -> Result<Self> {
+        let itl = match chunks {
+            Some(with_tokens) => ItlForm::Rows { with_tokens },
+            None => ItlForm::None,
+        };
+        Self::create_with(prefix, header, extras, itl, metrics)
+    }
+
+    /// As [`TraceWriter::create`], with the ITL companion in any form.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn create_with(
+        prefix: &Path,
+        header: &TraceHeader,
+        extras: &[ExtraColumn],
+        itl: ItlForm,
+        metrics: bool,
+    ) -> Result<Self> {
         let paths = TracePaths::from_prefix(prefix);
         if let Some(dir) = paths.header.parent()
             && !dir.as_os_str().is_empty()
@@ -204,11 +250,19 @@ impl TraceWriter {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let records = RecordWriter::create(&paths.data, extras)?;
-        let chunks = match chunks {
-            Some(with_tokens) => Some(ChunkWriter::create(&paths.itl, with_tokens)?),
-            None => {
+        let (chunks, steps) = match itl {
+            ItlForm::Rows { with_tokens } => {
+                remove_stale(&paths.steps)?;
+                (Some(ChunkWriter::create(&paths.itl, with_tokens)?), None)
+            }
+            ItlForm::Steps(timing) => (
+                None,
+                Some((StepsWriter::create(&paths.steps, &paths.itl)?, timing)),
+            ),
+            ItlForm::None => {
                 remove_stale(&paths.itl)?;
-                None
+                remove_stale(&paths.steps)?;
+                (None, None)
             }
         };
         let metrics = if metrics {
@@ -221,6 +275,7 @@ impl TraceWriter {
             paths,
             records,
             chunks,
+            steps,
             metrics,
         };
         w.write_header(header)?;
@@ -245,10 +300,15 @@ impl TraceWriter {
         let mut h = header.clone();
         let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
         h.data_file = file_name(&self.paths.data);
-        h.itl_file = self
-            .chunks
-            .as_ref()
-            .and_then(|_| file_name(&self.paths.itl));
+        h.itl_file = if self.chunks.is_some() || self.steps.is_some() {
+            file_name(&self.paths.itl)
+        } else {
+            None
+        };
+        h.itl_steps = self.steps.as_ref().map(|(_, timing)| ItlSteps {
+            steps_file: file_name(&self.paths.steps).unwrap_or_default(),
+            timing: *timing,
+        });
         h.metrics_file = self
             .metrics
             .as_ref()
@@ -275,6 +335,30 @@ impl TraceWriter {
         }
     }
 
+    /// Appends a batch of steps of `instance` (ignored unless the ITL
+    /// companion is in step form).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) -> Result<()> {
+        match &mut self.steps {
+            Some((w, _)) => w.write_steps(instance, first_step, ends),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends a run of tokens (ignored unless the ITL companion is in
+    /// step form).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_run(&mut self, r: &TokenRun) -> Result<()> {
+        match &mut self.steps {
+            Some((w, _)) => w.write_run(r),
+            None => Ok(()),
+        }
+    }
+
     /// Appends a metric sample (ignored without a metrics companion).
     ///
     /// # Errors
@@ -294,6 +378,9 @@ impl TraceWriter {
         self.records.flush()?;
         if let Some(c) = &mut self.chunks {
             c.flush()?;
+        }
+        if let Some((s, _)) = &mut self.steps {
+            s.flush()?;
         }
         if let Some(m) = &mut self.metrics {
             m.flush()?;

@@ -47,16 +47,16 @@ const FLUSH_BYTES: usize = 64 * 1024;
 
 /// A CSV writer that only ever hands whole rows to the file.
 #[derive(Debug)]
-struct RowSink<W: Write> {
+pub(crate) struct RowSink<W: Write> {
     out: Option<W>,
     path: PathBuf,
     buf: Vec<u8>,
-    row: ByteRecord,
-    flush_every_row: bool,
+    pub(crate) row: ByteRecord,
+    pub(crate) flush_every_row: bool,
 }
 
 impl<W: Write> RowSink<W> {
-    fn new(out: W, path: &Path, header: &[&str]) -> Result<Self> {
+    pub(crate) fn new(out: W, path: &Path, header: &[&str]) -> Result<Self> {
         let mut s = Self {
             out: Some(out),
             path: path.to_path_buf(),
@@ -73,7 +73,7 @@ impl<W: Write> RowSink<W> {
         Ok(s)
     }
 
-    fn end_row(&mut self) -> Result<()> {
+    pub(crate) fn end_row(&mut self) -> Result<()> {
         encode_row(&mut self.buf, &self.row);
         self.row.clear();
         if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
@@ -82,7 +82,7 @@ impl<W: Write> RowSink<W> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<()> {
+    pub(crate) fn flush(&mut self) -> Result<()> {
         let Some(out) = self.out.as_mut() else {
             return Ok(());
         };
@@ -94,7 +94,7 @@ impl<W: Write> RowSink<W> {
         out.flush().map_err(|e| Error::io(&self.path, e))
     }
 
-    fn finish(mut self) -> Result<W> {
+    pub(crate) fn finish(mut self) -> Result<W> {
         self.flush()?;
         Ok(self.out.take().expect("writer present until finish"))
     }
@@ -287,9 +287,9 @@ pub fn parse_prometheus_value(s: &str) -> Option<f64> {
 }
 
 /// A CSV reader that knows its records' true lines.
-type TrackedReader<R> = csv::Reader<LineTrack<R>>;
+pub(crate) type TrackedReader<R> = csv::Reader<LineTrack<R>>;
 
-fn open_csv<R: Read>(
+pub(crate) fn open_csv<R: Read>(
     input: R,
     path: &Path,
     required: &[&str],

@@ -160,6 +160,11 @@ pub struct TraceHeader {
     /// Per-chunk (ITL) companion, relative to the header's folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub itl_file: Option<String>,
+    /// Present when the ITL companion is in step form (a simulator's):
+    /// the step table and the output overheads ([`crate::itl_steps`]).
+    /// Absent: one row per chunk, as BLIS writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_steps: Option<crate::itl_steps::ItlSteps>,
     /// Metrics companion, relative to the header's folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_file: Option<String>,
@@ -187,6 +192,7 @@ impl TraceHeader {
             run_start_unix_us: None,
             data_file: None,
             itl_file: None,
+            itl_steps: None,
             metrics_file: None,
         }
     }

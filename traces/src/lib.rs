@@ -57,6 +57,7 @@ pub mod error;
 pub mod generate;
 pub mod header;
 pub mod import;
+pub mod itl_steps;
 mod locate;
 pub mod prom;
 pub mod record;
@@ -66,7 +67,7 @@ pub mod spec;
 pub mod stdio;
 pub mod summary;
 
-pub use bundle::{Trace, TracePaths, TraceWriter};
+pub use bundle::{ItlForm, Trace, TracePaths, TraceWriter};
 pub use companions::{ChunkRecord, MetricSample};
 pub use csvio::{BASE_COLUMNS, ExtraColumn, RecordReader, RecordWriter};
 pub use error::{Error, Location, Result};

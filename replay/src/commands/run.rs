@@ -8,8 +8,11 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::api::{ClusterRun, Workload, WorkloadOptions, WorkloadSource, replay_header, replay_on};
+use blis_traces::ItlForm;
+
 use crate::cluster::DecisionRecord;
 use crate::commands::cli::{LatencyChoice, RunArgs};
+use crate::engine::instance::TokenTiming;
 use crate::output::{Collector, Summary};
 use crate::setup::{Resolved, ServerArgs, resolve};
 use crate::sim::SimOptions;
@@ -99,6 +102,18 @@ pub fn fitness_weights(
         .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))
 }
 
+/// The form of the ITL companion: none (`--no-itl`), rows (`--itl-rows`),
+/// else the step form with the latency model's output overheads.
+fn itl_form(args: &RunArgs, resolved: &Resolved) -> ItlForm {
+    if args.no_itl {
+        ItlForm::None
+    } else if args.itl_rows {
+        ItlForm::Rows { with_tokens: false }
+    } else {
+        ItlForm::Steps(TokenTiming::of(&resolved.latency).itl())
+    }
+}
+
 /// `blis-replay run`: replays, writes the outputs at `--out`, prints the summary.
 ///
 /// # Errors
@@ -118,7 +133,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         prefix,
         &header,
         &workload.extras,
-        !args.no_itl,
+        itl_form(args, &resolved),
         sample.is_some(),
     )
     .with_context(|| format!("creating the outputs at {}", prefix.display()))?;
@@ -170,7 +185,11 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             out,
             "\nwrote {}.{{yaml,csv{}{}}} and {}",
             prefix.display(),
-            if args.no_itl { "" } else { ",itl.csv" },
+            match itl_form(args, &resolved) {
+                ItlForm::None => "",
+                ItlForm::Rows { .. } => ",itl.csv",
+                ItlForm::Steps(_) => ",itl.csv,steps.csv",
+            },
             if sample.is_some() { ",metrics.csv" } else { "" },
             summary_path.display()
         )?;

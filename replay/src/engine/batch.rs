@@ -163,6 +163,8 @@ impl Instance {
                 self.running.push(slot);
                 let nh = self.hits.len() as u32;
                 let a = self.slots[slot as usize].as_mut().expect("live slot");
+                a.join = self.joins;
+                self.joins += 1;
                 a.blocks = blocks;
                 a.num_computed = hit_tokens;
                 a.hashed = nh;

@@ -158,6 +158,9 @@ pub struct TokenSpan {
     pub first_index: u32,
     /// Index into `step_ends` of the step that produced the first token.
     pub first_step: u32,
+    /// When the request (last) joined the running batch: the running order
+    /// is the order of this number.
+    pub join: u64,
     /// Tokens.
     pub count: u32,
     /// The request's output length: the token of this index is its last.
@@ -201,6 +204,9 @@ pub struct StepReport {
     pub timing: TokenTiming,
     /// Steps executed (including fast-forwarded ones).
     pub steps: u64,
+    /// The instance's index of the first step in `step_ends` (counting
+    /// every step since its start).
+    pub first_step: u64,
 }
 
 impl StepReport {
@@ -251,14 +257,15 @@ impl TokenTiming {
     /// Client-visible time of output token `index` (1-based) produced by a
     /// step ending at `step_end`; `last`: it is the request's last token.
     pub fn visible(&self, step_end: i64, index: u32, last: bool) -> i64 {
-        let mut extra = self.hop_us + self.per_token_us * f64::from(index);
-        if last {
-            extra += self.completion_us;
-        }
-        if extra == 0.0 {
-            step_end
-        } else {
-            step_end + extra.round() as i64
+        step_end + self.itl().extra_us(index, last)
+    }
+
+    /// The same timing as the trace format writes it.
+    pub fn itl(&self) -> blis_traces::itl_steps::ItlTiming {
+        blis_traces::itl_steps::ItlTiming {
+            hop_us: self.hop_us,
+            per_token_us: self.per_token_us,
+            completion_us: self.completion_us,
         }
     }
 }
@@ -373,6 +380,8 @@ pub(super) struct Active {
     pub(super) first_token_us: Option<i64>,
     pub(super) cached_tokens: Option<u32>,
     pub(super) preemptions: u32,
+    /// When it last joined the running batch ([`TokenSpan::join`]).
+    pub(super) join: u64,
     /// Its first block of private content (see
     /// [`Instance::set_private_blocks`]); `u32::MAX`: none or not tracked.
     pub(super) private_from: u32,
@@ -426,6 +435,8 @@ pub struct Instance {
     pub(super) run: Option<Run>,
     pub(super) kick: Option<i64>,
     pub(super) seq: u64,
+    /// Requests that have joined the running batch so far.
+    pub(super) joins: u64,
     pub(super) counters: Counters,
     pub(super) shape: BatchShape,
     pub(super) hits: Vec<u32>,
@@ -457,6 +468,7 @@ impl Instance {
             run: None,
             kick: None,
             seq: 0,
+            joins: 0,
             counters: Counters::default(),
             shape: BatchShape::default(),
             hits: Vec::new(),
@@ -632,6 +644,7 @@ impl Instance {
             first_token_us: None,
             cached_tokens: None,
             preemptions: 0,
+            join: 0,
             private_from,
             eligible_after: match &self.run {
                 Some(run) if self.cfg.async_scheduling => {
@@ -786,6 +799,9 @@ impl Instance {
     pub(super) fn finish_steps(&mut self, run: &Run, report: &mut StepReport, continues: bool) {
         let k = run.ends.len() as u32;
         let base_step = report.step_ends.len() as u32;
+        if base_step == 0 {
+            report.first_step = self.counters.steps;
+        }
         report.step_ends.extend_from_slice(&run.ends);
         report.steps += u64::from(k);
         self.counters.steps += u64::from(k);
@@ -838,6 +854,7 @@ impl Instance {
                     tag: a.req.tag,
                     first_index,
                     first_step: base_step,
+                    join: a.join,
                     count: k,
                     target: a.target,
                 });
@@ -862,6 +879,7 @@ impl Instance {
                         tag: a.req.tag,
                         first_index: a.generated,
                         first_step: base_step,
+                        join: a.join,
                         count: 1,
                         target: a.target,
                     });

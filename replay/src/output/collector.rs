@@ -4,8 +4,10 @@
 
 use std::path::Path;
 
+use blis_traces::itl_steps::TokenRun;
 use blis_traces::{
-    ChunkRecord, ExtraColumn, MetricSample, Outcome, Status, TraceHeader, TraceRecord, TraceWriter,
+    ChunkRecord, ExtraColumn, ItlForm, MetricSample, Outcome, Status, TraceHeader, TraceRecord,
+    TraceWriter,
 };
 use rustc_hash::FxHashMap;
 
@@ -13,6 +15,7 @@ use super::summary::{
     Anomalies, ClassFigures, Dist, KvFigures, PrefixCache, RequestCounts, Summary, Throughput, jain,
 };
 use crate::engine::instance::Snapshot;
+use crate::engine::instance::TokenSpan;
 use crate::error::Result;
 use crate::sim::{Done, NotServed, Sink};
 
@@ -42,6 +45,13 @@ pub struct Collector {
     writer: Option<TraceWriter>,
     keep: Option<Vec<TraceRecord>>,
     itl_companion: bool,
+    /// The ITL companion is in step form.
+    itl_steps: bool,
+    /// Instance and first step of the last [`Sink::steps`].
+    step_batch: (u32, u64),
+    /// Per tag, the run of tokens not yet written (step form).
+    open_runs: Vec<Option<TokenRun>>,
+    abs_ends: Vec<i64>,
     run_start_us: i64,
     model_name: String,
     ttft: Vec<f64>,
@@ -66,7 +76,8 @@ pub struct Collector {
 
 impl Collector {
     /// A collector that writes a trace bundle at `prefix` (header `header`),
-    /// with an ITL companion when `itl` and the time series when `metrics`.
+    /// with the ITL companion in the form `itl` and the time series when
+    /// `metrics`.
     ///
     /// # Errors
     /// The files cannot be created.
@@ -74,15 +85,19 @@ impl Collector {
         prefix: &Path,
         header: &TraceHeader,
         extras: &[ExtraColumn],
-        itl: bool,
+        itl: ItlForm,
         metrics: bool,
     ) -> Result<Self> {
         let mut extras = extras.to_vec();
         if !extras.contains(&ExtraColumn::CachedTokens) {
             extras.push(ExtraColumn::CachedTokens);
         }
-        let w = TraceWriter::create(prefix, header, &extras, itl.then_some(false), metrics)?;
-        let mut c = Self::new(header.run_start_unix_us.unwrap_or(0), itl);
+        let w = TraceWriter::create_with(prefix, header, &extras, itl, metrics)?;
+        let mut c = Self::new(
+            header.run_start_unix_us.unwrap_or(0),
+            matches!(itl, ItlForm::Rows { .. }),
+        );
+        c.itl_steps = matches!(itl, ItlForm::Steps(_));
         c.model_name = header
             .server
             .as_ref()
@@ -162,6 +177,10 @@ impl Collector {
             writer: None,
             keep: None,
             itl_companion: itl,
+            itl_steps: false,
+            step_batch: (0, 0),
+            open_runs: Vec::new(),
+            abs_ends: Vec::new(),
             run_start_us,
             model_name: String::new(),
             ttft: Vec::new(),
@@ -194,6 +213,18 @@ impl Collector {
         } else {
             self.flush_itl();
             self.pending_itl = (gap, n);
+        }
+    }
+
+    /// Writes the open run of tokens of `tag` (step form).
+    fn close_run(&mut self, tag: usize) {
+        let Some(run) = self.open_runs.get_mut(tag).and_then(Option::take) else {
+            return;
+        };
+        if let Some(w) = &mut self.writer
+            && let Err(e) = w.write_run(&run)
+        {
+            self.error.get_or_insert(e.into());
         }
     }
 
@@ -231,6 +262,12 @@ impl Collector {
             return Err(e);
         }
         self.flush_itl();
+        for tag in 0..self.open_runs.len() {
+            self.close_run(tag);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         if let Some(w) = self.writer.take() {
             w.finish(header)?;
         }
@@ -315,7 +352,47 @@ impl Sink for Collector {
         true
     }
 
-    fn tokens(&mut self, tag: u32, rec: &TraceRecord, first_index: u32, times: &[i64]) {
+    fn steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) {
+        if !self.itl_steps {
+            return;
+        }
+        self.step_batch = (instance, first_step);
+        let Some(w) = &mut self.writer else { return };
+        let run_start = self.run_start_us;
+        let mut abs = std::mem::take(&mut self.abs_ends);
+        abs.clear();
+        abs.extend(ends.iter().map(|e| run_start + e));
+        if let Err(e) = w.write_steps(instance, first_step, &abs) {
+            self.error.get_or_insert(e.into());
+        }
+        self.abs_ends = abs;
+    }
+
+    fn tokens(&mut self, tag: u32, rec: &TraceRecord, span: &TokenSpan, times: &[i64]) {
+        let first_index = span.first_index;
+        if self.itl_steps && rec.request.streaming {
+            let (instance, base) = self.step_batch;
+            let run = TokenRun {
+                request_id: rec.request.request_id,
+                instance,
+                join: span.join,
+                first_index,
+                first_step: base + u64::from(span.first_step),
+                count: times.len() as u32,
+                output_tokens: span.target,
+            };
+            let t = tag as usize;
+            if self.open_runs.len() <= t {
+                self.open_runs.resize(t + 1, None);
+            }
+            match &mut self.open_runs[t] {
+                Some(open) if open.continues_with(&run) => open.count += run.count,
+                _ => {
+                    self.close_run(t);
+                    self.open_runs[t] = Some(run);
+                }
+            }
+        }
         let id = rec.request.request_id;
         let tag = tag as usize;
         if self.last_token.len() <= tag {
@@ -375,6 +452,7 @@ impl Sink for Collector {
             fin,
             status,
         } = done;
+        self.close_run(fin.tag as usize);
         let input = rec.effective_input_tokens().max(1);
         let streaming = rec.request.streaming;
         let first = if streaming {

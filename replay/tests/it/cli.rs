@@ -80,8 +80,15 @@ fn the_same_inputs_give_byte_identical_outputs() {
             .arg(&out)
             .assert()
             .success();
-        ["yaml", "csv", "itl.csv", "metrics.csv", "summary.json"]
-            .map(|ext| std::fs::read(out.with_extension(ext)).unwrap())
+        [
+            "yaml",
+            "csv",
+            "itl.csv",
+            "steps.csv",
+            "metrics.csv",
+            "summary.json",
+        ]
+        .map(|ext| std::fs::read(out.with_extension(ext)).unwrap())
     };
     let (a, b) = (run("a"), run("b"));
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -332,5 +339,96 @@ fn blis_flag_names_are_aliases_of_ours() {
     assert_ne!(
         std::fs::read(ours.with_extension("csv")).unwrap(),
         std::fs::read(plain.with_extension("csv")).unwrap()
+    );
+}
+
+/// The ITL companion's step form (the default) holds exactly the rows of
+/// BLIS's form (`--itl-rows`): `expand-itl` writes them byte for byte and
+/// `Trace::read` expands it to the same chunks, on a cluster run with
+/// preemption, fast-forwarded runs cut by arrivals, sessions, client
+/// timeouts and a non-zero output overhead (trained-physics' hop).
+#[test]
+fn the_step_form_of_the_itl_companion_expands_to_the_rows_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |out: &std::path::Path| {
+        let mut v: Vec<std::ffi::OsString> = [
+            "run",
+            "--workload-spec",
+            "../examples/reasoning-multiturn.yaml",
+            "--num-requests",
+            "600",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--latency-model",
+            "trained-physics",
+            "--num-instances",
+            "3",
+            "--routing",
+            "least-loaded",
+            "--total-kv-blocks",
+            "700",
+            "--max-num-seqs",
+            "24",
+            "--client-timeout-s",
+            "40",
+            "--out",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        v.push(out.into());
+        v
+    };
+    let steps = dir.path().join("steps");
+    let rows = dir.path().join("rows");
+    replay().args(args(&steps)).assert().success();
+    replay()
+        .args(args(&rows))
+        .arg("--itl-rows")
+        .assert()
+        .success();
+    let expanded = dir.path().join("expanded.itl.csv");
+    replay()
+        .args(["expand-itl", "--trace"])
+        .arg(steps.with_extension("yaml"))
+        .arg("--out")
+        .arg(&expanded)
+        .assert()
+        .success();
+    let want = std::fs::read(rows.with_extension("itl.csv")).unwrap();
+    assert!(want.len() > 100_000, "a run with many tokens");
+    assert!(
+        std::fs::read(&expanded).unwrap() == want,
+        "expanded rows differ from --itl-rows"
+    );
+    let compact = std::fs::metadata(steps.with_extension("itl.csv"))
+        .unwrap()
+        .len()
+        + std::fs::metadata(steps.with_extension("steps.csv"))
+            .unwrap()
+            .len();
+    assert!(
+        compact * 4 < want.len() as u64,
+        "{compact} vs {}",
+        want.len()
+    );
+    for ext in ["csv", "metrics.csv", "summary.json"] {
+        assert_eq!(
+            std::fs::read(steps.with_extension(ext)).unwrap(),
+            std::fs::read(rows.with_extension(ext)).unwrap(),
+            "{ext}"
+        );
+    }
+    let a = Trace::read(&steps.with_extension("yaml")).unwrap();
+    let b = Trace::read(&rows.with_extension("yaml")).unwrap();
+    assert!(a.header.itl_steps.is_some() && b.header.itl_steps.is_none());
+    assert_eq!(a.chunks, b.chunks);
+    let s: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(rows.with_extension("summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        s["preemptions"].as_u64().unwrap() > 0,
+        "preemption exercised"
     );
 }

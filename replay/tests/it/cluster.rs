@@ -49,16 +49,23 @@ clients:
 ";
 
 fn outputs(prefix: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    ["yaml", "csv", "itl.csv", "metrics.csv", "summary.json"]
-        .iter()
-        .map(|e| {
-            let p = prefix.with_extension(e);
-            (
-                e.to_string(),
-                std::fs::read(&p).unwrap_or_else(|_| panic!("{}", p.display())),
-            )
-        })
-        .collect()
+    [
+        "yaml",
+        "csv",
+        "itl.csv",
+        "steps.csv",
+        "metrics.csv",
+        "summary.json",
+    ]
+    .iter()
+    .map(|e| {
+        let p = prefix.with_extension(e);
+        (
+            e.to_string(),
+            std::fs::read(&p).unwrap_or_else(|_| panic!("{}", p.display())),
+        )
+    })
+    .collect()
 }
 
 /// Replays the spec into `dir/name/out` (the header names its data files,
@@ -139,7 +146,7 @@ fn cluster_runs_are_byte_identical() {
             assert!(a == b, "run {i}: the .{ext} files differ");
         }
     }
-    let s: serde_json::Value = serde_json::from_slice(&first[4].1).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&first[5].1).unwrap();
     assert_eq!(s["cluster"]["num_instances"], 4);
     assert_eq!(s["cluster"]["instances"].as_array().unwrap().len(), 4);
     assert!(s["fitness"]["score"].as_f64().unwrap() > 0.0);

@@ -370,6 +370,24 @@ impl TraceWriter {
         }
     }
 
+    /// Appends a metric sample given by its parts (ignored without a
+    /// metrics companion).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_metric_parts(
+        &mut self,
+        timestamp_us: i64,
+        name: &str,
+        labels: &str,
+        value: f64,
+    ) -> Result<()> {
+        match &mut self.metrics {
+            Some(w) => w.write_parts(timestamp_us, name, labels, value),
+            None => Ok(()),
+        }
+    }
+
     /// Flushes every file.
     ///
     /// # Errors

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use csv::ByteRecord;
 
-use crate::csvio::{Cells, LineTrack, csv_error, encode_row, format_f64, record_line};
+use crate::csvio::{
+    Cells, LineTrack, csv_error, encode_row, format_f64, push_field_quoted, record_line,
+};
 use crate::error::{Error, Location, Result};
 
 /// One streamed chunk (SSE event) of a response.
@@ -53,6 +55,7 @@ pub(crate) struct RowSink<W: Write> {
     buf: Vec<u8>,
     pub(crate) row: ByteRecord,
     pub(crate) flush_every_row: bool,
+    plain_fields: usize,
 }
 
 impl<W: Write> RowSink<W> {
@@ -63,6 +66,7 @@ impl<W: Write> RowSink<W> {
             buf: Vec::with_capacity(FLUSH_BYTES + 1024),
             row: ByteRecord::new(),
             flush_every_row: false,
+            plain_fields: 0,
         };
         for h in header {
             s.row.push_field(h.as_bytes());
@@ -73,9 +77,45 @@ impl<W: Write> RowSink<W> {
         Ok(s)
     }
 
-    pub(crate) fn end_row(&mut self) -> Result<()> {
-        encode_row(&mut self.buf, &self.row);
-        self.row.clear();
+    /// Appends a field that needs no quoting (digits, names without
+    /// commas, quotes or line breaks) straight to the buffer; a row of such
+    /// fields ends with [`RowSink::end_plain_row`].
+    pub(crate) fn push_plain(&mut self, field: &[u8]) {
+        debug_assert!(
+            !field
+                .iter()
+                .any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+        );
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(field);
+        self.plain_fields += 1;
+    }
+
+    /// Appends a field already in CSV form (quoted where it needs it).
+    pub(crate) fn push_encoded(&mut self, field: &[u8]) {
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(field);
+        self.plain_fields += 1;
+    }
+
+    /// Appends a field in RFC 4180 form (quoted when needed) straight to
+    /// the buffer.
+    pub(crate) fn push_quoted(&mut self, field: &[u8]) {
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        push_field_quoted(&mut self.buf, field, false);
+        self.plain_fields += 1;
+    }
+
+    /// Ends a row of [`RowSink::push_plain`] fields.
+    pub(crate) fn end_plain_row(&mut self) -> Result<()> {
+        self.buf.push(b'\n');
+        self.plain_fields = 0;
         if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
             self.flush()?;
         }
@@ -153,18 +193,16 @@ impl<W: Write> ChunkWriter<W> {
     /// I/O errors naming the file.
     pub fn write(&mut self, c: &ChunkRecord) -> Result<()> {
         let mut b = itoa::Buffer::new();
-        self.sink.row.push_field(b.format(c.request_id).as_bytes());
-        self.sink.row.push_field(b.format(c.chunk_index).as_bytes());
-        self.sink
-            .row
-            .push_field(b.format(c.timestamp_us).as_bytes());
+        self.sink.push_plain(b.format(c.request_id).as_bytes());
+        self.sink.push_plain(b.format(c.chunk_index).as_bytes());
+        self.sink.push_plain(b.format(c.timestamp_us).as_bytes());
         if self.with_tokens {
             match c.tokens {
-                Some(t) => self.sink.row.push_field(b.format(t).as_bytes()),
-                None => self.sink.row.push_field(b""),
+                Some(t) => self.sink.push_plain(b.format(t).as_bytes()),
+                None => self.sink.push_plain(b""),
             }
         }
-        self.sink.end_row()
+        self.sink.end_plain_row()
     }
 
     /// Appends several chunks.
@@ -199,6 +237,8 @@ impl<W: Write> ChunkWriter<W> {
 #[derive(Debug)]
 pub struct MetricWriter<W: Write = File> {
     sink: RowSink<W>,
+    /// The last label set written and its CSV form (a scrape repeats it).
+    labels: (String, Vec<u8>),
 }
 
 impl MetricWriter<File> {
@@ -220,6 +260,7 @@ impl<W: Write> MetricWriter<W> {
     pub fn new(out: W, path: &Path) -> Result<Self> {
         Ok(Self {
             sink: RowSink::new(out, path, &METRIC_COLUMNS)?,
+            labels: (String::new(), Vec::new()),
         })
     }
 
@@ -234,16 +275,39 @@ impl<W: Write> MetricWriter<W> {
     /// # Errors
     /// I/O errors naming the file.
     pub fn write(&mut self, m: &MetricSample) -> Result<()> {
+        self.write_parts(m.timestamp_us, &m.name, &m.labels, m.value)
+    }
+
+    /// Appends one sample given by its parts (no allocation).
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_parts(
+        &mut self,
+        timestamp_us: i64,
+        name: &str,
+        labels: &str,
+        value: f64,
+    ) -> Result<()> {
         let mut b = itoa::Buffer::new();
-        self.sink
-            .row
-            .push_field(b.format(m.timestamp_us).as_bytes());
-        self.sink.row.push_field(m.name.as_bytes());
-        self.sink.row.push_field(m.labels.as_bytes());
-        self.sink
-            .row
-            .push_field(format_prometheus_value(m.value).as_bytes());
-        self.sink.end_row()
+        self.sink.push_plain(b.format(timestamp_us).as_bytes());
+        self.sink.push_quoted(name.as_bytes());
+        if self.labels.1.is_empty() || self.labels.0 != labels {
+            self.labels.0.clear();
+            self.labels.0.push_str(labels);
+            self.labels.1.clear();
+            push_field_quoted(&mut self.labels.1, labels.as_bytes(), false);
+        }
+        self.sink.push_encoded(&self.labels.1);
+        // Integral values (counters, gauges of requests) print as integers,
+        // as the shortest round-trip form does.
+        if value.fract() == 0.0 && value.abs() < 9.0e15 && value != 0.0 {
+            self.sink.push_plain(b.format(value as i64).as_bytes());
+        } else {
+            self.sink
+                .push_plain(format_prometheus_value(value).as_bytes());
+        }
+        self.sink.end_plain_row()
     }
 
     /// Writes buffered rows to the file.

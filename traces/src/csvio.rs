@@ -414,26 +414,33 @@ pub(crate) fn encode_row(buf: &mut Vec<u8>, row: &ByteRecord) {
         if i > 0 {
             buf.push(b',');
         }
-        let needs_quotes = field.is_empty() && row.len() == 1
-            || field
-                .iter()
-                .any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
-            || field.first() == Some(&b' ')
-            || field.last() == Some(&b' ');
-        if needs_quotes {
-            buf.push(b'"');
-            for &b in field {
-                if b == b'"' {
-                    buf.push(b'"');
-                }
-                buf.push(b);
-            }
-            buf.push(b'"');
-        } else {
-            buf.extend_from_slice(field);
-        }
+        push_field_quoted(buf, field, row.len() == 1);
     }
     buf.push(b'\n');
+}
+
+/// Appends one field, quoted when RFC 4180 needs it (a comma, quote or line
+/// break, leading or trailing space; an empty field when it is the row's
+/// only one).
+pub(crate) fn push_field_quoted(buf: &mut Vec<u8>, field: &[u8], only_field: bool) {
+    let needs_quotes = field.is_empty() && only_field
+        || field
+            .iter()
+            .any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+        || field.first() == Some(&b' ')
+        || field.last() == Some(&b' ');
+    if needs_quotes {
+        buf.push(b'"');
+        for &b in field {
+            if b == b'"' {
+                buf.push(b'"');
+            }
+            buf.push(b);
+        }
+        buf.push(b'"');
+    } else {
+        buf.extend_from_slice(field);
+    }
 }
 
 /// A reader that remembers where its newlines are, so that a record's byte

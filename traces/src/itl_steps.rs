@@ -71,11 +71,28 @@ impl ItlTiming {
         if last {
             extra += self.completion_us;
         }
-        if extra == 0.0 {
-            0
-        } else {
-            extra.round() as i64
-        }
+        if extra == 0.0 { 0 } else { round_to_i64(extra) }
+    }
+}
+
+/// `x.round() as i64` (half away from zero) without the libm call that
+/// `f64::round` compiles to on baseline x86-64: a truncating conversion and
+/// the exact fractional part. Equal for every `x` (beyond 2^52 every float
+/// is an integer already; NaN gives 0 and infinities saturate, as the cast
+/// does).
+#[inline]
+pub fn round_to_i64(x: f64) -> i64 {
+    if x.is_nan() || x.abs() >= 4.0e15 {
+        return x as i64;
+    }
+    let t = x as i64;
+    let d = x - t as f64;
+    if d >= 0.5 {
+        t + 1
+    } else if d <= -0.5 {
+        t - 1
+    } else {
+        t
     }
 }
 
@@ -161,10 +178,9 @@ impl StepsWriter {
     /// I/O errors naming the file.
     pub fn write_steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) -> Result<()> {
         let mut b = itoa::Buffer::new();
-        let row = &mut self.steps.row;
-        row.push_field(b.format(instance).as_bytes());
-        row.push_field(b.format(first_step).as_bytes());
-        row.push_field(b.format(ends[0]).as_bytes());
+        self.steps.push_plain(b.format(instance).as_bytes());
+        self.steps.push_plain(b.format(first_step).as_bytes());
+        self.steps.push_plain(b.format(ends[0]).as_bytes());
         self.text.clear();
         let mut i = 1;
         while i < ends.len() {
@@ -182,8 +198,8 @@ impl StepsWriter {
             }
             i += n;
         }
-        row.push_field(self.text.as_bytes());
-        self.steps.end_row()
+        self.steps.push_plain(self.text.as_bytes());
+        self.steps.end_plain_row()
     }
 
     /// Appends a run of tokens.
@@ -192,15 +208,18 @@ impl StepsWriter {
     /// I/O errors naming the file.
     pub fn write_run(&mut self, r: &TokenRun) -> Result<()> {
         let mut b = itoa::Buffer::new();
-        let row = &mut self.runs.row;
-        row.push_field(b.format(r.request_id).as_bytes());
-        row.push_field(b.format(r.instance).as_bytes());
-        row.push_field(b.format(r.join).as_bytes());
-        row.push_field(b.format(r.first_index).as_bytes());
-        row.push_field(b.format(r.first_step).as_bytes());
-        row.push_field(b.format(r.count).as_bytes());
-        row.push_field(b.format(r.output_tokens).as_bytes());
-        self.runs.end_row()
+        for v in [
+            r.request_id,
+            u64::from(r.instance),
+            r.join,
+            u64::from(r.first_index),
+            r.first_step,
+            u64::from(r.count),
+            u64::from(r.output_tokens),
+        ] {
+            self.runs.push_plain(b.format(v).as_bytes());
+        }
+        self.runs.end_plain_row()
     }
 
     /// Writes buffered rows to the files.
@@ -418,6 +437,43 @@ pub fn expand(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_matches_f64_round() {
+        let mut x = -1.0e6f64;
+        let mut n = 0u64;
+        while x < 1.0e6 {
+            for y in [
+                x,
+                x + 0.5,
+                x - 0.5,
+                x + 0.49999999999999994,
+                x + 0.5000000000000001,
+            ] {
+                assert_eq!(round_to_i64(y), y.round() as i64, "{y}");
+            }
+            x += 0.37;
+            n += 1;
+        }
+        assert!(n > 1_000_000);
+        for y in [
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            2.5,
+            4.5e15,
+            -4.5e15,
+            1e300,
+            -1e300,
+            f64::NAN,
+            f64::INFINITY,
+            0.49999999999999994,
+        ] {
+            assert_eq!(round_to_i64(y), y.round() as i64, "{y}");
+        }
+    }
 
     #[test]
     fn gaps_round_trip_with_runs_of_equal_gaps() {

@@ -5,6 +5,8 @@
 
 use super::instance::{Instance, Run};
 use super::queue_order::SchedulerPolicy;
+use blis_traces::itl_steps::round_to_i64;
+
 use crate::latency::{LatencyModel, Model, PrefillChunk};
 
 impl Instance {
@@ -216,7 +218,7 @@ impl Instance {
                 self.counters.prompt_tokens += u64::from(n);
             }
         }
-        let dt = self.latency.step_time_us(&self.shape).round().max(1.0) as i64;
+        let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
         let mut ends = std::mem::take(&mut self.spare_ends);
         ends.clear();
         ends.push(now + dt);
@@ -251,7 +253,7 @@ impl Instance {
                 } else {
                     ctx += b;
                     self.shape.decode_context_sum = ctx;
-                    self.latency.step_time_us(&self.shape).round().max(1.0) as i64
+                    round_to_i64(self.latency.step_time_us(&self.shape)).max(1)
                 };
                 if end + d > limit {
                     break;

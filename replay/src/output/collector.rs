@@ -6,8 +6,7 @@ use std::path::Path;
 
 use blis_traces::itl_steps::TokenRun;
 use blis_traces::{
-    ChunkRecord, ExtraColumn, ItlForm, MetricSample, Outcome, Status, TraceHeader, TraceRecord,
-    TraceWriter,
+    ChunkRecord, ExtraColumn, ItlForm, Outcome, Status, TraceHeader, TraceRecord, TraceWriter,
 };
 use rustc_hash::FxHashMap;
 
@@ -52,6 +51,8 @@ pub struct Collector {
     /// Per tag, the run of tokens not yet written (step form).
     open_runs: Vec<Option<TokenRun>>,
     abs_ends: Vec<i64>,
+    /// The labels of the time series' samples.
+    metric_labels: String,
     run_start_us: i64,
     model_name: String,
     ttft: Vec<f64>,
@@ -103,6 +104,7 @@ impl Collector {
             .as_ref()
             .and_then(|s| s.model.clone())
             .unwrap_or_default();
+        c.metric_labels = format!("model_name=\"{}\"", c.model_name.replace('"', "'"));
         c.writer = Some(w);
         Ok(c)
     }
@@ -181,6 +183,7 @@ impl Collector {
             step_batch: (0, 0),
             open_runs: Vec::new(),
             abs_ends: Vec::new(),
+            metric_labels: String::new(),
             run_start_us,
             model_name: String::new(),
             ttft: Vec::new(),
@@ -566,7 +569,7 @@ impl Sink for Collector {
         self.kv_sum += u;
         self.kv_n += 1;
         let Some(w) = &mut self.writer else { return };
-        let labels = format!("model_name=\"{}\"", self.model_name.replace('"', "'"));
+        let labels = &self.metric_labels;
         let t = self.run_start_us + t_us;
         let c = snap.counters;
         let rows: [(&str, f64); 10] = [
@@ -582,13 +585,7 @@ impl Sink for Collector {
             ("blis:num_steps_total", c.steps as f64),
         ];
         for (name, value) in rows {
-            let m = MetricSample {
-                timestamp_us: t,
-                name: name.to_string(),
-                labels: labels.clone(),
-                value,
-            };
-            if let Err(e) = w.write_metric(&m) {
+            if let Err(e) = w.write_metric_parts(t, name, labels, value) {
                 self.error.get_or_insert(e.into());
             }
         }

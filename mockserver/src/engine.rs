@@ -1,6 +1,7 @@
 //! The replay engine driven by the wall clock.
 //!
-//! One OS thread owns a [`blis_replay::Instance`] and processes its events
+//! One OS thread owns a [`blis_replay::Instance`] inside the simulator's
+//! [`Session`] (the stepping API `blis-replay` itself runs) and advances it
 //! in simulated time, waiting for the wall clock (scaled by `time_scale`) to
 //! reach each event before handling it. Requests arriving over HTTP are
 //! stamped with the simulated time of their arrival. Because each event is
@@ -34,8 +35,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use blis_replay::engine::instance::{Finished, Snapshot, StepReport};
-use blis_replay::{Instance, LatencyModel, SimRequest};
+use blis_replay::cluster::Control;
+use blis_replay::engine::instance::{Finished, Snapshot, TokenSpan};
+use blis_replay::sim::{Done, Input, NoInputs, NotServed, Session, SimOptions, Sink};
+use blis_replay::{Instance, LatencyModel};
+use blis_traces::{Request, Status, TraceRecord};
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -253,8 +257,6 @@ struct Outbox {
     heap: BinaryHeap<Reverse<(i64, u8, u64)>>,
     items: FxHashMap<u64, (UnboundedSender<Event>, Event)>,
     seq: u64,
-    /// Scratch for [`Instance::upcoming_tokens`].
-    upcoming: Vec<(u64, u32, i64)>,
 }
 
 impl Outbox {
@@ -289,6 +291,7 @@ impl Outbox {
 /// show up in every TTFT.
 const SPIN: Duration = Duration::from_micros(150);
 
+/// A request in flight, as its HTTP handler and the metrics see it.
 struct Flight {
     events: UnboundedSender<Event>,
     arrival: i64,
@@ -298,8 +301,83 @@ struct Flight {
     last_handoff: i64,
 }
 
+/// What the simulator's session reports, turned into events for the HTTP
+/// handlers (held in the outbox until their hand-off time) and metrics.
+struct Handlers<'a> {
+    flights: FxHashMap<u64, Flight>,
+    outbox: Outbox,
+    metrics: &'a Metrics,
+    /// Simulated µs by which first tokens are handed over early.
+    lead: i64,
+}
+
+impl Sink for Handlers<'_> {
+    fn wants_tokens(&self) -> bool {
+        true
+    }
+
+    fn tokens(&mut self, _tag: u32, rec: &TraceRecord, _span: &TokenSpan, times: &[i64]) {
+        // The tokens of a step that just ended were handed over when its
+        // batch was formed ([`Sink::upcoming`]); here they feed the metrics.
+        let Some(f) = self.flights.get_mut(&rec.request.request_id) else {
+            return;
+        };
+        for &v in times {
+            if let Some(p) = f.last_token {
+                self.metrics.observe_itl(v - p);
+            }
+            f.last_token = Some(v);
+        }
+    }
+
+    fn finished(&mut self, done: Done<'_>) {
+        if done.status != Status::Ok {
+            return; // aborted: its client is gone
+        }
+        let fin = done.fin;
+        if let Some(f) = self.flights.remove(&fin.id) {
+            self.metrics.finished(fin, f.arrival, f.enqueued);
+            let at = f.last_handoff.max(fin.last_token_us);
+            self.outbox.push(at, &f.events, Event::Finished(*fin));
+        }
+    }
+
+    fn not_served(&mut self, rec: TraceRecord, _entry_us: i64, why: NotServed) {
+        if let NotServed::Dropped(why) = why
+            && let Some(f) = self.flights.remove(&rec.request.request_id)
+        {
+            let _ = f.events.send(Event::Rejected(why.to_string()));
+        }
+    }
+
+    fn wants_upcoming(&self) -> bool {
+        true
+    }
+
+    fn upcoming(&mut self, _instance: u32, tokens: &[(u64, u32, i64)]) {
+        for &(id, index, v) in tokens {
+            let Some(f) = self.flights.get_mut(&id) else {
+                continue;
+            };
+            let early = if index == 1 { self.lead } else { 0 };
+            f.last_handoff = f.last_handoff.max(v - early);
+            let ev = Event::Token {
+                index,
+                visible_us: v,
+                handoff_us: f.last_handoff,
+            };
+            self.outbox.push(f.last_handoff, &f.events, ev);
+        }
+    }
+}
+
+/// The engine thread: the simulator's [`Session`] advanced to the wall
+/// clock's time (the same code `blis-replay` runs, so the mock cannot drift
+/// from it), requests handed over as they arrive, and events handed to
+/// their handlers on time. Its only loop is the wait for the next event or
+/// command.
 fn run(
-    mut inst: Instance,
+    instance: Instance,
     rx: Receiver<CmdBox>,
     clock: Arc<Clock>,
     snapshot: Arc<Mutex<Snapshot>>,
@@ -308,39 +386,35 @@ fn run(
 ) {
     // Simulated µs by which events are handed over early.
     let lead = || (handoff.lead_us() as f64 * clock.scale()) as i64;
-    let mut flights: FxHashMap<u64, Flight> = FxHashMap::default();
-    let mut pending: FxHashMap<u64, SimRequest> = FxHashMap::default();
-    let mut enq: BinaryHeap<Reverse<(i64, u64)>> = BinaryHeap::new();
-    let mut report = StepReport::default();
-    let mut outbox = Outbox::default();
+    let mut instances = [instance];
+    let mut control = Control::single();
+    let opts = SimOptions {
+        sample_interval_us: None,
+        horizon_us: None,
+    };
+    let mut session = Session::new(&mut instances, &mut control, &opts).without_private_blocks();
+    let mut h = Handlers {
+        flights: FxHashMap::default(),
+        outbox: Outbox::default(),
+        metrics: &metrics,
+        lead: lead(),
+    };
     let mut last = 0i64;
     loop {
         // Everything due by now, in simulated-time order (entries before
         // the step at equal times).
         let now = clock.now().max(last);
-        process_due(
-            now,
-            &mut last,
-            &mut inst,
-            &mut enq,
-            &mut pending,
-            &mut flights,
-            &mut report,
-            &metrics,
-            &mut outbox,
-            lead(),
-        );
-        outbox.deliver(clock.now());
-        *snapshot.lock().expect("snapshot lock") = inst.snapshot();
-        metrics.set_snapshot(inst.snapshot());
-        let next = [
-            enq.peek().map(|Reverse((t, _))| *t),
-            inst.next_time(),
-            outbox.next_time(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        h.lead = lead();
+        session.advance(now, &mut NoInputs, &mut h);
+        last = now;
+        h.outbox.deliver(clock.now());
+        let snap = session.instances()[0].snapshot();
+        *snapshot.lock().expect("snapshot lock") = snap;
+        metrics.set_snapshot(snap);
+        let next = [session.next_time(), h.outbox.next_time()]
+            .into_iter()
+            .flatten()
+            .min();
         let msg = match next {
             Some(t) => {
                 let due = clock.wall(t);
@@ -377,136 +451,47 @@ fn run(
         };
         // Events due before the command arrived happen first.
         let stamp = clock.now().max(last);
-        process_due(
-            stamp,
-            &mut last,
-            &mut inst,
-            &mut enq,
-            &mut pending,
-            &mut flights,
-            &mut report,
-            &metrics,
-            &mut outbox,
-            lead(),
-        );
-        outbox.deliver(clock.now());
+        h.lead = lead();
+        session.advance(stamp, &mut NoInputs, &mut h);
         last = stamp;
+        h.outbox.deliver(clock.now());
         match msg.0 {
             Cmd::Submit(id, s) => {
-                let delay = inst.latency().queueing_delay_us(s.input_tokens).round() as i64;
-                // Arrival when the handler started; its enqueue cannot be
-                // before events already processed.
+                // Arrival when the handler started (no later than now).
                 let arrival = clock.at(s.received).min(stamp);
-                let enqueued = (arrival + delay).max(stamp);
-                let req = SimRequest {
-                    id,
-                    input_tokens: s.input_tokens,
-                    output_tokens: s.output_tokens,
-                    priority: i64::from(s.priority),
-                    class: s.priority.clamp(0, 7) as u8,
-                    segments: s.segments,
-                    block_hashes: Vec::new(),
-                    tag: 0,
-                };
-                flights.insert(
+                let delay = session.instances()[0]
+                    .latency()
+                    .queueing_delay_us(s.input_tokens)
+                    .round() as i64;
+                h.flights.insert(
                     id,
                     Flight {
                         events: s.events,
                         arrival,
-                        enqueued,
+                        enqueued: stamp + delay,
                         last_token: None,
                         last_handoff: i64::MIN,
                     },
                 );
-                pending.insert(id, req);
-                enq.push(Reverse((enqueued, id)));
+                let request = Request {
+                    request_id: id,
+                    input_tokens: s.input_tokens,
+                    output_tokens: s.output_tokens,
+                    streaming: true,
+                    arrival_time_us: arrival,
+                    ..Request::default()
+                };
+                let mut input = Input::from_record(TraceRecord::planned(request), 0);
+                input.priority = Some(s.priority);
+                input.segments = Some(s.segments);
+                session.submit(stamp, input, &mut h);
             }
             Cmd::Abort(id) => {
-                pending.remove(&id);
-                if flights.remove(&id).is_some() {
-                    inst.abort(id);
+                if h.flights.remove(&id).is_some() {
+                    session.abort(stamp, id, &mut h);
                     metrics.aborted();
                 }
             }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn process_due(
-    now: i64,
-    last: &mut i64,
-    inst: &mut Instance,
-    enq: &mut BinaryHeap<Reverse<(i64, u64)>>,
-    pending: &mut FxHashMap<u64, SimRequest>,
-    flights: &mut FxHashMap<u64, Flight>,
-    report: &mut StepReport,
-    metrics: &Metrics,
-    outbox: &mut Outbox,
-    lead: i64,
-) {
-    loop {
-        let te = enq.peek().map(|Reverse((t, _))| *t).filter(|t| *t <= now);
-        let ts = inst.next_time().filter(|t| *t <= now);
-        match (te, ts) {
-            (Some(t), s) if s.is_none_or(|s| t <= s) => {
-                let Reverse((_, id)) = enq.pop().expect("peeked");
-                *last = t;
-                let Some(req) = pending.remove(&id) else {
-                    continue;
-                };
-                if let Err(why) = inst.enqueue(t, req)
-                    && let Some(f) = flights.remove(&id)
-                {
-                    let _ = f.events.send(Event::Rejected(why.to_string()));
-                }
-            }
-            (_, Some(t)) => {
-                *last = t;
-                // No fast-forward: outside events (HTTP requests) are not
-                // known in advance.
-                inst.step(t, t, report);
-                // The tokens of the step that just ended were handed over
-                // when it was formed; here they only feed the metrics.
-                for span in &report.spans {
-                    let Some(f) = flights.get_mut(&span.id) else {
-                        continue;
-                    };
-                    for m in 0..span.count {
-                        let v = report.token_time(span, m);
-                        if let Some(p) = f.last_token {
-                            metrics.observe_itl(v - p);
-                        }
-                        f.last_token = Some(v);
-                    }
-                }
-                for fin in &report.finished {
-                    if let Some(f) = flights.remove(&fin.id) {
-                        metrics.finished(fin, f.arrival, f.enqueued);
-                        let at = f.last_handoff.max(fin.last_token_us);
-                        outbox.push(at, &f.events, Event::Finished(*fin));
-                    }
-                }
-                // The step just formed: its tokens are known now.
-                let mut upcoming = std::mem::take(&mut outbox.upcoming);
-                upcoming.clear();
-                inst.upcoming_tokens(&mut upcoming);
-                for &(id, index, v) in &upcoming {
-                    let Some(f) = flights.get_mut(&id) else {
-                        continue;
-                    };
-                    let early = if index == 1 { lead } else { 0 };
-                    f.last_handoff = f.last_handoff.max(v - early);
-                    let ev = Event::Token {
-                        index,
-                        visible_us: v,
-                        handoff_us: f.last_handoff,
-                    };
-                    outbox.push(f.last_handoff, &f.events, ev);
-                }
-                outbox.upcoming = upcoming;
-            }
-            _ => return,
         }
     }
 }

@@ -51,6 +51,16 @@ pub trait Sink {
     fn not_served(&mut self, rec: TraceRecord, entry_us: i64, why: NotServed);
     /// A metrics sample of the instance at `t_us` since the run start.
     fn sample(&mut self, _t_us: i64, _snap: &Snapshot) {}
+    /// Whether [`Sink::upcoming`] should be called.
+    fn wants_upcoming(&self) -> bool {
+        false
+    }
+    /// The tokens of the batch instance `instance` just formed, known
+    /// before its step ends: `(request id, 1-based output index,
+    /// client-visible µs)` in step and running order (see
+    /// [`Instance::upcoming_tokens`]). A real-time owner hands them to
+    /// their clients ahead of time.
+    fn upcoming(&mut self, _instance: u32, _tokens: &[(u64, u32, i64)]) {}
 }
 
 /// A request that left the instance with a response (complete, or cut
@@ -112,6 +122,13 @@ pub struct Input {
     pub cancel_at_us: Option<i64>,
     /// A later session round whose send waits for the previous round.
     pub closed_loop: bool,
+    /// Its scheduling priority as given by its client (vLLM's `priority`,
+    /// lower is more urgent; also its class), instead of the priority
+    /// policy's for its SLO class.
+    pub priority: Option<i32>,
+    /// Its content (for prefix caching), instead of the one derived from
+    /// its record.
+    pub segments: Option<Vec<content::Segment>>,
 }
 
 impl Input {
@@ -137,6 +154,8 @@ impl Input {
             rec,
             cancel_at_us: cancel,
             closed_loop,
+            priority: None,
+            segments: None,
         }
     }
 
@@ -169,6 +188,10 @@ struct Flight {
     enqueued: bool,
     /// The prompt's block hashes, when routing computed them.
     hashes: Vec<u64>,
+    /// [`Input::priority`].
+    priority: Option<i32>,
+    /// [`Input::segments`].
+    segments: Option<Vec<content::Segment>>,
 }
 
 /// Replays `inputs` (sorted by `entry_us`) on `instance`, reporting to
@@ -209,7 +232,7 @@ pub fn merged(snaps: &[Snapshot]) -> Snapshot {
 /// arrivals, entries, cancellations) come before instance steps, and
 /// instances step in index order. Metric samples are of the whole cluster
 /// ([`merged`]). With one instance and [`Control::single`] this is
-/// [`replay`].
+/// [`replay`]. It is a [`Session`] advanced to the end.
 pub fn replay_cluster<I, S>(
     instances: &mut [Instance],
     control: &mut Control,
@@ -220,150 +243,299 @@ pub fn replay_cluster<I, S>(
     I: IntoIterator<Item = Input>,
     S: Sink,
 {
-    assert!(!instances.is_empty(), "a cluster needs an instance");
-    let refresh = control.refresh_interval_us();
-    let flow = control.flow;
-    // Blocks private to their request stay out of the hash indexes while
-    // request ids are unique (see `Instance::set_private_blocks`): ids are
-    // checked from here on, so only on instances and a router that hold
-    // nothing from before (a replay before may have used the same ids).
-    let private = control.private_blocks_allowed()
-        && control.is_pristine()
-        && instances.iter().all(Instance::is_pristine);
-    control.set_private_blocks(private);
-    for inst in instances.iter_mut() {
-        inst.set_private_blocks(private);
-    }
-    let mut d = Driver {
-        insts: instances,
-        control,
-        events: BinaryHeap::new(),
-        seq: 0,
-        flights: Vec::new(),
-        free: Vec::new(),
-        deferred: Vec::new(),
-        waiting_rounds: FxHashMap::default(),
-        done_rounds: FxHashMap::default(),
-        report: StepReport::default(),
-        times: Vec::new(),
-        next_generation: 0,
-        cancels: FxHashMap::default(),
-        snaps: Vec::new(),
-        flow,
-        gateway: BinaryHeap::new(),
-        gateway_items: Vec::new(),
-        ids: private.then(FxHashSet::default),
-    };
     let mut inputs = inputs.into_iter().peekable();
-    let mut next_sample = opts.sample_interval_us.map(|_| 0i64);
-    let mut next_refresh = refresh.map(|_| 0i64);
-    let horizon = opts.horizon_us.unwrap_or(i64::MAX);
-    let mut last_t = i64::MIN;
-    loop {
-        let t_input = inputs.peek().map(|i| i.entry_us);
-        let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
-        // The earliest instance step; the lowest index on ties.
-        let mut step_at: Option<(i64, usize)> = None;
-        for (i, inst) in d.insts.iter().enumerate() {
-            if let Some(t) = inst.next_time()
-                && step_at.is_none_or(|(b, _)| t < b)
-            {
-                step_at = Some((t, i));
-            }
+    let mut session = Session::new(instances, control, opts);
+    session.advance(i64::MAX, &mut inputs, sink);
+    session.finish(inputs, sink);
+}
+
+/// Where a [`Session`] takes its inputs from, in entry order.
+pub trait InputSource {
+    /// The entry time of the next input.
+    fn peek_entry(&mut self) -> Option<i64>;
+    /// The next input.
+    fn next_input(&mut self) -> Option<Input>;
+}
+
+impl<I: Iterator<Item = Input>> InputSource for std::iter::Peekable<I> {
+    fn peek_entry(&mut self) -> Option<i64> {
+        self.peek().map(|i| i.entry_us)
+    }
+    fn next_input(&mut self) -> Option<Input> {
+        self.next()
+    }
+}
+
+/// No inputs but those [`Session::submit`] hands over (a real-time owner).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoInputs;
+
+impl InputSource for NoInputs {
+    fn peek_entry(&mut self) -> Option<i64> {
+        None
+    }
+    fn next_input(&mut self) -> Option<Input> {
+        None
+    }
+}
+
+/// The simulator's one stepping API: a cluster on one clock, advanced to a
+/// time. [`replay_cluster`] advances it to the end of its inputs; a
+/// real-time owner (`blis-mockserver`) advances it to the wall clock's
+/// time, [`Session::submit`]s requests as they arrive and
+/// [`Session::abort`]s those whose client went away. Both run this code, so
+/// they cannot drift apart.
+pub struct Session<'a> {
+    d: Driver<'a>,
+    opts: SimOptions,
+    refresh: Option<i64>,
+    next_sample: Option<i64>,
+    next_refresh: Option<i64>,
+    last_t: i64,
+    /// Past the horizon: nothing more happens.
+    ended: bool,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("last_t", &self.last_t)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Session<'a> {
+    /// A session at time 0 over `instances` behind `control`.
+    pub fn new(instances: &'a mut [Instance], control: &'a mut Control, opts: &SimOptions) -> Self {
+        assert!(!instances.is_empty(), "a cluster needs an instance");
+        let refresh = control.refresh_interval_us();
+        let flow = control.flow;
+        // Blocks private to their request stay out of the hash indexes
+        // while request ids are unique (see `Instance::set_private_blocks`):
+        // ids are checked from here on, so only on instances and a router
+        // that hold nothing from before (a replay before may have used the
+        // same ids).
+        let private = control.private_blocks_allowed()
+            && control.is_pristine()
+            && instances.iter().all(Instance::is_pristine);
+        control.set_private_blocks(private);
+        for inst in instances.iter_mut() {
+            inst.set_private_blocks(private);
         }
-        let t_step = step_at.map(|(t, _)| t);
-        let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
-        let t_sample = next_sample.filter(|_| busy);
-        let t_refresh = next_refresh.filter(|_| busy);
-        // (time, class): input arrivals share class ARRIVAL with deferred
-        // ones and come first among them.
-        let mut best: Option<(i64, u8, u8)> = None;
-        let mut consider = |t: Option<i64>, class: u8, src: u8| {
-            if let Some(t) = t
-                && best.is_none_or(|b| (t, class, src) < b)
-            {
-                best = Some((t, class, src));
-            }
+        let d = Driver {
+            insts: instances,
+            control,
+            events: BinaryHeap::new(),
+            seq: 0,
+            flights: Vec::new(),
+            free: Vec::new(),
+            deferred: Vec::new(),
+            waiting_rounds: FxHashMap::default(),
+            done_rounds: FxHashMap::default(),
+            report: StepReport::default(),
+            times: Vec::new(),
+            upcoming: Vec::new(),
+            next_generation: 0,
+            cancels: FxHashMap::default(),
+            snaps: Vec::new(),
+            flow,
+            gateway: BinaryHeap::new(),
+            gateway_items: Vec::new(),
+            ids: private.then(FxHashSet::default),
+            by_id: FxHashMap::default(),
         };
-        // A refresh of the routing signals at T comes before arrivals at T.
-        consider(t_refresh, ARRIVAL, 0);
-        consider(t_input, ARRIVAL, 1);
-        if let Some((t, c)) = t_event {
-            consider(Some(t), c, 2);
+        Self {
+            d,
+            opts: *opts,
+            refresh,
+            next_sample: opts.sample_interval_us.map(|_| 0i64),
+            next_refresh: refresh.map(|_| 0i64),
+            last_t: i64::MIN,
+            ended: false,
         }
-        consider(t_step, 3, 3);
-        consider(t_sample, 4, 4);
-        let Some((now, _, src)) = best else { break };
-        if now > horizon {
-            break;
-        }
-        debug_assert!(
-            now >= last_t,
-            "clock went back: {now} < {last_t} (source {src}, input {t_input:?}, event {t_event:?}, step {t_step:?})"
-        );
-        last_t = now;
-        match src {
-            0 => {
-                d.control.refresh(d.insts);
-                next_refresh = Some(now + refresh.unwrap_or(i64::MAX / 4));
-            }
-            1 => {
-                let input = inputs.next().expect("peeked");
-                d.arrive(now, input, sink);
-            }
-            2 => {
-                let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
-                match class {
-                    ARRIVAL => d.deferred_arrival(now, tag, sink),
-                    ENQUEUE => d.enqueue(now, tag, sink),
-                    _ => {
-                        let (tag, generation) = d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
-                        d.cancel(now, tag, generation, sink);
-                    }
+    }
+
+    /// Indexes every block by its content hash, private ones included (a
+    /// session that runs for ever, whose request ids it cannot keep to
+    /// check they are unique).
+    pub fn without_private_blocks(mut self) -> Self {
+        self.d.share_private_blocks();
+        self
+    }
+
+    /// The instances.
+    pub fn instances(&self) -> &[Instance] {
+        self.d.insts
+    }
+
+    /// The time of the session's next event (an entry, a cancellation, a
+    /// step; not counting inputs not yet handed over), µs.
+    pub fn next_time(&self) -> Option<i64> {
+        let t_event = self.d.events.peek().map(|Reverse((t, ..))| *t);
+        let t_step = self.d.insts.iter().filter_map(Instance::next_time).min();
+        [t_event, t_step].into_iter().flatten().min()
+    }
+
+    /// Processes every event up to `until` (inclusive), taking inputs from
+    /// `inputs` at their entry times, in the order of [`replay_cluster`].
+    /// Returns `false` once past the horizon.
+    pub fn advance<S: Sink>(
+        &mut self,
+        until: i64,
+        inputs: &mut impl InputSource,
+        sink: &mut S,
+    ) -> bool {
+        let horizon = self.opts.horizon_us.unwrap_or(i64::MAX);
+        while !self.ended {
+            let d = &mut self.d;
+            let t_input = inputs.peek_entry();
+            let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
+            // The earliest instance step; the lowest index on ties.
+            let mut step_at: Option<(i64, usize)> = None;
+            for (i, inst) in d.insts.iter().enumerate() {
+                if let Some(t) = inst.next_time()
+                    && step_at.is_none_or(|(b, _)| t < b)
+                {
+                    step_at = Some((t, i));
                 }
             }
-            3 => {
-                // A run of identical decode steps may extend past arrivals
-                // and entries: an entry or a cancellation splits it at its
-                // time ([`Instance::split_at`]). Samples and refreshes read
-                // the instances between steps, so runs stop before them.
-                let limit = [next_sample, next_refresh, opts.horizon_us]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .map_or(i64::MAX, |t| t - 1);
-                let i = step_at.map_or(0, |(_, i)| i);
-                d.step(now, limit, i, sink);
+            let t_step = step_at.map(|(t, _)| t);
+            let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
+            let t_sample = self.next_sample.filter(|_| busy);
+            let t_refresh = self.next_refresh.filter(|_| busy);
+            // (time, class): input arrivals share class ARRIVAL with
+            // deferred ones and come first among them.
+            let mut best: Option<(i64, u8, u8)> = None;
+            let mut consider = |t: Option<i64>, class: u8, src: u8| {
+                if let Some(t) = t
+                    && best.is_none_or(|b| (t, class, src) < b)
+                {
+                    best = Some((t, class, src));
+                }
+            };
+            // A refresh of the routing signals at T comes before arrivals at T.
+            consider(t_refresh, ARRIVAL, 0);
+            consider(t_input, ARRIVAL, 1);
+            if let Some((t, c)) = t_event {
+                consider(Some(t), c, 2);
             }
-            _ => {
-                d.snaps.clear();
-                d.snaps.extend(d.insts.iter().map(Instance::snapshot));
-                sink.sample(now, &merged(&d.snaps));
-                next_sample = Some(now + opts.sample_interval_us.unwrap_or(i64::MAX / 4));
+            consider(t_step, 3, 3);
+            consider(t_sample, 4, 4);
+            let Some((now, _, src)) = best else { break };
+            if now > until {
+                break;
+            }
+            if now > horizon {
+                self.ended = true;
+                break;
+            }
+            debug_assert!(
+                now >= self.last_t,
+                "clock went back: {now} < {} (source {src}, input {t_input:?}, event {t_event:?}, step {t_step:?})",
+                self.last_t
+            );
+            self.last_t = now;
+            match src {
+                0 => {
+                    d.control.refresh(d.insts);
+                    self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
+                }
+                1 => {
+                    let input = inputs.next_input().expect("peeked");
+                    d.arrive(now, input, sink);
+                }
+                2 => {
+                    let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
+                    match class {
+                        ARRIVAL => d.deferred_arrival(now, tag, sink),
+                        ENQUEUE => d.enqueue(now, tag, sink),
+                        _ => {
+                            let (tag, generation) =
+                                d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
+                            d.cancel(now, tag, generation, sink);
+                        }
+                    }
+                }
+                3 => {
+                    // A run of identical decode steps may extend past
+                    // arrivals and entries: an entry or a cancellation
+                    // splits it at its time ([`Instance::split_at`]).
+                    // Samples and refreshes read the instances between
+                    // steps, so runs stop before them.
+                    let limit = [self.next_sample, self.next_refresh, self.opts.horizon_us]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                        .map_or(i64::MAX, |t| t - 1);
+                    let i = step_at.map_or(0, |(_, i)| i);
+                    d.step(now, limit, i, sink);
+                }
+                _ => {
+                    d.snaps.clear();
+                    d.snaps.extend(d.insts.iter().map(Instance::snapshot));
+                    sink.sample(now, &merged(&d.snaps));
+                    self.next_sample =
+                        Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
+                }
             }
         }
+        !self.ended
     }
-    if d.ids.take().is_some() {
-        d.control.pause_private_blocks();
-        for inst in d.insts.iter_mut() {
-            inst.pause_private_blocks();
+
+    /// Hands over a request that arrived at `now` (a real-time owner's
+    /// arrival; no earlier than the last event processed), after
+    /// [`Session::advance`] to `now`. Its id must be new.
+    pub fn submit<S: Sink>(&mut self, now: i64, mut input: Input, sink: &mut S) {
+        let now = now.max(self.last_t);
+        self.last_t = now;
+        input.entry_us = input.entry_us.min(now);
+        let id = input.rec.request.request_id;
+        let tag = self.d.arrive(now, input, sink);
+        if let Some((tag, generation)) = tag
+            && self.d.flights[tag as usize].is_some()
+        {
+            self.d.by_id.insert(id, (tag, generation));
         }
     }
-    // Whatever is left at the horizon did not finish.
-    for f in d.flights.into_iter().flatten() {
-        sink.not_served(f.rec, f.entry_us, NotServed::Unfinished);
+
+    /// Cancels request `id` at `now` (its client went away), as a client
+    /// timeout does: it leaves the queue or the batch and frees its blocks.
+    pub fn abort<S: Sink>(&mut self, now: i64, id: u64, sink: &mut S) {
+        let Some((tag, generation)) = self.d.by_id.remove(&id) else {
+            return;
+        };
+        let now = now.max(self.last_t);
+        self.last_t = now;
+        self.d.cancel(now, tag, generation, sink);
     }
-    for input in inputs {
-        sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
-    }
-    for (_, inputs) in d.waiting_rounds {
-        sink.not_served(inputs.rec, inputs.entry_us, NotServed::Unfinished);
-    }
-    for input in d.deferred.into_iter().flatten() {
-        sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
-    }
-    for input in d.gateway_items.into_iter().flatten() {
-        sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+
+    /// Ends the session: whatever has not finished (in flight, waiting for
+    /// a previous round, not yet arrived) is reported unfinished.
+    pub fn finish<S: Sink>(self, mut inputs: impl InputSource, sink: &mut S) {
+        let mut d = self.d;
+        if d.ids.take().is_some() {
+            d.control.pause_private_blocks();
+            for inst in d.insts.iter_mut() {
+                inst.pause_private_blocks();
+            }
+        }
+        // Whatever is left at the horizon did not finish.
+        for f in d.flights.into_iter().flatten() {
+            sink.not_served(f.rec, f.entry_us, NotServed::Unfinished);
+        }
+        while let Some(input) = inputs.next_input() {
+            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+        }
+        for (_, inputs) in d.waiting_rounds {
+            sink.not_served(inputs.rec, inputs.entry_us, NotServed::Unfinished);
+        }
+        for input in d.deferred.into_iter().flatten() {
+            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+        }
+        for input in d.gateway_items.into_iter().flatten() {
+            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+        }
     }
 }
 
@@ -387,11 +559,16 @@ struct Driver<'a> {
     done_rounds: FxHashMap<SessionKey, i64>,
     report: StepReport,
     times: Vec<i64>,
+    /// Scratch for [`Sink::upcoming`].
+    upcoming: Vec<(u64, u32, i64)>,
     next_generation: u32,
     cancels: FxHashMap<u64, (u32, u32)>,
     /// The request ids admitted so far, while blocks private to their
     /// request stay out of the hash indexes (which needs unique ids).
     ids: Option<FxHashSet<u64>>,
+    /// Request id to tag and generation of the requests handed over by
+    /// [`Session::submit`] and still in flight (for [`Session::abort`]).
+    by_id: FxHashMap<u64, (u32, u32)>,
 }
 
 impl Driver<'_> {
@@ -400,7 +577,9 @@ impl Driver<'_> {
         self.seq += 1;
     }
 
-    fn arrive<S: Sink>(&mut self, now: i64, input: Input, sink: &mut S) {
+    /// A request arrives at `now`; its tag and generation when it started
+    /// at once (not deferred, queued at the gateway or rejected).
+    fn arrive<S: Sink>(&mut self, now: i64, input: Input, sink: &mut S) -> Option<(u32, u32)> {
         if input.closed_loop {
             let r = &input.rec.request;
             let prev = (r.session_id.clone(), r.round_index - 1);
@@ -409,14 +588,14 @@ impl Driver<'_> {
                 let at = now.max(done + think);
                 if at > now {
                     self.defer(at, input);
-                    return;
+                    return None;
                 }
             } else {
                 self.waiting_rounds.insert(prev, input);
-                return;
+                return None;
             }
         }
-        self.admit(now, input, sink);
+        self.admit(now, input, sink)
     }
 
     fn defer(&mut self, at: i64, mut input: Input) {
@@ -429,7 +608,7 @@ impl Driver<'_> {
 
     fn deferred_arrival<S: Sink>(&mut self, now: i64, idx: u32, sink: &mut S) {
         if let Some(input) = self.deferred[idx as usize].take() {
-            self.admit(now, input, sink);
+            let _ = self.admit(now, input, sink);
         }
         if self.deferred.iter().all(Option::is_none) {
             self.deferred.clear();
@@ -464,7 +643,7 @@ impl Driver<'_> {
         }
     }
 
-    fn admit<S: Sink>(&mut self, now: i64, input: Input, sink: &mut S) {
+    fn admit<S: Sink>(&mut self, now: i64, input: Input, sink: &mut S) -> Option<(u32, u32)> {
         if let Some(ids) = &mut self.ids
             && !ids.insert(input.rec.request.request_id)
         {
@@ -475,7 +654,7 @@ impl Driver<'_> {
             let why = NotServed::Rejected(self.control.admission.policy().name());
             self.round_done(&input.rec, now);
             sink.not_served(input.rec, input.entry_us, why);
-            return;
+            return None;
         }
         if self.flow.is_some() {
             let prio = self
@@ -489,10 +668,10 @@ impl Driver<'_> {
             self.gateway.push(Reverse((prio, self.seq, idx)));
             self.seq += 1;
             self.dispatch(now);
-            return;
+            return None;
         }
         let inst = self.control.route(now, &input.rec, self.insts);
-        self.start(now, now, inst, input);
+        Some(self.start(now, now, inst, input))
     }
 
     /// Flow control: routes gateway requests, most urgent first, while the
@@ -507,7 +686,7 @@ impl Driver<'_> {
             let input = self.gateway_items[idx].take().expect("queued input");
             let inst = self.control.route(now, &input.rec, self.insts);
             let entry = input.entry_us;
-            self.start(now, entry, inst, input);
+            let _ = self.start(now, entry, inst, input);
         }
         if self.gateway.is_empty() {
             self.gateway_items.clear();
@@ -516,7 +695,7 @@ impl Driver<'_> {
 
     /// Starts the flight of `input`, routed to `inst` at `now` (it arrived
     /// at `entry`).
-    fn start(&mut self, now: i64, entry: i64, inst: usize, input: Input) {
+    fn start(&mut self, now: i64, entry: i64, inst: usize, input: Input) -> (u32, u32) {
         let delay = self.insts[inst]
             .latency()
             .queueing_delay_us(input.rec.effective_input_tokens())
@@ -533,6 +712,8 @@ impl Driver<'_> {
             cancelled: false,
             enqueued: false,
             hashes: self.control.take_hashes(),
+            priority: input.priority,
+            segments: input.segments,
         };
         let tag = match self.free.pop() {
             Some(t) => {
@@ -549,6 +730,7 @@ impl Driver<'_> {
             self.cancels.insert(self.seq, (tag, generation));
             self.push(c.max(now), CANCEL, tag);
         }
+        (tag, generation)
     }
 
     /// Ends a request's flight: its tag is free, its instance has one
@@ -556,6 +738,9 @@ impl Driver<'_> {
     fn take_flight(&mut self, tag: u32) -> Flight {
         let f = self.flights[tag as usize].take().expect("live flight");
         self.free.push(tag);
+        if !self.by_id.is_empty() {
+            self.by_id.remove(&f.rec.request.request_id);
+        }
         self.control
             .left(f.inst as usize, f.rec.request.tenant_id.as_ref());
         f
@@ -573,14 +758,27 @@ impl Driver<'_> {
         let r = &f.rec.request;
         let input = f.rec.effective_input_tokens().max(1);
         let output = r.output_tokens.max(1);
-        let mut segments = Vec::with_capacity(3);
-        content::sequence_segments(r, input, output, &mut segments);
+        let segments = match f.segments.take() {
+            Some(s) => s,
+            None => {
+                let mut segments = Vec::with_capacity(3);
+                content::sequence_segments(r, input, output, &mut segments);
+                segments
+            }
+        };
+        let (priority, class) = match f.priority {
+            Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
+            None => (
+                self.control.priority.priority(&r.slo_class, f.entry_us),
+                slo_priority(&r.slo_class),
+            ),
+        };
         let req = SimRequest {
             id: r.request_id,
             input_tokens: input,
             output_tokens: output,
-            priority: self.control.priority.priority(&r.slo_class, f.entry_us),
-            class: slo_priority(&r.slo_class),
+            priority,
+            class,
             block_hashes: std::mem::take(&mut f.hashes),
             segments,
             tag,
@@ -652,6 +850,13 @@ impl Driver<'_> {
         self.insts[inst].step(now, limit.max(now), &mut report);
         self.deliver(inst, &report, sink);
         self.report = report;
+        if sink.wants_upcoming() {
+            let mut up = std::mem::take(&mut self.upcoming);
+            up.clear();
+            self.insts[inst].upcoming_tokens(&mut up);
+            sink.upcoming(inst as u32, &up);
+            self.upcoming = up;
+        }
         if !self.gateway.is_empty() {
             self.dispatch(now);
         }

@@ -6,3 +6,4 @@ mod cluster; // clusters: one instance = single path, determinism, policy behavi
 mod common; // helpers
 mod fast_forward; // runs of decode steps as one event give identical results
 mod invariants; // conservation, causality, monotone clock, work conservation (proptest)
+mod stepping; // one stepping API: real-time owner and discrete-event run agree

@@ -13,7 +13,7 @@
 //! partly covered by the round trip the comparison adds.
 //! Measured on a 2-vCPU VM: see the README's "How accurate is it".
 
-use blis_tests::{LoopOpts, run_loop};
+use blis_loop::{LoopOpts, run_loop};
 use clap::Parser;
 
 #[test]

@@ -3,8 +3,8 @@ use std::io::Write;
 use clap::Parser;
 
 fn main() {
-    let o = blis_tests::LoopOpts::parse();
-    match blis_tests::run_loop(&o, &mut |l| blis_traces::diag!("{}", l.trim_end())) {
+    let o = blis_loop::LoopOpts::parse();
+    match blis_loop::run_loop(&o, &mut |l| blis_traces::diag!("{}", l.trim_end())) {
         Ok(r) => {
             let mut out = blis_traces::stdio::PipeSafe::new(std::io::stdout().lock());
             let _ = write!(out, "{}", r.markdown);

@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use blis_tests::{LoopOpts, run_loop};
+use blis_loop::{LoopOpts, run_loop};
 use clap::Parser;
 
 const E2E_MAPE_MAX: f64 = 60.0;

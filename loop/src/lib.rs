@@ -1,0 +1,273 @@
+//! # blis-loop
+//!
+//! The whole observe → replay → calibrate loop as one function
+//! ([`run_loop`], the `blis-loop` binary), and the end-to-end tests that
+//! drive it against `blis-mockserver` and a real llama.cpp server.
+//!
+//! ```text
+//! workload spec ─▶ blis-loadgen run ─▶ server (blis-mockserver, or --server-url) ─▶ DIR/real.yaml
+//!                                      (real server: blis-calibrate fit ─▶ DIR/coefficients.yaml)
+//! DIR/real.yaml ─▶ blis-replay run ─▶ DIR/sim.yaml
+//! DIR/real.yaml + DIR/sim.yaml ─▶ blis-calibrate compare --html ─▶ DIR/report.{md,json,html}
+//! ```
+#![warn(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Parser;
+
+/// The workload of the main job: one minute of ServeGen's m-large language
+/// clients (arXiv:2505.09999).
+pub fn default_spec() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/loop-servegen.yaml")
+}
+
+/// `blis-loop` options.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "blis-loop", version, about = "Observe a server under a ServeGen workload, replay the trace with the simulator, and report how far the prediction is from reality", long_about = None)]
+pub struct LoopOpts {
+    /// A real OpenAI-compatible server (default: start blis-mockserver).
+    #[arg(long, env = "BLIS_SERVER_URL")]
+    pub server_url: Option<String>,
+    /// Model to request (default: the server's first model).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Server family (`--server-type` of blis-loadgen).
+    #[arg(long, default_value = "vllm")]
+    pub server_type: String,
+    /// Workload spec (default: examples/loop-servegen.yaml).
+    #[arg(long, value_name = "W.yaml")]
+    pub workload_spec: Option<PathBuf>,
+    /// Output folder.
+    #[arg(long, default_value = "out/loop")]
+    pub out: PathBuf,
+    /// Stop sending after this many seconds of the workload.
+    #[arg(allow_negative_numbers = true, long)]
+    pub duration_s: Option<f64>,
+    /// Extra `blis-replay run` flags for a real server's settings, e.g.
+    /// "--max-num-seqs 4 --max-num-batched-tokens 2048 --total-kv-blocks 2048".
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub replay_args: String,
+    /// Fraction of the trace (its end) held out of the coefficient fit
+    /// (real servers only); the report compares only those requests
+    /// (0: fit and compare everything).
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
+    pub holdout_fraction: f64,
+    /// The latency model fitted to a real server: blackbox (α/β of this
+    /// server) or trained-physics (physics terms of the model's config.json
+    /// and the hardware in --replay-args, e.g. "--model-config C.json
+    /// --hardware-config H.json --hardware CPU").
+    #[arg(long, value_enum, default_value = "blackbox")]
+    pub latency_model: blis_replay::commands::cli::LatencyChoice,
+}
+
+/// What the loop produced.
+#[derive(Debug, Clone)]
+pub struct LoopResult {
+    /// The observed trace.
+    pub real: PathBuf,
+    /// The replayed trace.
+    pub sim: PathBuf,
+    /// The report prefix (`.json`, `.md`, `.html`).
+    pub report: PathBuf,
+    /// The comparison.
+    pub report_json: serde_json::Value,
+    /// The report as Markdown.
+    pub markdown: String,
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+async fn first_model(url: &str) -> anyhow::Result<String> {
+    let models = format!("{url}/v1/models");
+    let v: serde_json::Value = reqwest::Client::builder()
+        .no_proxy()
+        .build()?
+        .get(&models)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the server at {url}"))?
+        .json()
+        .await
+        .with_context(|| format!("reading {models}"))?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("{models} lists no model; give --model"))
+}
+
+/// Runs the loop; `log` receives progress lines.
+///
+/// # Errors
+/// Any step's failure, naming the step.
+pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopResult> {
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut mock = None;
+    let url = match &o.server_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => {
+            let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
+            let server = rt.block_on(blis_mockserver::start(&opts))?;
+            let url = format!("http://{}", server.addr);
+            log(&format!(
+                "started blis-mockserver at {url} (model {})",
+                opts.model
+            ));
+            mock = Some(server);
+            url
+        }
+    };
+    let model = match &o.model {
+        Some(m) => m.clone(),
+        None => rt.block_on(first_model(&url))?,
+    };
+    let spec = o.workload_spec.clone().unwrap_or_else(default_spec);
+    let real = o.out.join("real");
+    let mut args: Vec<String> = [
+        "blis-loadgen",
+        "run",
+        "--server-url",
+        &url,
+        "--model",
+        &model,
+        "--server-type",
+        &o.server_type,
+        "--workload-spec",
+        &s(&spec),
+        "--scrape-interval-ms",
+        "500",
+        "--out",
+        &s(&real),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    if let Some(d) = o.duration_s {
+        args.extend(["--duration-s".into(), d.to_string()]);
+    }
+    log(&format!(
+        "observing {url} with {} (blis-loadgen run)",
+        spec.display()
+    ));
+    let mut out = Vec::new();
+    let code = blis_loadgen::run(blis_loadgen::Opts::try_parse_from(&args)?, &mut out)
+        .context("observing the server (blis-loadgen run)")?;
+    log(&String::from_utf8_lossy(&out));
+    if code != 0 {
+        anyhow::bail!("blis-loadgen exited with code {code}");
+    }
+    let real_h = real.with_extension("yaml");
+    let sim = o.out.join("sim");
+    let mut replay: Vec<String> = vec![
+        "blis-replay".into(),
+        "run".into(),
+        "--trace".into(),
+        s(&real_h),
+        "--out".into(),
+        s(&sim),
+    ];
+    if let Some(server) = &mock {
+        // The mock's own engine settings and coefficients: the plumbing check.
+        let e = &server.engine_cfg;
+        for (f, v) in [
+            ("--max-num-seqs", e.max_num_seqs),
+            ("--max-num-batched-tokens", e.max_num_batched_tokens),
+            ("--block-size", e.block_size),
+            ("--total-kv-blocks", e.total_kv_blocks),
+        ] {
+            replay.extend([f.to_string(), v.to_string()]);
+        }
+    } else {
+        let coeffs = o.out.join("coefficients.yaml");
+        let _ = std::fs::remove_file(&coeffs);
+        let latency = o.latency_model.kind().name();
+        log(&format!(
+            "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
+        ));
+        let mut fit: Vec<String> = vec![
+            "blis-calibrate".into(),
+            "fit".into(),
+            "--trace".into(),
+            s(&real_h),
+            "--out".into(),
+            s(&coeffs),
+            "--holdout-fraction".into(),
+            o.holdout_fraction.to_string(),
+            "--model".into(),
+            model.clone(),
+            "--latency-model".into(),
+            latency.into(),
+        ];
+        fit.extend(o.replay_args.split_whitespace().map(str::to_string));
+        let mut out = Vec::new();
+        blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&fit)?, &mut out)
+            .context("fitting coefficients (blis-calibrate fit)")?;
+        log(&String::from_utf8_lossy(&out));
+        replay.extend([
+            "--coefficients".into(),
+            s(&coeffs),
+            "--latency-model".into(),
+            latency.into(),
+            "--model".into(),
+            model.clone(),
+        ]);
+    }
+    replay.extend(o.replay_args.split_whitespace().map(str::to_string));
+    log("replaying the observed trace (blis-replay run)");
+    let mut out = Vec::new();
+    blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
+        .context("replaying the trace (blis-replay run)")?;
+    let on_mock = mock.is_some();
+    if let Some(server) = mock.take() {
+        rt.block_on(server.shutdown());
+    }
+    let report = o.out.join("report");
+    let mut cmp: Vec<String> = vec![
+        "blis-calibrate".into(),
+        "compare".into(),
+        "--real".into(),
+        s(&real_h),
+        "--sim".into(),
+        s(&sim.with_extension("yaml")),
+        "--out".into(),
+        s(&report),
+        "--html".into(),
+    ];
+    if !on_mock && o.holdout_fraction > 0.0 {
+        // Judge the prediction on the requests the fit did not see: the
+        // fit's split (by arrival, the first 1 − h fitted) is by request id
+        // for open-loop workloads, so the fitted part is compare's warm-up.
+        let n = blis_traces::Trace::read(&real_h)
+            .with_context(|| format!("reading {}", real_h.display()))?
+            .records
+            .len();
+        let fitted = ((n as f64) * (1.0 - o.holdout_fraction)).round() as u64;
+        log(&format!(
+            "comparing the held-out requests (the last {} of {n}; blis-calibrate compare --warmup {fitted} --html)",
+            n as u64 - fitted
+        ));
+        cmp.extend(["--warmup".into(), fitted.to_string()]);
+    } else {
+        log("comparing (blis-calibrate compare --html)");
+    }
+    let mut out = Vec::new();
+    blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&cmp)?, &mut out)
+        .context("comparing (blis-calibrate compare)")?;
+    let markdown = std::fs::read_to_string(report.with_extension("md"))?;
+    let report_json =
+        serde_json::from_str(&std::fs::read_to_string(report.with_extension("json"))?)?;
+    Ok(LoopResult {
+        real: real_h,
+        sim: sim.with_extension("yaml"),
+        report,
+        report_json,
+        markdown,
+    })
+}

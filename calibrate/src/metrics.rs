@@ -9,49 +9,19 @@ use serde::Serialize;
 use crate::bootstrap::{Cis, Interval};
 use crate::pairs::Series;
 use crate::stats::{
-    grade, ks_2samp_sorted, mape, mean, mpe, pearson, percentile, qq_sorted, sorted, spearman,
-    wasserstein_sorted,
+    grade, ks_2samp_sorted, mape, mpe, pearson, qq_sorted, sorted, spearman, wasserstein_sorted,
 };
 
 /// The percentiles reported (and bootstrapped).
 pub const QUANTILES: [f64; 4] = [50.0, 90.0, 95.0, 99.0];
 
-/// Mean and percentiles of one side, ms.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Dist {
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-}
+/// Mean and percentiles of one side, ms (no count or maximum: the
+/// report gives the pairs' count once).
+pub type Dist = blis_traces::LatencyStats;
 
-impl Dist {
-    /// Of sorted values.
-    pub fn of_sorted(v: &[f64]) -> Self {
-        Self {
-            mean: mean(v),
-            p50: percentile(v, 50.0),
-            p90: percentile(v, 90.0),
-            p95: percentile(v, 95.0),
-            p99: percentile(v, 99.0),
-        }
-    }
-
-    fn get(&self, k: &str) -> f64 {
-        match k {
-            "mean" => self.mean,
-            "p50" => self.p50,
-            "p90" => self.p90,
-            "p95" => self.p95,
-            _ => self.p99,
-        }
-    }
+/// [`Dist`] of sorted values.
+pub fn dist_of_sorted(v: &[f64]) -> Dist {
+    Dist::of_sorted(v).without_count().without_max()
 }
 
 /// The error of one statistic: sim − real.
@@ -133,7 +103,7 @@ pub fn report(
     if r.is_empty() || s.is_empty() {
         return None;
     }
-    let (dr, ds) = (Dist::of_sorted(&r), Dist::of_sorted(&s));
+    let (dr, ds) = (dist_of_sorted(&r), dist_of_sorted(&s));
     let mut errors = BTreeMap::new();
     for k in ["mean", "p50", "p90", "p95", "p99"] {
         let (a, b) = (dr.get(k), ds.get(k));

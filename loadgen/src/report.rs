@@ -11,66 +11,31 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 pub use blis_traces::Slo;
-use blis_traces::{Status, TraceRecord, percentile, percentile_of_counts};
+use blis_traces::{Status, TraceRecord, percentile};
 use serde::Serialize;
 
 use crate::http::error_label;
 
-/// Distribution of one latency, ms.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Stats {
-    /// Samples.
-    pub n: u64,
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Maximum.
-    pub max: f64,
+/// Latency statistics, ms, with the count and the maximum.
+pub type Stats = blis_traces::LatencyStats;
+
+/// [`Stats`] of raw samples in ms (sorted here); `None` when empty.
+pub fn stats_of(mut v: Vec<f64>) -> Option<Stats> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(Stats::of_sorted(&v))
 }
 
-impl Stats {
-    /// Of raw samples in ms (sorted here); `None` when empty.
-    pub fn of(mut v: Vec<f64>) -> Option<Self> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        Some(Self {
-            n: v.len() as u64,
-            mean: v.iter().sum::<f64>() / v.len() as f64,
-            p50: percentile(&v, 50.0),
-            p90: percentile(&v, 90.0),
-            p95: percentile(&v, 95.0),
-            p99: percentile(&v, 99.0),
-            max: v[v.len() - 1],
-        })
+/// [`Stats`] of counted samples in µs (value → count), reported in ms.
+pub fn stats_of_counts_us(counts: &BTreeMap<i64, u64>) -> Option<Stats> {
+    let n: u64 = counts.values().sum();
+    if n == 0 {
+        return None;
     }
-
-    /// Of counted samples in µs (value → count), reported in ms.
-    pub fn of_counts_us(counts: &BTreeMap<i64, u64>) -> Option<Self> {
-        let n: u64 = counts.values().sum();
-        if n == 0 {
-            return None;
-        }
-        let sorted: Vec<(f64, u64)> = counts.iter().map(|(&k, &c)| (k as f64 / 1e3, c)).collect();
-        let sum: f64 = sorted.iter().map(|(v, c)| v * *c as f64).sum();
-        Some(Self {
-            n,
-            mean: sum / n as f64,
-            p50: percentile_of_counts(&sorted, 50.0),
-            p90: percentile_of_counts(&sorted, 90.0),
-            p95: percentile_of_counts(&sorted, 95.0),
-            p99: percentile_of_counts(&sorted, 99.0),
-            max: sorted[sorted.len() - 1].0,
-        })
-    }
+    let sorted: Vec<(f64, u64)> = counts.iter().map(|(&k, &c)| (k as f64 / 1e3, c)).collect();
+    Some(Stats::of_counts(&sorted, 1.0))
 }
 
 /// Request counts by outcome.
@@ -349,11 +314,11 @@ pub fn summarize(
         ("e2e", e2e),
         ("e2e_from_intended", e2e_i),
     ] {
-        if let Some(s) = Stats::of(v) {
+        if let Some(s) = stats_of(v) {
             latency.insert(k.to_string(), s);
         }
     }
-    if let Some(s) = Stats::of_counts_us(itl_us) {
+    if let Some(s) = stats_of_counts_us(itl_us) {
         latency.insert("itl".to_string(), s);
     }
     let duration_s = if end > start {
@@ -536,13 +501,13 @@ impl Summary {
                         k.replace('_', " ")
                             .to_uppercase()
                             .replace("FROM INTENDED", "from intended send"),
-                        s.n,
+                        s.n.unwrap_or(0),
                         s.mean,
                         s.p50,
                         s.p90,
                         s.p95,
                         s.p99,
-                        s.max
+                        s.max.unwrap_or(f64::NAN)
                     );
                 }
             }
@@ -673,7 +638,7 @@ mod tests {
             },
         );
         assert_eq!(s.latency_ms["ttft"].p50, 15.0);
-        assert_eq!(s.latency_ms["ttft_from_intended"].max, 20.0);
+        assert_eq!(s.latency_ms["ttft_from_intended"].max, Some(20.0));
         assert_eq!(s.latency_ms["tpot"].mean, 10.0);
         assert_eq!(s.schedule.send_lag_max_ms, Some(1.0));
         assert!(s.schedule.client_bound);

@@ -77,4 +77,4 @@ pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
 pub use slo::Slo;
 pub use spec::WorkloadSpec;
-pub use summary::{WorkloadSummary, percentile, percentile_of_counts};
+pub use summary::{LatencyStats, WorkloadSummary, percentile, percentile_of_counts};

@@ -49,6 +49,115 @@ pub fn percentile_of_counts(sorted: &[(f64, u64)], q: f64) -> f64 {
     }
 }
 
+/// Mean and percentiles of a latency (or any sample), in the unit its
+/// constructor says: the one latency-summary type of every report
+/// (`blis-replay`'s summary, `blis-loadgen`'s run summary, `blis-calibrate`'s
+/// comparison). Percentiles are [`percentile`]'s (numpy's default). `n` and
+/// `max` are written only where a report shows them.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LatencyStats {
+    /// Samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest sample.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+}
+
+impl LatencyStats {
+    /// Of ascending samples, in their unit (NaN figures when empty).
+    pub fn of_sorted(v: &[f64]) -> Self {
+        let mean = if v.is_empty() {
+            f64::NAN
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        Self {
+            n: Some(v.len() as u64),
+            mean,
+            p50: percentile(v, 50.0),
+            p90: percentile(v, 90.0),
+            p95: percentile(v, 95.0),
+            p99: percentile(v, 99.0),
+            max: v.last().copied(),
+        }
+    }
+
+    /// Of samples in µs (sorted here), reported in ms.
+    pub fn of_us_in_ms(mut us: Vec<f64>) -> Self {
+        us.sort_by(f64::total_cmp);
+        let n = us.len();
+        let mean = if n == 0 {
+            f64::NAN
+        } else {
+            us.iter().sum::<f64>() / n as f64
+        };
+        let p = |q| percentile(&us, q) / 1000.0;
+        Self {
+            n: Some(n as u64),
+            mean: mean / 1000.0,
+            p50: p(50.0),
+            p90: p(90.0),
+            p95: p(95.0),
+            p99: p(99.0),
+            max: us.last().map(|m| m / 1000.0),
+        }
+    }
+
+    /// Of a multiset given as ascending `(value, count)` pairs, each figure
+    /// divided by `divisor` (1000 for µs reported in ms; 1 for none), the
+    /// arithmetic done in the unit of the values.
+    pub fn of_counts(sorted: &[(f64, u64)], divisor: f64) -> Self {
+        let n: u64 = sorted.iter().map(|(_, c)| c).sum();
+        let sum: f64 = sorted.iter().map(|(x, c)| x * *c as f64).sum();
+        let p = |q| percentile_of_counts(sorted, q) / divisor;
+        Self {
+            n: Some(n),
+            mean: if n == 0 {
+                f64::NAN
+            } else {
+                sum / n as f64 / divisor
+            },
+            p50: p(50.0),
+            p90: p(90.0),
+            p95: p(95.0),
+            p99: p(99.0),
+            max: sorted.last().map(|(v, _)| v / divisor),
+        }
+    }
+
+    /// Without the sample count (a report that shows it elsewhere).
+    pub fn without_count(self) -> Self {
+        Self { n: None, ..self }
+    }
+
+    /// Without the largest sample.
+    pub fn without_max(self) -> Self {
+        Self { max: None, ..self }
+    }
+
+    /// The figure named `mean`, `p50`, `p90`, `p95` or `p99` (else p99).
+    pub fn get(&self, name: &str) -> f64 {
+        match name {
+            "mean" => self.mean,
+            "p50" => self.p50,
+            "p90" => self.p90,
+            "p95" => self.p95,
+            _ => self.p99,
+        }
+    }
+}
+
 /// Token-count statistics of a group of requests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenStats {
@@ -236,5 +345,38 @@ mod tests {
             );
         }
         assert!(percentile_of_counts(&[], 50.0).is_nan());
+    }
+}
+
+#[cfg(test)]
+mod latency_stats_tests {
+    use super::*;
+
+    #[test]
+    fn one_type_serves_every_report_shape() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        let full = LatencyStats::of_sorted(&v);
+        assert_eq!(full.n, Some(4));
+        assert_eq!(full.mean, 2.5);
+        assert_eq!(full.p50, 2.5);
+        assert_eq!(full.max, Some(4.0));
+        let json = |s: &LatencyStats| serde_json::to_string(s).unwrap();
+        assert!(
+            json(&full).starts_with("{\"n\":4,\"mean\":2.5,")
+                && json(&full).ends_with(",\"max\":4.0}")
+        );
+        let bare = full.without_count().without_max();
+        assert!(!json(&bare).contains("\"n\"") && !json(&bare).contains("max"));
+        // µs samples reported in ms, from values or from counts: the same.
+        let us = LatencyStats::of_us_in_ms(vec![4000.0, 1000.0, 3000.0, 2000.0]);
+        let counted = LatencyStats::of_counts(
+            &[(1000.0, 1), (2000.0, 1), (3000.0, 1), (4000.0, 1)],
+            1000.0,
+        );
+        assert_eq!(us, counted);
+        assert_eq!(us.p99, 3.97);
+        let empty = LatencyStats::of_sorted(&[]);
+        assert_eq!(empty.n, Some(0));
+        assert!(empty.mean.is_nan() && empty.max.is_none());
     }
 }

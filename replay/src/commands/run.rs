@@ -261,7 +261,12 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         let _ = writeln!(
             o,
             "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            d.n, d.mean, d.p50, d.p90, d.p95, d.p99
+            d.n.unwrap_or(0),
+            d.mean,
+            d.p50,
+            d.p90,
+            d.p95,
+            d.p99
         );
     }
     let t = &s.throughput;

@@ -11,7 +11,8 @@ use blis_traces::{
 use rustc_hash::FxHashMap;
 
 use super::summary::{
-    Anomalies, ClassFigures, Dist, KvFigures, PrefixCache, RequestCounts, Summary, Throughput, jain,
+    Anomalies, ClassFigures, KvFigures, PrefixCache, RequestCounts, Summary, Throughput,
+    dist_of_counts, dist_of_us, jain,
 };
 use crate::engine::instance::Snapshot;
 use crate::engine::instance::TokenSpan;
@@ -291,10 +292,10 @@ impl Collector {
             version: 1,
             latency_model: latency_model.to_string(),
             requests: self.counts,
-            ttft_ms: Dist::of_us(std::mem::take(&mut self.ttft)),
-            e2e_ms: Dist::of_us(std::mem::take(&mut self.e2e)),
-            itl_ms: Dist::of_counts(&self.itl),
-            tpot_ms: Dist::of_us(std::mem::take(&mut self.tpot)),
+            ttft_ms: dist_of_us(std::mem::take(&mut self.ttft)),
+            e2e_ms: dist_of_us(std::mem::take(&mut self.e2e)),
+            itl_ms: dist_of_counts(&self.itl),
+            tpot_ms: dist_of_us(std::mem::take(&mut self.tpot)),
             throughput: Throughput {
                 duration_s,
                 requests_per_s: per_s(self.counts.completed as f64),
@@ -331,8 +332,8 @@ impl Collector {
                             total: c.total,
                             completed: c.completed,
                             rejected: c.rejected,
-                            ttft_ms: Dist::of_us(c.ttft),
-                            e2e_ms: Dist::of_us(c.e2e),
+                            ttft_ms: dist_of_us(c.ttft),
+                            e2e_ms: dist_of_us(c.e2e),
                         },
                     )
                 })

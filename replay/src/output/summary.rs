@@ -2,68 +2,22 @@
 //! latencies in ms): request counts, latency distributions, throughput,
 //! cache and KV figures, per class, tenant and instance, and the fitness.
 
-use blis_traces::{percentile, percentile_of_counts};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-/// Latency statistics in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Dist {
-    /// Samples.
-    pub n: u64,
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
+/// Latency statistics in milliseconds (`n` and the percentiles; no maximum).
+pub type Dist = blis_traces::LatencyStats;
+
+/// [`Dist`] of `us` (µs), in ms.
+pub fn dist_of_us(us: Vec<f64>) -> Dist {
+    Dist::of_us_in_ms(us).without_max()
 }
 
-impl Dist {
-    /// Statistics of `us` (µs), reported in ms.
-    pub fn of_us(mut us: Vec<f64>) -> Self {
-        us.sort_by(f64::total_cmp);
-        let n = us.len();
-        let mean = if n == 0 {
-            f64::NAN
-        } else {
-            us.iter().sum::<f64>() / n as f64
-        };
-        let p = |q| percentile(&us, q) / 1000.0;
-        Self {
-            n: n as u64,
-            mean: mean / 1000.0,
-            p50: p(50.0),
-            p90: p(90.0),
-            p95: p(95.0),
-            p99: p(99.0),
-        }
-    }
-
-    /// Statistics of a counted multiset of µs values, in ms.
-    pub fn of_counts(counts: &FxHashMap<i64, u64>) -> Self {
-        let mut v: Vec<(f64, u64)> = counts.iter().map(|(k, c)| (*k as f64, *c)).collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let n: u64 = v.iter().map(|(_, c)| c).sum();
-        let sum: f64 = v.iter().map(|(x, c)| x * *c as f64).sum();
-        let p = |q| percentile_of_counts(&v, q) / 1000.0;
-        Self {
-            n,
-            mean: if n == 0 {
-                f64::NAN
-            } else {
-                sum / n as f64 / 1000.0
-            },
-            p50: p(50.0),
-            p90: p(90.0),
-            p95: p(95.0),
-            p99: p(99.0),
-        }
-    }
+/// [`Dist`] of a counted multiset of µs values, in ms.
+pub fn dist_of_counts(counts: &FxHashMap<i64, u64>) -> Dist {
+    let mut v: Vec<(f64, u64)> = counts.iter().map(|(k, c)| (*k as f64, *c)).collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Dist::of_counts(&v, 1000.0).without_max()
 }
 
 /// Request counts by outcome.

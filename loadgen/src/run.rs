@@ -554,8 +554,19 @@ pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     })
 }
 
-async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> {
-    let mut signals = Signals::new().context("installing signal handlers")?;
+/// The plan of a run: its requests in send order and what the summary
+/// needs to know of it.
+struct Plan {
+    header: TraceHeader,
+    records: Vec<TraceRecord>,
+    growth: BTreeMap<String, ContextGrowth>,
+    warmup: u64,
+    warmup_below: u64,
+    requested_rate: Option<f64>,
+}
+
+/// Phase 1: the workload, planned and sorted by send time.
+fn plan(args: &RunArgs) -> anyhow::Result<Plan> {
     let closed_loop = args.concurrency.is_some();
     let opts = GenerateOptions {
         seed: args.seed,
@@ -566,7 +577,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         },
         num_requests: args.num_requests,
     };
-    let (plan_header, mut records) =
+    let (header, mut records) =
         load_workload(&args.workload, &args.synthetic, &opts).context("planning the workload")?;
     for r in &mut records {
         r.outcome = Default::default();
@@ -590,7 +601,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     let warmup = if args.warmup_requests > 0 {
         args.warmup_requests
     } else {
-        plan_header.warm_up_requests
+        header.warm_up_requests
     };
     let warmup_below = warmup_threshold(&records, warmup);
     let requested_rate = if closed_loop || records.len() < 2 {
@@ -600,8 +611,31 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
             records[records.len() - 1].request.arrival_time_us - records[0].request.arrival_time_us;
         (span > 0).then(|| (records.len() - 1) as f64 / (span as f64 / 1e6))
     };
+    Ok(Plan {
+        header,
+        records,
+        growth,
+        warmup,
+        warmup_below,
+        requested_rate,
+    })
+}
 
-    // The server.
+/// What the probes found out about the server.
+struct Server {
+    client: reqwest::Client,
+    info: probe::ServerInfo,
+    ep: Endpoint,
+    tokens_per_word: f64,
+    metrics_url: String,
+    scrape_on: bool,
+    /// KV cache (block size, blocks) from its metrics.
+    cache: Option<(u64, u64)>,
+}
+
+/// Phase 2: the server, checked and measured (tokens per word, its KV
+/// cache from its metrics).
+async fn connect(args: &RunArgs) -> anyhow::Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
     let client = crate::http::client().context("building the HTTP client")?;
     let info = probe::check_server(
@@ -661,29 +695,42 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
             ", KV cache {n} blocks of {bs} tokens"
         ))
     );
+    Ok(Server {
+        client,
+        info,
+        ep,
+        tokens_per_word: tpw.value,
+        metrics_url,
+        scrape_on,
+        cache,
+    })
+}
 
-    // The trace.
-    let clock = RunClock::new();
-    // A short lead so that the first sends are not late from set-up.
-    let run_start_us = clock.now_us() + 200_000;
+/// Phase 3: the trace's header (completed at the end) and its columns.
+fn trace_header(
+    args: &RunArgs,
+    plan: &Plan,
+    server: &Server,
+    run_start_us: i64,
+) -> (TraceHeader, Vec<ExtraColumn>) {
     let mut header = TraceHeader::new(Mode::Real);
     header.created_at = Some(jiff::Timestamp::now().to_string());
-    header.warm_up_requests = warmup;
-    header.workload_seed = plan_header.workload_seed;
-    header.workload_spec = plan_header.workload_spec.clone();
+    header.warm_up_requests = plan.warmup;
+    header.workload_seed = plan.header.workload_seed;
+    header.workload_spec = plan.header.workload_spec.clone();
     header.server = Some(ServerConfig {
         server_type: Some(server_type_name(args.server_type).to_string()),
         model: Some(args.model.clone()),
-        block_size: cache.and_then(|c| u32::try_from(c.0).ok()),
-        total_kv_blocks: cache.map(|c| c.1),
-        max_model_len: info.max_model_len,
+        block_size: server.cache.and_then(|c| u32::try_from(c.0).ok()),
+        total_kv_blocks: server.cache.map(|c| c.1),
+        max_model_len: server.info.max_model_len,
         ..ServerConfig::default()
     });
     header.network = Some(NetworkInfo {
-        measured_rtt_ms: info.rtt_ms,
+        measured_rtt_ms: server.info.rtt_ms,
     });
     header.run_start_unix_us = Some(run_start_us);
-    let mut extras = ExtraColumn::needed_for(&records);
+    let mut extras = ExtraColumn::needed_for(&plan.records);
     for e in [
         ExtraColumn::HttpStatus,
         ExtraColumn::CachedTokens,
@@ -693,28 +740,162 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
             extras.push(e);
         }
     }
-    let any_stream = !args.no_stream && records.iter().any(|r| r.request.streaming);
+    (header, extras)
+}
+
+/// A progress bar kept up to date every 250 ms until aborted.
+fn spawn_progress(sh: &Arc<Shared>, bar: &indicatif::ProgressBar) -> tokio::task::JoinHandle<()> {
+    let (sh, bar) = (sh.clone(), bar.clone());
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            t.tick().await;
+            let p = &sh.progress;
+            let elapsed = (sh.clock.now_us() - sh.run_start_us).max(1) as f64 / 1e6;
+            let sent = p.sent.load(Ordering::Relaxed);
+            bar.set_position(p.done.load(Ordering::Relaxed));
+            bar.set_message(format!(
+                "sent {sent}, in flight {}, not ok {}, {:.1} req/s",
+                p.in_flight.load(Ordering::Relaxed),
+                p.not_ok.load(Ordering::Relaxed),
+                sent as f64 / elapsed
+            ));
+        }
+    })
+}
+
+/// Phase 4: the senders, open loop (each request at its time) or closed
+/// loop (`--concurrency` users); each holds `done` until it ends.
+fn dispatch(
+    args: &RunArgs,
+    sh: &Arc<Shared>,
+    units: Vec<Unit>,
+    done: &tokio::sync::mpsc::Sender<()>,
+) -> Dispatcher {
+    let Some(n) = args.concurrency else {
+        return Dispatcher::Open(tokio::spawn(dispatch_open_loop(
+            sh.clone(),
+            units,
+            done.clone(),
+        )));
+    };
+    let queue = Arc::new(Mutex::new(VecDeque::from(units)));
+    let deadline = args
+        .duration_s
+        .map(|s| sh.run_start_us + (s * 1e6).round() as i64);
+    for _ in 0..n {
+        let (sh, queue, done) = (sh.clone(), queue.clone(), done.clone());
+        tokio::spawn(async move {
+            let start = sh.instant(0);
+            if !wait_until(&sh, start).await {
+                drop(sh);
+                drop(done);
+                return;
+            }
+            loop {
+                let now = sh.clock.now_us();
+                if sh.stopping() || deadline.is_some_and(|d| now >= d) {
+                    break;
+                }
+                let unit = queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .pop_front();
+                let Some(unit) = unit else { break };
+                run_unit(sh.clone(), unit, Some(now - sh.run_start_us), None).await;
+            }
+            drop(sh);
+            drop(done);
+        });
+    }
+    Dispatcher::Closed(queue)
+}
+
+/// Phase 5: waits for every sender to end, or for a signal: then no more
+/// sends, up to `--grace-s` for the requests in flight (a second signal
+/// cancels them at once). Returns whether the run was interrupted.
+async fn wait_for_end(
+    args: &RunArgs,
+    sh: &Shared,
+    signals: &mut Signals,
+    mut done: tokio::sync::mpsc::Receiver<()>,
+    bar: &indicatif::ProgressBar,
+) -> bool {
+    let all_done = async { while done.recv().await.is_some() {} };
+    tokio::pin!(all_done);
+    tokio::select! {
+        () = &mut all_done => false,
+        () = signals.recv() => {
+            sh.stopping.send_replace(true);
+            let n = sh.progress.in_flight.load(Ordering::Relaxed);
+            bar.suspend(|| blis_traces::diag!(
+                "interrupted: no more sends; waiting up to {:.1} s for {n} requests in flight (signal again to cancel them now)",
+                args.grace_s
+            ));
+            // `all_done` may finish inside the grace period; a finished
+            // future must not be polled again.
+            let finished = tokio::select! {
+                () = &mut all_done => true,
+                () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => false,
+                () = signals.recv() => false,
+            };
+            sh.cancel.send_replace(true);
+            if !finished {
+                all_done.await;
+            }
+            true
+        }
+    }
+}
+
+/// The shared state once every task that held it has ended.
+async fn unwrap_shared(mut sh: Arc<Shared>) -> anyhow::Result<Shared> {
+    let mut waited = 0;
+    loop {
+        match Arc::try_unwrap(sh) {
+            Ok(s) => return Ok(s),
+            Err(_) if waited >= 5000 => bail!("internal error: request tasks outlived the run"),
+            Err(again) => {
+                sh = again;
+                waited += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> {
+    let mut signals = Signals::new().context("installing signal handlers")?;
+    let plan = plan(args)?;
+    let server = connect(args).await?;
+
+    // The trace, recorded by its own thread.
+    let clock = RunClock::new();
+    // A short lead so that the first sends are not late from set-up.
+    let run_start_us = clock.now_us() + 200_000;
+    let (mut header, extras) = trace_header(args, &plan, &server, run_start_us);
+    let any_stream = !args.no_stream && plan.records.iter().any(|r| r.request.streaming);
+    let scrape_on = server.scrape_on;
     let writer = TraceWriter::create(
         &args.out,
         &header,
         &extras,
-        any_stream.then_some(ep.per_chunk_tokens()),
+        any_stream.then_some(server.ep.per_chunk_tokens()),
         scrape_on,
     )
     .with_context(|| format!("creating the trace at {}", args.out.display()))?;
-
     let (tx, rx) = std::sync::mpsc::channel();
     let record_failed = Arc::new(AtomicBool::new(false));
-    let recorder = crate::record::spawn(writer, warmup_below, rx, record_failed.clone())
+    let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
         .context("starting the recorder thread")?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
-    let total = records.len() as u64;
+    let total = plan.records.len() as u64;
     let sh = Arc::new(Shared {
-        ep,
+        ep: server.ep,
         clock,
         run_start_us,
-        tokens_per_word: tpw.value,
+        tokens_per_word: server.tokens_per_word,
         no_stream: args.no_stream,
         timeout: Duration::from_secs_f64(args.timeout_s),
         tx: tx.clone(),
@@ -722,18 +903,18 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         stopping,
         cancel,
         progress: Progress::default(),
-        growth,
+        growth: plan.growth,
         xid_prefix: format!("blis-{:x}", run_start_us),
         record_failed: record_failed.clone(),
     });
 
-    // Scraper and progress.
+    // The scraper and the progress bar, beside the senders.
     let scrape_stats = Arc::new(scrape::ScrapeStats::default());
     let (scrape_stop, scrape_stop_rx) = watch::channel(false);
     let scraper = scrape_on.then(|| {
         tokio::spawn(scrape::run(scrape::ScrapeConfig {
-            client: client.clone(),
-            url: metrics_url.clone(),
+            client: server.client.clone(),
+            url: server.metrics_url.clone(),
             api_key: args.api_key.clone(),
             interval: Duration::from_millis(args.scrape_interval_ms),
             clock,
@@ -744,99 +925,13 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     });
     drop(tx);
     let bar = progress_bar(total);
-    let ticker = {
-        let sh = sh.clone();
-        let bar = bar.clone();
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(Duration::from_millis(250));
-            loop {
-                t.tick().await;
-                let p = &sh.progress;
-                let elapsed = (sh.clock.now_us() - sh.run_start_us).max(1) as f64 / 1e6;
-                let sent = p.sent.load(Ordering::Relaxed);
-                bar.set_position(p.done.load(Ordering::Relaxed));
-                bar.set_message(format!(
-                    "sent {sent}, in flight {}, not ok {}, {:.1} req/s",
-                    p.in_flight.load(Ordering::Relaxed),
-                    p.not_ok.load(Ordering::Relaxed),
-                    sent as f64 / elapsed
-                ));
-            }
-        })
-    };
-
-    // Dispatch.
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let units = units(records);
-    let dispatcher = if let Some(n) = args.concurrency {
-        let queue = Arc::new(Mutex::new(VecDeque::from(units)));
-        let deadline = args
-            .duration_s
-            .map(|s| run_start_us + (s * 1e6).round() as i64);
-        for _ in 0..n {
-            let (sh, queue, done) = (sh.clone(), queue.clone(), done_tx.clone());
-            tokio::spawn(async move {
-                let start = sh.instant(0);
-                if !wait_until(&sh, start).await {
-                    drop(sh);
-                    drop(done);
-                    return;
-                }
-                loop {
-                    let now = sh.clock.now_us();
-                    if sh.stopping() || deadline.is_some_and(|d| now >= d) {
-                        break;
-                    }
-                    let unit = queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .pop_front();
-                    let Some(unit) = unit else { break };
-                    run_unit(sh.clone(), unit, Some(now - sh.run_start_us), None).await;
-                }
-                drop(sh);
-                drop(done);
-            });
-        }
-        Dispatcher::Closed(queue)
-    } else {
-        Dispatcher::Open(tokio::spawn(dispatch_open_loop(
-            sh.clone(),
-            units,
-            done_tx.clone(),
-        )))
-    };
+    let ticker = spawn_progress(&sh, &bar);
+    let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let dispatcher = dispatch(args, &sh, units(plan.records), &done_tx);
     drop(done_tx);
+    let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
 
-    // Wait for the end, a signal, or both.
-    let mut interrupted = false;
-    {
-        let all_done = async { while done_rx.recv().await.is_some() {} };
-        tokio::pin!(all_done);
-        tokio::select! {
-            () = &mut all_done => {}
-            () = signals.recv() => {
-                interrupted = true;
-                sh.stopping.send_replace(true);
-                let n = sh.progress.in_flight.load(Ordering::Relaxed);
-                bar.suspend(|| blis_traces::diag!(
-                    "interrupted: no more sends; waiting up to {:.1} s for {n} requests in flight (signal again to cancel them now)",
-                    args.grace_s
-                ));
-                // `all_done` may finish inside the grace period; a finished
-                // future must not be polled again.
-                let finished = tokio::select! {
-                    () = &mut all_done => true,
-                    () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => false,
-                    () = signals.recv() => false,
-                };
-                sh.cancel.send_replace(true);
-                if !finished {
-                    all_done.await;
-                }
-            }
-        }
-    }
+    // Everything stops; the recorder hands back what it wrote.
     ticker.abort();
     let _ = ticker.await;
     scrape_stop.send_replace(true);
@@ -866,44 +961,26 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     }
     bar.finish_and_clear();
     // Every task has ended; the last references go as they unwind.
-    let mut sh = sh;
-    let mut waited = 0;
-    let sh = loop {
-        match Arc::try_unwrap(sh) {
-            Ok(s) => break s,
-            Err(_) if waited >= 5000 => bail!("internal error: request tasks outlived the run"),
-            Err(again) => {
-                sh = again;
-                waited += 1;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-    };
+    let sh = unwrap_shared(sh).await?;
     drop(sh.tx);
-    let Recorded {
-        writer,
-        records,
-        itl_us,
-        metric_rows,
-        error,
-    } = recorder
+    let recorded = recorder
         .join()
         .map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
-    let cpu = process_cpu_time_s();
     let summary = summarize(
-        &records,
-        &itl_us,
+        &recorded.records,
+        &recorded.itl_us,
         &SummaryInputs {
-            warmup_below_id: warmup_below,
-            warmup: records
+            warmup_below_id: plan.warmup_below,
+            warmup: recorded
+                .records
                 .iter()
-                .filter(|r| r.request.request_id < warmup_below)
+                .filter(|r| r.request.request_id < plan.warmup_below)
                 .count() as u64,
             run_start_unix_us: run_start_us,
-            requested_rate,
+            requested_rate: plan.requested_rate,
             max_send_lag_ms: args.max_send_lag_ms,
             slo,
-            cpu_time_s: cpu,
+            cpu_time_s: process_cpu_time_s(),
             interrupted,
             max_error_rate: args.max_error_rate,
         },
@@ -916,12 +993,32 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         client_bound: Some(summary.schedule.client_bound),
         timeout_s: Some(args.timeout_s),
     });
+    finish_trace(recorded, &header, &scrape_stats, any_stream, scrape_on)?;
+    Ok(summary)
+}
+
+/// Phase 6: the trace's files completed with the final header, and what was
+/// written reported.
+fn finish_trace(
+    recorded: Recorded,
+    header: &TraceHeader,
+    scrape_stats: &scrape::ScrapeStats,
+    any_stream: bool,
+    scrape_on: bool,
+) -> anyhow::Result<()> {
+    let Recorded {
+        writer,
+        records,
+        metric_rows,
+        error,
+        ..
+    } = recorded;
     if let Some(e) = error {
         return Err(
             anyhow::Error::new(e).context("writing the trace (rows after this error are missing)")
         );
     }
-    let paths = writer.finish(&header)?;
+    let paths = writer.finish(header)?;
     let attempts = scrape_stats.attempts.load(Ordering::Relaxed);
     let failures = scrape_stats.failures.load(Ordering::Relaxed);
     if failures > 0 {
@@ -941,7 +1038,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
             String::new()
         }
     );
-    Ok(summary)
+    Ok(())
 }
 
 enum Dispatcher {

@@ -57,22 +57,60 @@ impl Instance {
     /// runs until its step ends, or decode-only steps are fast-forwarded up
     /// to `limit`.
     pub(super) fn form_batch(&mut self, now: i64, limit: i64) {
-        let cfg = self.cfg.clone();
-        let bs = self.kv.block_size();
-        let mut budget = cfg.max_num_batched_tokens;
+        let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
+        let preempted = self.schedule_running(&mut scheduled, &mut budget);
+        if !preempted {
+            self.admit_waiting(now, &mut scheduled, &mut budget);
+        }
+        if scheduled.is_empty() {
+            self.spare_scheduled = scheduled;
+            if preempted {
+                // The request being scheduled preempted itself (a priority
+                // policy chose it as the victim): like vLLM's next engine
+                // iteration, schedule again with the freed blocks. Each
+                // round preempts a request, so this ends.
+                return self.form_batch(now, limit);
+            }
+            // Nothing waits or runs. (With work in the system one request
+            // is always schedulable: the unservable check guarantees that
+            // any request fits on its own.)
+            debug_assert_eq!(self.in_system(), 0, "work waits but nothing was scheduled");
+            if self.in_system() > 0 {
+                self.kick = Some(now + 1);
+            }
+            return;
+        }
+        let (decode_only, min_left) = self.step_shape(&scheduled);
+        let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
+        let mut ends = std::mem::take(&mut self.spare_ends);
+        ends.clear();
+        ends.push(now + dt);
+        if decode_only && !preempted {
+            self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
+        }
+        self.run = Some(Run { scheduled, ends });
+    }
+
+    /// Step 1: the running requests, in running order, each its next chunk
+    /// (a decode token, or the rest of its prompt within
+    /// `long_prefill_token_threshold`) within the token budget; a request
+    /// whose KV blocks cannot be allocated preempts from the back (vLLM's
+    /// victim: the last running, or the least urgent under a priority
+    /// policy) until it fits or is itself the victim. Returns whether a
+    /// request was preempted.
+    fn schedule_running(&mut self, scheduled: &mut Vec<(u32, u32)>, budget: &mut u32) -> bool {
         let mut preempted = false;
-        // 1. Running requests.
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
             let a = self.act(slot);
             let mut n = a.num_tokens() - a.num_computed;
-            if cfg.long_prefill_token_threshold > 0 {
-                n = n.min(cfg.long_prefill_token_threshold);
+            if self.cfg.long_prefill_token_threshold > 0 {
+                n = n.min(self.cfg.long_prefill_token_threshold);
             }
-            n = n.min(budget);
+            n = n.min(*budget);
             if n == 0 {
                 i += 1;
                 continue;
@@ -99,7 +137,7 @@ impl Instance {
                 let victim_slot = self.running[v];
                 // A victim already scheduled in this step gives its budget back.
                 if let Some(pos) = scheduled.iter().position(|(s, _)| *s == victim_slot) {
-                    budget += scheduled[pos].1;
+                    *budget += scheduled[pos].1;
                     scheduled.remove(pos);
                 }
                 if v < i {
@@ -115,94 +153,87 @@ impl Instance {
                 break;
             }
             scheduled.push((slot, n));
-            budget -= n;
+            *budget -= n;
             i += 1;
         }
-        // 2. Waiting requests. Under async scheduling only those that were
-        // waiting when the previous step was formed, unless the engine is
-        // idle.
+        preempted
+    }
+
+    /// Step 2: waiting requests in queue order while the budget and
+    /// `max_num_seqs` allow, each with its prefix-cache hit (whole blocks,
+    /// never its last token) and a chunk of the rest of its prompt (chunked
+    /// prefill). Under async scheduling only those that were waiting when
+    /// the previous step was formed, unless the engine is idle. The first
+    /// that does not fit in the KV cache stops the admission (FCFS: no
+    /// skipping ahead).
+    fn admit_waiting(&mut self, now: i64, scheduled: &mut Vec<(u32, u32)>, budget: &mut u32) {
+        let bs = self.kv.block_size();
         let idle = self.running.is_empty();
-        if !preempted {
-            while budget > 0 && (self.running.len() as u32) < cfg.max_num_seqs {
-                let Some(slot) = self.waiting.peek() else {
-                    break;
-                };
-                let a = self.slots[slot as usize].as_mut().expect("live slot");
-                if !idle && a.eligible_after >= now {
-                    break;
-                }
-                let num_tokens = a.num_tokens();
-                // Prefix-cache hits: full blocks, at most all but the last token.
-                let mut max_hit_blocks = (num_tokens - 1) / bs;
-                if a.preemptions == 0 {
-                    // Private content is nowhere in the cache yet.
-                    max_hit_blocks = max_hit_blocks.min(a.private_from);
-                }
-                self.kv
-                    .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
-                let a = self.slots[slot as usize].as_ref().expect("live slot");
-                let hit_tokens = self.hits.len() as u32 * bs;
-                let mut n = num_tokens - hit_tokens;
-                if cfg.long_prefill_token_threshold > 0 {
-                    n = n.min(cfg.long_prefill_token_threshold);
-                }
-                n = n.min(budget);
-                let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
-                let hits = std::mem::take(&mut self.hits);
-                let mut blocks =
-                    Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
-                let ok = self.kv.allocate(&mut blocks, &hits, need);
-                self.hits = hits;
-                if !ok {
-                    break;
-                }
-                self.waiting.pop();
-                let class = a.req.class;
-                self.count_waiting(slot, false);
-                if self.more_urgent_waiting(class) {
-                    self.counters.priority_inversions += 1;
-                }
-                self.running.push(slot);
-                let nh = self.hits.len() as u32;
-                let a = self.slots[slot as usize].as_mut().expect("live slot");
-                a.join = self.joins;
-                self.joins += 1;
-                a.blocks = blocks;
-                a.num_computed = hit_tokens;
-                a.hashed = nh;
-                if a.scheduled_us.is_none() {
-                    a.scheduled_us = Some(now);
-                    a.cached_tokens = Some(hit_tokens);
-                    self.counters.prefix_queries += u64::from(a.req.input_tokens);
-                    self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
-                }
-                scheduled.push((slot, n));
-                budget -= n;
+        while *budget > 0 && (self.running.len() as u32) < self.cfg.max_num_seqs {
+            let Some(slot) = self.waiting.peek() else {
+                break;
+            };
+            let a = self.slots[slot as usize].as_mut().expect("live slot");
+            if !idle && a.eligible_after >= now {
+                break;
             }
+            let num_tokens = a.num_tokens();
+            // Prefix-cache hits: full blocks, at most all but the last token.
+            let mut max_hit_blocks = (num_tokens - 1) / bs;
+            if a.preemptions == 0 {
+                // Private content is nowhere in the cache yet.
+                max_hit_blocks = max_hit_blocks.min(a.private_from);
+            }
+            self.kv
+                .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
+            let a = self.slots[slot as usize].as_ref().expect("live slot");
+            let hit_tokens = self.hits.len() as u32 * bs;
+            let mut n = num_tokens - hit_tokens;
+            if self.cfg.long_prefill_token_threshold > 0 {
+                n = n.min(self.cfg.long_prefill_token_threshold);
+            }
+            n = n.min(*budget);
+            let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
+            let hits = std::mem::take(&mut self.hits);
+            let mut blocks =
+                Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
+            let ok = self.kv.allocate(&mut blocks, &hits, need);
+            self.hits = hits;
+            if !ok {
+                break;
+            }
+            self.waiting.pop();
+            let class = a.req.class;
+            self.count_waiting(slot, false);
+            if self.more_urgent_waiting(class) {
+                self.counters.priority_inversions += 1;
+            }
+            self.running.push(slot);
+            let nh = self.hits.len() as u32;
+            let a = self.slots[slot as usize].as_mut().expect("live slot");
+            a.join = self.joins;
+            self.joins += 1;
+            a.blocks = blocks;
+            a.num_computed = hit_tokens;
+            a.hashed = nh;
+            if a.scheduled_us.is_none() {
+                a.scheduled_us = Some(now);
+                a.cached_tokens = Some(hit_tokens);
+                self.counters.prefix_queries += u64::from(a.req.input_tokens);
+                self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
+            }
+            scheduled.push((slot, n));
+            *budget -= n;
         }
-        if scheduled.is_empty() {
-            self.spare_scheduled = scheduled;
-            if preempted {
-                // The request being scheduled preempted itself (a priority
-                // policy chose it as the victim): like vLLM's next engine
-                // iteration, schedule again with the freed blocks. Each
-                // round preempts a request, so this ends.
-                return self.form_batch(now, limit);
-            }
-            // Nothing waits or runs. (With work in the system one request
-            // is always schedulable: the unservable check guarantees that
-            // any request fits on its own.)
-            debug_assert_eq!(self.in_system(), 0, "work waits but nothing was scheduled");
-            if self.in_system() > 0 {
-                self.kick = Some(now + 1);
-            }
-            return;
-        }
-        // 3. The step's shape and duration.
+    }
+
+    /// Step 3: the batch's shape for the latency model; whether it is
+    /// decode-only, and the fewest tokens a decoding request has left.
+    fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
         let mut decode_only = true;
         let mut min_left = u32::MAX;
-        for &(slot, n) in &scheduled {
+        for &(slot, n) in scheduled {
             let a = self.slots[slot as usize].as_ref().expect("live slot");
             let is_decode = a.generated > 0 && n == 1 && a.num_computed + 1 == a.num_tokens();
             if is_decode {
@@ -218,14 +249,28 @@ impl Instance {
                 self.counters.prompt_tokens += u64::from(n);
             }
         }
-        let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
-        let mut ends = std::mem::take(&mut self.spare_ends);
-        ends.clear();
-        ends.push(now + dt);
-        // 4. Fast-forward a run of identical decode steps.
+        (decode_only, min_left)
+    }
+
+    /// Step 4: a decode-only batch that nothing can join runs as one event
+    /// of up to `min_left` identical steps (each its own time), stopping
+    /// before a step that would need more free KV blocks than there are, or
+    /// end after `limit` (the next event outside the instance). Results are
+    /// byte-identical to stepping one at a time (`--no-fast-forward`).
+    fn fast_forward(
+        &mut self,
+        now: i64,
+        limit: i64,
+        dt: i64,
+        scheduled: &[(u32, u32)],
+        min_left: u32,
+        ends: &mut Vec<i64>,
+    ) {
+        let bs = self.kv.block_size();
         let all_running_scheduled = scheduled.len() == self.running.len();
-        let can_grow = self.waiting.is_empty() || self.running.len() as u32 >= cfg.max_num_seqs;
-        if cfg.fast_forward && decode_only && all_running_scheduled && can_grow && !preempted {
+        let can_grow =
+            self.waiting.is_empty() || self.running.len() as u32 >= self.cfg.max_num_seqs;
+        if self.cfg.fast_forward && all_running_scheduled && can_grow {
             let max_k = min_left;
             // Requests needing a new block at step j+1 of the run are those
             // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
@@ -233,7 +278,7 @@ impl Instance {
             let mut per_phase = std::mem::take(&mut self.spare_phase);
             per_phase.clear();
             per_phase.resize(bs as usize, 0);
-            for &(slot, _) in &scheduled {
+            for &(slot, _) in scheduled {
                 let c0 = self.act(slot).num_computed;
                 per_phase[((bs - c0 % bs) % bs) as usize] += 1;
             }
@@ -265,6 +310,5 @@ impl Instance {
             }
             self.spare_phase = per_phase;
         }
-        self.run = Some(Run { scheduled, ends });
     }
 }

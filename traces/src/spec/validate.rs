@@ -1,0 +1,445 @@
+//! The rules of a workload spec that serde cannot check: which sources
+//! are given, positive rates and spans, client ids, and every client's
+//! arrival process and length distributions. Each returns the field path
+//! and the problem; [`super::WorkloadSpec::parse`] turns them into an error
+//! naming the file and line.
+
+use super::{
+    ArrivalProcess, ClientSpec, DistKind, DistSpec, Finite, SLO_CLASSES, WorkloadSpec,
+    upgrade_slo_class,
+};
+
+/// A field path and what is wrong with it.
+type Check = std::result::Result<(), (String, String)>;
+
+impl WorkloadSpec {
+    /// Checks every rule that serde cannot; returns the field path and the
+    /// problem.
+    pub fn validate(&self) -> std::result::Result<(), (String, String)> {
+        let e = |f: &str, m: String| Err((f.to_string(), m));
+        if let Some(v) = &self.version
+            && !matches!(v.as_str(), "1" | "2")
+        {
+            return e(
+                "version",
+                format!("unsupported version {v:?} (expected \"1\" or \"2\")"),
+            );
+        }
+        self.validate_sources()?;
+        self.validate_clients()?;
+        if let Some(sg) = &self.servegen_data {
+            validate_servegen(sg)?;
+        }
+        if let Some(ip) = &self.inference_perf {
+            validate_inference_perf(ip)?;
+        }
+        Ok(())
+    }
+
+    /// Exactly one source of requests (clients, ServeGen data or an
+    /// inference-perf config); a positive aggregate rate and horizon.
+    fn validate_sources(&self) -> Check {
+        let e = |f: &str, m: String| Err((f.to_string(), m));
+        let sources = [
+            (!self.clients.is_empty(), "clients"),
+            (self.servegen_data.is_some(), "servegen_data"),
+            (self.inference_perf.is_some(), "inference_perf"),
+        ];
+        let given: Vec<&str> = sources
+            .iter()
+            .filter(|(g, _)| *g)
+            .map(|(_, n)| *n)
+            .collect();
+        if given.is_empty() {
+            return e(
+                "clients",
+                "at least one client, servegen_data or inference_perf is required".into(),
+            );
+        }
+        if given.len() > 1 {
+            return e(
+                given[1],
+                format!(
+                    "{} are mutually exclusive; give exactly one",
+                    given.join(" and ")
+                ),
+            );
+        }
+        if let Some(r) = self.aggregate_rate
+            && r.0 < 0.0
+        {
+            return e(
+                "aggregate_rate",
+                format!("must be a positive rate in requests/s, got {}", r.0),
+            );
+        }
+        if self.horizon_us == Some(0) {
+            return e("horizon_us", "must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Each client, rate fractions that sum to a positive number, a rate
+    /// for them, unique ids.
+    fn validate_clients(&self) -> Check {
+        let e = |f: &str, m: String| Err((f.to_string(), m));
+        if self.clients.is_empty() {
+            return Ok(());
+        }
+        let mut sum = 0.0;
+        for (i, c) in self.clients.iter().enumerate() {
+            validate_client(c, &format!("clients[{i}]"))?;
+            sum += c.rate_fraction.map_or(1.0, |f| f.0);
+        }
+        if sum <= 0.0 {
+            return e(
+                "clients[0].rate_fraction",
+                "rate fractions must sum to a positive number".into(),
+            );
+        }
+        match self.aggregate_rate {
+            Some(r) if r.0 > 0.0 => {}
+            _ => {
+                let explicit = self.clients.iter().all(|c| {
+                    c.arrival.shape.is_some() && c.arrival.scale.is_some()
+                        || c.rate_fraction.is_some_and(|f| f.0 == 0.0)
+                });
+                if !explicit {
+                    return e(
+                        "aggregate_rate",
+                        match self.aggregate_rate {
+                            Some(r) => format!(
+                                "must be a positive rate in requests/s (0 only when every client sets its own arrival shape and scale), got {}",
+                                r.0
+                            ),
+                            None => {
+                                "a positive aggregate_rate (requests/s) is required for clients"
+                                    .into()
+                            }
+                        },
+                    );
+                }
+            }
+        }
+        let mut ids: Vec<&str> = self.clients.iter().map(|c| c.id.as_str()).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            let idx = self.clients.iter().rposition(|c| c.id == w[0]).unwrap_or(0);
+            return e(
+                &format!("clients[{idx}].id"),
+                format!("duplicate client id {:?}", w[0]),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// ServeGen data: a span that is positive and ordered, one way to set the rate.
+fn validate_servegen(sg: &super::ServeGenDataSpec) -> Check {
+    let e = |f: &str, m: String| Err((f.to_string(), m));
+    for (name, v, zero_ok) in [
+        ("span_start_s", sg.span_start_s, true),
+        ("span_end_s", sg.span_end_s, false),
+        ("rate_scale", sg.rate_scale, false),
+        ("aggregate_rate", sg.aggregate_rate, false),
+    ] {
+        if let Some(v) = v
+            && (v.0 < 0.0 || (v.0 == 0.0 && !zero_ok))
+        {
+            return e(
+                &format!("servegen_data.{name}"),
+                if zero_ok {
+                    format!("must be ≥ 0, got {}", v.0)
+                } else {
+                    format!("must be positive, got {}", v.0)
+                },
+            );
+        }
+    }
+    if let (Some(s), Some(t)) = (sg.span_start_s, sg.span_end_s)
+        && t.0 <= s.0
+    {
+        return e(
+            "servegen_data.span_end_s",
+            "must be after span_start_s".into(),
+        );
+    }
+    if sg.rate_scale.is_some() && sg.aggregate_rate.is_some() {
+        return e(
+            "servegen_data.aggregate_rate",
+            "rate_scale and aggregate_rate are mutually exclusive".into(),
+        );
+    }
+    Ok(())
+}
+
+/// An inference-perf config: stages with rates and durations, a known load type.
+fn validate_inference_perf(ip: &super::InferencePerfSpec) -> Check {
+    let e = |f: &str, m: String| Err((f.to_string(), m));
+    if ip.load.stages.is_empty() {
+        return e(
+            "inference_perf.load.stages",
+            "at least one stage is required".into(),
+        );
+    }
+    for (i, s) in ip.load.stages.iter().enumerate() {
+        if s.rate.0 < 0.0 || s.duration.0 <= 0.0 {
+            return e(
+                &format!("inference_perf.load.stages[{i}]"),
+                "rate must be ≥ 0 and duration > 0".into(),
+            );
+        }
+    }
+    if let Some(t) = &ip.load.load_type
+        && !matches!(t.as_str(), "constant" | "poisson")
+    {
+        return e(
+            "inference_perf.load.type",
+            format!("unsupported load type {t:?} (constant or poisson)"),
+        );
+    }
+    Ok(())
+}
+
+fn validate_client(c: &ClientSpec, p: &str) -> std::result::Result<(), (String, String)> {
+    let e = |f: String, m: String| Err((f, m));
+    if let Some(f) = c.rate_fraction
+        && f.0 < 0.0
+    {
+        return e(
+            format!("{p}.rate_fraction"),
+            format!("must be ≥ 0, got {}", f.0),
+        );
+    }
+    if !c.slo_class.is_empty()
+        && !SLO_CLASSES.contains(&c.slo_class.as_str())
+        && upgrade_slo_class(&c.slo_class).is_none()
+    {
+        return e(
+            format!("{p}.slo_class"),
+            format!(
+                "unknown slo_class {:?}; valid: {} (v1: realtime, interactive), or empty",
+                c.slo_class,
+                SLO_CLASSES.join(", ")
+            ),
+        );
+    }
+    let a = &c.arrival;
+    for (name, v) in [("cv", a.cv), ("shape", a.shape), ("scale", a.scale)] {
+        if let Some(v) = v
+            && v.0 <= 0.0
+        {
+            return e(
+                format!("{p}.arrival.{name}"),
+                format!("must be positive, got {}", v.0),
+            );
+        }
+    }
+    if a.process == ArrivalProcess::Weibull
+        && a.shape.is_none()
+        && let Some(cv) = a.cv
+        && !(0.01..=20.0).contains(&cv.0)
+    {
+        return e(
+            format!("{p}.arrival.cv"),
+            format!("weibull cv must be within [0.01, 20], got {}", cv.0),
+        );
+    }
+    validate_dist(
+        &c.input_distribution,
+        &format!("{p}.input_distribution"),
+        false,
+    )?;
+    validate_dist(
+        &c.output_distribution,
+        &format!("{p}.output_distribution"),
+        false,
+    )?;
+    if let Some(lc) = &c.lifecycle {
+        if lc.windows.is_empty() {
+            return e(
+                format!("{p}.lifecycle.windows"),
+                "at least one window is required".into(),
+            );
+        }
+        let mut ws = lc.windows.clone();
+        ws.sort_by_key(|w| w.start_us);
+        for (j, w) in lc.windows.iter().enumerate() {
+            if w.end_us <= w.start_us {
+                return e(
+                    format!("{p}.lifecycle.windows[{j}]"),
+                    format!(
+                        "end_us ({}) must be after start_us ({})",
+                        w.end_us, w.start_us
+                    ),
+                );
+            }
+        }
+        if ws.windows(2).any(|w| w[1].start_us < w[0].end_us) {
+            return e(format!("{p}.lifecycle.windows"), "windows overlap".into());
+        }
+    }
+    if let Some(mm) = &c.multimodal {
+        for (name, d) in [
+            ("text_distribution", &mm.text_distribution),
+            ("image_distribution", &mm.image_distribution),
+            ("image_count_distribution", &mm.image_count_distribution),
+            ("audio_distribution", &mm.audio_distribution),
+            ("audio_count_distribution", &mm.audio_count_distribution),
+            ("video_distribution", &mm.video_distribution),
+            ("video_count_distribution", &mm.video_count_distribution),
+        ] {
+            if let Some(d) = d {
+                validate_dist(d, &format!("{p}.multimodal.{name}"), false)?;
+            }
+        }
+    }
+    if let Some(r) = &c.reasoning {
+        if let Some(d) = &r.reason_ratio_distribution {
+            validate_dist(d, &format!("{p}.reasoning.reason_ratio_distribution"), true)?;
+        }
+        if let Some(mt) = &r.multi_turn
+            && mt.max_rounds < 1
+        {
+            return e(
+                format!("{p}.reasoning.multi_turn.max_rounds"),
+                "must be ≥ 1".into(),
+            );
+        }
+    }
+    if let Some(n) = &c.network {
+        if n.rtt_ms.0 < 0.0 {
+            return e(format!("{p}.network.rtt_ms"), "must be ≥ 0".into());
+        }
+        if let Some(b) = n.bandwidth_mbps
+            && b.0 <= 0.0
+        {
+            return e(
+                format!("{p}.network.bandwidth_mbps"),
+                "must be positive".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Validates a distribution's parameters for its family.
+fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> std::result::Result<(), (String, String)> {
+    let q = &d.params;
+    let req = |name: &str, v: Option<Finite>| -> std::result::Result<f64, (String, String)> {
+        v.map(|f| f.0).ok_or_else(|| {
+            (
+                format!("{p}.params"),
+                format!("{:?} distribution requires `{name}`", d.kind).to_lowercase(),
+            )
+        })
+    };
+    let pos = |name: &str, v: f64| -> std::result::Result<(), (String, String)> {
+        if v > 0.0 {
+            Ok(())
+        } else {
+            Err((
+                format!("{p}.params.{name}"),
+                format!("must be positive, got {v}"),
+            ))
+        }
+    };
+    let nonneg = |name: &str, v: f64| -> std::result::Result<(), (String, String)> {
+        if v >= 0.0 {
+            Ok(())
+        } else {
+            Err((
+                format!("{p}.params.{name}"),
+                format!("must be ≥ 0, got {v}"),
+            ))
+        }
+    };
+    match d.kind {
+        DistKind::Gaussian => {
+            nonneg("mean", req("mean", q.mean)?)?;
+            nonneg("std_dev", req("std_dev", q.std_dev)?)?;
+        }
+        DistKind::Exponential => pos("mean", req("mean", q.mean)?)?,
+        DistKind::Lognormal => {
+            req("mu", q.mu)?;
+            nonneg("sigma", req("sigma", q.sigma)?)?;
+        }
+        DistKind::ParetoLognormal => {
+            pos("alpha", req("alpha", q.alpha)?)?;
+            pos("xm", req("xm", q.xm)?)?;
+            req("mu", q.mu)?;
+            nonneg("sigma", req("sigma", q.sigma)?)?;
+            let w = req("mix_weight", q.mix_weight)?;
+            if !(0.0..=1.0).contains(&w) {
+                return Err((
+                    format!("{p}.params.mix_weight"),
+                    format!("must be within [0, 1], got {w}"),
+                ));
+            }
+        }
+        DistKind::Constant => nonneg("value", req("value", q.value)?)?,
+        DistKind::Empirical => match (&d.pmf, &d.file) {
+            (None, None) => {
+                return Err((
+                    p.to_string(),
+                    "empirical distribution requires `pmf` or `file`".into(),
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err((format!("{p}.file"), "give `pmf` or `file`, not both".into()));
+            }
+            (Some(pmf), None) => {
+                let mut total = 0.0;
+                for (k, v) in pmf {
+                    let key: f64 = k.trim().parse().map_err(|_| {
+                        (format!("{p}.pmf"), format!("value {k:?} is not a number"))
+                    })?;
+                    if !key.is_finite() || key < 0.0 || (!ratio && key.fract() != 0.0) {
+                        return Err((
+                            format!("{p}.pmf"),
+                            format!(
+                                "value {k:?} must be a non-negative {}",
+                                if ratio { "number" } else { "integer" }
+                            ),
+                        ));
+                    }
+                    if v.0 < 0.0 {
+                        return Err((
+                            format!("{p}.pmf"),
+                            format!("probability of {k} is negative"),
+                        ));
+                    }
+                    total += v.0;
+                }
+                if total <= 0.0 {
+                    return Err((
+                        format!("{p}.pmf"),
+                        "probabilities must sum to a positive number".into(),
+                    ));
+                }
+            }
+            (None, Some(_)) => {}
+        },
+    }
+    if let Some(min) = q.min {
+        nonneg("min", min.0)?;
+    }
+    if let (Some(min), Some(max)) = (q.min, q.max)
+        && max.0 < min.0
+    {
+        return Err((
+            format!("{p}.params.max"),
+            format!("max ({}) is below min ({})", max.0, min.0),
+        ));
+    }
+    if ratio
+        && let Some(max) = q.max
+        && max.0 > 1.0
+    {
+        return Err((
+            format!("{p}.params.max"),
+            "a ratio's max must be ≤ 1".into(),
+        ));
+    }
+    Ok(())
+}

@@ -14,6 +14,25 @@ use crate::cli::{GenerateArgs, SyntheticArgs, WorkloadArgs};
 /// Default seed when neither the spec nor the command line gives one.
 pub const DEFAULT_SEED: u64 = 42;
 
+/// Why a workload could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A flag's value (named in the message) is invalid or missing.
+    #[error("{0}")]
+    Flag(String),
+    /// A trace or import could not be read.
+    #[error("{what}: {source}")]
+    Input {
+        /// What was being read.
+        what: String,
+        /// Why it failed.
+        source: blis_traces::Error,
+    },
+    /// A workload spec is unreadable or invalid, or generation failed.
+    #[error(transparent)]
+    Workload(#[from] blis_traces::Error),
+}
+
 /// Loads the workload of `w` as planned trace records and a header
 /// describing where they came from.
 ///
@@ -23,13 +42,17 @@ pub fn load_workload(
     w: &WorkloadArgs,
     synthetic: &SyntheticArgs,
     opts: &GenerateOptions,
-) -> anyhow::Result<(TraceHeader, Vec<TraceRecord>)> {
+) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
     if let Some(rate) = w.rate {
         if !(rate > 0.0 && rate.is_finite()) {
-            bail!("--rate must be a positive number of requests/s, got {rate}");
+            return Err(PlanError::Flag(format!(
+                "--rate must be a positive number of requests/s, got {rate}"
+            )));
         }
         if opts.num_requests.is_none() && opts.horizon_us.is_none() {
-            bail!("--rate needs --num-requests or a duration");
+            return Err(PlanError::Flag(
+                "--rate needs --num-requests or a duration".to_string(),
+            ));
         }
         let yaml = format!(
             "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: poisson}}\n    input_distribution: {}\n    output_distribution: {}\n",
@@ -56,8 +79,10 @@ pub fn load_workload(
         return Ok((header, records));
     }
     if let Some(path) = &w.trace {
-        let trace = blis_traces::Trace::read(path)
-            .with_context(|| format!("reading the trace {}", path.display()))?;
+        let trace = blis_traces::Trace::read(path).map_err(|source| PlanError::Input {
+            what: format!("reading the trace {}", path.display()),
+            source,
+        })?;
         let mut records = trace.records;
         records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
         if let Some(h) = opts.horizon_us {
@@ -91,8 +116,10 @@ pub fn load_workload(
     }
     if let Some(src) = &w.import {
         let seed = opts.seed.unwrap_or(DEFAULT_SEED);
-        let mut trace =
-            blis_traces::import(src, seed).with_context(|| format!("importing {src}"))?;
+        let mut trace = blis_traces::import(src, seed).map_err(|source| PlanError::Input {
+            what: format!("importing {src}"),
+            source,
+        })?;
         if let Some(h) = opts.horizon_us {
             trace
                 .records
@@ -103,7 +130,9 @@ pub fn load_workload(
         }
         return Ok((trace.header, trace.records));
     }
-    bail!("give --workload-spec or --import")
+    Err(PlanError::Flag(
+        "give --workload-spec or --import".to_string(),
+    ))
 }
 
 /// `blis-loadgen generate`: writes the planned trace and prints a summary.
@@ -158,14 +187,16 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
 ///
 /// # Errors
 /// Anything else, naming the flag.
-pub fn dist_yaml(flag: &str, s: &str) -> anyhow::Result<String> {
-    let num = |v: &str| -> anyhow::Result<f64> {
+pub fn dist_yaml(flag: &str, s: &str) -> Result<String, PlanError> {
+    let num = |v: &str| -> Result<f64, PlanError> {
         let x: f64 = v
             .trim()
             .parse()
-            .map_err(|_| anyhow::anyhow!("{flag}: invalid number {v:?} in {s:?}"))?;
+            .map_err(|_| PlanError::Flag(format!("{flag}: invalid number {v:?} in {s:?}")))?;
         if !(x.is_finite() && x >= 0.0) {
-            bail!("{flag}: {x} must be a finite non-negative number");
+            return Err(PlanError::Flag(format!(
+                "{flag}: {x} must be a finite non-negative number"
+            )));
         }
         Ok(x)
     };
@@ -176,7 +207,7 @@ pub fn dist_yaml(flag: &str, s: &str) -> anyhow::Result<String> {
         "gaussian" => {
             let (m, sd) = args
                 .split_once(',')
-                .ok_or_else(|| anyhow::anyhow!("{flag}: gaussian:MEAN,STD"))?;
+                .ok_or_else(|| PlanError::Flag(format!("{flag}: gaussian:MEAN,STD")))?;
             format!(
                 "{{type: gaussian, params: {{mean: {}, std_dev: {}}}}}",
                 num(m)?,
@@ -186,17 +217,19 @@ pub fn dist_yaml(flag: &str, s: &str) -> anyhow::Result<String> {
         "uniform" => {
             let (a, b) = args
                 .split_once(',')
-                .ok_or_else(|| anyhow::anyhow!("{flag}: uniform:A,B"))?;
+                .ok_or_else(|| PlanError::Flag(format!("{flag}: uniform:A,B")))?;
             let (a, b) = (num(a)?.round() as u64, num(b)?.round() as u64);
             if b < a {
-                bail!("{flag}: uniform:A,B needs A ≤ B");
+                return Err(PlanError::Flag(format!("{flag}: uniform:A,B needs A ≤ B")));
             }
             let p = 1.0 / (b - a + 1) as f64;
             let pmf: Vec<String> = (a..=b).map(|v| format!("{v}: {p}")).collect();
             format!("{{type: empirical, pmf: {{{}}}}}", pmf.join(", "))
         }
-        _ => bail!(
-            "{flag}: unknown form {s:?} (N, gaussian:MEAN,STD, exponential:MEAN, uniform:A,B)"
-        ),
+        _ => {
+            return Err(PlanError::Flag(format!(
+                "{flag}: unknown form {s:?} (N, gaussian:MEAN,STD, exponential:MEAN, uniform:A,B)"
+            )));
+        }
     })
 }

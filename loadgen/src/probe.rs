@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use reqwest::StatusCode;
 use reqwest::header::AUTHORIZATION;
 use serde_json::Value;
@@ -51,6 +50,56 @@ async fn get(
     r.send().await
 }
 
+/// Why a server cannot be used for a run (each message one line naming its
+/// URL).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// No connection.
+    #[error("cannot reach the server at {base}: {why}")]
+    Unreachable {
+        /// The server's base URL.
+        base: String,
+        /// The connection error.
+        why: String,
+    },
+    /// HTTP 401/403.
+    #[error(
+        "the server at {base} refused the API key (HTTP {status}): give --api-key or BLIS_API_KEY"
+    )]
+    Unauthorized {
+        /// The server's base URL.
+        base: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// Still 503 after the wait.
+    #[error("the server at {base} is not ready (HTTP 503 for {waited_s:.0} s)")]
+    NotReady {
+        /// The server's base URL.
+        base: String,
+        /// Seconds waited.
+        waited_s: f64,
+    },
+    /// A model list that is not JSON.
+    #[error("reading {url}: {why}")]
+    Unreadable {
+        /// The model list's URL.
+        url: String,
+        /// Why it could not be read.
+        why: String,
+    },
+    /// The model is not among those served.
+    #[error("the server at {base} does not serve the model {model:?}; it serves: {served}")]
+    UnknownModel {
+        /// The server's base URL.
+        base: String,
+        /// The model asked for.
+        model: String,
+        /// The models it serves.
+        served: String,
+    },
+}
+
 /// Checks that the server answers and serves `model`, waiting up to
 /// `wait` while it reports 503 (starting up), and measures the round trip.
 ///
@@ -63,13 +112,16 @@ pub async fn check_server(
     model: &str,
     api_key: Option<&str>,
     wait: Duration,
-) -> anyhow::Result<ServerInfo> {
+) -> Result<ServerInfo, ProbeError> {
     let url = format!("{}/v1/models", base.trim_end_matches('/'));
     let deadline = Instant::now() + wait;
     let resp = loop {
         let r = get(client, &url, api_key)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {}", describe(&e)))?;
+            .map_err(|e| ProbeError::Unreachable {
+                base: base.to_string(),
+                why: describe(&e),
+            })?;
         if r.status() == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(250)).await;
             continue;
@@ -80,21 +132,22 @@ pub async fn check_server(
     let mut info = ServerInfo::default();
     match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-            bail!(
-                "the server at {base} refused the API key (HTTP {status}): give --api-key or BLIS_API_KEY"
-            )
+            return Err(ProbeError::Unauthorized {
+                base: base.to_string(),
+                status: status.as_u16(),
+            });
         }
         StatusCode::SERVICE_UNAVAILABLE => {
-            bail!(
-                "the server at {base} is not ready (HTTP 503 for {:.0} s)",
-                wait.as_secs_f64()
-            )
+            return Err(ProbeError::NotReady {
+                base: base.to_string(),
+                waited_s: wait.as_secs_f64(),
+            });
         }
         s if s.is_success() => {
-            let v: Value = resp
-                .json()
-                .await
-                .with_context(|| format!("reading {url}"))?;
+            let v: Value = resp.json().await.map_err(|e| ProbeError::Unreadable {
+                url: url.clone(),
+                why: describe(&e),
+            })?;
             for m in v["data"].as_array().into_iter().flatten() {
                 if let Some(id) = m["id"].as_str() {
                     info.models.push(id.to_string());
@@ -104,10 +157,11 @@ pub async fn check_server(
                 }
             }
             if !info.models.is_empty() && !info.models.iter().any(|m| m == model) {
-                bail!(
-                    "the server at {base} does not serve the model {model:?}; it serves: {}",
-                    info.models.join(", ")
-                );
+                return Err(ProbeError::UnknownModel {
+                    base: base.to_string(),
+                    model: model.to_string(),
+                    served: info.models.join(", "),
+                });
             }
         }
         // Some OpenAI-compatible servers have no model list: go on.

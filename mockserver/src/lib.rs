@@ -66,7 +66,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use blis_replay::setup::{ServerArgs, resolve};
 
 pub use cli::Opts;
@@ -135,11 +134,30 @@ async fn shutdown_signal() {
     }
 }
 
+/// Why the mock server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A fault rate or the time scale is out of range.
+    #[error("{0}")]
+    Settings(String),
+    /// The engine could not be configured (unknown model, coefficients).
+    #[error("configuring the engine: {0}")]
+    Engine(#[from] blis_replay::ReplayError),
+    /// The address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Starts the server described by `opts` on the current tokio runtime.
 ///
 /// # Errors
 /// Invalid settings (unknown model, fault rates) or an address in use.
-pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
+pub async fn start(opts: &Opts) -> Result<RunningServer, StartError> {
     let faults = FaultConfig {
         http_500: opts.fault_500_rate,
         http_503: opts.fault_503_rate,
@@ -151,12 +169,12 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         malformed: opts.fault_malformed_rate,
         missing_usage: opts.fault_missing_usage_rate,
     };
-    faults.validate().map_err(anyhow::Error::msg)?;
+    faults.validate().map_err(StartError::Settings)?;
     if !(opts.time_scale > 0.0 && opts.time_scale.is_finite()) {
-        anyhow::bail!(
+        return Err(StartError::Settings(format!(
             "--time-scale must be a positive number, got {}",
             opts.time_scale
-        );
+        )));
     }
     let mut args = ServerArgs {
         model: Some(opts.model.clone()),
@@ -173,7 +191,7 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
         ..ServerArgs::default()
     };
     opts.engine.apply(&mut args);
-    let resolved = resolve(&args, None).context("configuring the engine")?;
+    let resolved = resolve(&args, None)?;
     let metrics = Arc::new(
         Metrics::new(&opts.model, opts.metrics_style)
             .with_cache_config(resolved.engine.block_size, resolved.engine.total_kv_blocks),
@@ -197,10 +215,13 @@ pub async fn start(opts: &Opts) -> anyhow::Result<RunningServer> {
     );
     state.served = served.clone();
     let state = Arc::new(state);
-    let listener = server::bind(SocketAddr::new(opts.host, opts.port))
-        .await
-        .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
-    let addr = listener.local_addr()?;
+    let bind_addr = SocketAddr::new(opts.host, opts.port);
+    let bind_error = |source| StartError::Bind {
+        addr: bind_addr,
+        source,
+    };
+    let listener = server::bind(bind_addr).await.map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
     // Streams are many small writes: send each at once (no Nagle delay).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);

@@ -1,17 +1,15 @@
 //! One request to an OpenAI-compatible server, measured: the request body
-//! for each server family, and the response read event by event with the
-//! arrival time of every SSE chunk, the usage, the finish reason and, for a
-//! failure, what went wrong.
+//! for each server family, the send, and the response read by
+//! [`crate::sse`] event by event with the arrival time of every SSE chunk,
+//! the usage, the finish reason and, for a failure, what went wrong.
 //!
 //! A [`Capture`] is filled in place while the response arrives, so that a
 //! request cut short (timeout, SIGINT) keeps everything received so far.
 
 use std::time::Duration;
 
-use eventsource_stream::{EventStreamError, Eventsource};
-use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::cli::{Api, ServerType};
@@ -92,7 +90,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
         Self {
             kind,
             detail: detail.into(),
@@ -134,8 +132,8 @@ pub struct Capture {
     pub keep_text: bool,
     /// The generated text (with `keep_text`).
     pub text: String,
-    running_completion: u32,
-    running_chunks: bool,
+    pub(crate) running_completion: u32,
+    pub(crate) running_chunks: bool,
 }
 
 impl Capture {
@@ -162,71 +160,8 @@ impl Capture {
     }
 }
 
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: Option<u32>,
-    #[serde(default)]
-    completion_tokens: Option<u32>,
-    #[serde(default)]
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    #[serde(default)]
-    cached_tokens: Option<u32>,
-}
-
-#[derive(Deserialize, Default)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    #[serde(default)]
-    reasoning: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    message: Option<Delta>,
-    #[serde(default)]
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<Value>,
-}
-
-impl Choice {
-    fn content(&self) -> Option<&str> {
-        let d = self.delta.as_ref().or(self.message.as_ref());
-        [
-            self.text.as_deref(),
-            d.and_then(|d| d.content.as_deref()),
-            d.and_then(|d| d.reasoning_content.as_deref()),
-            d.and_then(|d| d.reasoning.as_deref()),
-        ]
-        .into_iter()
-        .flatten()
-        .find(|s| !s.is_empty())
-    }
-}
-
 /// The text of an error object (`{"message": ...}`) or value.
-fn error_text(v: &Value) -> String {
+pub(crate) fn error_text(v: &Value) -> String {
     let m = v
         .get("message")
         .and_then(Value::as_str)
@@ -266,7 +201,7 @@ fn error_body_text(body: &str) -> String {
     one_line(&words.join(" "), 200)
 }
 
-fn one_line(s: &str, max: usize) -> String {
+pub(crate) fn one_line(s: &str, max: usize) -> String {
     let s: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -485,175 +420,11 @@ impl Endpoint {
             ));
         }
         if stream {
-            read_stream(resp, clock, cap).await
+            crate::sse::read_stream(resp, clock, cap).await
         } else {
-            read_whole(resp, clock, cap).await
+            crate::sse::read_whole(resp, clock, cap).await
         }
     }
-}
-
-fn apply_usage(cap: &mut Capture, u: &Usage) {
-    if let Some(p) = u.prompt_tokens {
-        cap.prompt_tokens = Some(p);
-    }
-    if let Some(c) = u.completion_tokens {
-        cap.completion_tokens = Some(c);
-    }
-    if let Some(c) = u
-        .prompt_tokens_details
-        .as_ref()
-        .and_then(|d| d.cached_tokens)
-    {
-        cap.cached_tokens = Some(c);
-    }
-}
-
-async fn read_stream(
-    resp: reqwest::Response,
-    clock: &RunClock,
-    cap: &mut Capture,
-) -> Result<(), Failure> {
-    let mut events = resp.bytes_stream().eventsource();
-    let mut done = false;
-    while let Some(ev) = events.next().await {
-        let now = clock.now_us();
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(EventStreamError::Transport(e)) => {
-                cap.last_us = Some(now);
-                return Err(Failure::new(
-                    ErrorKind::Dropped,
-                    format!(
-                        "connection failed after {} chunks: {}",
-                        cap.chunk_times.len(),
-                        describe(&e)
-                    ),
-                ));
-            }
-            Err(e) => {
-                cap.last_us = Some(now);
-                return Err(Failure::new(
-                    ErrorKind::Malformed,
-                    format!("bad SSE: {}", one_line(&e.to_string(), 200)),
-                ));
-            }
-        };
-        cap.last_us = Some(now);
-        let data = ev.data.trim();
-        if data == "[DONE]" {
-            done = true;
-            continue;
-        }
-        if data.is_empty() {
-            continue;
-        }
-        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
-            Failure::new(
-                ErrorKind::Malformed,
-                format!(
-                    "chunk {}: {e}: {}",
-                    cap.chunk_times.len(),
-                    one_line(data, 120)
-                ),
-            )
-        })?;
-        if let Some(e) = &chunk.error {
-            return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
-        }
-        let mut content = false;
-        for c in &chunk.choices {
-            if let Some(t) = c.content() {
-                content = true;
-                if cap.keep_text {
-                    cap.text.push_str(t);
-                }
-            }
-            if let Some(f) = &c.finish_reason {
-                cap.finish_reason.clone_from(f);
-            }
-        }
-        if let Some(u) = &chunk.usage {
-            apply_usage(cap, u);
-            if content && let Some(c) = u.completion_tokens {
-                cap.chunk_tokens
-                    .push(c.saturating_sub(cap.running_completion));
-                cap.running_completion = c;
-                cap.running_chunks = true;
-            }
-        }
-        if content {
-            if cap.first_us.is_none() {
-                cap.first_us = Some(now);
-            }
-            cap.chunk_times.push(now);
-        }
-    }
-    if !cap.running_chunks {
-        cap.chunk_tokens.clear();
-    }
-    if !done {
-        return Err(Failure::new(
-            ErrorKind::Dropped,
-            format!(
-                "stream ended without [DONE] after {} chunks",
-                cap.chunk_times.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-async fn read_whole(
-    resp: reqwest::Response,
-    clock: &RunClock,
-    cap: &mut Capture,
-) -> Result<(), Failure> {
-    let mut body = Vec::new();
-    let mut stream = resp.bytes_stream();
-    while let Some(b) = stream.next().await {
-        let now = clock.now_us();
-        cap.last_us = Some(now);
-        match b {
-            Ok(b) => {
-                if cap.first_us.is_none() {
-                    cap.first_us = Some(now);
-                }
-                body.extend_from_slice(&b);
-            }
-            Err(e) => {
-                return Err(Failure::new(
-                    ErrorKind::Dropped,
-                    format!("connection failed mid-body: {}", describe(&e)),
-                ));
-            }
-        }
-    }
-    let v: Chunk = serde_json::from_slice(&body).map_err(|e| {
-        Failure::new(
-            ErrorKind::Malformed,
-            format!(
-                "body: {e}: {}",
-                one_line(&String::from_utf8_lossy(&body), 120)
-            ),
-        )
-    })?;
-    if let Some(e) = &v.error {
-        return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
-    }
-    for c in &v.choices {
-        if let Some(t) = c.content()
-            && cap.keep_text
-        {
-            cap.text.push_str(t);
-        }
-        if let Some(f) = &c.finish_reason {
-            cap.finish_reason.clone_from(f);
-        }
-    }
-    if let Some(u) = &v.usage {
-        apply_usage(cap, u);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,245 @@
+//! SSE parsing: a response of an OpenAI-compatible server read event by
+//! event (`text/event-stream`, one JSON chunk per `data:` line, `[DONE]` at
+//! the end), or as one JSON body when not streamed, into a [`Capture`]:
+//! each content chunk's arrival time, the text, the usage (prompt,
+//! completion and cached tokens; running usage per chunk when the server
+//! reports it), the finish reason, and what went wrong.
+
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::clock::RunClock;
+use crate::http::{Capture, ErrorKind, Failure, describe, error_text, one_line};
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    message: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+impl Choice {
+    fn content(&self) -> Option<&str> {
+        let d = self.delta.as_ref().or(self.message.as_ref());
+        [
+            self.text.as_deref(),
+            d.and_then(|d| d.content.as_deref()),
+            d.and_then(|d| d.reasoning_content.as_deref()),
+            d.and_then(|d| d.reasoning.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|s| !s.is_empty())
+    }
+}
+
+fn apply_usage(cap: &mut Capture, u: &Usage) {
+    if let Some(p) = u.prompt_tokens {
+        cap.prompt_tokens = Some(p);
+    }
+    if let Some(c) = u.completion_tokens {
+        cap.completion_tokens = Some(c);
+    }
+    if let Some(c) = u
+        .prompt_tokens_details
+        .as_ref()
+        .and_then(|d| d.cached_tokens)
+    {
+        cap.cached_tokens = Some(c);
+    }
+}
+
+/// Reads a streamed response (`text/event-stream`): every SSE event's
+/// JSON chunk, timed on arrival; the stream must end with `[DONE]`.
+pub(crate) async fn read_stream(
+    resp: reqwest::Response,
+    clock: &RunClock,
+    cap: &mut Capture,
+) -> Result<(), Failure> {
+    let mut events = resp.bytes_stream().eventsource();
+    let mut done = false;
+    while let Some(ev) = events.next().await {
+        let now = clock.now_us();
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(EventStreamError::Transport(e)) => {
+                cap.last_us = Some(now);
+                return Err(Failure::new(
+                    ErrorKind::Dropped,
+                    format!(
+                        "connection failed after {} chunks: {}",
+                        cap.chunk_times.len(),
+                        describe(&e)
+                    ),
+                ));
+            }
+            Err(e) => {
+                cap.last_us = Some(now);
+                return Err(Failure::new(
+                    ErrorKind::Malformed,
+                    format!("bad SSE: {}", one_line(&e.to_string(), 200)),
+                ));
+            }
+        };
+        cap.last_us = Some(now);
+        let data = ev.data.trim();
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+            Failure::new(
+                ErrorKind::Malformed,
+                format!(
+                    "chunk {}: {e}: {}",
+                    cap.chunk_times.len(),
+                    one_line(data, 120)
+                ),
+            )
+        })?;
+        if let Some(e) = &chunk.error {
+            return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
+        }
+        let mut content = false;
+        for c in &chunk.choices {
+            if let Some(t) = c.content() {
+                content = true;
+                if cap.keep_text {
+                    cap.text.push_str(t);
+                }
+            }
+            if let Some(f) = &c.finish_reason {
+                cap.finish_reason.clone_from(f);
+            }
+        }
+        if let Some(u) = &chunk.usage {
+            apply_usage(cap, u);
+            if content && let Some(c) = u.completion_tokens {
+                cap.chunk_tokens
+                    .push(c.saturating_sub(cap.running_completion));
+                cap.running_completion = c;
+                cap.running_chunks = true;
+            }
+        }
+        if content {
+            if cap.first_us.is_none() {
+                cap.first_us = Some(now);
+            }
+            cap.chunk_times.push(now);
+        }
+    }
+    if !cap.running_chunks {
+        cap.chunk_tokens.clear();
+    }
+    if !done {
+        return Err(Failure::new(
+            ErrorKind::Dropped,
+            format!(
+                "stream ended without [DONE] after {} chunks",
+                cap.chunk_times.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a non-streamed response: one JSON body, timed by its first and
+/// last bytes.
+pub(crate) async fn read_whole(
+    resp: reqwest::Response,
+    clock: &RunClock,
+    cap: &mut Capture,
+) -> Result<(), Failure> {
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(b) = stream.next().await {
+        let now = clock.now_us();
+        cap.last_us = Some(now);
+        match b {
+            Ok(b) => {
+                if cap.first_us.is_none() {
+                    cap.first_us = Some(now);
+                }
+                body.extend_from_slice(&b);
+            }
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorKind::Dropped,
+                    format!("connection failed mid-body: {}", describe(&e)),
+                ));
+            }
+        }
+    }
+    let v: Chunk = serde_json::from_slice(&body).map_err(|e| {
+        Failure::new(
+            ErrorKind::Malformed,
+            format!(
+                "body: {e}: {}",
+                one_line(&String::from_utf8_lossy(&body), 120)
+            ),
+        )
+    })?;
+    if let Some(e) = &v.error {
+        return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
+    }
+    for c in &v.choices {
+        if let Some(t) = c.content()
+            && cap.keep_text
+        {
+            cap.text.push_str(t);
+        }
+        if let Some(f) = &c.finish_reason {
+            cap.finish_reason.clone_from(f);
+        }
+    }
+    if let Some(u) = &v.usage {
+        apply_usage(cap, u);
+    }
+    Ok(())
+}

@@ -29,7 +29,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod scrape;
-mod sse;
+pub mod sse;
 pub mod timer;
 
 pub use cli::{Command, GenerateArgs, Opts, RunArgs, WorkloadArgs};

@@ -94,7 +94,7 @@ fn apply_usage(cap: &mut Capture, u: &Usage) {
 
 /// Reads a streamed response (`text/event-stream`): every SSE event's
 /// JSON chunk, timed on arrival; the stream must end with `[DONE]`.
-pub(crate) async fn read_stream(
+pub async fn read_stream(
     resp: reqwest::Response,
     clock: &RunClock,
     cap: &mut Capture,
@@ -191,7 +191,7 @@ pub(crate) async fn read_stream(
 
 /// Reads a non-streamed response: one JSON body, timed by its first and
 /// last bytes.
-pub(crate) async fn read_whole(
+pub async fn read_whole(
     resp: reqwest::Response,
     clock: &RunClock,
     cap: &mut Capture,

@@ -1,5 +1,5 @@
 //! The joint fit of the global `trained-physics` coefficients
-//! ([`blis_replay::physics`]) on every run of every model at once.
+//! ([`blis_replay::latency::physics`]) on every run of every model at once.
 //!
 //! What a user reads of a run, and what the fit is judged on, is each
 //! run's mean and tail: mean and p99 of TTFT and E2E and the mean ITL per

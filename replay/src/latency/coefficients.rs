@@ -53,7 +53,7 @@ pub enum LatencyKind {
     Blackbox,
     /// Analytical roofline.
     Roofline,
-    /// Physics terms with global coefficients ([`crate::physics`]).
+    /// Physics terms with global coefficients ([`crate::latency::physics`]).
     TrainedPhysics,
     /// BLIS's trained-physics formula with its published coefficients.
     BlisPhysics,

@@ -27,6 +27,7 @@ pub mod probe;
 pub mod prompt;
 pub mod record;
 pub mod report;
+pub mod response;
 pub mod run;
 pub mod scrape;
 pub mod sse;

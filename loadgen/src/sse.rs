@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::clock::RunClock;
-use crate::http::{Capture, ErrorKind, Failure, describe, error_text, one_line};
+use crate::response::{Capture, ErrorKind, Failure, describe, error_text, one_line};
 
 #[derive(Deserialize)]
 struct Usage {

@@ -66,6 +66,7 @@ pub mod slo;
 pub mod spec;
 pub mod stdio;
 pub mod summary;
+mod validate;
 
 pub use bundle::{ItlForm, Trace, TracePaths, TraceWriter};
 pub use companions::{ChunkRecord, MetricSample};

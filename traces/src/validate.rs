@@ -1,10 +1,10 @@
 //! The rules of a workload spec that serde cannot check: which sources
 //! are given, positive rates and spans, client ids, and every client's
 //! arrival process and length distributions. Each returns the field path
-//! and the problem; [`super::WorkloadSpec::parse`] turns them into an error
+//! and the problem; [`crate::spec::WorkloadSpec::parse`] turns them into an error
 //! naming the file and line.
 
-use super::{
+use crate::spec::{
     ArrivalProcess, ClientSpec, DistKind, DistSpec, Finite, SLO_CLASSES, WorkloadSpec,
     upgrade_slo_class,
 };
@@ -135,7 +135,7 @@ impl WorkloadSpec {
 }
 
 /// ServeGen data: a span that is positive and ordered, one way to set the rate.
-fn validate_servegen(sg: &super::ServeGenDataSpec) -> Check {
+fn validate_servegen(sg: &crate::spec::ServeGenDataSpec) -> Check {
     let e = |f: &str, m: String| Err((f.to_string(), m));
     for (name, v, zero_ok) in [
         ("span_start_s", sg.span_start_s, true),
@@ -174,7 +174,7 @@ fn validate_servegen(sg: &super::ServeGenDataSpec) -> Check {
 }
 
 /// An inference-perf config: stages with rates and durations, a known load type.
-fn validate_inference_perf(ip: &super::InferencePerfSpec) -> Check {
+fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
     let e = |f: &str, m: String| Err((f.to_string(), m));
     if ip.load.stages.is_empty() {
         return e(

@@ -31,8 +31,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Location, Result, yaml_error};
 use crate::locate::locate;
 
-mod validate;
-
 /// A finite `f64`; NaN and ±Inf are rejected while parsing, at their line.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Default)]
 #[serde(transparent)]
@@ -505,7 +503,7 @@ pub struct InferencePerfApi {
 /// SLO class names accepted (BLIS v2) and the v1 names mapped onto them.
 pub const SLO_CLASSES: [&str; 5] = ["critical", "standard", "sheddable", "batch", "background"];
 
-fn upgrade_slo_class(name: &str) -> Option<&'static str> {
+pub(crate) fn upgrade_slo_class(name: &str) -> Option<&'static str> {
     match name {
         "realtime" => Some("critical"),
         "interactive" => Some("standard"),

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The replay's speed through the CLI with default outputs (issue 15, item 7):
+#   replay/benches/speed-targets.sh [RUNS=5]
+# 1. the 9,000-request Llama-2-7B ground-truth run (trace, ITL in step form,
+#    metrics every 100 ms, summary);
+# 2. 100,000 requests of examples/chat-512.yaml (prefix-sharing chat, 512-token
+#    mean prompts and outputs) on 16 instances with weighted routing;
+# 3. the same with --no-itl;
+# and the size of the outputs of 2. Prints the median and range of each.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS="${1:-5}"
+cargo build -q --release
+R=target/release/blis-replay
+GT=../shared/vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+time_runs() {
+    local name=$1
+    shift
+    local times=()
+    "$@" >/dev/null 2>&1 # warm-up
+    for _ in $(seq 1 "$RUNS"); do
+        local t0 t1
+        t0=$(date +%s.%N)
+        "$@" >/dev/null 2>&1
+        t1=$(date +%s.%N)
+        times+=("$(echo "$t1 - $t0" | bc -l)")
+    done
+    printf '%s\n' "${times[@]}" | sort -n | awk -v name="$name" '
+        { v[NR] = $1 }
+        END { printf "%-44s median %.3f s (min %.3f, max %.3f, %d runs)\n", name, v[int((NR + 1) / 2)], v[1], v[NR], NR }'
+}
+
+time_runs "ground truth, 9,000 requests, default outputs" \
+    $R run --import "vllm-gt:$GT" --out "$dir/gt"
+chat=(run --workload-spec examples/chat-512.yaml --model meta-llama/Llama-3.1-8B-Instruct
+    --num-requests 100000 --num-instances 16 --routing weighted)
+time_runs "chat-512, 100K requests x 16, default outputs" $R "${chat[@]}" --out "$dir/chat"
+time_runs "chat-512, 100K requests x 16, --no-itl" $R "${chat[@]}" --no-itl --out "$dir/chat-no-itl"
+echo "outputs of chat-512 with default outputs: $(du -cb "$dir"/chat.* | tail -1 | cut -f1) bytes"
+ls -l "$dir"/chat.*

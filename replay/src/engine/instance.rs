@@ -445,6 +445,8 @@ pub struct Instance {
     pub(super) spare_scheduled: Vec<(u32, u32)>,
     pub(super) spare_ends: Vec<i64>,
     pub(super) spare_phase: Vec<u32>,
+    /// Scratch: the requests completing in a run, in running order.
+    pub(super) spare_done: Vec<u32>,
     /// Waiting requests per SLO class (`class`, capped at 7).
     pub(super) waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
@@ -477,6 +479,7 @@ impl Instance {
             spare_scheduled: Vec::new(),
             spare_ends: Vec::new(),
             spare_phase: Vec::new(),
+            spare_done: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
             private_live: false,
@@ -799,6 +802,7 @@ impl Instance {
     pub(super) fn finish_steps(&mut self, run: &Run, report: &mut StepReport, continues: bool) {
         let k = run.ends.len() as u32;
         let base_step = report.step_ends.len() as u32;
+        let mut done = std::mem::take(&mut self.spare_done);
         if base_step == 0 {
             report.first_step = self.counters.steps;
         }
@@ -849,6 +853,10 @@ impl Instance {
                 a.num_computed += k;
                 let first_index = a.generated + 1;
                 a.generated += k;
+                if a.generated >= a.target {
+                    done.push(slot);
+                }
+                let a = self.act(slot);
                 report.spans.push(TokenSpan {
                     id: a.req.id,
                     tag: a.req.tag,
@@ -866,7 +874,9 @@ impl Instance {
                 a.num_computed += n;
                 let caught_up = a.num_computed == a.num_tokens();
                 let filled = a.num_computed / bs;
-                self.commit_hashes_upto(slot, filled);
+                if filled > a.hashed {
+                    self.commit_hashes_upto(slot, filled);
+                }
                 if caught_up {
                     let end = *run.ends.last().expect("a run has a step");
                     let a = self.act_mut(slot);
@@ -874,6 +884,10 @@ impl Instance {
                     if a.generated == 1 {
                         a.first_token_us = Some(timing.visible(end, 1, a.target <= 1));
                     }
+                    if a.generated >= a.target {
+                        done.push(slot);
+                    }
+                    let a = self.act(slot);
                     report.spans.push(TokenSpan {
                         id: a.req.id,
                         tag: a.req.tag,
@@ -888,40 +902,45 @@ impl Instance {
             }
         }
         let end = *run.ends.last().expect("a run has a step");
-        // First tokens and completions, in running order.
-        let mut i = 0;
-        while i < self.running.len() {
-            let slot = self.running[i];
-            let a = self.act_mut(slot);
-            if a.generated >= a.target {
-                let class = a.req.class;
-                if self.more_urgent_waiting(class) {
-                    self.counters.hol_blocking_events += 1;
-                }
-                let a = self.act_mut(slot);
-                let fin = Finished {
-                    id: a.req.id,
-                    tag: a.req.tag,
-                    first_token_us: a.first_token_us.unwrap_or(end),
-                    last_token_us: timing.visible(end, a.generated, true),
-                    scheduled_us: a.scheduled_us.unwrap_or(end),
-                    output_tokens: a.generated,
-                    cached_tokens: a.cached_tokens.unwrap_or(0),
-                    preemptions: a.preemptions,
-                    capped: a.capped,
-                };
-                let mut blocks = std::mem::take(&mut a.blocks);
-                self.kv.release(&mut blocks);
-                self.running.remove(i);
-                self.index.remove(&fin.id);
-                self.slots[slot as usize] = None;
-                self.free_slots.push(slot);
-                self.counters.completed += 1;
-                report.finished.push(fin);
-            } else {
-                i += 1;
+        // Completions, in running order: only a request that produced a
+        // token can complete, and the batch is in running order.
+        for &slot in &done {
+            let a = self.act(slot);
+            let class = a.req.class;
+            if self.more_urgent_waiting(class) {
+                self.counters.hol_blocking_events += 1;
             }
+            let a = self.act_mut(slot);
+            let fin = Finished {
+                id: a.req.id,
+                tag: a.req.tag,
+                first_token_us: a.first_token_us.unwrap_or(end),
+                last_token_us: timing.visible(end, a.generated, true),
+                scheduled_us: a.scheduled_us.unwrap_or(end),
+                output_tokens: a.generated,
+                cached_tokens: a.cached_tokens.unwrap_or(0),
+                preemptions: a.preemptions,
+                capped: a.capped,
+            };
+            let mut blocks = std::mem::take(&mut a.blocks);
+            self.kv.release(&mut blocks);
+            self.index.remove(&fin.id);
+            self.slots[slot as usize] = None;
+            self.free_slots.push(slot);
+            self.counters.completed += 1;
+            report.finished.push(fin);
         }
+        if !done.is_empty() {
+            self.running.retain(|&s| self.slots[s as usize].is_some());
+        }
+        debug_assert!(
+            self.running
+                .iter()
+                .all(|&s| self.act(s).generated < self.act(s).target),
+            "a request that produced no token completed"
+        );
+        done.clear();
+        self.spare_done = done;
     }
 
     /// Registers the hashes of the request's blocks `[hashed, upto)`.

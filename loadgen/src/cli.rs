@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+pub use crate::http::{Api, ServerType};
 use blis_traces::ImportSource;
 use clap::{Args, Parser, Subcommand};
 
@@ -101,29 +102,6 @@ pub struct GenerateArgs {
     /// default, for sending it again).
     #[arg(long)]
     pub keep_measured: bool,
-}
-
-/// The API a run speaks.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `/v1/completions`.
-    Completions,
-    /// `/v1/chat/completions`.
-    Chat,
-}
-
-/// The server family (selects how output length is forced and the metric
-/// names understood).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerType {
-    /// vLLM: `max_tokens` with `ignore_eos` and `min_tokens`.
-    Vllm,
-    /// SGLang: `max_tokens` with `ignore_eos`.
-    Sglang,
-    /// llama.cpp's server: `max_tokens` with `ignore_eos`.
-    Llamacpp,
-    /// Any OpenAI-compatible server: `max_tokens` only.
-    Openai,
 }
 
 /// `run` options.

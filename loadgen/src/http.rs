@@ -12,10 +12,32 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::{Api, ServerType};
 use crate::clock::RunClock;
 pub use crate::response::{Capture, ErrorKind, Failure, describe, error_label};
 use crate::response::{error_body_text, error_text};
+
+/// The API a run speaks.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// The server family (selects how output length is forced and the metric
+/// names understood).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerType {
+    /// vLLM: `max_tokens` with `ignore_eos` and `min_tokens`.
+    Vllm,
+    /// SGLang: `max_tokens` with `ignore_eos`.
+    Sglang,
+    /// llama.cpp's server: `max_tokens` with `ignore_eos`.
+    Llamacpp,
+    /// Any OpenAI-compatible server: `max_tokens` only.
+    Openai,
+}
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]

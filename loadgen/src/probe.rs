@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use reqwest::header::AUTHORIZATION;
 use serde_json::Value;
 
-use crate::cli::Api;
+use crate::http::Api;
 use crate::http::{Endpoint, Prompt, bearer, describe};
 use crate::prompt;
 

@@ -31,8 +31,9 @@ use blis_traces::{
 };
 use tokio::sync::{Semaphore, watch};
 
-use crate::cli::{Api, RunArgs, ServerType};
+use crate::cli::RunArgs;
 use crate::clock::RunClock;
+use crate::http::{Api, ServerType};
 use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
 use crate::plan::load_workload;
 use crate::record::{Msg, Recorded};

@@ -114,7 +114,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
         Some(u) => u.trim_end_matches('/').to_string(),
         None => {
             let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
-            let server = rt.block_on(blis_mockserver::start(&opts))?;
+            let server = rt.block_on(blis_mockserver::start(&opts.config()))?;
             let url = format!("http://{}", server.addr);
             log(&format!(
                 "started blis-mockserver at {url} (model {})",

@@ -34,17 +34,20 @@ async fn main() -> anyhow::Result<()> {
     // Room for every stream in one batch. A 5000-request decode step takes
     // 1.5 s (β2 = 0.3 ms per token), so 5-token answers keep every stream
     // open for several seconds while the others connect.
-    let server = start(&Opts::parse_from([
-        "blis-mockserver",
-        "--port",
-        "0",
-        "--max-num-seqs",
-        "100000",
-        "--max-num-batched-tokens",
-        "1000000",
-        "--total-kv-blocks",
-        "10000000",
-    ]))
+    let server = start(
+        &Opts::parse_from([
+            "blis-mockserver",
+            "--port",
+            "0",
+            "--max-num-seqs",
+            "100000",
+            "--max-num-batched-tokens",
+            "1000000",
+            "--total-kv-blocks",
+            "10000000",
+        ])
+        .config(),
+    )
     .await?;
     let url = format!("http://{}", server.addr);
     let client = reqwest::Client::builder()
@@ -122,15 +125,18 @@ async fn main() -> anyhow::Result<()> {
     server.shutdown().await;
 
     // Phase 2 measures the server, not the simulated GPU: 1000× time scale.
-    let server = start(&Opts::parse_from([
-        "blis-mockserver",
-        "--port",
-        "0",
-        "--max-num-seqs",
-        "1024",
-        "--time-scale",
-        "1000",
-    ]))
+    let server = start(
+        &Opts::parse_from([
+            "blis-mockserver",
+            "--port",
+            "0",
+            "--max-num-seqs",
+            "1024",
+            "--time-scale",
+            "1000",
+        ])
+        .config(),
+    )
     .await?;
     let url = format!("http://{}", server.addr);
 

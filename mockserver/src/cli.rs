@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use blis_replay::commands::cli::LatencyChoice;
 use clap::Parser;
 
 use crate::metrics::MetricsStyle;
@@ -49,7 +50,7 @@ pub struct Opts {
     /// Latency model: blackbox or roofline (default: blackbox when the
     /// coefficients file has a row for the model, else roofline).
     #[arg(long, value_enum)]
-    pub latency_model: Option<blis_replay::commands::cli::LatencyChoice>,
+    pub latency_model: Option<LatencyChoice>,
     /// Coefficients file (default: bundled).
     #[arg(long)]
     pub coefficients: Option<PathBuf>,
@@ -104,4 +105,46 @@ pub struct Opts {
     /// measurements against what the server did.
     #[arg(long, hide = true)]
     pub record_served: bool,
+}
+
+impl Opts {
+    /// The server these flags describe.
+    pub fn config(&self) -> crate::MockConfig {
+        let mut engine = blis_replay::setup::ServerArgs {
+            model: Some(self.model.clone()),
+            latency: self.latency_model.map(LatencyChoice::kind),
+            coefficients: self.coefficients.clone(),
+            model_config: self.model_config.clone(),
+            hardware: self.hardware.clone(),
+            tp: self.tp,
+            scheduler: self.scheduler,
+            prefix_caching: !self.no_prefix_caching,
+            fast_forward: false,
+            ..blis_replay::setup::ServerArgs::default()
+        };
+        self.engine.apply(&mut engine);
+        crate::MockConfig {
+            addr: std::net::SocketAddr::new(self.host, self.port),
+            model: self.model.clone(),
+            api_key: self.api_key.clone(),
+            startup_delay: std::time::Duration::from_millis(self.startup_delay_ms),
+            time_scale: self.time_scale,
+            metrics_style: self.metrics_style,
+            output_dist: self.output_dist,
+            seed: self.seed,
+            engine,
+            faults: crate::faults::FaultConfig {
+                http_500: self.fault_500_rate,
+                http_503: self.fault_503_rate,
+                http_429: self.fault_429_rate,
+                retry_after_s: self.retry_after_s,
+                drop: self.fault_drop_rate,
+                stall: self.fault_stall_rate,
+                stall_ms: self.fault_stall_ms,
+                malformed: self.fault_malformed_rate,
+                missing_usage: self.fault_missing_usage_rate,
+            },
+            record_served: self.record_served,
+        }
+    }
 }

@@ -47,7 +47,7 @@
 //! # async fn demo() -> anyhow::Result<()> {
 //! use clap::Parser;
 //! let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
-//! let server = blis_mockserver::start(&opts).await?;
+//! let server = blis_mockserver::start(&opts.config()).await?;
 //! println!("listening on http://{}", server.addr);
 //! server.shutdown().await;
 //! # Ok(()) }
@@ -153,69 +153,78 @@ pub enum StartError {
     },
 }
 
-/// Starts the server described by `opts` on the current tokio runtime.
+/// What a mock server is: where it listens, what it serves, its engine
+/// (the `blis-replay` settings; fast-forward is turned off, as tokens are
+/// handed out ahead of time) and its faults. [`Opts::config`] builds it
+/// from the command line.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Address to listen on (port 0: any free port).
+    pub addr: SocketAddr,
+    /// The served model name.
+    pub model: String,
+    /// Bearer token required of clients, if any.
+    pub api_key: Option<String>,
+    /// 503 for this long after start.
+    pub startup_delay: Duration,
+    /// Simulated time per wall time (> 1: faster than real time).
+    pub time_scale: f64,
+    /// The `/metrics` names: vLLM's or SGLang's.
+    pub metrics_style: metrics::MetricsStyle,
+    /// Output lengths of requests that do not force one.
+    pub output_dist: server::OutputDist,
+    /// Seed of faults and output lengths.
+    pub seed: u64,
+    /// The engine.
+    pub engine: ServerArgs,
+    /// Injected faults.
+    pub faults: FaultConfig,
+    /// Keep a log of what was served (for tests).
+    pub record_served: bool,
+}
+
+/// Starts the server `cfg` describes on the current tokio runtime.
 ///
 /// # Errors
-/// Invalid settings (unknown model, fault rates) or an address in use.
-pub async fn start(opts: &Opts) -> Result<RunningServer, StartError> {
-    let faults = FaultConfig {
-        http_500: opts.fault_500_rate,
-        http_503: opts.fault_503_rate,
-        http_429: opts.fault_429_rate,
-        retry_after_s: opts.retry_after_s,
-        drop: opts.fault_drop_rate,
-        stall: opts.fault_stall_rate,
-        stall_ms: opts.fault_stall_ms,
-        malformed: opts.fault_malformed_rate,
-        missing_usage: opts.fault_missing_usage_rate,
-    };
-    faults.validate().map_err(StartError::Settings)?;
-    if !(opts.time_scale > 0.0 && opts.time_scale.is_finite()) {
+/// Invalid settings (unknown model, fault rates, time scale) or an address
+/// in use.
+pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
+    cfg.faults.validate().map_err(StartError::Settings)?;
+    if !(cfg.time_scale > 0.0 && cfg.time_scale.is_finite()) {
         return Err(StartError::Settings(format!(
             "--time-scale must be a positive number, got {}",
-            opts.time_scale
+            cfg.time_scale
         )));
     }
-    let mut args = ServerArgs {
-        model: Some(opts.model.clone()),
-        latency: opts
-            .latency_model
-            .map(blis_replay::commands::cli::LatencyChoice::kind),
-        coefficients: opts.coefficients.clone(),
-        model_config: opts.model_config.clone(),
-        hardware: opts.hardware.clone(),
-        tp: opts.tp,
-        scheduler: opts.scheduler,
-        prefix_caching: !opts.no_prefix_caching,
+    let args = ServerArgs {
         fast_forward: false,
-        ..ServerArgs::default()
+        ..cfg.engine.clone()
     };
-    opts.engine.apply(&mut args);
     let resolved = resolve(&args, None)?;
     let metrics = Arc::new(
-        Metrics::new(&opts.model, opts.metrics_style)
+        Metrics::new(&cfg.model, cfg.metrics_style)
             .with_cache_config(resolved.engine.block_size, resolved.engine.total_kv_blocks),
     );
-    let clock = Arc::new(Clock::new(opts.time_scale));
+    let clock = Arc::new(Clock::new(cfg.time_scale));
     let instance = blis_replay::Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let engine = EngineHandle::start(instance, clock, metrics.clone());
-    let served = opts
+    let served = cfg
         .record_served
         .then(|| Arc::new(server::ServedLog::default()));
     let mut state = AppState::new(
-        opts.model.clone(),
-        opts.api_key.clone(),
-        Duration::from_millis(opts.startup_delay_ms),
+        cfg.model.clone(),
+        cfg.api_key.clone(),
+        cfg.startup_delay,
         engine.clone(),
         resolved.engine.clone(),
         metrics.clone(),
-        Faults::new(faults, opts.seed),
-        opts.output_dist,
-        opts.seed,
+        Faults::new(cfg.faults, cfg.seed),
+        cfg.output_dist,
+        cfg.seed,
     );
     state.served = served.clone();
     let state = Arc::new(state);
-    let bind_addr = SocketAddr::new(opts.host, opts.port);
+    let bind_addr = cfg.addr;
     let bind_error = |source| StartError::Bind {
         addr: bind_addr,
         source,

@@ -15,7 +15,7 @@ fn main() {
         }
     };
     let code = rt.block_on(async {
-        match blis_mockserver::start(&opts).await {
+        match blis_mockserver::start(&opts.config()).await {
             Ok(server) => {
                 let mut out = blis_traces::stdio::PipeSafe::new(std::io::stdout().lock());
                 let _ = writeln!(out, "listening on http://{}", server.addr);

@@ -59,7 +59,7 @@ fn fit_recovers_the_mocks_coefficients() {
         "--time-scale",
         &SCALE.to_string(),
     ]);
-    let server = rt.block_on(blis_mockserver::start(&opts)).unwrap();
+    let server = rt.block_on(blis_mockserver::start(&opts.config())).unwrap();
     let url = format!("http://{}", server.addr);
     let out = dir.path().join("observed");
     let lg = blis_loadgen::Opts::parse_from([

@@ -34,7 +34,7 @@ impl Mock {
         args.extend_from_slice(extra);
         let opts = blis_mockserver::Opts::parse_from(args);
         let server = rt
-            .block_on(blis_mockserver::start(&opts))
+            .block_on(blis_mockserver::start(&opts.config()))
             .expect("mock starts");
         let url = format!("http://{}", server.addr);
         Self {

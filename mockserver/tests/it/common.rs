@@ -11,7 +11,9 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub async fn server(extra: &[&str]) -> (RunningServer, String) {
     let mut args = vec!["blis-mockserver", "--port", "0"];
     args.extend_from_slice(extra);
-    let s = start(&Opts::parse_from(args)).await.expect("server starts");
+    let s = start(&Opts::parse_from(args).config())
+        .await
+        .expect("server starts");
     let url = format!("http://{}", s.addr);
     (s, url)
 }

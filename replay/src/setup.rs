@@ -257,12 +257,58 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             .map_err(|e| ReplayError::Config(e.to_string()))
             .cloned()
     };
+    let (latency, row_async) = latency_model(
+        kind,
+        &coefs,
+        &model,
+        &gpu,
+        tp,
+        arch.as_ref(),
+        &hardware,
+        &mut prov,
+    )?;
+    let engine = engine_config(
+        args,
+        hs,
+        &coefs,
+        (&model, &gpu, tp, kind),
+        arch.as_ref(),
+        hw.as_ref().ok(),
+        row_async,
+        &mut prov,
+    )?;
+    Ok(Resolved {
+        engine,
+        latency,
+        model,
+        gpu,
+        tp,
+        provenance: prov,
+    })
+}
+
+/// Step 2 of [`resolve`]: the latency model of `kind` for `model` on `gpu`
+/// at TP `tp`, from its coefficients row (blackbox, trained-physics), its
+/// parameters (roofline: the GPU's MFUs unless a row overrides them) or
+/// BLIS's published coefficients; with the async-scheduling setting a
+/// trained-physics row was fitted with.
+#[allow(clippy::too_many_arguments)]
+fn latency_model(
+    kind: LatencyKind,
+    coefs: &CoefficientsFile,
+    model: &str,
+    gpu: &str,
+    tp: u32,
+    arch: Option<&ModelArch>,
+    hardware: &dyn Fn() -> Result<Hardware>,
+    prov: &mut Vec<String>,
+) -> Result<(Model, Option<bool>)> {
     // The step structure a trained-physics row was fitted with.
     let mut row_async = None;
     let latency = match kind {
         LatencyKind::Blackbox => {
             let row = coefs
-                .find(&model, &gpu, tp, LatencyKind::Blackbox)
+                .find(model, gpu, tp, LatencyKind::Blackbox)
                 .ok_or_else(|| {
                     ReplayError::Config(format!(
                         "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; \
@@ -281,7 +327,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             })
         }
         LatencyKind::Roofline => {
-            let arch = arch.clone().expect("checked above");
+            let arch = arch.cloned().expect("checked above");
             let hw = hardware()?;
             let mut params = RooflineParams {
                 mfu_prefill: hw.mfu_prefill,
@@ -290,7 +336,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
                 allreduce_latency_us: 0.0,
                 alpha: [0.0; 3],
             };
-            if let Some(row) = coefs.find(&model, &gpu, tp, LatencyKind::Roofline) {
+            if let Some(row) = coefs.find(model, gpu, tp, LatencyKind::Roofline) {
                 params.mfu_prefill = row.mfu_prefill.unwrap_or(params.mfu_prefill);
                 params.mfu_decode = row.mfu_decode.unwrap_or(params.mfu_decode);
                 params.overhead_us = row.overhead_us.unwrap_or(0.0);
@@ -308,10 +354,10 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
         }
         LatencyKind::TrainedPhysics => {
-            let arch = arch.clone().expect("checked above");
+            let arch = arch.cloned().expect("checked above");
             let hw = hardware()?;
             let row = coefs
-                .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
+                .find(model, gpu, tp, LatencyKind::TrainedPhysics)
                 .ok_or_else(|| {
                     ReplayError::Config(format!(
                         "no trained-physics coefficients for {gpu} (a row with model \"*\" and gpu {gpu} or \"*\"): give --coefficients with one (blis-calibrate fit --runs DIR writes it)"
@@ -336,7 +382,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             )))
         }
         LatencyKind::BlisPhysics => {
-            let arch = arch.clone().expect("checked above");
+            let arch = arch.cloned().expect("checked above");
             let hw = hardware()?;
             prov.push(format!(
                 "blis-physics {} on {} TP{tp} (BLIS's published global coefficients)",
@@ -345,8 +391,25 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             Model::BlisPhysics(Box::new(BlisPhysics::published(&arch, &hw, tp)))
         }
     };
+    Ok((latency, row_async))
+}
+
+/// Step 3 of [`resolve`]: the engine's settings, each from the flags, else
+/// the trace header, else the coefficients row or an estimate from the
+/// model and GPU, else vLLM's default (recorded in `prov`).
+#[allow(clippy::too_many_arguments)]
+fn engine_config(
+    args: &ServerArgs,
+    hs: Option<&ServerConfig>,
+    coefs: &CoefficientsFile,
+    (model, gpu, tp, kind): (&str, &str, u32, LatencyKind),
+    arch: Option<&ModelArch>,
+    hw: Option<&Hardware>,
+    row_async: Option<bool>,
+    prov: &mut Vec<String>,
+) -> Result<EngineConfig> {
     let block_size = pick(
-        &mut prov,
+        prov,
         "block_size",
         args.block_size.map(u64::from),
         hs.and_then(|s| s.block_size).map(u64::from),
@@ -354,19 +417,19 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     )
     .unwrap_or(16) as u32;
     let row_blocks = coefs
-        .find(&model, &gpu, tp, kind)
+        .find(model, gpu, tp, kind)
         .and_then(|r| r.total_kv_blocks);
     let util = args
         .gpu_memory_utilization
         .or_else(|| hs.and_then(|s| s.gpu_memory_utilization))
         .unwrap_or(0.9);
-    let estimated = match (&arch, hw.as_ref().ok()) {
+    let estimated = match (arch, hw) {
         (Some(a), Some(h)) => Some(u64::from(estimate_kv_blocks(a, h, tp, util, block_size))),
         _ => None,
     };
     let kv_default = row_blocks.or(estimated);
     let total_kv_blocks = pick(
-        &mut prov,
+        prov,
         "total_kv_blocks",
         args.total_kv_blocks.map(u64::from),
         hs.and_then(|s| s.total_kv_blocks),
@@ -384,7 +447,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     }
     let engine = EngineConfig {
         max_num_seqs: pick(
-            &mut prov,
+            prov,
             "max_num_seqs",
             args.max_num_seqs.map(u64::from),
             hs.and_then(|s| s.max_num_seqs).map(u64::from),
@@ -392,7 +455,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         )
         .unwrap_or(256) as u32,
         max_num_batched_tokens: pick(
-            &mut prov,
+            prov,
             "max_num_batched_tokens",
             args.max_num_batched_tokens.map(u64::from),
             hs.and_then(|s| s.max_num_batched_tokens).map(u64::from),
@@ -403,7 +466,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         block_size,
         total_kv_blocks,
         max_model_len: pick(
-            &mut prov,
+            prov,
             "max_model_len",
             args.max_model_len.map(u64::from),
             hs.and_then(|s| s.max_model_len),
@@ -424,12 +487,5 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             "max_num_seqs, max_num_batched_tokens and block_size must be positive".into(),
         ));
     }
-    Ok(Resolved {
-        engine,
-        latency,
-        model,
-        gpu,
-        tp,
-        provenance: prov,
-    })
+    Ok(engine)
 }

@@ -810,49 +810,109 @@ impl Instance {
         report.steps += u64::from(k);
         self.counters.steps += u64::from(k);
         self.counters.fast_forwarded_steps += u64::from(k - 1);
+        if k > 1 || continues {
+            self.finish_decode_run(run, report, base_step, continues, &mut done);
+        } else {
+            self.finish_one_step(run, report, base_step, &mut done);
+        }
+        self.complete(run, report, &mut done);
+        self.spare_done = done;
+    }
+
+    /// A decode-only run of `k` steps: block fills and allocations recur
+    /// every `block_size` steps per request, so the requests are grouped by
+    /// phase and each KV operation is applied in (step, running order); each
+    /// request produced `k` tokens.
+    fn finish_decode_run(
+        &mut self,
+        run: &Run,
+        report: &mut StepReport,
+        base_step: u32,
+        continues: bool,
+        done: &mut Vec<u32>,
+    ) {
+        let k = run.ends.len() as u32;
+        let bs = self.kv.block_size();
+        if self.groups.len() != bs as usize {
+            self.groups = vec![Vec::new(); bs as usize];
+        }
+        for g in &mut self.groups {
+            g.clear();
+        }
+        for &(slot, _) in &run.scheduled {
+            let c0 = self.act(slot).num_computed;
+            let phase = (bs - c0 % bs) % bs;
+            self.groups[phase as usize].push(slot);
+        }
+        let mut groups = std::mem::take(&mut self.groups);
+        for j in 1..=k {
+            let g = &groups[(j % bs) as usize];
+            for &slot in g {
+                // The request's j-th token fills a block: register it.
+                let filled = (self.act(slot).num_computed + j) / bs;
+                self.commit_hashes_upto(slot, filled);
+            }
+            if j < k || continues {
+                for &slot in g {
+                    let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
+                    let ok = self.kv.allocate(&mut blocks, &[], 1);
+                    debug_assert!(ok, "fast-forward checked the free blocks");
+                    self.act_mut(slot).blocks = blocks;
+                }
+            }
+        }
+        for g in &mut groups {
+            g.clear();
+        }
+        self.groups = groups;
+        for &(slot, _) in &run.scheduled {
+            let a = self.act_mut(slot);
+            a.num_computed += k;
+            let first_index = a.generated + 1;
+            a.generated += k;
+            if a.generated >= a.target {
+                done.push(slot);
+            }
+            let a = self.act(slot);
+            report.spans.push(TokenSpan {
+                id: a.req.id,
+                tag: a.req.tag,
+                first_index,
+                first_step: base_step,
+                join: a.join,
+                count: k,
+                target: a.target,
+            });
+        }
+        self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
+    }
+
+    /// One step: each scheduled request computed its chunk; those caught up
+    /// with their tokens produced one (the first, after a prefill).
+    fn finish_one_step(
+        &mut self,
+        run: &Run,
+        report: &mut StepReport,
+        base_step: u32,
+        done: &mut Vec<u32>,
+    ) {
         let bs = self.kv.block_size();
         let timing = report.timing;
-        if k > 1 || continues {
-            // Decode-only run of k steps. Block fills and allocations recur
-            // every `bs` steps per request; group the requests by phase so
-            // that each kv operation is applied in (step, running order).
-            if self.groups.len() != bs as usize {
-                self.groups = vec![Vec::new(); bs as usize];
+        for &(slot, n) in &run.scheduled {
+            let a = self.act_mut(slot);
+            a.num_computed += n;
+            let caught_up = a.num_computed == a.num_tokens();
+            let filled = a.num_computed / bs;
+            if filled > a.hashed {
+                self.commit_hashes_upto(slot, filled);
             }
-            for g in &mut self.groups {
-                g.clear();
-            }
-            for &(slot, _) in &run.scheduled {
-                let c0 = self.act(slot).num_computed;
-                let phase = (bs - c0 % bs) % bs;
-                self.groups[phase as usize].push(slot);
-            }
-            let mut groups = std::mem::take(&mut self.groups);
-            for j in 1..=k {
-                let g = &groups[(j % bs) as usize];
-                for &slot in g {
-                    // The request's j-th token fills a block: register it.
-                    let filled = (self.act(slot).num_computed + j) / bs;
-                    self.commit_hashes_upto(slot, filled);
-                }
-                if j < k || continues {
-                    for &slot in g {
-                        let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
-                        let ok = self.kv.allocate(&mut blocks, &[], 1);
-                        debug_assert!(ok, "fast-forward checked the free blocks");
-                        self.act_mut(slot).blocks = blocks;
-                    }
-                }
-            }
-            for g in &mut groups {
-                g.clear();
-            }
-            self.groups = groups;
-            for &(slot, _) in &run.scheduled {
+            if caught_up {
+                let end = *run.ends.last().expect("a run has a step");
                 let a = self.act_mut(slot);
-                a.num_computed += k;
-                let first_index = a.generated + 1;
-                a.generated += k;
+                a.generated += 1;
+                if a.generated == 1 {
+                    a.first_token_us = Some(timing.visible(end, 1, a.target <= 1));
+                }
                 if a.generated >= a.target {
                     done.push(slot);
                 }
@@ -860,51 +920,26 @@ impl Instance {
                 report.spans.push(TokenSpan {
                     id: a.req.id,
                     tag: a.req.tag,
-                    first_index,
+                    first_index: a.generated,
                     first_step: base_step,
                     join: a.join,
-                    count: k,
+                    count: 1,
                     target: a.target,
                 });
-            }
-            self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
-        } else {
-            for &(slot, n) in &run.scheduled {
-                let a = self.act_mut(slot);
-                a.num_computed += n;
-                let caught_up = a.num_computed == a.num_tokens();
-                let filled = a.num_computed / bs;
-                if filled > a.hashed {
-                    self.commit_hashes_upto(slot, filled);
-                }
-                if caught_up {
-                    let end = *run.ends.last().expect("a run has a step");
-                    let a = self.act_mut(slot);
-                    a.generated += 1;
-                    if a.generated == 1 {
-                        a.first_token_us = Some(timing.visible(end, 1, a.target <= 1));
-                    }
-                    if a.generated >= a.target {
-                        done.push(slot);
-                    }
-                    let a = self.act(slot);
-                    report.spans.push(TokenSpan {
-                        id: a.req.id,
-                        tag: a.req.tag,
-                        first_index: a.generated,
-                        first_step: base_step,
-                        join: a.join,
-                        count: 1,
-                        target: a.target,
-                    });
-                    self.counters.generation_tokens += 1;
-                }
+                self.counters.generation_tokens += 1;
             }
         }
+    }
+
+    /// The requests of `done` completed at the run's end: each leaves the
+    /// batch (in running order: only a request that produced a token can
+    /// complete, and the batch is in running order) and frees its blocks.
+    fn complete(&mut self, run: &Run, report: &mut StepReport, done: &mut Vec<u32>) {
+        let timing = report.timing;
         let end = *run.ends.last().expect("a run has a step");
         // Completions, in running order: only a request that produced a
         // token can complete, and the batch is in running order.
-        for &slot in &done {
+        for &slot in done.iter() {
             let a = self.act(slot);
             let class = a.req.class;
             if self.more_urgent_waiting(class) {
@@ -940,7 +975,6 @@ impl Instance {
             "a request that produced no token completed"
         );
         done.clear();
-        self.spare_done = done;
     }
 
     /// Registers the hashes of the request's blocks `[hashed, upto)`.

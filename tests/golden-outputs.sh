@@ -3,8 +3,11 @@
 # script and the ground-truth replays write, into one folder, so that a
 # refactor can be checked byte for byte:
 #   tests/golden-outputs.sh BIN_DIR OUT_DIR
-#   tests/golden-outputs.sh /tmp/before out/before && tests/golden-outputs.sh target/release out/after
-#   diff -r out/before out/after && echo identical
+#   tests/golden-outputs.sh /tmp/before-bin out/golden && mv out/golden out/before
+#   tests/golden-outputs.sh target/release out/golden && diff -r out/before out/golden && echo identical
+# (the same OUT_DIR both times: printed summaries and reports name their
+# files). A simulator's ITL companion is in step form; `blis-replay
+# expand-itl` gives its rows.
 # BIN_DIR holds blis-loadgen, blis-replay and blis-calibrate. Needs
 # ../shared beside the checkout. About a minute on 2 cores.
 set -euo pipefail

@@ -6,6 +6,9 @@ pub enum ReplayError {
     /// A model, hardware or coefficients description is missing or invalid.
     #[error("{0}")]
     Config(String),
+    /// A cluster policy setting is invalid.
+    #[error(transparent)]
+    Policy(#[from] crate::cluster::PolicyError),
     /// Reading or writing a trace or workload failed.
     #[error(transparent)]
     Trace(#[from] blis_traces::Error),

@@ -3,6 +3,7 @@
 //! A rejected request never reaches routing; it is counted and written to
 //! the predicted trace with `status: error` and the policy's name.
 
+use crate::cluster::error::PolicyError;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -64,15 +65,16 @@ impl AdmissionPolicy {
     ///
     /// # Errors
     /// The offending parameter, named.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let pos = |name: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(format!(
-                    "admission {}: {name} must be a positive number, got {v}",
-                    self.name()
-                ))
+                Err(PolicyError::OutOfRange {
+                    field: format!("admission {}: {name}", self.name()),
+                    must: "a positive number",
+                    got: v.to_string(),
+                })
             }
         };
         match self {

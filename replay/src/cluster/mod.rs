@@ -7,10 +7,12 @@
 
 pub mod admission;
 pub mod control;
+pub mod error;
 pub mod policy;
 pub mod prefix_index;
 pub mod priority;
 pub mod routing;
 
 pub use control::{ClusterSummary, Control, DecisionRecord};
+pub use error::PolicyError;
 pub use policy::PolicyBundle;

@@ -22,6 +22,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::admission::AdmissionPolicy;
+use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
 use crate::engine::queue_order::SchedulerPolicy;
@@ -120,33 +121,58 @@ impl PolicyBundle {
     ///
     /// # Errors
     /// The offending field, named.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), PolicyError> {
+        let range = |field: &str, must, got: String| {
+            Err(PolicyError::OutOfRange {
+                field: field.to_string(),
+                must,
+                got,
+            })
+        };
         if self.num_instances == 0 {
-            return Err("num_instances must be at least 1".into());
+            return range("num_instances", "at least 1", "0".into());
         }
-        if let Some(f) = &self.flow_control
-            && !(f.queue_depth_threshold.is_finite()
-                && f.queue_depth_threshold > 0.0
-                && f.kv_utilization_threshold.is_finite()
-                && f.kv_utilization_threshold > 0.0)
-        {
-            return Err("flow_control: thresholds must be positive numbers".into());
+        if let Some(f) = &self.flow_control {
+            for (name, v) in [
+                (
+                    "flow_control: queue_depth_threshold",
+                    f.queue_depth_threshold,
+                ),
+                (
+                    "flow_control: kv_utilization_threshold",
+                    f.kv_utilization_threshold,
+                ),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return range(name, "a positive number", v.to_string());
+                }
+            }
         }
-        if self.admission_latency_us < 0 || self.routing_latency_us < 0 {
-            return Err("admission_latency_us and routing_latency_us must be ≥ 0".into());
-        }
-        if self.snapshot_refresh_interval_us < 0 {
-            return Err("snapshot_refresh_interval_us must be ≥ 0".into());
+        for (name, v) in [
+            ("admission_latency_us", self.admission_latency_us),
+            ("routing_latency_us", self.routing_latency_us),
+            (
+                "snapshot_refresh_interval_us",
+                self.snapshot_refresh_interval_us,
+            ),
+        ] {
+            if v < 0 {
+                return range(name, "≥ 0", v.to_string());
+            }
         }
         if self.prefix_index_capacity == 0 {
-            return Err("prefix_index_capacity must be at least 1".into());
+            return range("prefix_index_capacity", "at least 1", "0".into());
         }
         if let RoutingPolicy::Weighted { scorers } = &self.routing {
-            if scorers.values().any(|w| !w.is_finite() || *w < 0.0) {
-                return Err("routing scorers: weights must be finite and ≥ 0".into());
+            if let Some((s, w)) = scorers.iter().find(|(_, w)| !w.is_finite() || **w < 0.0) {
+                return range(
+                    &format!("routing scorers: the weight of {}", s.name()),
+                    "finite and ≥ 0",
+                    w.to_string(),
+                );
             }
             if scorers.values().all(|w| *w == 0.0) {
-                return Err("routing scorers: at least one weight must be positive".into());
+                return Err(PolicyError::NoPositiveWeight);
             }
         }
         self.priority.validate()?;

@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::error::PolicyError;
 use crate::engine::queue_order::slo_priority;
 
 /// A priority policy and its parameters.
@@ -71,7 +72,7 @@ impl AgeScores {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), PolicyError> {
         for (name, v) in [
             ("realtime_score", self.realtime_score),
             ("default_score", self.default_score),
@@ -79,11 +80,19 @@ impl AgeScores {
             ("age_weight", self.age_weight),
         ] {
             if !v.is_finite() {
-                return Err(format!("priority: {name} must be a finite number, got {v}"));
+                return Err(PolicyError::OutOfRange {
+                    field: format!("priority: {name}"),
+                    must: "a finite number",
+                    got: v.to_string(),
+                });
             }
         }
         if self.age_weight < 0.0 {
-            return Err("priority: age_weight must be ≥ 0".into());
+            return Err(PolicyError::OutOfRange {
+                field: "priority: age_weight".into(),
+                must: "≥ 0",
+                got: self.age_weight.to_string(),
+            });
         }
         Ok(())
     }
@@ -104,15 +113,17 @@ impl PriorityPolicy {
     ///
     /// # Errors
     /// An unknown name (the known ones listed).
-    pub fn from_name(name: &str) -> Result<Self, String> {
+    pub fn from_name(name: &str) -> Result<Self, PolicyError> {
         match name {
             "slo-class" => Ok(Self::SloClass),
             "constant" => Ok(Self::Constant),
             "slo-based" => Ok(Self::SloBased(AgeScores::default())),
             "inverted-slo" => Ok(Self::InvertedSlo(AgeScores::default())),
-            other => Err(format!(
-                "unknown priority policy {other:?} (slo-class, constant, slo-based, inverted-slo)"
-            )),
+            other => Err(PolicyError::Unknown {
+                kind: "priority policy",
+                name: other.to_string(),
+                known: "slo-class, constant, slo-based, inverted-slo",
+            }),
         }
     }
 
@@ -136,7 +147,7 @@ impl PriorityPolicy {
     ///
     /// # Errors
     /// The offending field, named.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         match self {
             Self::SloBased(s) | Self::InvertedSlo(s) => s.validate(),
             _ => Ok(()),
@@ -191,6 +202,11 @@ mod tests {
             age_weight: f64::NAN,
             ..AgeScores::default()
         });
-        assert!(bad.validate().unwrap_err().contains("age_weight"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("age_weight")
+        );
     }
 }

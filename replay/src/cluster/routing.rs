@@ -10,6 +10,8 @@
 pub use crate::cluster::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::error::PolicyError;
+
 /// A scorer of the `weighted` policy; each gives every instance a score in
 /// [0, 1] (higher is better).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -51,7 +53,7 @@ impl Scorer {
     ///
     /// # Errors
     /// An unknown name, with the known ones.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, PolicyError> {
         Ok(match s {
             "prefix-affinity" => Self::PrefixAffinity,
             "precise-prefix-cache" => Self::PrecisePrefixCache,
@@ -60,9 +62,11 @@ impl Scorer {
             "kv-utilization" => Self::KvUtilization,
             "load-balance" => Self::LoadBalance,
             _ => {
-                return Err(format!(
-                    "unknown scorer {s:?} (prefix-affinity, precise-prefix-cache, no-hit-lru, queue-depth, kv-utilization, load-balance)"
-                ));
+                return Err(PolicyError::Unknown {
+                    kind: "scorer",
+                    name: s.to_string(),
+                    known: "prefix-affinity, precise-prefix-cache, no-hit-lru, queue-depth, kv-utilization, load-balance",
+                });
             }
         })
     }
@@ -73,23 +77,27 @@ impl Scorer {
 /// # Errors
 /// A malformed item, an unknown scorer, or a weight that is not a finite
 /// non-negative number; all weights zero.
-pub fn parse_scorers(s: &str) -> Result<Vec<(Scorer, f64)>, String> {
+pub fn parse_scorers(s: &str) -> Result<Vec<(Scorer, f64)>, PolicyError> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let malformed = |problem| PolicyError::Malformed {
+            item: item.to_string(),
+            problem,
+        };
         let (name, w) = item
             .split_once(':')
-            .ok_or_else(|| format!("scorer {item:?}: expected NAME:WEIGHT"))?;
+            .ok_or_else(|| malformed("expected NAME:WEIGHT"))?;
         let w: f64 = w
             .trim()
             .parse()
-            .map_err(|_| format!("scorer {item:?}: weight {w:?} is not a number"))?;
+            .map_err(|_| malformed("the weight is not a number"))?;
         if !w.is_finite() || w < 0.0 {
-            return Err(format!("scorer {item:?}: weight must be finite and ≥ 0"));
+            return Err(malformed("the weight must be finite and ≥ 0"));
         }
         out.push((Scorer::parse(name.trim())?, w));
     }
     if out.iter().all(|(_, w)| *w == 0.0) {
-        return Err("scorers: at least one weight must be positive".into());
+        return Err(PolicyError::NoPositiveWeight);
     }
     Ok(out)
 }
@@ -432,6 +440,7 @@ mod tests {
         assert!(
             parse_scorers("prefix:3")
                 .unwrap_err()
+                .to_string()
                 .contains("unknown scorer")
         );
         assert!(parse_scorers("queue-depth:x").is_err());

@@ -428,7 +428,7 @@ impl ClusterArgs {
         if let Some(l) = a.routing_latency_us {
             b.routing_latency_us = l;
         }
-        b.validate().map_err(bad)?;
+        b.validate()?;
         Ok(b)
     }
 }

@@ -8,6 +8,27 @@
 
 use crate::output::summary::{Dist, FitnessPart, FitnessReport, Summary};
 
+/// A malformed `--fitness-weights` list.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitnessError {
+    /// A name that is not a metric.
+    #[error(
+        "unknown fitness metric {0:?} (throughput, tokens_per_s, or STAT_LATENCY with STAT in mean|p50|p90|p95|p99 and LATENCY in ttft|e2e|itl|tpot, e.g. p99_ttft)"
+    )]
+    UnknownMetric(String),
+    /// An item that is not `METRIC:WEIGHT` with a finite weight.
+    #[error("fitness weight {item:?}: {problem}")]
+    Malformed {
+        /// The item.
+        item: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// No metric at all.
+    #[error("no metric given")]
+    Empty,
+}
+
 /// A metric the fitness can weigh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FitnessMetric {
@@ -28,7 +49,7 @@ impl FitnessMetric {
     ///
     /// # Errors
     /// An unknown name, with the known forms.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, FitnessError> {
         match s {
             "throughput" => return Ok(Self::Throughput),
             "tokens_per_s" => return Ok(Self::TokensPerS),
@@ -40,9 +61,7 @@ impl FitnessMetric {
         {
             return Ok(Self::Latency(lat, stat));
         }
-        Err(format!(
-            "unknown fitness metric {s:?} (throughput, tokens_per_s, or STAT_LATENCY with STAT in mean|p50|p90|p95|p99 and LATENCY in ttft|e2e|itl|tpot, e.g. p99_ttft)"
-        ))
+        Err(FitnessError::UnknownMetric(s.to_string()))
     }
 
     /// The raw value in `s` (latencies in ms).
@@ -82,18 +101,22 @@ impl FitnessMetric {
 ///
 /// # Errors
 /// A malformed item, an unknown metric, or a weight that is not finite.
-pub fn parse_weights(s: &str) -> Result<Vec<(String, FitnessMetric, f64)>, String> {
+pub fn parse_weights(s: &str) -> Result<Vec<(String, FitnessMetric, f64)>, FitnessError> {
     let mut out = Vec::new();
     for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let malformed = |problem| FitnessError::Malformed {
+            item: item.to_string(),
+            problem,
+        };
         let (name, w) = item
             .split_once(':')
-            .ok_or_else(|| format!("fitness weight {item:?}: expected METRIC:WEIGHT"))?;
+            .ok_or_else(|| malformed("expected METRIC:WEIGHT"))?;
         let w: f64 = w
             .trim()
             .parse()
-            .map_err(|_| format!("fitness weight {item:?}: {w:?} is not a number"))?;
+            .map_err(|_| malformed("the weight is not a number"))?;
         if !w.is_finite() {
-            return Err(format!("fitness weight {item:?}: must be finite"));
+            return Err(malformed("the weight must be finite"));
         }
         out.push((
             name.trim().to_string(),
@@ -102,7 +125,7 @@ pub fn parse_weights(s: &str) -> Result<Vec<(String, FitnessMetric, f64)>, Strin
         ));
     }
     if out.is_empty() {
-        return Err("--fitness-weights: no metric given".into());
+        return Err(FitnessError::Empty);
     }
     Ok(out)
 }

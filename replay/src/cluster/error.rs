@@ -1,0 +1,38 @@
+//! What can be wrong with a cluster policy: a policy bundle's values, a
+//! policy or scorer name, a list of weighted scorers.
+
+/// An invalid policy setting, naming the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// A value outside its range.
+    #[error("{field} must be {must}, got {got}")]
+    OutOfRange {
+        /// The field (`admission token-bucket: capacity`).
+        field: String,
+        /// The rule (`a positive number`).
+        must: &'static str,
+        /// The value given.
+        got: String,
+    },
+    /// A name that is not a known policy or scorer.
+    #[error("unknown {kind} {name:?} ({known})")]
+    Unknown {
+        /// What was named (`scorer`, `priority policy`).
+        kind: &'static str,
+        /// The name given.
+        name: String,
+        /// The known names.
+        known: &'static str,
+    },
+    /// An item of a `NAME:WEIGHT` list that is not one.
+    #[error("scorer {item:?}: {problem}")]
+    Malformed {
+        /// The item.
+        item: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// Weighted routing whose weights are all zero.
+    #[error("routing scorers: at least one weight must be positive")]
+    NoPositiveWeight,
+}

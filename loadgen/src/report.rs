@@ -279,33 +279,7 @@ pub fn summarize(
             attained += 1;
         }
     }
-    let (mut cached, mut prompt) = (0u64, 0u64);
-    for r in records {
-        if let (Some(c), Some(p)) = (r.outcome.cached_tokens, r.outcome.server_input_tokens) {
-            cached += u64::from(c);
-            prompt += u64::from(p);
-        }
-    }
-    let cached_prompt_share = (prompt > 0).then(|| cached as f64 / prompt as f64);
-    let mut by_send: Vec<&TraceRecord> = records
-        .iter()
-        .filter(|r| r.outcome.send_time_us.is_some())
-        .collect();
-    by_send.sort_by_key(|r| r.outcome.send_time_us);
-    let warm = by_send
-        .iter()
-        .take(5)
-        .filter(|r| {
-            r.request.prefix_group.is_empty()
-                && r.request.session_id.is_empty()
-                && matches!((r.outcome.cached_tokens, r.outcome.server_input_tokens), (Some(c), Some(p)) if p > 0 && 2 * c >= p)
-        })
-        .count();
-    let warm_cache_warning = (warm >= 2).then(|| {
-        format!(
-            "{warm} of the first 5 requests found most of their prompt in the server's prefix cache: it held these prompts before the run (an earlier run with the same --seed?); restart the server or change --seed for a cold-cache run"
-        )
-    });
+    let (cached_prompt_share, warm_cache_warning) = prefix_cache_figures(records);
     let mut latency = BTreeMap::new();
     for (k, v) in [
         ("ttft", ttft),
@@ -378,28 +352,12 @@ pub fn summarize(
             .filter(|_| counts.sent > 0)
             .map(|s| s * 1e6 / counts.sent as f64),
     };
-    let answered = counts.ok + counts.error + counts.timeout;
-    let failures = counts.error + counts.timeout;
-    let error_rate = (answered > 0).then(|| failures as f64 / answered as f64);
-    let failed = answered > 0
-        && (failures == answered || failures as f64 > inp.max_error_rate * answered as f64);
-    let verdict = if failed {
-        failed_verdict(&errors, failures, answered, inp.max_error_rate)
-    } else if inp.interrupted {
-        format!(
-            "interrupted: {} of {} requests completed; the rest are recorded as cancelled",
-            counts.ok + counts.error + counts.timeout,
-            counts.planned
-        )
-    } else if client_bound {
-        format!(
-            "client-bound: p99 send lag {:.2} ms > {:.2} ms; the client, not the server, limited this run, so its latencies understate the load",
-            p99.unwrap_or(0.0),
-            inp.max_send_lag_ms
-        )
-    } else {
-        "valid".to_string()
-    };
+    let (error_rate, failed, verdict) = verdict(
+        &counts,
+        &errors,
+        inp,
+        client_bound.then(|| p99.unwrap_or(0.0)),
+    );
     Summary {
         schema_version: 1,
         requests: counts,
@@ -418,6 +376,73 @@ pub fn summarize(
         failed,
         verdict,
     }
+}
+
+/// The share of the prompt tokens the server found in its prefix cache
+/// (when it reports them), and a warning when most of the first five
+/// requests' prompts were already cached (a warm cache from an earlier run).
+fn prefix_cache_figures(records: &[TraceRecord]) -> (Option<f64>, Option<String>) {
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for r in records {
+        if let (Some(c), Some(p)) = (r.outcome.cached_tokens, r.outcome.server_input_tokens) {
+            cached += u64::from(c);
+            prompt += u64::from(p);
+        }
+    }
+    let cached_prompt_share = (prompt > 0).then(|| cached as f64 / prompt as f64);
+    let mut by_send: Vec<&TraceRecord> = records
+        .iter()
+        .filter(|r| r.outcome.send_time_us.is_some())
+        .collect();
+    by_send.sort_by_key(|r| r.outcome.send_time_us);
+    let warm = by_send
+        .iter()
+        .take(5)
+        .filter(|r| {
+            r.request.prefix_group.is_empty()
+                && r.request.session_id.is_empty()
+                && matches!((r.outcome.cached_tokens, r.outcome.server_input_tokens), (Some(c), Some(p)) if p > 0 && 2 * c >= p)
+        })
+        .count();
+    let warm_cache_warning = (warm >= 2).then(|| {
+        format!(
+            "{warm} of the first 5 requests found most of their prompt in the server's prefix cache: it held these prompts before the run (an earlier run with the same --seed?); restart the server or change --seed for a cold-cache run"
+        )
+    });
+    (cached_prompt_share, warm_cache_warning)
+}
+
+/// The error rate, whether the run failed, and the verdict: `failed` (more
+/// failures than `--max-error-rate`, or all), `interrupted`, `client-bound`
+/// (`client_bound_p99`: the p99 send lag when over the limit), or `valid`.
+fn verdict(
+    counts: &Counts,
+    errors: &BTreeMap<String, u64>,
+    inp: &SummaryInputs,
+    client_bound_p99: Option<f64>,
+) -> (Option<f64>, bool, String) {
+    let answered = counts.ok + counts.error + counts.timeout;
+    let failures = counts.error + counts.timeout;
+    let error_rate = (answered > 0).then(|| failures as f64 / answered as f64);
+    let failed = answered > 0
+        && (failures == answered || failures as f64 > inp.max_error_rate * answered as f64);
+    let verdict = if failed {
+        failed_verdict(errors, failures, answered, inp.max_error_rate)
+    } else if inp.interrupted {
+        format!(
+            "interrupted: {} of {} requests completed; the rest are recorded as cancelled",
+            counts.ok + counts.error + counts.timeout,
+            counts.planned
+        )
+    } else if let Some(p99) = client_bound_p99 {
+        format!(
+            "client-bound: p99 send lag {p99:.2} ms > {:.2} ms; the client, not the server, limited this run, so its latencies understate the load",
+            inp.max_send_lag_ms
+        )
+    } else {
+        "valid".to_string()
+    };
+    (error_rate, failed, verdict)
 }
 
 /// The verdict of a run whose requests mostly failed, with a hint when

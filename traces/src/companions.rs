@@ -393,6 +393,39 @@ pub(crate) fn open_csv<R: Read>(
     Ok((rdr, idx))
 }
 
+/// Reads every data row of a CSV with the `required` columns (by name, in
+/// any order), handing each to `row` with its cells and the columns'
+/// positions; empty lines are skipped.
+///
+/// # Errors
+/// I/O errors, a missing column, or `row`'s error.
+pub(crate) fn read_rows<R: Read, T>(
+    input: R,
+    path: &Path,
+    required: &[&str],
+    mut row: impl FnMut(&Cells<'_>, &[Option<usize>]) -> Result<T>,
+) -> Result<Vec<T>> {
+    let (mut rdr, idx) = open_csv(input, path, required)?;
+    let mut record = ByteRecord::new();
+    let mut out = Vec::new();
+    while rdr
+        .read_byte_record(&mut record)
+        .map_err(|e| csv_error(path, &e))?
+    {
+        if record.len() == 1 && record.get(0).is_some_and(<[u8]>::is_empty) {
+            continue;
+        }
+        let line = record_line(&rdr, &record);
+        let cx = Cells {
+            row: &record,
+            path,
+            line,
+        };
+        out.push(row(&cx, &idx)?);
+    }
+    Ok(out)
+}
+
 /// Reads an ITL companion CSV.
 ///
 /// # Errors
@@ -407,22 +440,7 @@ pub fn read_chunks(path: &Path) -> Result<Vec<ChunkRecord>> {
 /// # Errors
 /// As [`read_chunks`].
 pub fn read_chunks_from<R: Read>(input: R, path: &Path) -> Result<Vec<ChunkRecord>> {
-    let (mut rdr, idx) = open_csv(input, path, &ITL_COLUMNS)?;
-    let mut row = ByteRecord::new();
-    let mut out = Vec::new();
-    while rdr
-        .read_byte_record(&mut row)
-        .map_err(|e| csv_error(path, &e))?
-    {
-        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
-            continue;
-        }
-        let line = record_line(&rdr, &row);
-        let cx = Cells {
-            row: &row,
-            path,
-            line,
-        };
+    read_rows(input, path, &ITL_COLUMNS, |cx, idx| {
         let missing =
             |i: usize, name: &str| cx.err_named(idx[i], name, "missing value (truncated row?)");
         let request_id = cx
@@ -434,14 +452,13 @@ pub fn read_chunks_from<R: Read>(input: R, path: &Path) -> Result<Vec<ChunkRecor
         let timestamp_us = cx
             .int_by_name::<i64>(idx[2], "timestamp_us")?
             .ok_or_else(|| missing(2, "timestamp_us"))?;
-        out.push(ChunkRecord {
+        Ok(ChunkRecord {
             request_id,
             chunk_index,
             timestamp_us,
             tokens: cx.int_by_name::<u32>(idx[3], "tokens")?,
-        });
-    }
-    Ok(out)
+        })
+    })
 }
 
 /// Reads a metrics companion CSV.
@@ -458,22 +475,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricSample>> {
 /// # Errors
 /// As [`read_metrics`].
 pub fn read_metrics_from<R: Read>(input: R, path: &Path) -> Result<Vec<MetricSample>> {
-    let (mut rdr, idx) = open_csv(input, path, &METRIC_COLUMNS)?;
-    let mut row = ByteRecord::new();
-    let mut out = Vec::new();
-    while rdr
-        .read_byte_record(&mut row)
-        .map_err(|e| csv_error(path, &e))?
-    {
-        if row.len() == 1 && row.get(0).is_some_and(<[u8]>::is_empty) {
-            continue;
-        }
-        let line = record_line(&rdr, &row);
-        let cx = Cells {
-            row: &row,
-            path,
-            line,
-        };
+    read_rows(input, path, &METRIC_COLUMNS, |cx, idx| {
         let timestamp_us = cx
             .int_by_name::<i64>(idx[0], "timestamp_us")?
             .ok_or_else(|| {
@@ -486,12 +488,11 @@ pub fn read_metrics_from<R: Read>(input: R, path: &Path) -> Result<Vec<MetricSam
         let raw = cx.text(idx[3]).trim();
         let value = parse_prometheus_value(raw)
             .ok_or_else(|| cx.err_named(idx[3], "value", &format!("invalid number {raw:?}")))?;
-        out.push(MetricSample {
+        Ok(MetricSample {
             timestamp_us,
             name,
             labels: cx.text(idx[2]).to_string(),
             value,
-        });
-    }
-    Ok(out)
+        })
+    })
 }

@@ -309,7 +309,7 @@ pub struct RunArgs {
     /// Write the ITL companion as BLIS does, one row per token
     /// (`request_id,chunk_index,timestamp_us`), instead of the step form
     /// (`PREFIX.itl.csv` with one row per run of a request's tokens and
-    /// `PREFIX.steps.csv` with the step end times; about 1% of the size,
+    /// `PREFIX.steps.csv` with the step end times; about 2% of the size,
     /// expanded to the same rows by every reader of this toolkit).
     #[arg(long, conflicts_with = "no_itl")]
     pub itl_rows: bool,

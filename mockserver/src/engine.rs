@@ -408,7 +408,8 @@ fn run(
         session.advance(now, &mut NoInputs, &mut h);
         last = now;
         h.outbox.deliver(clock.now());
-        let snap = session.instances()[0].snapshot();
+        // After every step that ended by now, also inside a run.
+        let snap = session.instances()[0].snapshot_at(now + 1);
         *snapshot.lock().expect("snapshot lock") = snap;
         metrics.set_snapshot(snap);
         let next = [session.next_time(), h.outbox.next_time()]

@@ -438,7 +438,7 @@ impl<'a> Session<'a> {
             self.last_t = now;
             match src {
                 0 => {
-                    d.control.refresh(d.insts);
+                    d.control.refresh(now, d.insts);
                     self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
                 }
                 1 => {
@@ -459,21 +459,19 @@ impl<'a> Session<'a> {
                 }
                 3 => {
                     // A run of identical decode steps may extend past
-                    // arrivals and entries: an entry or a cancellation
-                    // splits it at its time ([`Instance::split_at`]).
-                    // Samples and refreshes read the instances between
-                    // steps, so runs stop before them.
-                    let limit = [self.next_sample, self.next_refresh, self.opts.horizon_us]
-                        .into_iter()
-                        .flatten()
-                        .min()
-                        .map_or(i64::MAX, |t| t - 1);
+                    // arrivals, entries, samples and refreshes: an entry or
+                    // a cancellation splits it at its time
+                    // ([`Instance::split_at`]); samples and routing read
+                    // the state a run has reached ([`Instance::snapshot_at`]).
+                    let limit = self.opts.horizon_us.map_or(i64::MAX, |t| t - 1);
                     let i = step_at.map_or(0, |(_, i)| i);
                     d.step(now, limit, i, sink);
                 }
                 _ => {
                     d.snaps.clear();
-                    d.snaps.extend(d.insts.iter().map(Instance::snapshot));
+                    // After the steps that end at `now`.
+                    d.snaps
+                        .extend(d.insts.iter().map(|i| i.snapshot_at(now + 1)));
                     sink.sample(now, &merged(&d.snaps));
                     self.next_sample =
                         Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
@@ -667,30 +665,41 @@ impl Driver<'_> {
             self.gateway_items.push(Some(input));
             self.gateway.push(Reverse((prio, self.seq, idx)));
             self.seq += 1;
-            self.dispatch(now);
+            self.dispatch(now, sink);
             return None;
         }
-        let inst = self.control.route(now, &input.rec, self.insts);
+        let inst = self.route(now, &input.rec, sink);
         Some(self.start(now, now, inst, input))
     }
 
     /// Flow control: routes gateway requests, most urgent first, while the
     /// cluster has room.
-    fn dispatch(&mut self, now: i64) {
+    fn dispatch<S: Sink>(&mut self, now: i64, sink: &mut S) {
         let Some((q, kv)) = self.flow else { return };
         while let Some(&Reverse((_, _, idx))) = self.gateway.peek() {
-            if self.control.saturation(self.insts, q, kv) >= 1.0 {
+            if self.control.saturation(now, self.insts, q, kv) >= 1.0 {
                 break;
             }
             self.gateway.pop();
             let input = self.gateway_items[idx].take().expect("queued input");
-            let inst = self.control.route(now, &input.rec, self.insts);
+            let inst = self.route(now, &input.rec, sink);
             let entry = input.entry_us;
             let _ = self.start(now, entry, inst, input);
         }
         if self.gateway.is_empty() {
             self.gateway_items.clear();
         }
+    }
+
+    /// Routes `rec` at `now`. A router that reads the instances' KV-cache
+    /// indexes sees them up to date: runs in flight are split at `now`.
+    fn route<S: Sink>(&mut self, now: i64, rec: &TraceRecord, sink: &mut S) -> usize {
+        if self.control.reads_kv_index() {
+            for i in 0..self.insts.len() {
+                self.sync(i, now, sink);
+            }
+        }
+        self.control.route(now, rec, self.insts)
     }
 
     /// Starts the flight of `input`, routed to `inst` at `now` (it arrived
@@ -858,7 +867,7 @@ impl Driver<'_> {
             self.upcoming = up;
         }
         if !self.gateway.is_empty() {
-            self.dispatch(now);
+            self.dispatch(now, sink);
         }
     }
 

@@ -316,9 +316,8 @@ pub fn read_runs_from<R: Read>(input: R, path: &Path) -> Result<Vec<TokenRun>> {
     })
 }
 
-/// The chunks of `runs`, timed by `steps` and `timing`, in the order the
-/// steps were reported and, within a report, the running order (`join`)
-/// with each request's tokens together: the row form, byte for byte.
+/// The chunks of `runs`, timed by `steps` and `timing`, in step order and,
+/// within a step, the running order (`join`): the row form, byte for byte.
 ///
 /// # Errors
 /// A run that names a step the step table does not have.
@@ -381,11 +380,12 @@ pub fn expand(
             next[inst] += 1;
         }
         a.retain(|_, &mut i| runs[i].first_step + u64::from(runs[i].count) > s0);
-        for &i in a.values() {
-            let r = &runs[i];
-            let from = r.first_step.max(s0);
-            let to = (r.first_step + u64::from(r.count)).min(s1);
-            for step in from..to {
+        for step in s0..s1 {
+            for &i in a.values() {
+                let r = &runs[i];
+                if step < r.first_step || step >= r.first_step + u64::from(r.count) {
+                    continue;
+                }
                 let index = r.first_index + (step - r.first_step) as u32;
                 out.push(ChunkRecord {
                     request_id: r.request_id,
@@ -459,7 +459,7 @@ mod tests {
     }
 
     #[test]
-    fn expansion_orders_by_report_then_join() {
+    fn expansion_orders_by_report_then_step_then_join() {
         // Instance 0: step 0 (request 7 prefill), then steps 1-3 reported
         // together (a fast-forwarded run: 7 and 9 decode, 9 joined later).
         let steps = vec![
@@ -509,10 +509,10 @@ mod tests {
             vec![
                 (7, 0, 1001),
                 (7, 1, 1102),
-                (7, 2, 1203),
-                (7, 3, 1304),
                 (9, 0, 1101),
+                (7, 2, 1203),
                 (9, 1, 1202),
+                (7, 3, 1304),
                 (9, 2, 1308),
             ]
         );

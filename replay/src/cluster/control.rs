@@ -178,21 +178,36 @@ impl Control {
         (self.refresh_us > 0 && self.in_flight.len() > 1).then_some(self.refresh_us)
     }
 
-    /// Re-reads the instance-reported signals (a periodic refresh).
-    pub fn refresh(&mut self, insts: &[Instance]) {
+    /// Re-reads the instance-reported signals at `now` (a periodic
+    /// refresh, or every decision): each instance as it is just before
+    /// `now` ([`Instance::snapshot_at`]).
+    pub fn refresh(&mut self, now: i64, insts: &[Instance]) {
         self.snaps.clear();
-        self.snaps.extend(insts.iter().map(Instance::snapshot));
+        self.snaps.extend(insts.iter().map(|i| i.snapshot_at(now)));
+    }
+
+    /// Whether routing reads the instances' KV-cache hash indexes
+    /// (a precise prefix-cache scorer): the owner then brings every
+    /// instance up to date ([`Instance::split_at`]) before a decision.
+    pub fn reads_kv_index(&self) -> bool {
+        self.in_flight.len() > 1 && self.router.needs_cache_query()
     }
 
     /// The cluster's saturation for flow control (≥ 1: no room): the mean
     /// over instances of requests routed there and not running, over
     /// `queue_threshold`, or the mean KV usage over `kv_threshold`,
     /// whichever is larger; read live.
-    pub fn saturation(&self, insts: &[Instance], queue_threshold: f64, kv_threshold: f64) -> f64 {
+    pub fn saturation(
+        &self,
+        now: i64,
+        insts: &[Instance],
+        queue_threshold: f64,
+        kv_threshold: f64,
+    ) -> f64 {
         let n = insts.len() as f64;
         let (mut queued, mut kv) = (0.0, 0.0);
         for (i, inst) in insts.iter().enumerate() {
-            let s = inst.snapshot();
+            let s = inst.snapshot_at(now);
             queued += f64::from(self.in_flight[i].saturating_sub(s.running));
             kv += s.kv_usage();
         }
@@ -232,7 +247,7 @@ impl Control {
         let chosen = if insts.len() == 1 {
             if self.decisions.is_some() {
                 self.views[0].in_flight = self.in_flight[0];
-                let s = insts[0].snapshot();
+                let s = insts[0].snapshot_at(now);
                 self.views[0].waiting = s.waiting;
                 self.views[0].running = s.running;
                 self.views[0].kv_usage = s.kv_usage();
@@ -241,7 +256,7 @@ impl Control {
             0
         } else {
             if self.refresh_us == 0 || self.snaps.len() != insts.len() {
-                self.refresh(insts);
+                self.refresh(now, insts);
             }
             if !self.private_blocks {
                 // Private blocks of an ended replay: shared from now on.

@@ -275,7 +275,7 @@ impl Instance {
             // Requests needing a new block at step j+1 of the run are those
             // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
             // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
-            let mut per_phase = std::mem::take(&mut self.spare_phase);
+            let mut per_phase = std::mem::take(&mut self.run_phase);
             per_phase.clear();
             per_phase.resize(bs as usize, 0);
             for &(slot, _) in scheduled {
@@ -308,7 +308,7 @@ impl Instance {
                 ends.push(end);
                 k += 1;
             }
-            self.spare_phase = per_phase;
+            self.run_phase = per_phase;
         }
     }
 }

@@ -444,7 +444,11 @@ pub struct Instance {
     pub(super) index: rustc_hash::FxHashMap<u64, u32>,
     pub(super) spare_scheduled: Vec<(u32, u32)>,
     pub(super) spare_ends: Vec<i64>,
-    pub(super) spare_phase: Vec<u32>,
+    /// Per phase (`(bs - num_computed % bs) % bs`), the requests of the
+    /// fast-forwarded run in flight: after its step `j`, those of phase
+    /// `j % bs` fill a block and take a new one. Valid while the run has
+    /// more than one step.
+    pub(super) run_phase: Vec<u32>,
     /// Scratch: the requests completing in a run, in running order.
     pub(super) spare_done: Vec<u32>,
     /// Waiting requests per SLO class (`class`, capped at 7).
@@ -478,7 +482,7 @@ impl Instance {
             index: rustc_hash::FxHashMap::default(),
             spare_scheduled: Vec::new(),
             spare_ends: Vec::new(),
-            spare_phase: Vec::new(),
+            run_phase: Vec::new(),
             spare_done: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
@@ -545,7 +549,11 @@ impl Instance {
         self.counters
     }
 
-    /// A view of the current state.
+    /// A view of the state after the last call that changed it (a step
+    /// report, [`Instance::split_at`], an arrival): the steps of a
+    /// fast-forwarded run in flight count only once it ends or is split.
+    /// Owners that read an instance between events use
+    /// [`Instance::snapshot_at`].
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             waiting: self.waiting.len() as u32,
@@ -554,6 +562,43 @@ impl Instance {
             kv_total: self.kv.total(),
             counters: self.counters,
         }
+    }
+
+    /// The state just before `t`, as single steps would have left it: the
+    /// steps of a fast-forwarded run in flight that ended before `t` count
+    /// (their tokens, and the KV blocks taken after them), without
+    /// splitting the run. `t` is no earlier than the last event the
+    /// instance saw; a reader that comes after the steps ending at `t` (a
+    /// metrics sample) asks for `t + 1`.
+    pub fn snapshot_at(&self, t: i64) -> Snapshot {
+        let mut s = self.snapshot();
+        let Some(run) = &self.run else {
+            return s;
+        };
+        let k = run.ends.len();
+        if k <= 1 {
+            return s;
+        }
+        // Steps done; the last one ends the run, which the owner steps.
+        let c = run.ends.partition_point(|&e| e < t).min(k - 1);
+        if c == 0 {
+            return s;
+        }
+        let bs = self.kv.block_size() as usize;
+        let n = run.scheduled.len() as u64;
+        // Blocks taken after steps 1..=c: every request once per `bs`
+        // steps, and the phases 1..=c % bs of the last partial cycle.
+        let cycles = (c / bs) as u64 * n;
+        let partial: u64 = self.run_phase[1..=c % bs]
+            .iter()
+            .map(|&x| u64::from(x))
+            .sum();
+        s.kv_used += (cycles + partial) as u32;
+        let c = c as u64;
+        s.counters.steps += c;
+        s.counters.fast_forwarded_steps += c - 1;
+        s.counters.generation_tokens += c * n;
+        s
     }
 
     /// Whether request `id` is waiting or running here.

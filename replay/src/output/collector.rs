@@ -52,6 +52,12 @@ pub struct Collector {
     /// Per tag, the run of tokens not yet written (step form).
     open_runs: Vec<Option<TokenRun>>,
     abs_ends: Vec<i64>,
+    /// Row form: the token spans of the step report being delivered
+    /// (request id, first chunk index, first step in the report, offset
+    /// into `pending_times`, count), written step by step when the report
+    /// ends.
+    pending_spans: Vec<(u64, u32, usize, usize, usize)>,
+    pending_times: Vec<i64>,
     /// The labels of the time series' samples.
     metric_labels: String,
     run_start_us: i64,
@@ -184,6 +190,8 @@ impl Collector {
             step_batch: (0, 0),
             open_runs: Vec::new(),
             abs_ends: Vec::new(),
+            pending_spans: Vec::new(),
+            pending_times: Vec::new(),
             metric_labels: String::new(),
             run_start_us,
             model_name: String::new(),
@@ -221,6 +229,37 @@ impl Collector {
     }
 
     /// Writes the open run of tokens of `tag` (step form).
+    /// Row form: writes the chunks of the report's spans in step order,
+    /// each step's in running order (the order single steps produce them,
+    /// whatever runs of steps were fast-forwarded together).
+    fn write_pending_rows(&mut self) {
+        let Some(w) = &mut self.writer else { return };
+        let steps = self
+            .pending_spans
+            .iter()
+            .map(|s| s.2 + s.4)
+            .max()
+            .unwrap_or(0);
+        for step in 0..steps {
+            for &(id, first, from, at, count) in &self.pending_spans {
+                if step >= from && step < from + count {
+                    let m = step - from;
+                    let c = ChunkRecord {
+                        request_id: id,
+                        chunk_index: first + m as u32,
+                        timestamp_us: self.run_start_us + self.pending_times[at + m],
+                        tokens: None,
+                    };
+                    if let Err(e) = w.write_chunk(&c) {
+                        self.error.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        self.pending_spans.clear();
+        self.pending_times.clear();
+    }
+
     fn close_run(&mut self, tag: usize) {
         let Some(run) = self.open_runs.get_mut(tag).and_then(Option::take) else {
             return;
@@ -266,6 +305,7 @@ impl Collector {
             return Err(e);
         }
         self.flush_itl();
+        self.write_pending_rows();
         for tag in 0..self.open_runs.len() {
             self.close_run(tag);
         }
@@ -357,6 +397,9 @@ impl Sink for Collector {
     }
 
     fn steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) {
+        if !self.pending_spans.is_empty() {
+            self.write_pending_rows();
+        }
         if !self.itl_steps {
             return;
         }
@@ -431,21 +474,15 @@ impl Sink for Collector {
         if let Some(p) = prev {
             self.last_token[tag] = p;
         }
-        if self.itl_companion
-            && rec.request.streaming
-            && let Some(w) = &mut self.writer
-        {
-            for (m, &t) in times.iter().enumerate() {
-                let c = ChunkRecord {
-                    request_id: id,
-                    chunk_index: first_index - 1 + m as u32,
-                    timestamp_us: self.run_start_us + t,
-                    tokens: None,
-                };
-                if let Err(e) = w.write_chunk(&c) {
-                    self.error.get_or_insert(e.into());
-                }
-            }
+        if self.itl_companion && rec.request.streaming && self.writer.is_some() {
+            self.pending_spans.push((
+                id,
+                first_index - 1,
+                span.first_step as usize,
+                self.pending_times.len(),
+                times.len(),
+            ));
+            self.pending_times.extend_from_slice(times);
         }
     }
 

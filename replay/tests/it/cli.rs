@@ -432,3 +432,59 @@ fn the_step_form_of_the_itl_companion_expands_to_the_rows_byte_for_byte() {
         "preemption exercised"
     );
 }
+
+/// On one instance the outputs are those of stepping one batch at a time:
+/// the ITL rows come in step order (each step's in running order) whether
+/// or not steps were fast-forwarded together, and neither the trace nor
+/// the time series depends on fast-forward or on the sample interval (the
+/// samples read a run in flight where it has got to).
+#[test]
+fn single_instance_outputs_do_not_depend_on_fast_forward_or_sampling() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        replay()
+            .args([
+                "run",
+                "--workload-spec",
+                "../examples/chat-512.yaml",
+                "--num-requests",
+                "400",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--latency-model",
+                "trained-physics",
+                "--itl-rows",
+                "--out",
+            ])
+            .arg(&out)
+            .args(extra)
+            .assert()
+            .success();
+        out
+    };
+    let single = run("single", &["--no-fast-forward"]);
+    let ff = run("ff", &[]);
+    let ff_sparse = run("ff-sparse", &["--sample-interval-ms", "1000"]);
+    let single_sparse = run(
+        "single-sparse",
+        &["--no-fast-forward", "--sample-interval-ms", "1000"],
+    );
+    let read = |p: &std::path::Path, ext: &str| std::fs::read(p.with_extension(ext)).unwrap();
+    for ext in ["csv", "itl.csv", "metrics.csv"] {
+        assert!(
+            read(&single, ext) == read(&ff, ext),
+            "{ext} differs with fast-forward"
+        );
+    }
+    for ext in ["csv", "itl.csv"] {
+        assert!(
+            read(&ff, ext) == read(&ff_sparse, ext),
+            "{ext} depends on the sample interval"
+        );
+    }
+    assert!(
+        read(&ff_sparse, "metrics.csv") == read(&single_sparse, "metrics.csv"),
+        "sparse samples differ with fast-forward"
+    );
+}

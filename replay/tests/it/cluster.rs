@@ -164,6 +164,16 @@ fn cluster(bundle: &PolicyBundle, cfg: EngineConfig, reqs: Vec<Request>) -> Run 
     cluster_with(bundle, cfg, reqs, true, 1)
 }
 
+/// [`cluster`] with metrics sampled every `sample_us` (`None`: none).
+fn cluster_sampled(
+    bundle: &PolicyBundle,
+    cfg: EngineConfig,
+    reqs: Vec<Request>,
+    sample_us: Option<i64>,
+) -> Run {
+    cluster_opts(bundle, cfg, reqs, true, 1, sample_us)
+}
+
 /// [`cluster`], keeping private blocks out of the hash indexes or not, and
 /// replaying the requests `replays` times in a row on the same instances
 /// (each replay 10^10 µs after the last; the records of all, the summary of
@@ -174,6 +184,17 @@ fn cluster_with(
     reqs: Vec<Request>,
     private_blocks: bool,
     replays: u32,
+) -> Run {
+    cluster_opts(bundle, cfg, reqs, private_blocks, replays, Some(10_000))
+}
+
+fn cluster_opts(
+    bundle: &PolicyBundle,
+    cfg: EngineConfig,
+    reqs: Vec<Request>,
+    private_blocks: bool,
+    replays: u32,
+    sample_us: Option<i64>,
 ) -> Run {
     let mut cfg = cfg;
     if let Some(s) = bundle.scheduler {
@@ -194,7 +215,7 @@ fn cluster_with(
         let inputs = inputs(reqs);
         let mut sink = Collector::in_memory(0);
         let opts = SimOptions {
-            sample_interval_us: Some(10_000),
+            sample_interval_us: sample_us,
             horizon_us: None,
         };
         replay_cluster(&mut insts, &mut control, inputs, &opts, &mut sink);
@@ -497,6 +518,38 @@ proptest! {
                 prop_assert!(s >= x.request.arrival_time_us && s <= f && f <= l);
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Routing reads each instance as single steps would have left it,
+    /// also in the middle of a fast-forwarded run, and metric samples
+    /// change nothing: the results are the same with fast-forward on or
+    /// off and with or without samples (the samples too, but for the count
+    /// of fast-forwarded steps).
+    #[test]
+    fn cluster_results_depend_neither_on_fast_forward_nor_on_sampling(
+        b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>(),
+    ) {
+        let cfg = EngineConfig {
+            max_num_seqs: 8,
+            total_kv_blocks: if small_kv { 300 } else { 5000 },
+            max_num_batched_tokens: 1024,
+            ..EngineConfig::default()
+        };
+        let off = EngineConfig { fast_forward: false, ..cfg.clone() };
+        let strip = |mut s: blis_replay::output::Summary| {
+            s.fast_forwarded_steps = 0;
+            serde_json::to_string(&s).unwrap()
+        };
+        let on_sampled = cluster_sampled(&b, cfg.clone(), reqs.clone(), Some(7_000));
+        let off_sampled = cluster_sampled(&b, off, reqs.clone(), Some(7_000));
+        let on_unsampled = cluster_sampled(&b, cfg, reqs, None);
+        prop_assert_eq!(&on_sampled.records, &off_sampled.records);
+        prop_assert_eq!(&on_sampled.records, &on_unsampled.records);
+        prop_assert_eq!(strip(on_sampled.summary), strip(off_sampled.summary));
     }
 }
 

@@ -582,6 +582,18 @@ impl Report {
     /// The report as Markdown.
     pub fn to_markdown(&self) -> String {
         let mut o = String::new();
+        self.md_header(&mut o);
+        self.md_metrics_table(&mut o);
+        self.md_totals(&mut o);
+        self.md_timeseries(&mut o);
+        self.md_verdicts(&mut o);
+        self.md_groups(&mut o);
+        self.md_limitations(&mut o);
+        o
+    }
+
+    /// Markdown: the title, the two inputs and the settings, and a saturation warning.
+    fn md_header(&self, o: &mut String) {
         let _ = writeln!(o, "# Calibration report\n");
         let _ = writeln!(
             o,
@@ -619,6 +631,10 @@ impl Report {
                 "> Both sides are saturated (the requests waiting to start grow without bound).\n"
             );
         }
+    }
+
+    /// Markdown: one row per metric: distributions, errors with their intervals, correlation, KS, W1 and the grade.
+    fn md_metrics_table(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "| metric | n | real mean | sim mean | real p50 | sim p50 | real p99 | sim p99 | p99 error [95% CI] | MAPE % [95% CI] | MPE % | r [95% CI] | KS D (p) | W1 ms | grade |"
@@ -661,6 +677,10 @@ impl Report {
             o,
             "\nTimes in ms. Errors are sim − real; MPE > 0 means the simulator is slower than reality.\n"
         );
+    }
+
+    /// Markdown: throughput, SLO attainment and the prefix-cache hit rate of both sides.
+    fn md_totals(&self, o: &mut String) {
         if let Some(t) = &self.throughput {
             let _ = writeln!(
                 o,
@@ -693,6 +713,10 @@ impl Report {
                 pct(h.sim)
             );
         }
+    }
+
+    /// Markdown: the server time series (the metrics companions) side by side.
+    fn md_timeseries(&self, o: &mut String) {
         if let Some(ts) = &self.timeseries {
             let _ = writeln!(
                 o,
@@ -713,6 +737,11 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// Markdown: each side's saturation verdict and the requests' outcomes.
+    fn md_verdicts(&self, o: &mut String) {
+        let s = &self.saturation;
         let side = |v: &crate::saturation::SideVerdict| match &v.reason {
             Some(r) => format!("saturated: {r}"),
             None => format!(
@@ -743,6 +772,10 @@ impl Report {
             m.only_sim,
             m.not_ok_on_a_side
         );
+    }
+
+    /// Markdown: per tenant, SLO class or other grouping, TTFT and E2E.
+    fn md_groups(&self, o: &mut String) {
         for (kind, groups) in &self.groups {
             let _ = writeln!(
                 o,
@@ -772,10 +805,13 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// Markdown: the known limitations of this comparison.
+    fn md_limitations(&self, o: &mut String) {
         let _ = writeln!(o, "\n## Known limitations\n");
         for l in &self.limitations {
             let _ = writeln!(o, "- {l}");
         }
-        o
     }
 }

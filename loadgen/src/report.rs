@@ -198,95 +198,18 @@ pub fn summarize(
     itl_us: &BTreeMap<i64, u64>,
     inp: &SummaryInputs,
 ) -> Summary {
-    let ms = |us: i64| us as f64 / 1e3;
-    let mut counts = Counts {
-        planned: records.len() as u64,
-        warmup: inp.warmup,
-        ..Counts::default()
-    };
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    let mut missing_usage = 0;
-    let mut lags = Vec::new();
-    let mut sends = Vec::new();
-    let (mut ttft, mut ttft_i, mut e2e, mut e2e_i, mut tpot) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut start, mut end) = (i64::MAX, i64::MIN);
-    let (mut in_tok, mut out_tok) = (0u64, 0u64);
-    let mut past_warmup = 0u64;
-    let mut attained = 0u64;
+    let mut t = Tally::new(inp);
     for r in records {
-        let o = &r.outcome;
-        let intended = intended_us(r, inp.run_start_unix_us);
-        if let Some(s) = o.send_time_us {
-            counts.sent += 1;
-            lags.push(ms(s - intended));
-            sends.push(s);
-        }
-        match o.status {
-            Some(Status::Ok) => counts.ok += 1,
-            Some(Status::Error) => counts.error += 1,
-            Some(Status::Timeout) => counts.timeout += 1,
-            Some(Status::Cancelled) | None => counts.cancelled += 1,
-        }
-        if o.status != Some(Status::Ok) {
-            *errors.entry(error_kind(r)).or_default() += 1;
-        } else if o.error_message.starts_with("warning: no usage") {
-            missing_usage += 1;
-        }
-        if r.request.request_id < inp.warmup_below_id {
-            continue;
-        }
-        past_warmup += 1;
-        if o.send_time_us.is_some() || o.status == Some(Status::Ok) {
-            start = start.min(intended);
-        }
-        if o.status != Some(Status::Ok) {
-            continue;
-        }
-        let (Some(send), Some(last)) = (o.send_time_us, o.last_chunk_time_us) else {
-            continue;
-        };
-        end = end.max(last);
-        in_tok += u64::from(r.effective_input_tokens());
-        out_tok += u64::from(r.request.output_tokens);
-        e2e.push(ms(last - send));
-        e2e_i.push(ms(last - intended));
-        let mut met = inp.slo.is_some();
-        let slo = inp.slo.unwrap_or_default();
-        if let Some(b) = slo.e2e_ms {
-            met &= ms(last - intended) <= b;
-        }
-        if r.request.streaming
-            && let Some(first) = o.first_chunk_time_us
-        {
-            ttft.push(ms(first - send));
-            ttft_i.push(ms(first - intended));
-            if let Some(b) = slo.ttft_ms {
-                met &= ms(first - intended) <= b;
-            }
-            let n = r.request.output_tokens;
-            if n > 1 {
-                let t = ms(last - first) / f64::from(n - 1);
-                tpot.push(t);
-                if let Some(b) = slo.tpot_ms {
-                    met &= t <= b;
-                }
-            }
-        } else if slo.ttft_ms.is_some() || slo.tpot_ms.is_some() {
-            // Not streamed: TTFT and TPOT are unknown; judge by E2E alone.
-        }
-        if met {
-            attained += 1;
-        }
+        t.add(r, inp);
     }
     let (cached_prompt_share, warm_cache_warning) = prefix_cache_figures(records);
     let mut latency = BTreeMap::new();
     for (k, v) in [
-        ("ttft", ttft),
-        ("ttft_from_intended", ttft_i),
-        ("tpot", tpot),
-        ("e2e", e2e),
-        ("e2e_from_intended", e2e_i),
+        ("ttft", std::mem::take(&mut t.ttft)),
+        ("ttft_from_intended", std::mem::take(&mut t.ttft_i)),
+        ("tpot", std::mem::take(&mut t.tpot)),
+        ("e2e", std::mem::take(&mut t.e2e)),
+        ("e2e_from_intended", std::mem::take(&mut t.e2e_i)),
     ] {
         if let Some(s) = stats_of(v) {
             latency.insert(k.to_string(), s);
@@ -295,74 +218,28 @@ pub fn summarize(
     if let Some(s) = stats_of_counts_us(itl_us) {
         latency.insert("itl".to_string(), s);
     }
-    let duration_s = if end > start {
-        (end - start) as f64 / 1e6
-    } else {
-        0.0
-    };
-    let per_s = |x: u64| {
-        if duration_s > 0.0 {
-            x as f64 / duration_s
-        } else {
-            0.0
-        }
-    };
-    let ok_past: u64 = records
-        .iter()
-        .filter(|r| {
-            r.request.request_id >= inp.warmup_below_id && r.outcome.status == Some(Status::Ok)
-        })
-        .count() as u64;
-    let throughput = Throughput {
-        duration_s,
-        requests_per_s: per_s(ok_past),
-        input_tokens_per_s: per_s(in_tok),
-        output_tokens_per_s: per_s(out_tok),
-    };
-    let goodput = inp.slo.map(|slo| Goodput {
-        slo,
-        attained,
-        attainment: if past_warmup > 0 {
-            attained as f64 / past_warmup as f64
-        } else {
-            0.0
-        },
-        requests_per_s: per_s(attained),
-    });
-    sends.sort_unstable();
-    let achieved_rate = (sends.len() >= 2 && sends[sends.len() - 1] > sends[0])
-        .then(|| (sends.len() - 1) as f64 / ((sends[sends.len() - 1] - sends[0]) as f64 / 1e6));
-    lags.sort_by(f64::total_cmp);
-    let lag = |q: f64| (!lags.is_empty()).then(|| percentile(&lags, q));
-    let p99 = lag(99.0);
-    let client_bound = p99.is_some_and(|p| p > inp.max_send_lag_ms);
-    let schedule = Schedule {
-        requested_rate: inp.requested_rate,
-        achieved_rate,
-        send_lag_p50_ms: lag(50.0),
-        send_lag_p99_ms: p99,
-        send_lag_max_ms: lags.last().copied(),
-        max_send_lag_ms: inp.max_send_lag_ms,
-        client_bound,
-    };
+    let (throughput, goodput) = t.throughput(records, inp);
+    let schedule = t.schedule(inp);
     let client = ClientCost {
         cpu_time_s: inp.cpu_time_s,
         cpu_us_per_request: inp
             .cpu_time_s
-            .filter(|_| counts.sent > 0)
-            .map(|s| s * 1e6 / counts.sent as f64),
+            .filter(|_| t.counts.sent > 0)
+            .map(|s| s * 1e6 / t.counts.sent as f64),
     };
     let (error_rate, failed, verdict) = verdict(
-        &counts,
-        &errors,
+        &t.counts,
+        &t.errors,
         inp,
-        client_bound.then(|| p99.unwrap_or(0.0)),
+        schedule
+            .client_bound
+            .then(|| schedule.send_lag_p99_ms.unwrap_or(0.0)),
     );
     Summary {
         schema_version: 1,
-        requests: counts,
-        errors,
-        missing_usage,
+        requests: t.counts,
+        errors: t.errors,
+        missing_usage: t.missing_usage,
         cached_prompt_share,
         warm_cache_warning,
         latency_ms: latency,
@@ -376,6 +253,209 @@ pub fn summarize(
         failed,
         verdict,
     }
+}
+
+/// A run's per-request figures, gathered in one pass over its rows.
+#[derive(Debug)]
+struct Tally {
+    counts: Counts,
+    errors: BTreeMap<String, u64>,
+    missing_usage: u64,
+    /// Send lag of every sent request, ms.
+    lags: Vec<f64>,
+    /// Send times, µs.
+    sends: Vec<i64>,
+    ttft: Vec<f64>,
+    ttft_i: Vec<f64>,
+    e2e: Vec<f64>,
+    e2e_i: Vec<f64>,
+    tpot: Vec<f64>,
+    /// The measured window past warm-up: first intended send to last
+    /// chunk, µs.
+    start: i64,
+    end: i64,
+    in_tok: u64,
+    out_tok: u64,
+    past_warmup: u64,
+    /// Requests past warm-up that met every SLO.
+    attained: u64,
+}
+
+impl Tally {
+    fn new(inp: &SummaryInputs) -> Self {
+        Self {
+            counts: Counts {
+                warmup: inp.warmup,
+                ..Counts::default()
+            },
+            errors: BTreeMap::new(),
+            missing_usage: 0,
+            lags: Vec::new(),
+            sends: Vec::new(),
+            ttft: Vec::new(),
+            ttft_i: Vec::new(),
+            e2e: Vec::new(),
+            e2e_i: Vec::new(),
+            tpot: Vec::new(),
+            start: i64::MAX,
+            end: i64::MIN,
+            in_tok: 0,
+            out_tok: 0,
+            past_warmup: 0,
+            attained: 0,
+        }
+    }
+
+    /// Counts `r`; its latencies when it is past warm-up and ok.
+    fn add(&mut self, r: &TraceRecord, inp: &SummaryInputs) {
+        let o = &r.outcome;
+        let intended = intended_us(r, inp.run_start_unix_us);
+        self.counts.planned += 1;
+        if let Some(s) = o.send_time_us {
+            self.counts.sent += 1;
+            self.lags.push(ms(s - intended));
+            self.sends.push(s);
+        }
+        match o.status {
+            Some(Status::Ok) => self.counts.ok += 1,
+            Some(Status::Error) => self.counts.error += 1,
+            Some(Status::Timeout) => self.counts.timeout += 1,
+            Some(Status::Cancelled) | None => self.counts.cancelled += 1,
+        }
+        if o.status != Some(Status::Ok) {
+            *self.errors.entry(error_kind(r)).or_default() += 1;
+        } else if o.error_message.starts_with("warning: no usage") {
+            self.missing_usage += 1;
+        }
+        if r.request.request_id < inp.warmup_below_id {
+            return;
+        }
+        self.past_warmup += 1;
+        if o.send_time_us.is_some() || o.status == Some(Status::Ok) {
+            self.start = self.start.min(intended);
+        }
+        if o.status != Some(Status::Ok) {
+            return;
+        }
+        let (Some(send), Some(last)) = (o.send_time_us, o.last_chunk_time_us) else {
+            return;
+        };
+        self.end = self.end.max(last);
+        self.in_tok += u64::from(r.effective_input_tokens());
+        self.out_tok += u64::from(r.request.output_tokens);
+        if self.add_latencies(r, inp, intended, send, last) {
+            self.attained += 1;
+        }
+    }
+
+    /// An ok request's E2E, TTFT and TPOT (from its send and from its
+    /// intended send); whether it met every SLO of `inp` (false without
+    /// SLOs). A request not streamed is judged by E2E alone.
+    fn add_latencies(
+        &mut self,
+        r: &TraceRecord,
+        inp: &SummaryInputs,
+        intended: i64,
+        send: i64,
+        last: i64,
+    ) -> bool {
+        self.e2e.push(ms(last - send));
+        self.e2e_i.push(ms(last - intended));
+        let mut met = inp.slo.is_some();
+        let slo = inp.slo.unwrap_or_default();
+        if let Some(b) = slo.e2e_ms {
+            met &= ms(last - intended) <= b;
+        }
+        if r.request.streaming
+            && let Some(first) = r.outcome.first_chunk_time_us
+        {
+            self.ttft.push(ms(first - send));
+            self.ttft_i.push(ms(first - intended));
+            if let Some(b) = slo.ttft_ms {
+                met &= ms(first - intended) <= b;
+            }
+            let n = r.request.output_tokens;
+            if n > 1 {
+                let t = ms(last - first) / f64::from(n - 1);
+                self.tpot.push(t);
+                if let Some(b) = slo.tpot_ms {
+                    met &= t <= b;
+                }
+            }
+        }
+        met
+    }
+
+    /// Throughput over the measured window, and goodput when SLOs are set.
+    fn throughput(
+        &self,
+        records: &[TraceRecord],
+        inp: &SummaryInputs,
+    ) -> (Throughput, Option<Goodput>) {
+        let duration_s = if self.end > self.start {
+            (self.end - self.start) as f64 / 1e6
+        } else {
+            0.0
+        };
+        let per_s = |x: u64| {
+            if duration_s > 0.0 {
+                x as f64 / duration_s
+            } else {
+                0.0
+            }
+        };
+        let ok_past: u64 = records
+            .iter()
+            .filter(|r| {
+                r.request.request_id >= inp.warmup_below_id && r.outcome.status == Some(Status::Ok)
+            })
+            .count() as u64;
+        let throughput = Throughput {
+            duration_s,
+            requests_per_s: per_s(ok_past),
+            input_tokens_per_s: per_s(self.in_tok),
+            output_tokens_per_s: per_s(self.out_tok),
+        };
+        let goodput = inp.slo.map(|slo| Goodput {
+            slo,
+            attained: self.attained,
+            attainment: if self.past_warmup > 0 {
+                self.attained as f64 / self.past_warmup as f64
+            } else {
+                0.0
+            },
+            requests_per_s: per_s(self.attained),
+        });
+        (throughput, goodput)
+    }
+
+    /// How well the client kept to its schedule: the achieved rate and the
+    /// send lag's percentiles; client-bound when its p99 exceeds
+    /// `max_send_lag_ms`.
+    fn schedule(&mut self, inp: &SummaryInputs) -> Schedule {
+        let sends = &mut self.sends;
+        sends.sort_unstable();
+        let achieved_rate = (sends.len() >= 2 && sends[sends.len() - 1] > sends[0])
+            .then(|| (sends.len() - 1) as f64 / ((sends[sends.len() - 1] - sends[0]) as f64 / 1e6));
+        let lags = &mut self.lags;
+        lags.sort_by(f64::total_cmp);
+        let lag = |q: f64| (!lags.is_empty()).then(|| percentile(lags, q));
+        let p99 = lag(99.0);
+        Schedule {
+            requested_rate: inp.requested_rate,
+            achieved_rate,
+            send_lag_p50_ms: lag(50.0),
+            send_lag_p99_ms: p99,
+            send_lag_max_ms: lags.last().copied(),
+            max_send_lag_ms: inp.max_send_lag_ms,
+            client_bound: p99.is_some_and(|p| p > inp.max_send_lag_ms),
+        }
+    }
+}
+
+/// µs to ms.
+fn ms(us: i64) -> f64 {
+    us as f64 / 1e3
 }
 
 /// The share of the prompt tokens the server found in its prefix cache

@@ -414,6 +414,63 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// # Errors
 /// Missing or malformed files, naming them.
 pub fn vllm_gt(dir: &Path) -> Result<Trace> {
+    let (exp, replay, truth) = gt_files(dir)?;
+    let shared_prefix = gt_shared_prefix(dir)?;
+    // inference-perf sent `groups × prompts` distinct prompts in a repeating
+    // cycle; which prompt a request carried is not recorded, so request i is
+    // given prompt i mod N (the same reuse distance as the real cycle).
+    let prompts = shared_prefix.map(|s| {
+        let groups = s.num_groups.unwrap_or(10).max(1);
+        let per = s.num_prompts_per_group.unwrap_or(10).max(1);
+        (groups * per, per, s.system_prompt_len)
+    });
+    let cycle = prompts.map_or(1, |(n, _, _)| u64::from(n.max(1)));
+    let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
+    for t in &truth {
+        if let Some(slot) = by_index.get_mut(t.index as usize) {
+            *slot = Some(t);
+        }
+    }
+    let exp_name = if replay.experiment.is_empty() {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        replay.experiment.clone()
+    };
+    let run = GtRun {
+        run_start: experiment_start_us(&exp_name).unwrap_or(0),
+        client: Arc::from(if replay.profile.is_empty() {
+            "vllm-gt"
+        } else {
+            replay.profile.as_str()
+        }),
+        model: Arc::from(if replay.model_id.is_empty() {
+            exp.model.as_str()
+        } else {
+            replay.model_id.as_str()
+        }),
+        timeout_us: (gt_request_timeout_s(dir)? * 1e6).round() as i64,
+        output_len: shared_prefix.map(|s| s.output_len).filter(|n| *n > 0),
+        prompts,
+        planned: PlannedInputs::new(&replay.requests, cycle),
+        exp_name,
+    };
+    let mut records: Vec<TraceRecord> = replay
+        .requests
+        .iter()
+        .map(|r| run.record(r, by_index.get(r.index as usize).copied().flatten()))
+        .collect();
+    sort_by_arrival(&mut records);
+    let mut header = gt_header(&exp, &replay);
+    header.run_start_unix_us = Some(run.run_start);
+    Ok(Trace::new(header, records))
+}
+
+/// A ground-truth run's three files: `exp-config.yaml`, and in
+/// `replay_data/` the replay (`<exp>.json`) and its measurements
+/// (`<exp>_ground_truth.json`).
+fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
     let exp_path = dir.join("exp-config.yaml");
     let exp_text = std::fs::read_to_string(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
     let exp: GtExpConfig =
@@ -449,124 +506,132 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         serde_json::from_str(&read_json(&replay_path)?).map_err(|e| json_err(&replay_path, e))?;
     let truth: Vec<GtTruth> =
         serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))?;
-    let shared_prefix = gt_shared_prefix(dir)?;
-    let output_len = shared_prefix.map(|s| s.output_len).filter(|n| *n > 0);
-    // inference-perf sent `groups × prompts` distinct prompts in a repeating
-    // cycle; which prompt a request carried is not recorded, so request i is
-    // given prompt i mod N (the same reuse distance as the real cycle).
-    let prompts = shared_prefix.map(|s| {
-        let groups = s.num_groups.unwrap_or(10).max(1);
-        let per = s.num_prompts_per_group.unwrap_or(10).max(1);
-        (groups * per, per, s.system_prompt_len)
-    });
-    // A request whose prompt length was not recorded (the client reports 0
-    // for failed requests) gets the plan's: the median recorded length of
-    // requests carrying the same prompt of the cycle, else of all. Whether
-    // a request failed is never used.
-    let cycle = prompts.map_or(1, |(n, _, _)| u64::from(n.max(1)));
-    let mut recorded: Vec<(u64, u32)> = replay
-        .requests
-        .iter()
-        .filter(|r| r.input_tokens > 0)
-        .map(|r| (r.index % cycle, r.input_tokens))
-        .collect();
-    recorded.sort_unstable();
-    let median = |v: &[u32]| v.get(v.len() / 2).copied();
-    let mut all: Vec<u32> = recorded.iter().map(|x| x.1).collect();
-    all.sort_unstable();
-    let median_input = median(&all).unwrap_or(1);
-    let planned_input = |index: u64| -> u32 {
-        let p = index % cycle;
-        let lo = recorded.partition_point(|x| x.0 < p);
-        let hi = recorded.partition_point(|x| x.0 <= p);
-        let same: Vec<u32> = recorded[lo..hi].iter().map(|x| x.1).collect();
-        median(&same).unwrap_or(median_input)
-    };
-    let timeout_us = (gt_request_timeout_s(dir)? * 1e6).round() as i64;
-    let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
-    for t in &truth {
-        if let Some(slot) = by_index.get_mut(t.index as usize) {
-            *slot = Some(t);
+    Ok((exp, replay, truth))
+}
+
+/// The prompt length of a request whose length was not recorded (the
+/// client reports 0 for failed requests): the median recorded length of the
+/// requests carrying the same prompt of the cycle, else of all. Whether a
+/// request failed is never used.
+struct PlannedInputs {
+    /// (prompt of the cycle, recorded length), sorted.
+    recorded: Vec<(u64, u32)>,
+    cycle: u64,
+    median_input: u32,
+}
+
+impl PlannedInputs {
+    fn new(requests: &[GtRequest], cycle: u64) -> Self {
+        let mut recorded: Vec<(u64, u32)> = requests
+            .iter()
+            .filter(|r| r.input_tokens > 0)
+            .map(|r| (r.index % cycle, r.input_tokens))
+            .collect();
+        recorded.sort_unstable();
+        let mut all: Vec<u32> = recorded.iter().map(|x| x.1).collect();
+        all.sort_unstable();
+        let median_input = Self::median(&all).unwrap_or(1);
+        Self {
+            recorded,
+            cycle,
+            median_input,
         }
     }
-    let exp_name = if replay.experiment.is_empty() {
-        dir.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    } else {
-        replay.experiment.clone()
-    };
-    let run_start = experiment_start_us(&exp_name).unwrap_or(0);
-    let client: Arc<str> = Arc::from(if replay.profile.is_empty() {
-        "vllm-gt"
-    } else {
-        replay.profile.as_str()
-    });
-    let model: Arc<str> = Arc::from(if replay.model_id.is_empty() {
-        exp.model.as_str()
-    } else {
-        replay.model_id.as_str()
-    });
-    let mut records = Vec::with_capacity(replay.requests.len());
-    for r in &replay.requests {
-        let t = by_index.get(r.index as usize).copied().flatten();
+
+    fn median(v: &[u32]) -> Option<u32> {
+        v.get(v.len() / 2).copied()
+    }
+
+    fn get(&self, index: u64) -> u32 {
+        let p = index % self.cycle;
+        let lo = self.recorded.partition_point(|x| x.0 < p);
+        let hi = self.recorded.partition_point(|x| x.0 <= p);
+        let same: Vec<u32> = self.recorded[lo..hi].iter().map(|x| x.1).collect();
+        Self::median(&same).unwrap_or(self.median_input)
+    }
+}
+
+/// What every request of a ground-truth run shares.
+struct GtRun {
+    exp_name: String,
+    run_start: i64,
+    client: Arc<str>,
+    model: Arc<str>,
+    timeout_us: i64,
+    output_len: Option<u32>,
+    /// (prompts in the cycle, prompts per group, system prompt tokens).
+    prompts: Option<(u32, u32, u32)>,
+    planned: PlannedInputs,
+}
+
+impl GtRun {
+    /// Request `r` with its measurements `t` (none: it failed).
+    fn record(&self, r: &GtRequest, t: Option<&GtTruth>) -> TraceRecord {
         let failed = r.has_error || t.is_none_or(|t| t.has_error);
         let input = if r.input_tokens == 0 {
-            planned_input(r.index)
+            self.planned.get(r.index)
         } else {
             r.input_tokens
         };
-        let output = output_len.unwrap_or(r.output_tokens).max(1);
-        let send = run_start + r.arrival_time_us;
+        let output = self.output_len.unwrap_or(r.output_tokens).max(1);
+        let send = self.run_start + r.arrival_time_us;
         let mut request = Request {
             request_id: r.index,
-            client_id: client.clone(),
-            model: model.clone(),
+            client_id: self.client.clone(),
+            model: self.model.clone(),
             streaming: true,
             input_tokens: input,
             output_tokens: output,
             arrival_time_us: r.arrival_time_us,
-            deadline_us: Some(r.arrival_time_us + timeout_us),
+            deadline_us: Some(r.arrival_time_us + self.timeout_us),
             ..Request::default()
         };
-        if let Some((n, per, system)) = prompts {
+        if let Some((n, per, system)) = self.prompts {
             let p = (r.index % u64::from(n)) as u32;
             request.content_key = Some(xxhash_rust::xxh3::xxh3_64(
-                format!("{exp_name}/prompt/{p}").as_bytes(),
+                format!("{}/prompt/{p}", self.exp_name).as_bytes(),
             ));
             if system > 0 {
                 request.prefix_group = Arc::from(format!("ip-group-{}", p / per));
                 request.prefix_length = system.min(input);
             }
         }
-        let to_us = |s: f64| (s * 1e6).round() as i64;
-        let outcome = Outcome {
-            send_time_us: Some(send),
-            first_chunk_time_us: t
-                .and_then(|t| t.ttft_s)
-                .filter(|_| !failed)
-                .map(|s| send + to_us(s)),
-            last_chunk_time_us: t.map(|t| send + to_us(t.e2e_s)),
-            status: Some(if failed { Status::Timeout } else { Status::Ok }),
-            error_message: if failed {
-                "client timeout".into()
-            } else {
-                String::new()
-            },
-            finish_reason: if failed {
-                String::new()
-            } else {
-                "length".into()
-            },
-            ..Outcome::default()
-        };
-        records.push(TraceRecord {
+        TraceRecord {
             request,
-            outcome,
+            outcome: gt_outcome(send, t, failed),
             other: vec![("client_output_tokens".into(), r.output_tokens.to_string())],
-        });
+        }
     }
-    sort_by_arrival(&mut records);
+}
+
+/// A ground-truth request's outcome: sent at `send` (µs), timed by `t`.
+fn gt_outcome(send: i64, t: Option<&GtTruth>, failed: bool) -> Outcome {
+    let to_us = |s: f64| (s * 1e6).round() as i64;
+    Outcome {
+        send_time_us: Some(send),
+        first_chunk_time_us: t
+            .and_then(|t| t.ttft_s)
+            .filter(|_| !failed)
+            .map(|s| send + to_us(s)),
+        last_chunk_time_us: t.map(|t| send + to_us(t.e2e_s)),
+        status: Some(if failed { Status::Timeout } else { Status::Ok }),
+        error_message: if failed {
+            "client timeout".into()
+        } else {
+            String::new()
+        },
+        finish_reason: if failed {
+            String::new()
+        } else {
+            "length".into()
+        },
+        ..Outcome::default()
+    }
+}
+
+/// The header of a ground-truth run: vLLM on H100 with its recorded
+/// settings.
+fn gt_header(exp: &GtExpConfig, replay: &GtReplay) -> TraceHeader {
     let mut header = TraceHeader::new(Mode::Real);
     let tp = exp.tensor_parallelism.unwrap_or(1);
     header.server = Some(ServerConfig {
@@ -585,8 +650,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         gpu: Some("H100".into()),
         gpu_count: Some(tp),
     });
-    header.run_start_unix_us = Some(run_start);
-    Ok(Trace::new(header, records))
+    header
 }
 
 fn sort_by_arrival(records: &mut [TraceRecord]) {

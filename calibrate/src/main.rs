@@ -8,7 +8,7 @@ fn main() {
     ) {
         Ok(code) => code,
         Err(e) => {
-            blis_traces::diag!("error: {e:#}");
+            blis_traces::diag!("error: {:#}", anyhow::Error::from(e));
             blis_calibrate::exit_code::ERROR
         }
     };

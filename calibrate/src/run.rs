@@ -1,9 +1,9 @@
 //! The commands, as the binary runs them.
 
+use blis_traces::step::StepContext;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, bail};
 use blis_replay::latency::coefficients::{CoefficientsFile, LatencyKind};
 use blis_traces::{Slo, Trace};
 
@@ -21,11 +21,45 @@ pub mod exit_code {
     pub const USAGE: i32 = 2;
 }
 
+/// Why a `blis-calibrate` command failed: a one-line message naming the
+/// flag, file or step; the causes follow in the error chain (the binary
+/// prints them after it, `: `-separated).
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// A flag, or a combination of flags, that cannot be used.
+    #[error("{0}")]
+    Usage(String),
+    /// A step that failed (`reading the trace out/sim.yaml`), with its cause.
+    #[error(transparent)]
+    Step(#[from] blis_traces::step::StepError),
+    /// A trace could not be read or written.
+    #[error(transparent)]
+    Trace(#[from] blis_traces::Error),
+    /// The simulator refused a setting (model, hardware, coefficients).
+    #[error(transparent)]
+    Replay(#[from] blis_replay::ReplayError),
+    /// A fit could not be set up or run.
+    #[error(transparent)]
+    Fit(#[from] crate::fit::FitError),
+    /// The HTML report could not be rendered.
+    #[error(transparent)]
+    Html(#[from] crate::html::HtmlError),
+    /// A JSON output could not be written.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The output stream or a file failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result of a command.
+pub type Result<T, E = CommandError> = std::result::Result<T, E>;
+
 /// Runs the command in `opts`, writing its human-readable output to `out`.
 ///
 /// # Errors
 /// Any failure, with a chain of context naming the file or field.
-pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
+pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
     match opts.command {
         Command::Compare(a) => compare_command(&a, out),
         Command::Fit(a) => fit_command(&a, out),
@@ -36,39 +70,39 @@ pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
 
 /// A trace from a header YAML, or from a public trace given as
 /// `KIND:PATH` (e.g. `vllm-gt:RUN_DIR`, a real run with measured times).
-fn read(path: &Path) -> anyhow::Result<Trace> {
+fn read(path: &Path) -> Result<Trace> {
     let s = path.to_string_lossy();
     if !path.exists()
         && let Ok(src) = s.parse::<blis_traces::ImportSource>()
     {
-        return blis_traces::import(&src, 42).with_context(|| format!("importing {s}"));
+        return Ok(blis_traces::import(&src, 42).step(|| format!("importing {s}"))?);
     }
-    Trace::read(path).with_context(|| format!("reading the trace {}", path.display()))
+    Ok(Trace::read(path).step(|| format!("reading the trace {}", path.display()))?)
 }
 
 /// [`read`], and an error naming the request CSV and the column when the
 /// trace lacks a column a comparison needs.
-fn read_outcomes(path: &Path) -> anyhow::Result<Trace> {
+fn read_outcomes(path: &Path) -> Result<Trace> {
     let t = read(path)?;
     if let Some(col) = crate::compare::missing_required_column(&t) {
         let paths = blis_traces::bundle::TracePaths::for_header(path, Some(&t.header));
-        bail!(
+        return Err(CommandError::Usage(format!(
             "{}:1: {col}: required column missing from the header row (comparing and fitting need {})",
             paths.data.display(),
             crate::compare::REQUIRED_COLUMNS.join(", ")
-        );
+        )));
     }
     Ok(t)
 }
 
-fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+fn write_file(path: &Path, text: &str) -> Result<()> {
     if let Some(d) = path.parent()
         && !d.as_os_str().is_empty()
     {
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        std::fs::create_dir_all(d).step(|| format!("creating {}", d.display()))?;
     }
-    blis_traces::bundle::write_atomic(path, text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    Ok(blis_traces::bundle::write_atomic(path, text.as_bytes())
+        .step(|| format!("writing {}", path.display()))?)
 }
 
 fn with_ext(prefix: &Path, ext: &str) -> std::path::PathBuf {
@@ -82,21 +116,25 @@ fn with_ext(prefix: &Path, ext: &str) -> std::path::PathBuf {
 ///
 /// # Errors
 /// Unreadable traces, bad options, unwritable output.
-pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(r) = a.rtt_ms
         && !(r >= 0.0 && r.is_finite())
     {
-        bail!("--rtt-ms must be a non-negative number, got {r}");
+        return Err(CommandError::Usage(format!(
+            "--rtt-ms must be a non-negative number, got {r}"
+        )));
     }
     if a.resamples == 1 {
-        bail!("--resamples must be 0 (no intervals) or at least 2");
+        return Err(CommandError::Usage(
+            "--resamples must be 0 (no intervals) or at least 2".into(),
+        ));
     }
     let slo = a
         .slo
         .as_deref()
         .map(str::parse::<Slo>)
         .transpose()
-        .map_err(anyhow::Error::msg)?;
+        .map_err(CommandError::Usage)?;
     let real = read_outcomes(&a.real)?;
     let sim = read_outcomes(&a.sim)?;
     let mut o = CompareOptions {
@@ -119,7 +157,7 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
     );
     if c.report.matching.paired == 0 {
         let m = &c.report.matching;
-        bail!(
+        return Err(CommandError::Usage(format!(
             "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
             m.real.total,
             m.real.ok,
@@ -127,7 +165,7 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
             m.sim.ok,
             m.real.total.saturating_sub(m.only_real),
             m.real.warmup
-        );
+        )));
     }
     let md = c.report.to_markdown();
     let json = serde_json::to_string_pretty(&c.report)?;
@@ -157,14 +195,18 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> anyhow::Result<(
 ///
 /// # Errors
 /// Unreadable traces, bad options, a server that cannot be configured.
-pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(h) = a.holdout_fraction
         && !(0.0..1.0).contains(&h)
     {
-        bail!("--holdout-fraction must be in [0, 1), got {h}");
+        return Err(CommandError::Usage(format!(
+            "--holdout-fraction must be in [0, 1), got {h}"
+        )));
     }
     if a.budget_evals == Some(0) {
-        bail!("--budget-evals must be at least 1");
+        return Err(CommandError::Usage(
+            "--budget-evals must be at least 1".into(),
+        ));
     }
     let kind = match a.latency_model {
         Some(c) => c.kind(),
@@ -174,17 +216,15 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     match kind {
         LatencyKind::TrainedPhysics => return joint_fit_command(a, out),
         LatencyKind::BlisPhysics => {
-            bail!(
-                "blis-physics has BLIS's published coefficients and nothing to fit; fit trained-physics (--latency-model trained-physics)"
-            )
+            return Err(CommandError::Usage("blis-physics has BLIS's published coefficients and nothing to fit; fit trained-physics (--latency-model trained-physics)".into()));
         }
         LatencyKind::Blackbox | LatencyKind::Roofline => {}
     }
     if a.runs.is_some() {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--runs fits trained-physics (one global row across models); give --trace for {} fits",
             kind.name()
-        );
+        )));
     }
     let start = a
         .coefficients
@@ -212,7 +252,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?);
     }
     let r = fit(&traces, a.budget_evals.unwrap_or(400))?;
-    write_row(&a.out, &r.row).with_context(|| format!("writing {}", a.out.display()))?;
+    write_row(&a.out, &r.row).step(|| format!("writing {}", a.out.display()))?;
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
         return Ok(());
@@ -278,7 +318,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Unreadable runs, a run that cannot be replayed, an unwritable output.
-fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     let o = a
         .joint
         .options(a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET))?;
@@ -286,9 +326,12 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(dir) = &a.runs {
         let mut skipped = Vec::new();
         let runs = crate::runs::runs_in(dir, &mut skipped)
-            .with_context(|| format!("reading the runs in {}", dir.display()))?;
+            .step(|| format!("reading the runs in {}", dir.display()))?;
         if let Some((name, why)) = skipped.first() {
-            bail!("{}: {name}: {why}", dir.display());
+            return Err(CommandError::Usage(format!(
+                "{}: {name}: {why}",
+                dir.display()
+            )));
         }
         named.extend(runs.into_iter().map(|r| (r.name, r.trace)));
     }
@@ -296,10 +339,10 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         named.push((p.display().to_string(), read_outcomes(p)?));
     }
     if named.is_empty() {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "no runs to fit on: --runs {} holds no run folder or trace header",
             a.runs.as_deref().unwrap_or(Path::new("")).display()
-        );
+        )));
     }
     let mut runs = Vec::new();
     for (name, t) in named {
@@ -353,7 +396,7 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             f.runs.join(", ")
         ),
     );
-    write_row(&a.out, &row).with_context(|| format!("writing {}", a.out.display()))?;
+    write_row(&a.out, &row).step(|| format!("writing {}", a.out.display()))?;
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&f)?)?;
         return Ok(());
@@ -402,9 +445,11 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// An unreadable folder or unwritable output.
-pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> Result<()> {
     if a.budget_evals == Some(0) {
-        bail!("--budget-evals must be at least 1");
+        return Err(CommandError::Usage(
+            "--budget-evals must be at least 1".into(),
+        ));
     }
     let latency = a.latency_model.kind();
     let o = crate::benchmark::BenchmarkOptions {
@@ -418,13 +463,13 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> anyhow::Resu
     let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), &o, &mut |l| {
         blis_traces::diag!("{l}")
     })
-    .with_context(|| format!("reading the runs in {}", a.dir.display()))?;
+    .step(|| format!("reading the runs in {}", a.dir.display()))?;
     if r.runs.is_empty() {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "no run of {} could be predicted ({} skipped)",
             a.dir.display(),
             r.skipped.len()
-        );
+        )));
     }
     let md = r.to_markdown();
     write_file(&with_ext(&a.out, "md"), &md)?;

@@ -15,7 +15,7 @@
 //!     "blis-loadgen", "generate", "--workload-spec", "w.yaml", "--out", "out/plan",
 //! ]);
 //! let code = blis_loadgen::run(opts, &mut std::io::stdout())?;
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), blis_loadgen::CommandError>(())
 //! ```
 #![warn(missing_docs)]
 
@@ -54,12 +54,46 @@ pub mod exit_code {
     pub const FAILED: i32 = 5;
 }
 
+/// Why a `blis-loadgen` command failed: a one-line message naming the
+/// flag, file, server or step; the causes follow in the error chain (the
+/// binary prints them after it, `: `-separated).
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// A flag, or a combination of flags, that cannot be used.
+    #[error("{0}")]
+    Usage(String),
+    /// A step that failed (`creating the trace at out/real`), with its cause.
+    #[error(transparent)]
+    Step(#[from] blis_traces::step::StepError),
+    /// The server could not be reached or checked.
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeError),
+    /// The workload could not be planned.
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    /// A trace could not be read or written.
+    #[error(transparent)]
+    Trace(#[from] blis_traces::Error),
+    /// A JSON output could not be written.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The output stream or a file failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A bug: the run's own tasks did not end as they must.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Result of a command.
+pub type Result<T, E = CommandError> = std::result::Result<T, E>;
+
 /// Runs the command in `opts`, writing its human-readable output to `out`,
 /// and returns the process exit code ([`exit_code`]).
 ///
 /// # Errors
 /// Any failure, with a chain of context naming the file or field.
-pub fn run(opts: Opts, out: &mut dyn Write) -> anyhow::Result<i32> {
+pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
     match opts.command {
         Command::Generate(args) => plan::generate_command(&args, out).map(|()| exit_code::OK),
         Command::Run(args) => run::run_command(&args, out),

@@ -1,9 +1,10 @@
 //! Planning a workload: from a spec or an import to requests, and the
 //! `generate` subcommand.
 
+use crate::{CommandError, Result};
+use blis_traces::step::StepContext;
 use std::io::Write;
 
-use anyhow::{Context, bail};
 use blis_traces::{
     ExtraColumn, GenerateOptions, Generator, Mode, TraceHeader, TraceRecord, TraceWriter,
     WorkloadSpec, WorkloadSummary,
@@ -139,7 +140,7 @@ pub fn load_workload(
 ///
 /// # Errors
 /// Bad input or unwritable output.
-pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> Result<()> {
     let opts = GenerateOptions {
         seed: args.seed,
         horizon_us: args.horizon_s.map(|s| (s * 1e6).round() as u64),
@@ -148,13 +149,13 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
     if let Some(h) = args.horizon_s
         && !(h > 0.0 && h.is_finite())
     {
-        bail!("--horizon-s must be a positive number of seconds, got {h}");
+        return Err(CommandError::Usage(format!(
+            "--horizon-s must be a positive number of seconds, got {h}"
+        )));
     }
     let (mut header, mut records) = load_workload(&args.workload, &args.synthetic, &opts)?;
     if args.keep_measured && header.mode != Mode::Real {
-        bail!(
-            "--keep-measured keeps what a real run measured, but this workload has no measurements (give --import of a real run, e.g. vllm-gt:RUN_DIR)"
-        );
+        return Err(CommandError::Usage("--keep-measured keeps what a real run measured, but this workload has no measurements (give --import of a real run, e.g. vllm-gt:RUN_DIR)".into()));
     }
     // A generated trace is a plan: keep the requests, drop any outcome
     // (unless asked to keep what was measured).
@@ -167,7 +168,7 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Res
     let summary = WorkloadSummary::of(records.iter().map(|r| &r.request));
     let extras = ExtraColumn::needed_for(&records);
     let mut w = TraceWriter::create(&args.out, &header, &extras, None, false)
-        .with_context(|| format!("creating the trace at {}", args.out.display()))?;
+        .step(|| format!("creating the trace at {}", args.out.display()))?;
     for r in &records {
         w.write_record(r)?;
     }

@@ -16,6 +16,8 @@
 //! judged. Later rounds of a session wait for the previous round's response
 //! plus the think time.
 
+use crate::{CommandError, Result};
+use blis_traces::step::{StepContext, StepError};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +25,6 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use blis_traces::spec::ContextGrowth;
 use blis_traces::{
     ExtraColumn, GenerateOptions, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, Status,
@@ -462,53 +463,59 @@ impl Signals {
 }
 
 /// Validated numeric options.
-fn check_args(args: &RunArgs) -> anyhow::Result<Option<Slo>> {
+fn check_args(args: &RunArgs) -> Result<Option<Slo>> {
     if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--timeout-s must be a positive number of seconds, got {}",
             args.timeout_s
-        );
+        )));
     }
     if !(args.grace_s >= 0.0 && args.grace_s.is_finite()) {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--grace-s must be a non-negative number of seconds, got {}",
             args.grace_s
-        );
+        )));
     }
     if !(args.max_send_lag_ms > 0.0 && args.max_send_lag_ms.is_finite()) {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--max-send-lag-ms must be positive, got {}",
             args.max_send_lag_ms
-        );
+        )));
     }
     if !(0.0..=1.0).contains(&args.max_error_rate) {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--max-error-rate must be a fraction in [0, 1], got {}",
             args.max_error_rate
-        );
+        )));
     }
     if let Some(d) = args.duration_s
         && !(d > 0.0 && d.is_finite())
     {
-        bail!("--duration-s must be a positive number of seconds, got {d}");
+        return Err(CommandError::Usage(format!(
+            "--duration-s must be a positive number of seconds, got {d}"
+        )));
     }
     if args.concurrency == Some(0) {
-        bail!("--concurrency must be at least 1");
+        return Err(CommandError::Usage(
+            "--concurrency must be at least 1".into(),
+        ));
     }
     if args.max_in_flight == Some(0) {
-        bail!("--max-in-flight must be at least 1");
+        return Err(CommandError::Usage(
+            "--max-in-flight must be at least 1".into(),
+        ));
     }
     if !(args.server_url.starts_with("http://") || args.server_url.starts_with("https://")) {
-        bail!(
+        return Err(CommandError::Usage(format!(
             "--server-url must start with http:// or https://, got {:?}",
             args.server_url
-        );
+        )));
     }
     args.slo
         .as_deref()
         .map(str::parse::<Slo>)
         .transpose()
-        .map_err(anyhow::Error::msg)
+        .map_err(CommandError::Usage)
 }
 
 /// The requests with the `n` smallest ids are warm-up: ids below the
@@ -527,7 +534,7 @@ fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
 ///
 /// # Errors
 /// Bad options or workload, an unreachable server, unwritable output.
-pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> Result<i32> {
     let slo = check_args(args)?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if args.client_threads > 0 {
@@ -537,7 +544,7 @@ pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
         .enable_all()
         .thread_name("blis-loadgen")
         .build()
-        .context("starting the async runtime")?;
+        .step(|| "starting the async runtime")?;
     let summary = rt.block_on(run_async(args, slo))?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
@@ -567,7 +574,7 @@ struct Plan {
 }
 
 /// Phase 1: the workload, planned and sorted by send time.
-fn plan(args: &RunArgs) -> anyhow::Result<Plan> {
+fn plan(args: &RunArgs) -> Result<Plan> {
     let closed_loop = args.concurrency.is_some();
     let opts = GenerateOptions {
         seed: args.seed,
@@ -579,14 +586,14 @@ fn plan(args: &RunArgs) -> anyhow::Result<Plan> {
         num_requests: args.num_requests,
     };
     let (header, mut records) =
-        load_workload(&args.workload, &args.synthetic, &opts).context("planning the workload")?;
+        load_workload(&args.workload, &args.synthetic, &opts).step(|| "planning the workload")?;
     for r in &mut records {
         r.outcome = Default::default();
         r.other.clear();
     }
     records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
     if records.is_empty() {
-        bail!("the workload has no requests");
+        return Err(CommandError::Usage("the workload has no requests".into()));
     }
     let growth: BTreeMap<String, ContextGrowth> = match &args.workload.workload_spec {
         Some(p) => WorkloadSpec::from_file(p)?
@@ -636,9 +643,9 @@ struct Server {
 
 /// Phase 2: the server, checked and measured (tokens per word, its KV
 /// cache from its metrics).
-async fn connect(args: &RunArgs) -> anyhow::Result<Server> {
+async fn connect(args: &RunArgs) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
-    let client = crate::http::client().context("building the HTTP client")?;
+    let client = crate::http::client().step(|| "building the HTTP client")?;
     let info = probe::check_server(
         &client,
         &base,
@@ -655,7 +662,7 @@ async fn connect(args: &RunArgs) -> anyhow::Result<Server> {
         &args.model,
         args.api_key.as_deref(),
     )
-    .map_err(anyhow::Error::msg)?;
+    .map_err(CommandError::Usage)?;
     let tpw =
         probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
     if let Some(f) = &tpw.calibration_failure {
@@ -850,12 +857,16 @@ async fn wait_for_end(
 }
 
 /// The shared state once every task that held it has ended.
-async fn unwrap_shared(mut sh: Arc<Shared>) -> anyhow::Result<Shared> {
+async fn unwrap_shared(mut sh: Arc<Shared>) -> Result<Shared> {
     let mut waited = 0;
     loop {
         match Arc::try_unwrap(sh) {
             Ok(s) => return Ok(s),
-            Err(_) if waited >= 5000 => bail!("internal error: request tasks outlived the run"),
+            Err(_) if waited >= 5000 => {
+                return Err(CommandError::Internal(
+                    "request tasks outlived the run".into(),
+                ));
+            }
             Err(again) => {
                 sh = again;
                 waited += 1;
@@ -865,8 +876,8 @@ async fn unwrap_shared(mut sh: Arc<Shared>) -> anyhow::Result<Shared> {
     }
 }
 
-async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> {
-    let mut signals = Signals::new().context("installing signal handlers")?;
+async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
+    let mut signals = Signals::new().step(|| "installing signal handlers")?;
     let plan = plan(args)?;
     let server = connect(args).await?;
 
@@ -884,11 +895,11 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
         any_stream.then_some(server.ep.per_chunk_tokens()),
         scrape_on,
     )
-    .with_context(|| format!("creating the trace at {}", args.out.display()))?;
+    .step(|| format!("creating the trace at {}", args.out.display()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     let record_failed = Arc::new(AtomicBool::new(false));
     let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
-        .context("starting the recorder thread")?;
+        .step(|| "starting the recorder thread")?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
     let total = plan.records.len() as u64;
@@ -966,7 +977,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> anyhow::Result<Summary> 
     drop(sh.tx);
     let recorded = recorder
         .join()
-        .map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
+        .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
     let summary = summarize(
         &recorded.records,
         &recorded.itl_us,
@@ -1006,7 +1017,7 @@ fn finish_trace(
     scrape_stats: &scrape::ScrapeStats,
     any_stream: bool,
     scrape_on: bool,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let Recorded {
         writer,
         records,
@@ -1016,7 +1027,7 @@ fn finish_trace(
     } = recorded;
     if let Some(e) = error {
         return Err(
-            anyhow::Error::new(e).context("writing the trace (rows after this error are missing)")
+            StepError::new("writing the trace (rows after this error are missing)", e).into(),
         );
     }
     let paths = writer.finish(header)?;

@@ -14,8 +14,41 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use blis_traces::step::{StepContext, StepError};
+
 use clap::Parser;
+
+/// Why the loop stopped: the step that failed, with its causes in the
+/// error chain (the binary prints them after it, `: `-separated).
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// A tool ended without a result (`blis-loadgen exited with code 4`),
+    /// or the server offers no model to use.
+    #[error("{0}")]
+    Failed(String),
+    /// A step that failed (`replaying the trace (blis-replay run)`), with
+    /// its cause.
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// The mock server could not start.
+    #[error(transparent)]
+    Mock(#[from] blis_mockserver::StartError),
+    /// A tool's command line, as the loop built it, was refused.
+    #[error(transparent)]
+    Args(#[from] clap::Error),
+    /// The server's model list could not be fetched.
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    /// A report could not be read as JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A file could not be read or written.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result of the loop.
+pub type Result<T, E = LoopError> = std::result::Result<T, E>;
 
 /// The workload of the main job: one minute of ServeGen's m-large language
 /// clients (arXiv:2505.09999).
@@ -81,7 +114,7 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-async fn first_model(url: &str) -> anyhow::Result<String> {
+async fn first_model(url: &str) -> Result<String> {
     let models = format!("{url}/v1/models");
     let v: serde_json::Value = reqwest::Client::builder()
         .no_proxy()
@@ -89,22 +122,22 @@ async fn first_model(url: &str) -> anyhow::Result<String> {
         .get(&models)
         .send()
         .await
-        .with_context(|| format!("cannot reach the server at {url}"))?
+        .step(|| format!("cannot reach the server at {url}"))?
         .json()
         .await
-        .with_context(|| format!("reading {models}"))?;
+        .step(|| format!("reading {models}"))?;
     v["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("{models} lists no model; give --model"))
+        .ok_or_else(|| LoopError::Failed(format!("{models} lists no model; give --model")))
 }
 
 /// Runs the loop; `log` receives progress lines.
 ///
 /// # Errors
 /// Any step's failure, naming the step.
-pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopResult> {
-    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
+    std::fs::create_dir_all(&o.out).step(|| format!("creating {}", o.out.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -158,10 +191,12 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     ));
     let mut out = Vec::new();
     let code = blis_loadgen::run(blis_loadgen::Opts::try_parse_from(&args)?, &mut out)
-        .context("observing the server (blis-loadgen run)")?;
+        .step(|| "observing the server (blis-loadgen run)")?;
     log(&String::from_utf8_lossy(&out));
     if code != 0 {
-        anyhow::bail!("blis-loadgen exited with code {code}");
+        return Err(LoopError::Failed(format!(
+            "blis-loadgen exited with code {code}"
+        )));
     }
     let real_h = real.with_extension("yaml");
     let sim = o.out.join("sim");
@@ -208,7 +243,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
         fit.extend(o.replay_args.split_whitespace().map(str::to_string));
         let mut out = Vec::new();
         blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&fit)?, &mut out)
-            .context("fitting coefficients (blis-calibrate fit)")?;
+            .step(|| "fitting coefficients (blis-calibrate fit)")?;
         log(&String::from_utf8_lossy(&out));
         replay.extend([
             "--coefficients".into(),
@@ -223,7 +258,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     log("replaying the observed trace (blis-replay run)");
     let mut out = Vec::new();
     blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
-        .context("replaying the trace (blis-replay run)")?;
+        .step(|| "replaying the trace (blis-replay run)")?;
     let on_mock = mock.is_some();
     if let Some(server) = mock.take() {
         rt.block_on(server.shutdown());
@@ -245,7 +280,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
         // fit's split (by arrival, the first 1 − h fitted) is by request id
         // for open-loop workloads, so the fitted part is compare's warm-up.
         let n = blis_traces::Trace::read(&real_h)
-            .with_context(|| format!("reading {}", real_h.display()))?
+            .step(|| format!("reading {}", real_h.display()))?
             .records
             .len();
         let fitted = ((n as f64) * (1.0 - o.holdout_fraction)).round() as u64;
@@ -259,7 +294,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> anyhow::Result<LoopR
     }
     let mut out = Vec::new();
     blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&cmp)?, &mut out)
-        .context("comparing (blis-calibrate compare)")?;
+        .step(|| "comparing (blis-calibrate compare)")?;
     let markdown = std::fs::read_to_string(report.with_extension("md"))?;
     let report_json =
         serde_json::from_str(&std::fs::read_to_string(report.with_extension("json"))?)?;

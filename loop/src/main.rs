@@ -15,7 +15,7 @@ fn main() {
             );
         }
         Err(e) => {
-            blis_traces::diag!("error: {e:#}");
+            blis_traces::diag!("error: {:#}", anyhow::Error::from(e));
             std::process::exit(1);
         }
     }

@@ -44,7 +44,7 @@
 //!   `blis_mock_faults_total`.
 //!
 //! ```no_run
-//! # async fn demo() -> anyhow::Result<()> {
+//! # async fn demo() -> Result<(), blis_mockserver::StartError> {
 //! use clap::Parser;
 //! let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
 //! let server = blis_mockserver::start(&opts.config()).await?;

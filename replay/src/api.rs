@@ -132,9 +132,9 @@ pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Wor
         }
     };
     let input = |what: String| {
-        move |source| ReplayError::Input {
+        move |error| ReplayError::Input {
             what,
-            source: Box::new(source),
+            error: Box::new(error),
         }
     };
     match source {

@@ -13,12 +13,12 @@ pub enum ReplayError {
     #[error(transparent)]
     Trace(#[from] blis_traces::Error),
     /// A workload (trace, import, spec) could not be read.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Input {
         /// What was being read (`reading the trace out/real.yaml`).
         what: String,
-        /// Why it failed.
-        source: Box<blis_traces::Error>,
+        /// Why it failed (in the message, not chained, so it prints once).
+        error: Box<blis_traces::Error>,
     },
     /// An output file could not be written.
     #[error("{}: {error}", path.display())]

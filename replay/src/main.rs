@@ -8,7 +8,7 @@ fn main() {
     ) {
         Ok(()) => blis_replay::exit_code::OK,
         Err(e) => {
-            blis_traces::diag!("error: {e:#}");
+            blis_traces::diag!("error: {:#}", anyhow::Error::from(e));
             blis_replay::exit_code::ERROR
         }
     };

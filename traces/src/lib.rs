@@ -65,6 +65,7 @@ pub mod servegen;
 pub mod slo;
 pub mod spec;
 pub mod stdio;
+pub mod step;
 pub mod summary;
 mod validate;
 

@@ -5,10 +5,11 @@
 //! (`../shared/design/policy-optimization-design.md`); each call is
 //! single-threaded and deterministic, so a search runs many in parallel.
 
+use crate::commands::{CommandError, Result};
+use blis_traces::step::StepContext;
 use std::fmt::Write as _;
 use std::io::Write;
 
-use anyhow::Context;
 use serde::Serialize;
 
 use crate::cluster::ClusterSummary;
@@ -211,11 +212,13 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
 ///
 /// # Errors
 /// Bad input or settings.
-pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
     let bundle = args.run.cluster.bundle()?;
     let weights = crate::commands::run::fitness_weights(&args.run)?;
     if args.seeds.is_empty() {
-        anyhow::bail!("--seeds: give at least one seed");
+        return Err(CommandError::Usage(
+            "--seeds: give at least one seed".into(),
+        ));
     }
     let mut seeds = Vec::new();
     for &seed in &args.seeds {
@@ -226,7 +229,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> anyhow::Result<()> 
             &crate::commands::run::server_args(&run),
             Some(&workload.header),
         )
-        .context("configuring the server")?;
+        .step(|| "configuring the server")?;
         let mut sink = Collector::stats_only();
         let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
             &resolved,

@@ -1,10 +1,11 @@
 //! `blis-replay run`: load a workload, resolve the server, replay, write the
 //! predicted trace and the summary.
 
+use crate::commands::{CommandError, Result};
+use blis_traces::step::StepContext;
 use std::io::Write;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::api::{ClusterRun, Workload, WorkloadOptions, WorkloadSource, replay_header, replay_on};
@@ -23,7 +24,7 @@ use crate::sim::SimOptions;
 ///
 /// # Errors
 /// Unreadable or invalid input, or none given.
-pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
+pub fn load_workload(args: &RunArgs) -> Result<Workload> {
     let source = if let Some(p) = &args.trace {
         WorkloadSource::Trace(p.clone())
     } else if let Some(src) = &args.import {
@@ -31,7 +32,9 @@ pub fn load_workload(args: &RunArgs) -> anyhow::Result<Workload> {
     } else if let Some(p) = &args.workload_spec {
         WorkloadSource::Spec(p.clone())
     } else {
-        bail!("give one of --trace, --workload-spec or --import")
+        return Err(CommandError::Usage(
+            "give one of --trace, --workload-spec or --import".into(),
+        ));
     };
     let opts = WorkloadOptions {
         seed: args.seed,
@@ -69,9 +72,9 @@ fn write_decisions(
     path: &std::path::Path,
     mut decisions: Vec<DecisionRecord>,
     outcomes: Option<&rustc_hash::FxHashMap<u64, crate::output::RequestOutcome>>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     use std::io::BufWriter;
-    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let f = std::fs::File::create(path).step(|| format!("creating {}", path.display()))?;
     let mut w = BufWriter::new(f);
     for d in &mut decisions {
         if let Some(o) = outcomes.and_then(|m| m.get(&d.request_id)) {
@@ -82,8 +85,7 @@ fn write_decisions(
         serde_json::to_writer(&mut w, d)?;
         w.write_all(b"\n")?;
     }
-    w.flush()
-        .with_context(|| format!("writing {}", path.display()))?;
+    w.flush().step(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
@@ -93,13 +95,13 @@ fn write_decisions(
 /// A malformed list.
 pub fn fitness_weights(
     args: &RunArgs,
-) -> anyhow::Result<Option<Vec<(String, crate::output::fitness::FitnessMetric, f64)>>> {
+) -> Result<Option<Vec<(String, crate::output::fitness::FitnessMetric, f64)>>> {
     args.cluster
         .fitness_weights
         .as_deref()
         .map(crate::output::fitness::parse_weights)
         .transpose()
-        .map_err(|e| anyhow::anyhow!("--fitness-weights: {e}"))
+        .map_err(|e| CommandError::Usage(format!("--fitness-weights: {e}")))
 }
 
 /// The form of the ITL companion: none (`--no-itl`), rows (`--itl-rows`),
@@ -118,15 +120,17 @@ fn itl_form(args: &RunArgs, resolved: &Resolved) -> ItlForm {
 ///
 /// # Errors
 /// Bad input or settings, with the file, line or flag to fix.
-pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     let Some(prefix) = &args.out else {
-        bail!("--out PREFIX is required: where to write the predicted trace");
+        return Err(CommandError::Usage(
+            "--out PREFIX is required: where to write the predicted trace".into(),
+        ));
     };
     let bundle = args.cluster.bundle()?;
     let weights = fitness_weights(args)?;
     let workload = load_workload(args)?;
     let resolved =
-        resolve(&server_args(args), Some(&workload.header)).context("configuring the server")?;
+        resolve(&server_args(args), Some(&workload.header)).step(|| "configuring the server")?;
     let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
     let mut sink = Collector::to_files(
@@ -136,7 +140,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         itl_form(args, &resolved),
         sample.is_some(),
     )
-    .with_context(|| format!("creating the outputs at {}", prefix.display()))?;
+    .step(|| format!("creating the outputs at {}", prefix.display()))?;
     let bar = progress(workload.len);
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
     let started = Instant::now();
@@ -175,8 +179,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let summary_path = prefix.with_extension("summary.json");
     let mut json = serde_json::to_string_pretty(&summary)?;
     json.push('\n');
-    std::fs::write(&summary_path, json)
-        .with_context(|| format!("writing {}", summary_path.display()))?;
+    std::fs::write(&summary_path, json).step(|| format!("writing {}", summary_path.display()))?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
     } else {

@@ -247,6 +247,18 @@ fn errors_name_what_is_missing_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     assert!(err.contains("/nonexistent/w.yaml"), "{err}");
+    let out = replay()
+        .args(["run", "--trace", "/nonexistent/t.yaml", "--out"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: reading the trace /nonexistent/t.yaml: "),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     // A negative number is a value, judged by its flag.
     let out = replay()
         .args(["run", "--workload-spec"])

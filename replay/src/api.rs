@@ -92,7 +92,7 @@ pub struct WorkloadOptions {
 ///
 /// # Errors
 /// [`ReplayError::Input`] when the trace, import or spec cannot be read or
-/// is invalid; [`ReplayError::Config`] for a client timeout that is not a
+/// is invalid; [`ReplayError::Settings`] for a client timeout that is not a
 /// positive number of seconds.
 pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Workload> {
     let opts = GenerateOptions {
@@ -103,9 +103,7 @@ pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Wor
     if let Some(t) = o.client_timeout_s
         && !(t > 0.0 && t.is_finite())
     {
-        return Err(ReplayError::Config(format!(
-            "--client-timeout-s must be a positive number of seconds, got {t}"
-        )));
+        return Err(crate::setup::SettingsError::ClientTimeout(t).into());
     }
     let timeout_flag = o.client_timeout_s.map(|t| (t * 1e6).round() as i64);
     let from_trace = |mut trace: Trace| -> Workload {

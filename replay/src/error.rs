@@ -3,9 +3,18 @@
 /// What can go wrong configuring or running a replay.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// A model, hardware or coefficients description is missing or invalid.
-    #[error("{0}")]
-    Config(String),
+    /// A model's architecture cannot be found or used.
+    #[error(transparent)]
+    Arch(#[from] crate::latency::arch::ArchError),
+    /// A GPU description cannot be found or used.
+    #[error(transparent)]
+    Hardware(#[from] crate::latency::arch::HardwareError),
+    /// Coefficients cannot be read, or have no row for the model.
+    #[error(transparent)]
+    Coefficients(#[from] crate::latency::coefficients::CoefficientsError),
+    /// Server settings cannot be resolved.
+    #[error(transparent)]
+    Settings(#[from] crate::setup::SettingsError),
     /// A cluster policy setting is invalid.
     #[error(transparent)]
     Policy(#[from] crate::cluster::PolicyError),

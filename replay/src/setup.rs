@@ -10,10 +10,39 @@ use crate::engine::instance::EngineConfig;
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::{ReplayError, Result};
 use crate::latency::arch::{Hardware, ModelArch, find_model};
-use crate::latency::coefficients::{CoefficientsFile, LatencyKind};
+use crate::latency::coefficients::{CoefficientsError, CoefficientsFile, LatencyKind};
 use crate::latency::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedPhysics};
 use crate::latency::roofline::{Roofline, RooflineParams};
 use crate::latency::{Blackbox, Model};
+
+/// Server settings that cannot be resolved from the flags and the trace
+/// header.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingsError {
+    /// No model named anywhere.
+    #[error("no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {bundled_architectures} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)", bundled_coefficients.join(", "))]
+    NoModel {
+        /// How many model architectures are bundled.
+        bundled_architectures: usize,
+        /// The models the bundled coefficients cover.
+        bundled_coefficients: Vec<String>,
+    },
+    /// Neither a flag, the header nor the model's config gives the KV cache
+    /// size.
+    #[error(
+        "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)"
+    )]
+    UnknownKvSize,
+    /// `total_kv_blocks` is 0.
+    #[error("total_kv_blocks must be positive")]
+    NoKvBlocks,
+    /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
+    #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
+    ZeroLimits,
+    /// `--client-timeout-s` is not a positive number of seconds.
+    #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
+    ClientTimeout(f64),
+}
 
 /// Everything that can be set about a simulated server.
 #[derive(Debug, Clone, Default)]
@@ -197,11 +226,11 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         .or_else(|| hh.and_then(|h| h.gpu.clone()))
         .unwrap_or_else(|| "H100".to_string());
     if model.is_empty() && args.model_config.is_none() {
-        return Err(ReplayError::Config(format!(
-            "no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)",
-            crate::latency::arch::BUNDLED_MODELS.len(),
-            bundled_coefficient_models().join(", ")
-        )));
+        return Err(SettingsError::NoModel {
+            bundled_architectures: crate::latency::arch::BUNDLED_MODELS.len(),
+            bundled_coefficients: bundled_coefficient_models(),
+        }
+        .into());
     }
     let coefs = match (&args.coefficient_rows, &args.coefficients) {
         (Some(rows), _) => rows.clone(),
@@ -252,11 +281,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     };
     let hw = Hardware::from_json(&hardware_text, &gpu);
     // The GPU, for the latency models that need it.
-    let hardware = || {
-        hw.as_ref()
-            .map_err(|e| ReplayError::Config(e.to_string()))
-            .cloned()
-    };
+    let hardware = || hw.clone().map_err(ReplayError::from);
     let (latency, row_async) = latency_model(
         kind,
         &coefs,
@@ -309,11 +334,10 @@ fn latency_model(
         LatencyKind::Blackbox => {
             let row = coefs
                 .find(model, gpu, tp, LatencyKind::Blackbox)
-                .ok_or_else(|| {
-                    ReplayError::Config(format!(
-                        "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; \
-                     give --coefficients with such a row, or use --latency-model roofline"
-                    ))
+                .ok_or_else(|| CoefficientsError::NoBlackboxRow {
+                    model: model.to_string(),
+                    gpu: gpu.to_string(),
+                    tp,
                 })?;
             prov.push(format!(
                 "blackbox alpha={:?} beta={:?} ({})",
@@ -358,10 +382,8 @@ fn latency_model(
             let hw = hardware()?;
             let row = coefs
                 .find(model, gpu, tp, LatencyKind::TrainedPhysics)
-                .ok_or_else(|| {
-                    ReplayError::Config(format!(
-                        "no trained-physics coefficients for {gpu} (a row with model \"*\" and gpu {gpu} or \"*\"): give --coefficients with one (blis-calibrate fit --runs DIR writes it)"
-                    ))
+                .ok_or_else(|| CoefficientsError::NoPhysicsRow {
+                    gpu: gpu.to_string(),
                 })?;
             let terms = row.terms.clone().unwrap_or_default();
             row_async = row.async_scheduling;
@@ -435,15 +457,9 @@ fn engine_config(
         hs.and_then(|s| s.total_kv_blocks),
         kv_default,
     )
-    .ok_or_else(|| {
-        ReplayError::Config(
-            "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)".into(),
-        )
-    })? as u32;
+    .ok_or(SettingsError::UnknownKvSize)? as u32;
     if total_kv_blocks == 0 {
-        return Err(ReplayError::Config(
-            "total_kv_blocks must be positive".into(),
-        ));
+        return Err(SettingsError::NoKvBlocks.into());
     }
     let engine = EngineConfig {
         max_num_seqs: pick(
@@ -483,9 +499,7 @@ fn engine_config(
             .unwrap_or(false),
     };
     if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
-        return Err(ReplayError::Config(
-            "max_num_seqs, max_num_batched_tokens and block_size must be positive".into(),
-        ));
+        return Err(SettingsError::ZeroLimits.into());
     }
     Ok(engine)
 }

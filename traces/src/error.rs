@@ -112,8 +112,9 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Converts a serde-saphyr error into one line naming the file, line, column
-/// and (when the offending line has a `key:`) the field.
-pub(crate) fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> Error {
+/// and (when the offending line has a `key:`) the field; `text` is the YAML
+/// that was parsed.
+pub fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> Error {
     let rendered = err.without_snippet().to_string();
     // serde-saphyr renders "error: line L column C: message"; keep the message.
     let mut message = rendered.lines().next().unwrap_or("").trim().to_string();
@@ -131,7 +132,8 @@ pub(crate) fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> 
     match err.location() {
         Some(loc) if loc.line() > 0 => {
             let line = loc.line();
-            let key = key_on_line(text, line as usize);
+            let key = key_at(text, line as usize, loc.column() as usize)
+                .or_else(|| key_on_line(text, line as usize));
             let message = match key {
                 Some(k) if !message.contains(&format!("`{k}`")) => format!("{k}: {message}"),
                 _ => message,
@@ -140,6 +142,29 @@ pub(crate) fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> 
         }
         _ => Error::in_file(path, message),
     }
+}
+
+/// In a flow mapping (`{a: 1, b: .nan}`), the key whose value is at or
+/// after 1-based `column` of `line`: the last `key:` written before it.
+fn key_at(text: &str, line: usize, column: usize) -> Option<String> {
+    let l = text.lines().nth(line.checked_sub(1)?)?;
+    if !l.contains('{') {
+        return None;
+    }
+    let upto: String = l.chars().take(column.saturating_sub(1)).collect();
+    let mut best = None;
+    for (i, _) in upto.match_indices(':') {
+        let k = upto[..i]
+            .rsplit(|c: char| c == '{' || c == ',' || c.is_whitespace())
+            .next()
+            .unwrap_or("")
+            .trim_matches('"')
+            .trim_matches('\'');
+        if !k.is_empty() && !k.starts_with('#') {
+            best = Some(k.to_string());
+        }
+    }
+    best
 }
 
 /// The mapping key written on 1-based `line` of a block-style YAML text, if any.
@@ -173,5 +198,9 @@ mod tests {
         assert_eq!(key_on_line(text, 3).as_deref(), Some("id"));
         assert_eq!(key_on_line(text, 4).as_deref(), Some("rate_fraction"));
         assert_eq!(key_on_line(text, 9), None);
+        let flow = "admission: {policy: token-bucket, capacity: .nan, refill_rate: 1}\n";
+        assert_eq!(key_at(flow, 1, 45).as_deref(), Some("capacity"));
+        assert_eq!(key_at(flow, 1, 13).as_deref(), Some("admission"));
+        assert_eq!(key_at(text, 4, 20), None);
     }
 }

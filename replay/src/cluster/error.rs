@@ -35,4 +35,30 @@ pub enum PolicyError {
     /// Weighted routing whose weights are all zero.
     #[error("routing scorers: at least one weight must be positive")]
     NoPositiveWeight,
+    /// A policy config file that cannot be read.
+    #[error("reading the policy config {}: {error}", path.display())]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (the I/O error's message).
+        error: String,
+    },
+    /// A policy config that is not YAML of a bundle (an unknown field, a
+    /// wrong type): the parser's message on one line, naming the file, line,
+    /// column and field.
+    #[error("{message}")]
+    NotABundle {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The located message.
+        message: String,
+    },
+    /// An invalid value in a policy config file.
+    #[error("{}: {problem}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        problem: Box<PolicyError>,
+    },
 }

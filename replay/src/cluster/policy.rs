@@ -26,7 +26,7 @@ use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
 use crate::engine::queue_order::SchedulerPolicy;
-use crate::error::{ReplayError, Result};
+use crate::error::Result;
 
 /// A policy bundle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,14 +106,18 @@ impl PolicyBundle {
     /// An unreadable file, malformed YAML or an unknown field (with its
     /// line), or an invalid value.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ReplayError::Config(format!("reading the policy config {}: {e}", path.display()))
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::Unreadable {
+            path: path.to_path_buf(),
+            error: e.to_string(),
         })?;
-        let b: Self = serde_saphyr::from_str(&text).map_err(|e| {
-            ReplayError::Config(format!("{}: {}", path.display(), one_line(&e.to_string())))
+        let b: Self = serde_saphyr::from_str(&text).map_err(|e| PolicyError::NotABundle {
+            path: path.to_path_buf(),
+            message: blis_traces::error::yaml_error(path, &text, &e).to_string(),
         })?;
-        b.validate()
-            .map_err(|e| ReplayError::Config(format!("{}: {e}", path.display())))?;
+        b.validate().map_err(|e| PolicyError::InFile {
+            path: path.to_path_buf(),
+            problem: Box::new(e),
+        })?;
         Ok(b)
     }
 
@@ -189,10 +193,6 @@ impl PolicyBundle {
             && self.routing_latency_us == 0
             && self.flow_control.is_none()
     }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

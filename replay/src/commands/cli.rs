@@ -10,7 +10,8 @@ use crate::cluster::PolicyBundle;
 use crate::cluster::admission::AdmissionPolicy;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::{self, RoutingPolicy};
-use crate::error::{ReplayError, Result};
+use crate::commands::{CommandError, Result};
+use crate::error::ReplayError;
 
 /// Predict how a vLLM-style server serves a workload, request by request.
 #[derive(Parser, Debug, Clone)]
@@ -337,7 +338,7 @@ impl ClusterArgs {
             Some(p) => PolicyBundle::from_file(p)?,
             None => PolicyBundle::default(),
         };
-        let bad = |m: String| ReplayError::Config(m);
+        let bad = CommandError::Usage;
         if let Some(n) = a.num_instances {
             b.num_instances = n;
         }
@@ -428,7 +429,7 @@ impl ClusterArgs {
         if let Some(l) = a.routing_latency_us {
             b.routing_latency_us = l;
         }
-        b.validate()?;
+        b.validate().map_err(ReplayError::from)?;
         Ok(b)
     }
 }

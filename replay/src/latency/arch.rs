@@ -8,7 +8,83 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::{ReplayError, Result};
+use crate::error::Result;
+
+/// A model's architecture (a Hugging Face `config.json`) that cannot be
+/// found or used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchError {
+    /// Neither a model name nor a config was given.
+    #[error("the roofline model needs --model or --model-config")]
+    NoModel,
+    /// No bundled config matches the model name.
+    #[error("no bundled config for model {model:?} (looked for {key:?}); give --model-config DIR_OR_FILE. Bundled: {}", known.join(", "))]
+    NotBundled {
+        /// The model as given.
+        model: String,
+        /// The folder name looked for.
+        key: String,
+        /// The bundled configs.
+        known: Vec<String>,
+    },
+    /// The config file cannot be read.
+    #[error("{}: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why (in the message, not chained, so it prints once).
+        error: std::io::Error,
+    },
+    /// The config is not JSON.
+    #[error("{name}: invalid JSON: {error}")]
+    Json {
+        /// The config (its file or bundled name).
+        name: String,
+        /// The parser's error.
+        error: serde_json::Error,
+    },
+    /// A required field is missing or not an integer.
+    #[error("{name}: `{field}` missing or not an integer")]
+    Missing {
+        /// The config.
+        name: String,
+        /// The field.
+        field: String,
+    },
+    /// Zero layers, hidden size or heads.
+    #[error("{name}: zero layers, hidden size or heads")]
+    Empty {
+        /// The config.
+        name: String,
+    },
+}
+
+/// A GPU description (`hardware_config.json`) that cannot be found or used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HardwareError {
+    /// The file is not JSON (the parser's message).
+    #[error("hardware config: invalid JSON: {0}")]
+    Json(String),
+    /// The file is not a JSON object of GPUs.
+    #[error("hardware config: expected a JSON object")]
+    NotAnObject,
+    /// No GPU of that name.
+    #[error("unknown hardware {name:?} (known: {})", known.join(", "))]
+    Unknown {
+        /// The name looked for.
+        name: String,
+        /// The GPUs described.
+        known: Vec<String>,
+    },
+    /// A required figure is missing.
+    #[error("hardware {hardware}: `{field}` missing")]
+    Missing {
+        /// The GPU.
+        hardware: String,
+        /// The field.
+        field: String,
+    },
+}
 
 /// The model configs bundled with the project: (folder name, config.json).
 pub const BUNDLED_MODELS: &[(&str, &str)] = &[
@@ -123,25 +199,29 @@ impl ModelArch {
     /// # Errors
     /// Missing or non-numeric architecture fields, naming them.
     pub fn from_hf_json(name: &str, text: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text)
-            .map_err(|e| ReplayError::Config(format!("{name}: invalid JSON: {e}")))?;
+        let root: Value = serde_json::from_str(text).map_err(|error| ArchError::Json {
+            name: name.to_string(),
+            error,
+        })?;
         let c = root
             .get("text_config")
             .filter(|v| v.is_object())
             .unwrap_or(&root);
         let get = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as u32);
         let need = |k: &str| {
-            get(k).ok_or_else(|| {
-                ReplayError::Config(format!("{name}: `{k}` missing or not an integer"))
+            get(k).ok_or_else(|| ArchError::Missing {
+                name: name.to_string(),
+                field: k.to_string(),
             })
         };
         let layers = need("num_hidden_layers")?;
         let hidden = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
         if heads == 0 || layers == 0 || hidden == 0 {
-            return Err(ReplayError::Config(format!(
-                "{name}: zero layers, hidden size or heads"
-            )));
+            return Err(ArchError::Empty {
+                name: name.to_string(),
+            }
+            .into());
         }
         let kv_heads = get("num_key_value_heads").unwrap_or(heads);
         let head_dim = get("head_dim").unwrap_or(hidden / heads);
@@ -284,25 +364,23 @@ impl Hardware {
     ///
     /// # Errors
     /// An unknown name (listing the known ones) or missing fields.
-    pub fn from_json(text: &str, name: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text)
-            .map_err(|e| ReplayError::Config(format!("hardware config: invalid JSON: {e}")))?;
-        let obj = root
-            .as_object()
-            .ok_or_else(|| ReplayError::Config("hardware config: expected a JSON object".into()))?;
+    pub fn from_json(text: &str, name: &str) -> Result<Self, HardwareError> {
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| HardwareError::Json(e.to_string()))?;
+        let obj = root.as_object().ok_or(HardwareError::NotAnObject)?;
         let (key, hw) = obj
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .ok_or_else(|| {
-                let known: Vec<&str> = obj.keys().map(String::as_str).collect();
-                ReplayError::Config(format!(
-                    "unknown hardware {name:?} (known: {})",
-                    known.join(", ")
-                ))
+            .ok_or_else(|| HardwareError::Unknown {
+                name: name.to_string(),
+                known: obj.keys().cloned().collect(),
             })?;
         let f = |k: &str| hw.get(k).and_then(Value::as_f64);
         let need = |k: &str| {
-            f(k).ok_or_else(|| ReplayError::Config(format!("hardware {key}: `{k}` missing")))
+            f(k).ok_or_else(|| HardwareError::Missing {
+                hardware: key.clone(),
+                field: k.to_string(),
+            })
         };
         let upper = key.to_uppercase();
         let default_link = if upper.starts_with("H100")
@@ -341,7 +419,7 @@ impl Hardware {
     ///
     /// # Errors
     /// An unknown name.
-    pub fn bundled(name: &str) -> Result<Self> {
+    pub fn bundled(name: &str) -> Result<Self, HardwareError> {
         Self::from_json(BUNDLED_HARDWARE, name)
     }
 }
@@ -372,13 +450,13 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
         } else {
             p.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| ReplayError::Config(format!("{}: {e}", file.display())))?;
+        let text = std::fs::read_to_string(&file).map_err(|error| ArchError::Read {
+            path: file.clone(),
+            error,
+        })?;
         return ModelArch::from_hf_json(&file.display().to_string(), &text);
     }
-    let model = model.ok_or_else(|| {
-        ReplayError::Config("the roofline model needs --model or --model-config".into())
-    })?;
+    let model = model.ok_or(ArchError::NoModel)?;
     let key = model_key(model);
     let candidates = [
         key.clone(),
@@ -391,11 +469,12 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
             return ModelArch::from_hf_json(name, text);
         }
     }
-    let known: Vec<&str> = BUNDLED_MODELS.iter().map(|(n, _)| *n).collect();
-    Err(ReplayError::Config(format!(
-        "no bundled config for model {model:?} (looked for {key:?}); give --model-config DIR_OR_FILE. Bundled: {}",
-        known.join(", ")
-    )))
+    Err(ArchError::NotBundled {
+        model: model.to_string(),
+        key,
+        known: BUNDLED_MODELS.iter().map(|(n, _)| n.to_string()).collect(),
+    }
+    .into())
 }
 
 #[cfg(test)]

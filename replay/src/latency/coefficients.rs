@@ -23,6 +23,80 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ReplayError, Result};
+
+/// A coefficients file that cannot be used, or a model it has no row for.
+#[derive(Debug, thiserror::Error)]
+pub enum CoefficientsError {
+    /// Not YAML of the expected shape.
+    #[error("{name}: {message}")]
+    Yaml {
+        /// The file (or bundled name).
+        name: String,
+        /// The parser's message, without its snippet.
+        message: String,
+    },
+    /// A coefficient is NaN or infinite.
+    #[error("{name}: rows[{row}]: non-finite coefficient")]
+    NonFinite {
+        /// The file.
+        name: String,
+        /// The row's index.
+        row: usize,
+    },
+    /// A blackbox row without its `beta`.
+    #[error("{name}: rows[{row}]: a blackbox row needs `beta`")]
+    NoBeta {
+        /// The file.
+        name: String,
+        /// The row's index.
+        row: usize,
+    },
+    /// A trained-physics term the model does not have.
+    #[error("{name}: rows[{row}].terms: unknown term {term:?} (known: {})", crate::latency::physics::TERM_NAMES.join(", "))]
+    UnknownTerm {
+        /// The file.
+        name: String,
+        /// The row's index.
+        row: usize,
+        /// The term.
+        term: String,
+    },
+    /// A negative trained-physics term.
+    #[error("{name}: rows[{row}].terms.{term}: must be ≥ 0, got {value}")]
+    Negative {
+        /// The file.
+        name: String,
+        /// The row's index.
+        row: usize,
+        /// The term.
+        term: String,
+        /// Its value.
+        value: f64,
+    },
+    /// No blackbox row for the model, GPU and TP.
+    #[error(
+        "no blackbox coefficients for model {model:?} on {gpu} TP{tp}; give --coefficients with such a row, or use --latency-model roofline"
+    )]
+    NoBlackboxRow {
+        /// The model.
+        model: String,
+        /// The GPU.
+        gpu: String,
+        /// Tensor parallelism.
+        tp: u32,
+    },
+    /// No trained-physics row for the GPU.
+    #[error(
+        "no trained-physics coefficients for {gpu} (a row with model \"*\" and gpu {gpu} or \"*\"): give --coefficients with one (blis-calibrate fit --runs DIR writes it)"
+    )]
+    NoPhysicsRow {
+        /// The GPU.
+        gpu: String,
+    },
+    /// The file could not be serialized.
+    #[error("serializing coefficients: {0}")]
+    Serialize(String),
+}
 use crate::latency::arch::model_key;
 
 /// The coefficients file shipped with the project.
@@ -129,8 +203,11 @@ impl CoefficientsFile {
     /// # Errors
     /// Malformed YAML or non-finite numbers.
     pub fn parse(name: &str, text: &str) -> Result<Self> {
-        let f: CoefficientsFile = serde_saphyr::from_str(text)
-            .map_err(|e| ReplayError::Config(format!("{name}: {}", e.without_snippet())))?;
+        let f: CoefficientsFile =
+            serde_saphyr::from_str(text).map_err(|e| CoefficientsError::Yaml {
+                name: name.to_string(),
+                message: e.without_snippet().to_string(),
+            })?;
         for (i, r) in f.rows.iter().enumerate() {
             let extra = [
                 r.mfu_prefill,
@@ -146,28 +223,38 @@ impl CoefficientsFile {
                 .chain(r.terms.iter().flat_map(|t| t.values()));
             for v in nums {
                 if !v.is_finite() {
-                    return Err(ReplayError::Config(format!(
-                        "{name}: rows[{i}]: non-finite coefficient"
-                    )));
+                    return Err(CoefficientsError::NonFinite {
+                        name: name.to_string(),
+                        row: i,
+                    }
+                    .into());
                 }
             }
             if r.latency_model == LatencyKind::Blackbox && r.beta.is_none() {
-                return Err(ReplayError::Config(format!(
-                    "{name}: rows[{i}]: a blackbox row needs `beta`"
-                )));
+                return Err(CoefficientsError::NoBeta {
+                    name: name.to_string(),
+                    row: i,
+                }
+                .into());
             }
             if let Some(t) = &r.terms {
                 for (k, v) in t {
                     if !crate::latency::physics::TERM_NAMES.contains(&k.as_str()) {
-                        return Err(ReplayError::Config(format!(
-                            "{name}: rows[{i}].terms: unknown term {k:?} (known: {})",
-                            crate::latency::physics::TERM_NAMES.join(", ")
-                        )));
+                        return Err(CoefficientsError::UnknownTerm {
+                            name: name.to_string(),
+                            row: i,
+                            term: k.clone(),
+                        }
+                        .into());
                     }
                     if *v < 0.0 {
-                        return Err(ReplayError::Config(format!(
-                            "{name}: rows[{i}].terms.{k}: must be ≥ 0, got {v}"
-                        )));
+                        return Err(CoefficientsError::Negative {
+                            name: name.to_string(),
+                            row: i,
+                            term: k.clone(),
+                            value: *v,
+                        }
+                        .into());
                     }
                 }
             }
@@ -230,7 +317,7 @@ impl CoefficientsFile {
     /// I/O errors naming the file.
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_saphyr::to_string(self)
-            .map_err(|e| ReplayError::Config(format!("serializing coefficients: {e}")))?;
+            .map_err(|e| CoefficientsError::Serialize(e.to_string()))?;
         std::fs::write(path, text).map_err(|e| ReplayError::Io {
             path: path.to_path_buf(),
             error: e,

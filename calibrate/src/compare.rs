@@ -349,73 +349,9 @@ pub fn compare(
         .or(real.header.network.as_ref().and_then(|n| n.measured_rtt_ms))
         .unwrap_or(0.0);
     let p = pair(real, sim, warmup, rtt);
-    let series: [(&'static str, &Series); 4] = [
-        ("ttft", &p.ttft),
-        ("e2e", &p.e2e),
-        ("tpot", &p.tpot),
-        ("itl", &p.itl),
-    ];
-    let boot: Vec<BootPaired> = series
-        .iter()
-        .map(|(_, s)| BootPaired {
-            real: &s.real,
-            sim: &s.sim,
-            pair: &s.pair,
-        })
-        .collect();
-    let cis = bootstrap_many(
-        p.pairs.len(),
-        &boot,
-        &QUANTILES,
-        o.resamples,
-        o.seed,
-        o.threads,
-    );
-    let mut metrics = BTreeMap::new();
-    let mut samples = BTreeMap::new();
-    let mut per_request = BTreeMap::new();
-    for ((name, s), ci) in series.iter().zip(&cis) {
-        let dists = (*name == "itl").then(|| (sorted(&p.itl_gaps.0), sorted(&p.itl_gaps.1)));
-        if let Some(m) = report(s, dists.clone(), ci) {
-            metrics.insert(*name, m);
-            samples.insert(
-                *name,
-                dists.unwrap_or_else(|| (sorted(&s.real), sorted(&s.sim))),
-            );
-            per_request.insert(*name, (s.real.clone(), s.sim.clone()));
-        }
-    }
-    let throughput = (!p.pairs.is_empty()).then(|| {
-        let rr = rates(
-            &real.records,
-            &p.pairs.iter().map(|q| q.real).collect::<Vec<_>>(),
-        );
-        let rs = rates(
-            &sim.records,
-            &p.pairs.iter().map(|q| q.sim).collect::<Vec<_>>(),
-        );
-        let rel = |a: f64, b: f64| if a > 0.0 { (b - a) / a } else { f64::NAN };
-        Throughput {
-            requests_per_s_error: rel(rr.requests_per_s, rs.requests_per_s),
-            output_tokens_per_s_error: rel(rr.output_tokens_per_s, rs.output_tokens_per_s),
-            real: rr,
-            sim: rs,
-        }
-    });
-    let below = warmup_below(&real.records, warmup);
-    let sim_ids: std::collections::BTreeSet<u64> =
-        sim.records.iter().map(|r| r.request.request_id).collect();
-    let judged: Vec<u64> = real
-        .records
-        .iter()
-        .map(|r| r.request.request_id)
-        .filter(|id| *id >= below && sim_ids.contains(id))
-        .collect();
-    let slo = o.slo.map(|s| SloReport {
-        slo: s,
-        real: slo_side(real, &judged, &s, 0.0),
-        sim: slo_side(sim, &judged, &s, rtt),
-    });
+    let (metrics, samples, per_request) = metric_reports(&p, o);
+    let throughput = throughput(real, sim, &p);
+    let slo = slo_report(real, sim, warmup, rtt, o);
     let ts = crate::timeseries::compare(real, sim);
     let hit = ts
         .as_ref()
@@ -461,6 +397,101 @@ pub fn compare(
         per_request,
         aligned,
     }
+}
+
+/// Per-request samples of the two sides, by metric.
+type Samples = BTreeMap<&'static str, (Vec<f64>, Vec<f64>)>;
+
+/// Per metric (TTFT, E2E, TPOT, ITL) with pairs: its report with bootstrap
+/// intervals, its sorted samples (ITL: every gap) and its per-request pairs.
+fn metric_reports(
+    p: &Paired,
+    o: &CompareOptions,
+) -> (BTreeMap<&'static str, MetricReport>, Samples, Samples) {
+    let series: [(&'static str, &Series); 4] = [
+        ("ttft", &p.ttft),
+        ("e2e", &p.e2e),
+        ("tpot", &p.tpot),
+        ("itl", &p.itl),
+    ];
+    let boot: Vec<BootPaired> = series
+        .iter()
+        .map(|(_, s)| BootPaired {
+            real: &s.real,
+            sim: &s.sim,
+            pair: &s.pair,
+        })
+        .collect();
+    let cis = bootstrap_many(
+        p.pairs.len(),
+        &boot,
+        &QUANTILES,
+        o.resamples,
+        o.seed,
+        o.threads,
+    );
+    let mut metrics = BTreeMap::new();
+    let mut samples = BTreeMap::new();
+    let mut per_request = BTreeMap::new();
+    for ((name, s), ci) in series.iter().zip(&cis) {
+        let dists = (*name == "itl").then(|| (sorted(&p.itl_gaps.0), sorted(&p.itl_gaps.1)));
+        if let Some(m) = report(s, dists.clone(), ci) {
+            metrics.insert(*name, m);
+            samples.insert(
+                *name,
+                dists.unwrap_or_else(|| (sorted(&s.real), sorted(&s.sim))),
+            );
+            per_request.insert(*name, (s.real.clone(), s.sim.clone()));
+        }
+    }
+    (metrics, samples, per_request)
+}
+
+/// Both sides' throughput over the paired requests, with the relative
+/// errors (none without pairs).
+fn throughput(real: &Trace, sim: &Trace, p: &Paired) -> Option<Throughput> {
+    (!p.pairs.is_empty()).then(|| {
+        let rr = rates(
+            &real.records,
+            &p.pairs.iter().map(|q| q.real).collect::<Vec<_>>(),
+        );
+        let rs = rates(
+            &sim.records,
+            &p.pairs.iter().map(|q| q.sim).collect::<Vec<_>>(),
+        );
+        let rel = |a: f64, b: f64| if a > 0.0 { (b - a) / a } else { f64::NAN };
+        Throughput {
+            requests_per_s_error: rel(rr.requests_per_s, rs.requests_per_s),
+            output_tokens_per_s_error: rel(rr.output_tokens_per_s, rs.output_tokens_per_s),
+            real: rr,
+            sim: rs,
+        }
+    })
+}
+
+/// SLO attainment and goodput of both sides on the requests past warm-up
+/// that both have (the simulated side's TTFT with the round trip added).
+fn slo_report(
+    real: &Trace,
+    sim: &Trace,
+    warmup: u64,
+    rtt: f64,
+    o: &CompareOptions,
+) -> Option<SloReport> {
+    let below = warmup_below(&real.records, warmup);
+    let sim_ids: std::collections::BTreeSet<u64> =
+        sim.records.iter().map(|r| r.request.request_id).collect();
+    let judged: Vec<u64> = real
+        .records
+        .iter()
+        .map(|r| r.request.request_id)
+        .filter(|id| *id >= below && sim_ids.contains(id))
+        .collect();
+    o.slo.map(|s| SloReport {
+        slo: s,
+        real: slo_side(real, &judged, &s, 0.0),
+        sim: slo_side(sim, &judged, &s, rtt),
+    })
 }
 
 fn limitations(

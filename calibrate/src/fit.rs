@@ -634,13 +634,46 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
         evals: Cell::new(0),
     };
     let start_theta = problem.theta(&u0);
-    // Nelder–Mead, restarted from its best point with a fresh simplex while
-    // a restart still improves the loss and the budget lasts: one run easily
-    // stalls on the step-like loss surface of a discrete scheduler.
-    // First the overall speed: a grid over one common factor of every
-    // coefficient (a server faster or slower than the starting row), so
-    // that the simplex starts in the right basin.
-    let mut best_u = u0.clone();
+    let (best_u, best) = starting_point(&problem, traces, &u0);
+    let (problem, best_u) = refine(problem, budget, best_u, best)?;
+    let problem = &problem;
+    let evaluations = problem.evals.get();
+    let fitted = problem.theta(&best_u);
+    let (m0, m1) = (space.model(&start_theta), space.model(&fitted));
+    let loss = [problem.loss(&start_theta), problem.loss(&fitted)];
+    let per_trace = trace_fits(traces, &m0, &m1);
+    let base = &first.base;
+    let names: Vec<String> = traces.iter().map(|t| t.name.clone()).collect();
+    let source = format!(
+        "blis-calibrate fit on {} (loss {:.4} -> {:.4}, {} replays)",
+        names.join(", "),
+        loss[0],
+        loss[1],
+        evaluations
+    );
+    let row = fitted_row(&space, base, &fitted, source);
+    Ok(FitResult {
+        latency_model: match space {
+            Space::Blackbox => "blackbox",
+            Space::Roofline(_) => "roofline",
+        },
+        names: space.names().to_vec(),
+        start: start_theta,
+        fitted,
+        loss,
+        evaluations,
+        traces: per_trace,
+        row,
+    })
+}
+
+/// The fit's starting point: the best of a grid over one common factor of
+/// every coefficient (a server faster or slower than the starting row, so
+/// that the search starts in the right basin) and, for blackbox on streamed
+/// traces, a data-driven start from the measured intervals. Returns the
+/// point and its loss.
+fn starting_point(problem: &Problem<'_>, traces: &[FitTrace], u0: &[f64]) -> (Vec<f64>, f64) {
+    let mut best_u = u0.to_vec();
     let mut best = f64::INFINITY;
     for c in [
         0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0,
@@ -652,23 +685,32 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
             best_u = u;
         }
     }
-    // Then alternate (a) each coefficient alone on a multiplicative grid
-    // (and 0), which moves the ones a common factor or a stalled simplex
-    // cannot, and (b) Nelder–Mead refining them together from the best
-    // point with a fresh simplex, while a round still improves the loss and
-    // the budget lasts: one simplex easily stalls in the valleys of a
-    // discrete scheduler's loss surface.
-    // A data-driven start (blackbox), when the traces were streamed.
-    if matches!(space, Space::Blackbox)
+    if matches!(problem.space, Space::Blackbox)
         && let Some(m) = moment_start(traces)
     {
-        let u: Vec<f64> = m.iter().zip(&scale).map(|(v, s)| v / s).collect();
+        let u: Vec<f64> = m.iter().zip(&problem.scale).map(|(v, s)| v / s).collect();
         let l = problem.cost(&u).unwrap_or(f64::INFINITY);
         if l < best {
             best = l;
             best_u = u;
         }
     }
+    (best_u, best)
+}
+
+/// Refines `best_u` (loss `best`) within `budget` replays: rounds of (a)
+/// each coefficient alone on a multiplicative grid (and 0), which moves the
+/// ones a common factor or a stalled simplex cannot, and (b) Nelder–Mead
+/// refining them together from the best point with a fresh simplex, while
+/// a round still improves the loss: one simplex easily stalls in the
+/// valleys of a discrete scheduler's loss surface. Returns the problem
+/// (with its evaluation count) and the best point.
+fn refine<'a>(
+    problem: Problem<'a>,
+    budget: u64,
+    mut best_u: Vec<f64>,
+    mut best: f64,
+) -> Result<(Problem<'a>, Vec<f64>), FitError> {
     let mut step = 0.5;
     let mut problem = problem;
     let mut grid: &[f64] = &[0.0, 0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0];
@@ -722,18 +764,19 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
         step = (step * 0.6).max(0.05);
         grid = &[0.0, 0.5, 0.7, 0.85, 0.95, 1.05, 1.15, 1.4, 2.0];
     }
-    let problem = &problem;
-    let evaluations = problem.evals.get();
-    let fitted = problem.theta(&best_u);
-    let (m0, m1) = (space.model(&start_theta), space.model(&fitted));
-    let loss = [problem.loss(&start_theta), problem.loss(&fitted)];
+    Ok((problem, best_u))
+}
+
+/// Each trace's errors before and after the fit, on its fitted and its
+/// held-out requests.
+fn trace_fits(traces: &[FitTrace], m0: &Model, m1: &Model) -> Vec<TraceFit> {
     let mut per_trace = Vec::new();
     for t in traces {
-        let (b, a) = (t.predict(&m0, false), t.predict(&m1, false));
+        let (b, a) = (t.predict(m0, false), t.predict(m1, false));
         let (wb, wa) = if t.holdout_ids.is_empty() {
             (None, None)
         } else {
-            (Some(t.predict(&m0, true)), Some(t.predict(&m1, true)))
+            (Some(t.predict(m0, true)), Some(t.predict(m1, true)))
         };
         per_trace.push(TraceFit {
             trace: t.name.clone(),
@@ -743,16 +786,13 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
             holdout_after: wa.map(|w| part_errors(&t.measured, &w, &t.holdout_ids)),
         });
     }
-    let base = &first.base;
-    let names: Vec<String> = traces.iter().map(|t| t.name.clone()).collect();
-    let source = format!(
-        "blis-calibrate fit on {} (loss {:.4} -> {:.4}, {} replays)",
-        names.join(", "),
-        loss[0],
-        loss[1],
-        evaluations
-    );
-    let row = match &space {
+    per_trace
+}
+
+/// The coefficients row of the fitted point `fitted` for `base`'s model,
+/// GPU and TP.
+fn fitted_row(space: &Space, base: &Resolved, fitted: &[f64], source: String) -> CoefficientRow {
+    match space {
         Space::Blackbox => CoefficientRow {
             model: base.model.clone(),
             gpu: base.gpu.clone(),
@@ -785,20 +825,7 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
             total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
             source: Some(source),
         },
-    };
-    Ok(FitResult {
-        latency_model: match space {
-            Space::Blackbox => "blackbox",
-            Space::Roofline(_) => "roofline",
-        },
-        names: space.names().to_vec(),
-        start: start_theta,
-        fitted,
-        loss,
-        evaluations,
-        traces: per_trace,
-        row,
-    })
+    }
 }
 
 /// Writes `row` into the coefficients file at `path`, replacing a row of

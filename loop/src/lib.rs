@@ -161,15 +161,66 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         Some(m) => m.clone(),
         None => rt.block_on(first_model(&url))?,
     };
+    let real_h = observe(o, &url, &model, log)?;
+    let sim = o.out.join("sim");
+    let mut replay: Vec<String> = vec![
+        "blis-replay".into(),
+        "run".into(),
+        "--trace".into(),
+        s(&real_h),
+        "--out".into(),
+        s(&sim),
+    ];
+    match &mock {
+        // The mock's own engine settings and coefficients: the plumbing check.
+        Some(server) => {
+            let e = &server.engine_cfg;
+            for (f, v) in [
+                ("--max-num-seqs", e.max_num_seqs),
+                ("--max-num-batched-tokens", e.max_num_batched_tokens),
+                ("--block-size", e.block_size),
+                ("--total-kv-blocks", e.total_kv_blocks),
+            ] {
+                replay.extend([f.to_string(), v.to_string()]);
+            }
+        }
+        None => replay.extend(fit_coefficients(o, &real_h, &model, log)?),
+    }
+    replay.extend(o.replay_args.split_whitespace().map(str::to_string));
+    log("replaying the observed trace (blis-replay run)");
+    let mut out = Vec::new();
+    blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
+        .step(|| "replaying the trace (blis-replay run)")?;
+    let on_mock = mock.is_some();
+    if let Some(server) = mock.take() {
+        rt.block_on(server.shutdown());
+    }
+    let sim = sim.with_extension("yaml");
+    let report = compare(o, &real_h, &sim, on_mock, log)?;
+    let markdown = std::fs::read_to_string(report.with_extension("md"))?;
+    let report_json =
+        serde_json::from_str(&std::fs::read_to_string(report.with_extension("json"))?)?;
+    Ok(LoopResult {
+        real: real_h,
+        sim,
+        report,
+        report_json,
+        markdown,
+    })
+}
+
+/// Observes the server at `url` serving `model` under the workload
+/// (`blis-loadgen run`); returns the header of the trace it wrote.
+fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let spec = o.workload_spec.clone().unwrap_or_else(default_spec);
     let real = o.out.join("real");
     let mut args: Vec<String> = [
         "blis-loadgen",
         "run",
         "--server-url",
-        &url,
+        url,
         "--model",
-        &model,
+        model,
         "--server-type",
         &o.server_type,
         "--workload-spec",
@@ -198,79 +249,71 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
             "blis-loadgen exited with code {code}"
         )));
     }
-    let real_h = real.with_extension("yaml");
-    let sim = o.out.join("sim");
-    let mut replay: Vec<String> = vec![
-        "blis-replay".into(),
-        "run".into(),
+    Ok(real.with_extension("yaml"))
+}
+
+/// A real server: fits the latency model's coefficients on the observed
+/// trace `real_h` (`blis-calibrate fit`, holding out the last requests);
+/// returns the replay's flags that use them.
+fn fit_coefficients(
+    o: &LoopOpts,
+    real_h: &Path,
+    model: &str,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<String>> {
+    let coeffs = o.out.join("coefficients.yaml");
+    let _ = std::fs::remove_file(&coeffs);
+    let latency = o.latency_model.kind().name();
+    log(&format!(
+        "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
+    ));
+    let mut fit: Vec<String> = vec![
+        "blis-calibrate".into(),
+        "fit".into(),
         "--trace".into(),
-        s(&real_h),
+        s(real_h),
         "--out".into(),
-        s(&sim),
+        s(&coeffs),
+        "--holdout-fraction".into(),
+        o.holdout_fraction.to_string(),
+        "--model".into(),
+        model.to_string(),
+        "--latency-model".into(),
+        latency.into(),
     ];
-    if let Some(server) = &mock {
-        // The mock's own engine settings and coefficients: the plumbing check.
-        let e = &server.engine_cfg;
-        for (f, v) in [
-            ("--max-num-seqs", e.max_num_seqs),
-            ("--max-num-batched-tokens", e.max_num_batched_tokens),
-            ("--block-size", e.block_size),
-            ("--total-kv-blocks", e.total_kv_blocks),
-        ] {
-            replay.extend([f.to_string(), v.to_string()]);
-        }
-    } else {
-        let coeffs = o.out.join("coefficients.yaml");
-        let _ = std::fs::remove_file(&coeffs);
-        let latency = o.latency_model.kind().name();
-        log(&format!(
-            "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
-        ));
-        let mut fit: Vec<String> = vec![
-            "blis-calibrate".into(),
-            "fit".into(),
-            "--trace".into(),
-            s(&real_h),
-            "--out".into(),
-            s(&coeffs),
-            "--holdout-fraction".into(),
-            o.holdout_fraction.to_string(),
-            "--model".into(),
-            model.clone(),
-            "--latency-model".into(),
-            latency.into(),
-        ];
-        fit.extend(o.replay_args.split_whitespace().map(str::to_string));
-        let mut out = Vec::new();
-        blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&fit)?, &mut out)
-            .step(|| "fitting coefficients (blis-calibrate fit)")?;
-        log(&String::from_utf8_lossy(&out));
-        replay.extend([
-            "--coefficients".into(),
-            s(&coeffs),
-            "--latency-model".into(),
-            latency.into(),
-            "--model".into(),
-            model.clone(),
-        ]);
-    }
-    replay.extend(o.replay_args.split_whitespace().map(str::to_string));
-    log("replaying the observed trace (blis-replay run)");
+    fit.extend(o.replay_args.split_whitespace().map(str::to_string));
     let mut out = Vec::new();
-    blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
-        .step(|| "replaying the trace (blis-replay run)")?;
-    let on_mock = mock.is_some();
-    if let Some(server) = mock.take() {
-        rt.block_on(server.shutdown());
-    }
+    blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&fit)?, &mut out)
+        .step(|| "fitting coefficients (blis-calibrate fit)")?;
+    log(&String::from_utf8_lossy(&out));
+    Ok(vec![
+        "--coefficients".into(),
+        s(&coeffs),
+        "--latency-model".into(),
+        latency.into(),
+        "--model".into(),
+        model.to_string(),
+    ])
+}
+
+/// Compares the observed trace `real_h` with the replayed `sim`
+/// (`blis-calibrate compare --html`), on the held-out requests when
+/// coefficients were fitted; returns the report's path prefix.
+fn compare(
+    o: &LoopOpts,
+    real_h: &Path,
+    sim: &Path,
+    on_mock: bool,
+    log: &mut dyn FnMut(&str),
+) -> Result<PathBuf> {
     let report = o.out.join("report");
     let mut cmp: Vec<String> = vec![
         "blis-calibrate".into(),
         "compare".into(),
         "--real".into(),
-        s(&real_h),
+        s(real_h),
         "--sim".into(),
-        s(&sim.with_extension("yaml")),
+        s(sim),
         "--out".into(),
         s(&report),
         "--html".into(),
@@ -279,7 +322,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         // Judge the prediction on the requests the fit did not see: the
         // fit's split (by arrival, the first 1 − h fitted) is by request id
         // for open-loop workloads, so the fitted part is compare's warm-up.
-        let n = blis_traces::Trace::read(&real_h)
+        let n = blis_traces::Trace::read(real_h)
             .step(|| format!("reading {}", real_h.display()))?
             .records
             .len();
@@ -295,14 +338,5 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     let mut out = Vec::new();
     blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&cmp)?, &mut out)
         .step(|| "comparing (blis-calibrate compare)")?;
-    let markdown = std::fs::read_to_string(report.with_extension("md"))?;
-    let report_json =
-        serde_json::from_str(&std::fs::read_to_string(report.with_extension("json"))?)?;
-    Ok(LoopResult {
-        real: real_h,
-        sim: sim.with_extension("yaml"),
-        report,
-        report_json,
-        markdown,
-    })
+    Ok(report)
 }

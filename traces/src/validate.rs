@@ -5,8 +5,8 @@
 //! naming the file and line.
 
 use crate::spec::{
-    ArrivalProcess, ClientSpec, DistKind, DistSpec, Finite, SLO_CLASSES, WorkloadSpec,
-    upgrade_slo_class,
+    ArrivalProcess, ArrivalSpec, ClientSpec, DistKind, DistSpec, Finite, LifecycleSpec,
+    MultimodalSpec, NetworkSpec, ReasoningSpec, SLO_CLASSES, WorkloadSpec, upgrade_slo_class,
 };
 
 /// A field path and what is wrong with it.
@@ -201,7 +201,7 @@ fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
     Ok(())
 }
 
-fn validate_client(c: &ClientSpec, p: &str) -> std::result::Result<(), (String, String)> {
+fn validate_client(c: &ClientSpec, p: &str) -> Check {
     let e = |f: String, m: String| Err((f, m));
     if let Some(f) = c.rate_fraction
         && f.0 < 0.0
@@ -224,7 +224,36 @@ fn validate_client(c: &ClientSpec, p: &str) -> std::result::Result<(), (String, 
             ),
         );
     }
-    let a = &c.arrival;
+    validate_arrival(&c.arrival, p)?;
+    validate_dist(
+        &c.input_distribution,
+        &format!("{p}.input_distribution"),
+        false,
+    )?;
+    validate_dist(
+        &c.output_distribution,
+        &format!("{p}.output_distribution"),
+        false,
+    )?;
+    if let Some(lc) = &c.lifecycle {
+        validate_lifecycle(lc, p)?;
+    }
+    if let Some(mm) = &c.multimodal {
+        validate_multimodal(mm, p)?;
+    }
+    if let Some(r) = &c.reasoning {
+        validate_reasoning(r, p)?;
+    }
+    if let Some(n) = &c.network {
+        validate_network(n, p)?;
+    }
+    Ok(())
+}
+
+/// A client's arrival process: positive CV, shape and scale; a Weibull CV
+/// within the range its shape can be solved for.
+fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
+    let e = |f: String, m: String| Err((f, m));
     for (name, v) in [("cv", a.cv), ("shape", a.shape), ("scale", a.scale)] {
         if let Some(v) = v
             && v.0 <= 0.0
@@ -245,86 +274,96 @@ fn validate_client(c: &ClientSpec, p: &str) -> std::result::Result<(), (String, 
             format!("weibull cv must be within [0.01, 20], got {}", cv.0),
         );
     }
-    validate_dist(
-        &c.input_distribution,
-        &format!("{p}.input_distribution"),
-        false,
-    )?;
-    validate_dist(
-        &c.output_distribution,
-        &format!("{p}.output_distribution"),
-        false,
-    )?;
-    if let Some(lc) = &c.lifecycle {
-        if lc.windows.is_empty() {
-            return e(
-                format!("{p}.lifecycle.windows"),
-                "at least one window is required".into(),
-            );
-        }
-        let mut ws = lc.windows.clone();
-        ws.sort_by_key(|w| w.start_us);
-        for (j, w) in lc.windows.iter().enumerate() {
-            if w.end_us <= w.start_us {
-                return e(
-                    format!("{p}.lifecycle.windows[{j}]"),
-                    format!(
-                        "end_us ({}) must be after start_us ({})",
-                        w.end_us, w.start_us
-                    ),
-                );
-            }
-        }
-        if ws.windows(2).any(|w| w[1].start_us < w[0].end_us) {
-            return e(format!("{p}.lifecycle.windows"), "windows overlap".into());
-        }
+    Ok(())
+}
+
+/// A client's on/off windows: at least one, each ending after it starts,
+/// none overlapping.
+fn validate_lifecycle(lc: &LifecycleSpec, p: &str) -> Check {
+    let e = |f: String, m: String| Err((f, m));
+    if lc.windows.is_empty() {
+        return e(
+            format!("{p}.lifecycle.windows"),
+            "at least one window is required".into(),
+        );
     }
-    if let Some(mm) = &c.multimodal {
-        for (name, d) in [
-            ("text_distribution", &mm.text_distribution),
-            ("image_distribution", &mm.image_distribution),
-            ("image_count_distribution", &mm.image_count_distribution),
-            ("audio_distribution", &mm.audio_distribution),
-            ("audio_count_distribution", &mm.audio_count_distribution),
-            ("video_distribution", &mm.video_distribution),
-            ("video_count_distribution", &mm.video_count_distribution),
-        ] {
-            if let Some(d) = d {
-                validate_dist(d, &format!("{p}.multimodal.{name}"), false)?;
-            }
-        }
-    }
-    if let Some(r) = &c.reasoning {
-        if let Some(d) = &r.reason_ratio_distribution {
-            validate_dist(d, &format!("{p}.reasoning.reason_ratio_distribution"), true)?;
-        }
-        if let Some(mt) = &r.multi_turn
-            && mt.max_rounds < 1
-        {
+    let mut ws = lc.windows.clone();
+    ws.sort_by_key(|w| w.start_us);
+    for (j, w) in lc.windows.iter().enumerate() {
+        if w.end_us <= w.start_us {
             return e(
-                format!("{p}.reasoning.multi_turn.max_rounds"),
-                "must be ≥ 1".into(),
+                format!("{p}.lifecycle.windows[{j}]"),
+                format!(
+                    "end_us ({}) must be after start_us ({})",
+                    w.end_us, w.start_us
+                ),
             );
         }
     }
-    if let Some(n) = &c.network {
-        if n.rtt_ms.0 < 0.0 {
-            return e(format!("{p}.network.rtt_ms"), "must be ≥ 0".into());
-        }
-        if let Some(b) = n.bandwidth_mbps
-            && b.0 <= 0.0
-        {
-            return e(
-                format!("{p}.network.bandwidth_mbps"),
-                "must be positive".into(),
-            );
+    if ws.windows(2).any(|w| w[1].start_us < w[0].end_us) {
+        return e(format!("{p}.lifecycle.windows"), "windows overlap".into());
+    }
+
+    Ok(())
+}
+
+/// A multimodal client's per-modality distributions.
+fn validate_multimodal(mm: &MultimodalSpec, p: &str) -> Check {
+    for (name, d) in [
+        ("text_distribution", &mm.text_distribution),
+        ("image_distribution", &mm.image_distribution),
+        ("image_count_distribution", &mm.image_count_distribution),
+        ("audio_distribution", &mm.audio_distribution),
+        ("audio_count_distribution", &mm.audio_count_distribution),
+        ("video_distribution", &mm.video_distribution),
+        ("video_count_distribution", &mm.video_count_distribution),
+    ] {
+        if let Some(d) = d {
+            validate_dist(d, &format!("{p}.multimodal.{name}"), false)?;
         }
     }
+
+    Ok(())
+}
+
+/// A reasoning client's reasoning share and multi-turn rounds.
+fn validate_reasoning(r: &ReasoningSpec, p: &str) -> Check {
+    let e = |f: String, m: String| Err((f, m));
+    if let Some(d) = &r.reason_ratio_distribution {
+        validate_dist(d, &format!("{p}.reasoning.reason_ratio_distribution"), true)?;
+    }
+    if let Some(mt) = &r.multi_turn
+        && mt.max_rounds < 1
+    {
+        return e(
+            format!("{p}.reasoning.multi_turn.max_rounds"),
+            "must be ≥ 1".into(),
+        );
+    }
+
+    Ok(())
+}
+
+/// A client's network: a non-negative RTT, a positive bandwidth.
+fn validate_network(n: &NetworkSpec, p: &str) -> Check {
+    let e = |f: String, m: String| Err((f, m));
+    if n.rtt_ms.0 < 0.0 {
+        return e(format!("{p}.network.rtt_ms"), "must be ≥ 0".into());
+    }
+    if let Some(b) = n.bandwidth_mbps
+        && b.0 <= 0.0
+    {
+        return e(
+            format!("{p}.network.bandwidth_mbps"),
+            "must be positive".into(),
+        );
+    }
+
     Ok(())
 }
 
 /// Validates a distribution's parameters for its family.
-fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> std::result::Result<(), (String, String)> {
+fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
     let q = &d.params;
     let req = |name: &str, v: Option<Finite>| -> std::result::Result<f64, (String, String)> {
         v.map(|f| f.0).ok_or_else(|| {

@@ -161,123 +161,34 @@ pub fn benchmark(
         None => Vec::new(),
     };
     let pool: &[(RunDir, JointRun)] = if fit_on.is_some() { &pool } else { &targets };
-    let protocol = match (o.latency, fit_on.is_some()) {
-        (LatencyKind::TrainedPhysics, false) => {
-            "leave-one-run-out: each run predicted by one joint fit on every other run of the folder (all models)"
-        }
-        (LatencyKind::TrainedPhysics, true) => {
-            "one joint fit on every run of the --fit-on folder (all models)"
-        }
-        (LatencyKind::Blackbox, false) => {
-            "each run predicted by coefficients fitted on the other runs of its model"
-        }
-        (LatencyKind::Blackbox, true) => {
-            "each run predicted by coefficients fitted on the --fit-on runs of its model"
-        }
-        (LatencyKind::BlisPhysics, _) => "BLIS's published global coefficients, nothing fitted",
-        (LatencyKind::Roofline, _) => "analytical roofline, nothing fitted",
-    }
-    .to_string();
-    let mut physics_fits: BTreeMap<Vec<String>, CoefficientRow> = BTreeMap::new();
-    let mut blackbox_fits: BTreeMap<Vec<String>, CoefficientRow> = BTreeMap::new();
+    let protocol = protocol(o.latency, fit_on.is_some());
+    let mut fits = Fits {
+        pool,
+        fit_on: fit_on.is_some(),
+        o,
+        physics: BTreeMap::new(),
+        blackbox: BTreeMap::new(),
+    };
     let mut results = Vec::new();
     for (run, jr) in &targets {
-        let (model, fitted_on, row) = match o.latency {
-            LatencyKind::Roofline => (jr.server().latency.clone(), Vec::new(), None),
-            LatencyKind::BlisPhysics => {
-                let Model::Roofline(r) = &jr.server().latency else {
-                    skipped.push((run.name.clone(), "no model architecture".into()));
-                    continue;
-                };
-                let m = Model::BlisPhysics(Box::new(BlisPhysics::published(&r.arch, &r.hw, r.tp)));
-                (m, Vec::new(), None)
-            }
-            LatencyKind::TrainedPhysics => {
-                let train: Vec<&JointRun> = pool
-                    .iter()
-                    .filter(|(r, _)| r.path != run.path)
-                    .map(|(_, j)| j)
-                    .collect();
-                if train.is_empty() {
-                    skipped.push((run.name.clone(), "no other run to fit on".into()));
-                    continue;
-                }
-                let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
-                let row = match physics_fits.get(&key) {
-                    Some(r) => r.clone(),
-                    None => {
-                        progress(&format!(
-                            "fitting trained-physics on {} runs (all but {})",
-                            train.len(),
-                            if fit_on.is_some() { "none" } else { &run.name }
-                        ));
-                        let f =
-                            match fit_joint(&train, &o.joint, &mut |l| progress(&format!("  {l}")))
-                            {
-                                Ok(f) => f,
-                                Err(e) => {
-                                    skipped.push((run.name.clone(), format!("fit failed: {e}")));
-                                    continue;
-                                }
-                            };
-                        progress(&format!("  fitted: {}", describe(&f.fitted)));
-                        let row = f.fitted.row(
-                            "*",
-                            jr.server().engine.async_scheduling,
-                            format!("joint fit on {}", key.join(", ")),
-                        );
-                        physics_fits.insert(key.clone(), row.clone());
-                        row
-                    }
-                };
-                let c = crate::joint::PhysicsCoefficients::from_row(&row);
-                (c.model(jr.basis()), key, Some(row))
-            }
-            LatencyKind::Blackbox => {
-                let train: Vec<&RunDir> = pool
-                    .iter()
-                    .map(|(r, _)| r)
-                    .filter(|r| r.model == run.model && r.path != run.path)
-                    .collect();
-                if train.is_empty() {
-                    skipped.push((
-                        run.name.clone(),
-                        format!("no other run of {} to fit on", run.model),
-                    ));
-                    continue;
-                }
-                let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
-                let row = match blackbox_fits.get(&key) {
-                    Some(r) => r.clone(),
-                    None => {
-                        progress(&format!(
-                            "fitting blackbox {} on {}",
-                            run.model,
-                            key.join(", ")
-                        ));
-                        let mut fts = Vec::new();
-                        for r in &train {
-                            match FitTrace::new(&r.name, r.trace.clone(), &args_for(r, o), 0.0) {
-                                Ok(t) => fts.push(t),
-                                Err(e) => skipped.push((r.name.clone(), e.to_string())),
-                            }
-                        }
-                        let row = match fit(&fts, o.joint.budget) {
-                            Ok(f) => f.row,
-                            Err(e) => {
-                                skipped.push((run.name.clone(), format!("fit failed: {e}")));
-                                continue;
-                            }
-                        };
-                        blackbox_fits.insert(key.clone(), row.clone());
-                        row
-                    }
-                };
-                let model = Model::Blackbox(Blackbox {
-                    alpha: row.alpha,
-                    beta: row.beta.unwrap_or_default(),
-                });
-                (model, key, Some(row))
+        let predictor = match o.latency {
+            LatencyKind::Roofline => Ok((jr.server().latency.clone(), Vec::new(), None)),
+            LatencyKind::BlisPhysics => match &jr.server().latency {
+                Model::Roofline(r) => Ok((
+                    Model::BlisPhysics(Box::new(BlisPhysics::published(&r.arch, &r.hw, r.tp))),
+                    Vec::new(),
+                    None,
+                )),
+                _ => Err("no model architecture".to_string()),
+            },
+            LatencyKind::TrainedPhysics => fits.physics(run, jr, progress),
+            LatencyKind::Blackbox => fits.blackbox(run, &mut skipped, progress),
+        };
+        let (model, fitted_on, row) = match predictor {
+            Ok(p) => p,
+            Err(why) => {
+                skipped.push((run.name.clone(), why));
+                continue;
             }
         };
         progress(&format!("predicting {}", run.name));
@@ -293,6 +204,133 @@ pub fn benchmark(
         runs: results,
         skipped,
     })
+}
+
+/// How the runs are predicted, in words, for the report.
+fn protocol(latency: LatencyKind, fit_on: bool) -> String {
+    match (latency, fit_on) {
+        (LatencyKind::TrainedPhysics, false) => {
+            "leave-one-run-out: each run predicted by one joint fit on every other run of the folder (all models)"
+        }
+        (LatencyKind::TrainedPhysics, true) => {
+            "one joint fit on every run of the --fit-on folder (all models)"
+        }
+        (LatencyKind::Blackbox, false) => {
+            "each run predicted by coefficients fitted on the other runs of its model"
+        }
+        (LatencyKind::Blackbox, true) => {
+            "each run predicted by coefficients fitted on the --fit-on runs of its model"
+        }
+        (LatencyKind::BlisPhysics, _) => "BLIS's published global coefficients, nothing fitted",
+        (LatencyKind::Roofline, _) => "analytical roofline, nothing fitted",
+    }
+    .to_string()
+}
+
+/// What a run is predicted with: the model, the runs fitted on, the row.
+type Predictor = (Model, Vec<String>, Option<CoefficientRow>);
+
+/// The fits of a benchmark, each made once per set of runs fitted on.
+struct Fits<'a> {
+    /// The runs to fit on.
+    pool: &'a [(RunDir, JointRun)],
+    /// Whether they come from `--fit-on` (else: the other runs of the folder).
+    fit_on: bool,
+    o: &'a BenchmarkOptions,
+    physics: BTreeMap<Vec<String>, CoefficientRow>,
+    blackbox: BTreeMap<Vec<String>, CoefficientRow>,
+}
+
+impl Fits<'_> {
+    /// Trained-physics for `run`: one joint fit on every pooled run but
+    /// `run` (all models). Err: why the run is skipped.
+    fn physics(
+        &mut self,
+        run: &RunDir,
+        jr: &JointRun,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Predictor, String> {
+        let train: Vec<&JointRun> = self
+            .pool
+            .iter()
+            .filter(|(r, _)| r.path != run.path)
+            .map(|(_, j)| j)
+            .collect();
+        if train.is_empty() {
+            return Err("no other run to fit on".into());
+        }
+        let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
+        let row = match self.physics.get(&key) {
+            Some(r) => r.clone(),
+            None => {
+                progress(&format!(
+                    "fitting trained-physics on {} runs (all but {})",
+                    train.len(),
+                    if self.fit_on { "none" } else { &run.name }
+                ));
+                let f = fit_joint(&train, &self.o.joint, &mut |l| progress(&format!("  {l}")))
+                    .map_err(|e| format!("fit failed: {e}"))?;
+                progress(&format!("  fitted: {}", describe(&f.fitted)));
+                let row = f.fitted.row(
+                    "*",
+                    jr.server().engine.async_scheduling,
+                    format!("joint fit on {}", key.join(", ")),
+                );
+                self.physics.insert(key.clone(), row.clone());
+                row
+            }
+        };
+        let c = crate::joint::PhysicsCoefficients::from_row(&row);
+        Ok((c.model(jr.basis()), key, Some(row)))
+    }
+
+    /// Blackbox for `run`: coefficients fitted on the pooled runs of its
+    /// model but `run`; a pooled run that cannot be fitted goes to
+    /// `skipped`. Err: why the run is skipped.
+    fn blackbox(
+        &mut self,
+        run: &RunDir,
+        skipped: &mut Vec<(String, String)>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Predictor, String> {
+        let train: Vec<&RunDir> = self
+            .pool
+            .iter()
+            .map(|(r, _)| r)
+            .filter(|r| r.model == run.model && r.path != run.path)
+            .collect();
+        if train.is_empty() {
+            return Err(format!("no other run of {} to fit on", run.model));
+        }
+        let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
+        let row = match self.blackbox.get(&key) {
+            Some(r) => r.clone(),
+            None => {
+                progress(&format!(
+                    "fitting blackbox {} on {}",
+                    run.model,
+                    key.join(", ")
+                ));
+                let mut fts = Vec::new();
+                for r in &train {
+                    match FitTrace::new(&r.name, r.trace.clone(), &args_for(r, self.o), 0.0) {
+                        Ok(t) => fts.push(t),
+                        Err(e) => skipped.push((r.name.clone(), e.to_string())),
+                    }
+                }
+                let row = fit(&fts, self.o.joint.budget)
+                    .map_err(|e| format!("fit failed: {e}"))?
+                    .row;
+                self.blackbox.insert(key.clone(), row.clone());
+                row
+            }
+        };
+        let model = Model::Blackbox(Blackbox {
+            alpha: row.alpha,
+            beta: row.beta.unwrap_or_default(),
+        });
+        Ok((model, key, Some(row)))
+    }
 }
 
 /// The runs that can be replayed, each with its prepared replay.

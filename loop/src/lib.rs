@@ -108,6 +108,11 @@ pub struct LoopResult {
     pub report_json: serde_json::Value,
     /// The report as Markdown.
     pub markdown: String,
+    /// On the mock server: what it served, per request (its own times from
+    /// receiving each request to handing its chunks to the connection),
+    /// which separates the HTTP path's latency from the simulator's
+    /// timing. Empty on a real server.
+    pub served: Vec<blis_mockserver::server::Served>,
 }
 
 fn s(p: &Path) -> String {
@@ -146,7 +151,12 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     let url = match &o.server_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => {
-            let opts = blis_mockserver::Opts::parse_from(["blis-mockserver", "--port", "0"]);
+            let opts = blis_mockserver::Opts::parse_from([
+                "blis-mockserver",
+                "--port",
+                "0",
+                "--record-served",
+            ]);
             let server = rt.block_on(blis_mockserver::start(&opts.config()))?;
             let url = format!("http://{}", server.addr);
             log(&format!(
@@ -192,7 +202,11 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
         .step(|| "replaying the trace (blis-replay run)")?;
     let on_mock = mock.is_some();
+    let mut served = Vec::new();
     if let Some(server) = mock.take() {
+        if let Some(log) = &server.served {
+            served = log.entries();
+        }
         rt.block_on(server.shutdown());
     }
     let sim = sim.with_extension("yaml");
@@ -206,6 +220,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         report,
         report_json,
         markdown,
+        served,
     })
 }
 

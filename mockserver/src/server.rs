@@ -92,6 +92,10 @@ pub struct Served {
     /// From the request's arrival to handing the first token's chunk to the
     /// connection (streaming), or the whole body (non-streaming), µs.
     pub ttft_us: i64,
+    /// From the request's arrival to its first token's simulated visible
+    /// time, µs (streaming only): when the engine meant it to be seen. The
+    /// rest of `ttft_us` is this server's lateness in handing it over.
+    pub ttft_due_us: Option<i64>,
     /// From the request's arrival to handing the last chunk to the
     /// connection, µs.
     pub e2e_us: i64,
@@ -457,6 +461,7 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
     let ctx = Ctx {
         received,
         first_sent: None,
+        first_due: None,
         x_request_id,
         st: st.clone(),
         p,
@@ -478,6 +483,8 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
 struct Ctx {
     received: Instant,
     first_sent: Option<Instant>,
+    /// When the first token was due (its simulated visible time).
+    first_due: Option<Instant>,
     x_request_id: Option<String>,
     st: Arc<AppState>,
     p: Parsed,
@@ -520,6 +527,10 @@ impl Ctx {
                 received_unix_us: unix_now - us(now),
                 x_request_id: self.x_request_id.take(),
                 ttft_us: us(self.first_sent.unwrap_or(now)),
+                ttft_due_us: self.first_due.map(|t| {
+                    t.checked_duration_since(self.received)
+                        .map_or(0, |d| d.as_micros() as i64)
+                }),
                 e2e_us: us(now),
                 output_tokens,
                 chunks,
@@ -620,6 +631,7 @@ fn stream_response(c: Ctx) -> Response {
                     }) => {
                         if index == 1 {
                             c.st.engine.record_handoff(handoff_us);
+                            c.first_due = Some(c.st.engine.clock().wall(visible_us));
                         }
                         c.wait_visible(visible_us).await;
                         if index == fault_at && !faulted {

@@ -226,6 +226,19 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
             kind.name()
         )));
     }
+    let traces = fit_traces(a, kind)?;
+    let r = fit(&traces, a.budget_evals.unwrap_or(400))?;
+    write_row(&a.out, &r.row).step(|| format!("writing {}", a.out.display()))?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+        return Ok(());
+    }
+    print_fit(&r, &a.out, out)
+}
+
+/// The traces of `--trace`, each with the server it ran on (its header,
+/// overridden by the flags) and its held-out part, for a `kind` fit.
+fn fit_traces(a: &FitArgs, kind: LatencyKind) -> Result<Vec<FitTrace>> {
     let start = a
         .coefficients
         .as_deref()
@@ -251,12 +264,12 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
             a.holdout_fraction.unwrap_or(0.3),
         )?);
     }
-    let r = fit(&traces, a.budget_evals.unwrap_or(400))?;
-    write_row(&a.out, &r.row).step(|| format!("writing {}", a.out.display()))?;
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
-        return Ok(());
-    }
+    Ok(traces)
+}
+
+/// The fit's result as the command prints it: the parameters before and
+/// after, and each trace's errors on its fitted and held-out parts.
+fn print_fit(r: &crate::fit::FitResult, path: &Path, out: &mut dyn Write) -> Result<()> {
     writeln!(
         out,
         "fitted {} coefficients of {} on {} trace(s): loss {:.4} -> {:.4} in {} replays\n",
@@ -309,7 +322,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
             )?;
         }
     }
-    writeln!(out, "\nwrote {}", a.out.display())?;
+    writeln!(out, "\nwrote {}", path.display())?;
     Ok(())
 }
 

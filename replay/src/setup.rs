@@ -244,25 +244,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             args.model_config.as_deref(),
         )
     });
-    let kind = match args.latency {
-        Some(k) => k,
-        None if !model.is_empty()
-            && coefs
-                .find(&model, &gpu, tp, LatencyKind::Blackbox)
-                .is_some() =>
-        {
-            LatencyKind::Blackbox
-        }
-        None if !model.is_empty()
-            && matches!(found, Some(Ok(_)))
-            && coefs
-                .find(&model, &gpu, tp, LatencyKind::TrainedPhysics)
-                .is_some() =>
-        {
-            LatencyKind::TrainedPhysics
-        }
-        None => LatencyKind::Roofline,
-    };
+    let kind = args.latency.unwrap_or_else(|| {
+        default_latency_kind(&coefs, &model, &gpu, tp, matches!(found, Some(Ok(_))))
+    });
     let hardware_text = match &args.hardware_config {
         Some(p) => std::fs::read_to_string(p).map_err(|e| ReplayError::Io {
             path: p.clone(),
@@ -310,6 +294,32 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         tp,
         provenance: prov,
     })
+}
+
+/// The latency model when none is named: blackbox when the coefficients
+/// have a row for the model, GPU and TP; else trained-physics when they
+/// have one for the GPU and the model's architecture is known (`arch`);
+/// else roofline.
+fn default_latency_kind(
+    coefs: &CoefficientsFile,
+    model: &str,
+    gpu: &str,
+    tp: u32,
+    arch: bool,
+) -> LatencyKind {
+    if model.is_empty() {
+        LatencyKind::Roofline
+    } else if coefs.find(model, gpu, tp, LatencyKind::Blackbox).is_some() {
+        LatencyKind::Blackbox
+    } else if arch
+        && coefs
+            .find(model, gpu, tp, LatencyKind::TrainedPhysics)
+            .is_some()
+    {
+        LatencyKind::TrainedPhysics
+    } else {
+        LatencyKind::Roofline
+    }
 }
 
 /// Step 2 of [`resolve`]: the latency model of `kind` for `model` on `gpu`

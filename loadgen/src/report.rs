@@ -585,6 +585,16 @@ impl Summary {
             "requests: {} planned, {} sent, {} ok, {} error, {} timeout, {} cancelled ({} warm-up excluded)\n",
             c.planned, c.sent, c.ok, c.error, c.timeout, c.cancelled, c.warmup
         );
+        self.md_latency(&mut o);
+        self.md_outcomes(&mut o);
+        self.md_schedule(&mut o);
+        let _ = writeln!(o, "verdict: {}", self.verdict);
+        o
+    }
+
+    /// Markdown: the latency table (TTFT, ITL, TPOT, E2E, from the actual
+    /// and the intended send).
+    fn md_latency(&self, o: &mut String) {
         if !self.latency_ms.is_empty() {
             let _ = writeln!(
                 o,
@@ -618,6 +628,11 @@ impl Summary {
             }
             o.push('\n');
         }
+    }
+
+    /// Markdown: throughput, goodput, failures by kind, usage and prefix
+    /// cache notes.
+    fn md_outcomes(&self, o: &mut String) {
         let t = &self.throughput;
         let _ = writeln!(
             o,
@@ -658,6 +673,10 @@ impl Summary {
         if let Some(w) = &self.warm_cache_warning {
             let _ = writeln!(o, "warning: {w}");
         }
+    }
+
+    /// Markdown: how well the client kept to its schedule, and its CPU.
+    fn md_schedule(&self, o: &mut String) {
         let s = &self.schedule;
         let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
         let _ = writeln!(
@@ -682,8 +701,6 @@ impl Summary {
                 us
             );
         }
-        let _ = writeln!(o, "verdict: {}", self.verdict);
-        o
     }
 }
 

@@ -26,9 +26,8 @@
 //!
 //! A request's arrival is the instant its HTTP handler started (carried in
 //! [`Submission::received`]), not the later instant this thread read it, so
-//! the channel hop does not delay it either: the simulation trails the wall
-//! clock by [`TRAIL_US`], so that a step ending between the handler's start
-//! and this thread's read has not been formed yet without the request.
+//! the channel hop does not delay it either, unless a step ended between
+//! the two and was already formed without it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -373,14 +372,6 @@ impl Sink for Handlers<'_> {
     }
 }
 
-/// How far the simulation trails the wall clock, simulated µs. A request
-/// whose handler started up to this long before this thread reads it (a
-/// wake-up late on a busy machine) still enters at its own instant, before
-/// any step that ends after it, exactly as `blis-replay` replays it; and
-/// every token, known when its batch is formed one step ahead, is still
-/// handed over before it is due (steps take longer than this).
-const TRAIL_US: i64 = 3_000;
-
 /// The engine thread: the simulator's [`Session`] advanced to the wall
 /// clock's time (the same code `blis-replay` runs, so the mock cannot drift
 /// from it), requests handed over as they arrive, and events handed to
@@ -411,9 +402,9 @@ fn run(
     };
     let mut last = 0i64;
     loop {
-        // Everything due by now less the trail, in simulated-time order
-        // (entries before the step at equal times).
-        let now = (clock.now() - TRAIL_US).max(last);
+        // Everything due by now, in simulated-time order (entries before
+        // the step at equal times).
+        let now = clock.now().max(last);
         h.lead = lead();
         session.advance(now, &mut NoInputs, &mut h);
         last = now;
@@ -422,13 +413,10 @@ fn run(
         let snap = session.instances()[0].snapshot_at(now + 1);
         *snapshot.lock().expect("snapshot lock") = snap;
         metrics.set_snapshot(snap);
-        let next = [
-            session.next_time().map(|t| t + TRAIL_US),
-            h.outbox.next_time(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let next = [session.next_time(), h.outbox.next_time()]
+            .into_iter()
+            .flatten()
+            .min();
         let msg = match next {
             Some(t) => {
                 let due = clock.wall(t);
@@ -468,7 +456,7 @@ fn run(
         // processed already, no later than now).
         let stamp = match &msg.0 {
             Cmd::Submit(_, s) => clock.at(s.received).min(clock.now()).max(last),
-            Cmd::Abort(_) => (clock.now() - TRAIL_US).max(last),
+            Cmd::Abort(_) => clock.now().max(last),
         };
         // An arrival comes before a step ending at the same instant (as in
         // `blis-replay`): advance to just before it.

@@ -47,9 +47,9 @@ impl Sink for Boundaries {
         _: u32,
         _: &TraceRecord,
         _: &blis_replay::engine::instance::TokenSpan,
-        times: &[i64],
+        times: blis_replay::engine::instance::SpanTimes<'_>,
     ) {
-        self.0.extend(times);
+        self.0.extend(times.iter());
     }
     fn finished(&mut self, _: Done<'_>) {}
     fn not_served(&mut self, _: TraceRecord, _: i64, _: NotServed) {}

@@ -22,7 +22,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::cluster::Control;
 use crate::engine::instance::{
-    DropReason, Finished, Instance, SimRequest, Snapshot, StepReport, TokenSpan,
+    DropReason, Finished, Instance, SimRequest, Snapshot, SpanTimes, StepReport, TokenSpan,
 };
 use crate::engine::queue_order::slo_priority;
 use crate::latency::LatencyModel;
@@ -38,12 +38,13 @@ pub trait Sink {
     /// the first and the end times, µs since the run start.
     fn steps(&mut self, _instance: u32, _first_step: u64, _ends: &[i64]) {}
     /// Tokens of one request, produced in consecutive steps from
-    /// `span.first_step` (an index into the last [`Sink::steps`]); `times[m]`
-    /// is the client-visible time of output token `span.first_index + m`,
+    /// `span.first_step` (an index into the last [`Sink::steps`]);
+    /// `times.get(m)` is the client-visible time of output token
+    /// `span.first_index + m`,
     /// µs since the run start. `tag` is a small integer identifying the
     /// request while it is in flight (reused afterwards), for sinks that
     /// keep per-request state in a vector.
-    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _span: &TokenSpan, _times: &[i64]) {}
+    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _span: &TokenSpan, _times: SpanTimes<'_>) {}
     /// A request completed.
     fn finished(&mut self, done: Done<'_>);
     /// A request was dropped (never served) or skipped (a failed request of
@@ -334,7 +335,6 @@ impl<'a> Session<'a> {
             waiting_rounds: FxHashMap::default(),
             done_rounds: FxHashMap::default(),
             report: StepReport::default(),
-            times: Vec::new(),
             upcoming: Vec::new(),
             next_generation: 0,
             cancels: FxHashMap::default(),
@@ -556,7 +556,6 @@ struct Driver<'a> {
     waiting_rounds: FxHashMap<SessionKey, Input>,
     done_rounds: FxHashMap<SessionKey, i64>,
     report: StepReport,
-    times: Vec<i64>,
     /// Scratch for [`Sink::upcoming`].
     upcoming: Vec<(u64, u32, i64)>,
     next_generation: u32,
@@ -885,10 +884,7 @@ impl Driver<'_> {
             let last = report.token_time(&span, span.count - 1);
             f.last_token_us = Some(last);
             if wants {
-                self.times.clear();
-                self.times
-                    .extend((0..span.count).map(|m| report.token_time(&span, m)));
-                sink.tokens(span.tag, &f.rec, &span, &self.times);
+                sink.tokens(span.tag, &f.rec, &span, report.span_times(&span));
             }
         }
         for fin in &report.finished {

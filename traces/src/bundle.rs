@@ -388,6 +388,24 @@ impl TraceWriter {
         }
     }
 
+    /// Appends the samples of one scrape sharing a timestamp (µs) and a
+    /// label set (ignored without a metrics companion); see
+    /// [`MetricWriter::write_scrape`].
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_metric_scrape(
+        &mut self,
+        timestamp_us: i64,
+        labels: &str,
+        samples: &[(&str, f64)],
+    ) -> Result<()> {
+        match &mut self.metrics {
+            Some(w) => w.write_scrape(timestamp_us, labels, samples),
+            None => Ok(()),
+        }
+    }
+
     /// Flushes every file.
     ///
     /// # Errors

@@ -289,25 +289,46 @@ impl<W: Write> MetricWriter<W> {
         labels: &str,
         value: f64,
     ) -> Result<()> {
-        let mut b = itoa::Buffer::new();
-        self.sink.push_plain(b.format(timestamp_us).as_bytes());
-        self.sink.push_quoted(name.as_bytes());
+        self.write_scrape(timestamp_us, labels, &[(name, value)])
+    }
+
+    /// Appends the samples of one scrape: `(name, value)` pairs sharing
+    /// a timestamp (µs) and a label set, one row each, in order. Equal to
+    /// as many [`MetricWriter::write_parts`] calls, formatting the shared
+    /// parts once.
+    ///
+    /// # Errors
+    /// I/O errors naming the file.
+    pub fn write_scrape(
+        &mut self,
+        timestamp_us: i64,
+        labels: &str,
+        samples: &[(&str, f64)],
+    ) -> Result<()> {
+        let mut ts = itoa::Buffer::new();
+        let ts = ts.format(timestamp_us).as_bytes();
         if self.labels.1.is_empty() || self.labels.0 != labels {
             self.labels.0.clear();
             self.labels.0.push_str(labels);
             self.labels.1.clear();
             push_field_quoted(&mut self.labels.1, labels.as_bytes(), false);
         }
-        self.sink.push_encoded(&self.labels.1);
-        // Integral values (counters, gauges of requests) print as integers,
-        // as the shortest round-trip form does.
-        if value.fract() == 0.0 && value.abs() < 9.0e15 && value != 0.0 {
-            self.sink.push_plain(b.format(value as i64).as_bytes());
-        } else {
-            self.sink
-                .push_plain(format_prometheus_value(value).as_bytes());
+        let mut b = itoa::Buffer::new();
+        for &(name, value) in samples {
+            self.sink.push_plain(ts);
+            self.sink.push_quoted(name.as_bytes());
+            self.sink.push_encoded(&self.labels.1);
+            // Integral values (counters, gauges of requests) print as
+            // integers, as the shortest round-trip form does.
+            if value.fract() == 0.0 && value.abs() < 9.0e15 && value != 0.0 {
+                self.sink.push_plain(b.format(value as i64).as_bytes());
+            } else {
+                self.sink
+                    .push_plain(format_prometheus_value(value).as_bytes());
+            }
+            self.sink.end_plain_row()?;
         }
-        self.sink.end_plain_row()
+        Ok(())
     }
 
     /// Writes buffered rows to the file.

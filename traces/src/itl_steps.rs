@@ -23,7 +23,6 @@
 //! byte. The 51 million tokens of 100,000 chat requests (`examples/chat-512.yaml`,
 //! 16 instances) take 16 MB in this form against 1,026 MB as rows.
 
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -190,9 +189,10 @@ impl StepsWriter {
             if !self.text.is_empty() {
                 self.text.push(' ');
             }
-            let _ = write!(self.text, "{g}");
+            self.text.push_str(b.format(g));
             if n > 1 {
-                let _ = write!(self.text, "*{n}");
+                self.text.push('*');
+                self.text.push_str(b.format(n));
             }
             i += n;
         }

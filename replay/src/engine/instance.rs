@@ -222,11 +222,81 @@ impl StepReport {
         )
     }
 
+    /// The client-visible times of `span`'s tokens, computed on demand.
+    pub fn span_times<'a>(&'a self, span: &'a TokenSpan) -> SpanTimes<'a> {
+        SpanTimes { report: self, span }
+    }
+
     fn clear(&mut self) {
         self.step_ends.clear();
         self.spans.clear();
         self.finished.clear();
         self.steps = 0;
+    }
+}
+
+/// The client-visible times of one span's tokens (µs since the run start),
+/// computed from the steps' ends on demand rather than materialised: token
+/// `m` (0-based) is [`StepReport::token_time`]. Without a per-token
+/// overhead ([`SpanTimes::gaps_are_step_gaps`]) the gap between two
+/// consecutive tokens other than a request's last is exactly the gap
+/// between the ends of their steps, which lets a sink count inter-token
+/// gaps per step instead of per token.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanTimes<'a> {
+    report: &'a StepReport,
+    span: &'a TokenSpan,
+}
+
+impl<'a> SpanTimes<'a> {
+    /// Tokens in the span (at least one).
+    pub fn len(&self) -> usize {
+        self.span.count as usize
+    }
+
+    /// Whether the span has no token (never, for spans of a report).
+    pub fn is_empty(&self) -> bool {
+        self.span.count == 0
+    }
+
+    /// Client-visible time of token `m` (0-based), µs.
+    pub fn get(&self, m: usize) -> i64 {
+        self.report.token_time(self.span, m as u32)
+    }
+
+    /// Client-visible time of the span's last token, µs.
+    pub fn last(&self) -> i64 {
+        self.get(self.len() - 1)
+    }
+
+    /// The times in token order.
+    pub fn iter(&self) -> impl Iterator<Item = i64> + 'a {
+        let (report, span) = (self.report, self.span);
+        (0..span.count).map(move |m| report.token_time(span, m))
+    }
+
+    /// The end times of the report's steps, µs since the run start (the
+    /// span's token `m` was produced by step `span.first_step + m`).
+    pub fn step_ends(&self) -> &'a [i64] {
+        &self.report.step_ends
+    }
+
+    /// Whether every token's delay after its step's end is the same
+    /// (no accumulating per-token overhead), apart from the completion
+    /// overhead on a request's last token.
+    pub fn gaps_are_step_gaps(&self) -> bool {
+        self.report.timing.per_token_us == 0.0
+    }
+
+    /// Whether the span ends with the request's last token.
+    pub fn ends_request(&self) -> bool {
+        self.span.first_index + self.span.count > self.span.target
+    }
+
+    /// Whether the request's last token carries a completion overhead that
+    /// the other tokens do not.
+    pub fn has_completion_overhead(&self) -> bool {
+        self.report.timing.completion_us != 0.0
     }
 }
 

@@ -15,7 +15,7 @@ use super::summary::{
     dist_of_counts, dist_of_us, jain,
 };
 use crate::engine::instance::Snapshot;
-use crate::engine::instance::TokenSpan;
+use crate::engine::instance::{SpanTimes, TokenSpan};
 use crate::error::Result;
 use crate::sim::{Done, NotServed, Sink};
 
@@ -67,6 +67,13 @@ pub struct Collector {
     tpot: Vec<f64>,
     itl: FxHashMap<i64, u64>,
     pending_itl: (i64, u64),
+    /// The end times of the steps of the report being delivered, µs.
+    report_ends: Vec<i64>,
+    /// Inter-token gaps of the report being delivered counted per step: a
+    /// difference array over `report_ends` whose prefix sum at step `k` is
+    /// the number of tokens of step `k` whose gap to their request's
+    /// previous token is `report_ends[k] - report_ends[k - 1]`.
+    step_gaps: Vec<i64>,
     last_token: Vec<i64>,
     counts: RequestCounts,
     first_send: i64,
@@ -200,6 +207,8 @@ impl Collector {
             tpot: Vec::new(),
             itl: FxHashMap::default(),
             pending_itl: (i64::MIN, 0),
+            report_ends: Vec::new(),
+            step_gaps: Vec::new(),
             last_token: Vec::new(),
             tenant_tokens: std::collections::BTreeMap::new(),
             classes: std::collections::BTreeMap::new(),
@@ -271,6 +280,78 @@ impl Collector {
         }
     }
 
+    /// Counts the gaps of the report being delivered that were kept per
+    /// step ([`Collector::step_gaps`]).
+    fn flush_step_gaps(&mut self) {
+        let steps = self.report_ends.len();
+        let mut covered = 0i64;
+        for k in 1..steps {
+            covered += self.step_gaps[k];
+            if covered > 0 {
+                let gap = self.report_ends[k] - self.report_ends[k - 1];
+                self.add_itl(gap, covered as u64);
+            }
+        }
+        let used = (steps + 1).min(self.step_gaps.len());
+        self.step_gaps[..used].fill(0);
+        self.report_ends.clear();
+    }
+
+    /// Counts the inter-token gaps of one span: the first token's to the
+    /// request's previous token, then the others'. Without a per-token
+    /// overhead the inner gaps are the steps' gaps and are counted per
+    /// step when the report ends (O(1) here), apart from a last token that
+    /// carries a completion overhead.
+    fn count_gaps(&mut self, tag: usize, first_index: u32, times: SpanTimes<'_>, first_step: u32) {
+        if self.last_token.len() <= tag {
+            self.last_token.resize(tag + 1, i64::MIN);
+        }
+        let n = times.len();
+        if n == 0 {
+            return;
+        }
+        if first_index > 1 && self.last_token[tag] != i64::MIN {
+            self.add_itl(times.get(0) - self.last_token[tag], 1);
+        }
+        if times.gaps_are_step_gaps() && self.report_ends.len() == times.step_ends().len() {
+            let inner_end = if times.ends_request() && times.has_completion_overhead() {
+                n - 1
+            } else {
+                n
+            };
+            if inner_end >= 2 {
+                let first = first_step as usize;
+                self.step_gaps[first + 1] += 1;
+                self.step_gaps[first + inner_end] -= 1;
+            }
+            if inner_end < n && n >= 2 {
+                self.add_itl(times.get(n - 1) - times.get(n - 2), 1);
+            }
+        } else {
+            // Count runs of equal gaps at once (fast-forwarded decode steps).
+            let mut run_gap = i64::MIN;
+            let mut run_len = 0u64;
+            let mut prev = times.get(0);
+            for t in times.iter().skip(1) {
+                let g = t - prev;
+                if g == run_gap {
+                    run_len += 1;
+                } else {
+                    if run_len > 0 {
+                        self.add_itl(run_gap, run_len);
+                    }
+                    run_gap = g;
+                    run_len = 1;
+                }
+                prev = t;
+            }
+            if run_len > 0 {
+                self.add_itl(run_gap, run_len);
+            }
+        }
+        self.last_token[tag] = times.last();
+    }
+
     fn flush_itl(&mut self) {
         let (g, n) = self.pending_itl;
         if n > 0 {
@@ -304,6 +385,7 @@ impl Collector {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
+        self.flush_step_gaps();
         self.flush_itl();
         self.write_pending_rows();
         for tag in 0..self.open_runs.len() {
@@ -400,6 +482,11 @@ impl Sink for Collector {
         if !self.pending_spans.is_empty() {
             self.write_pending_rows();
         }
+        self.flush_step_gaps();
+        self.report_ends.extend_from_slice(ends);
+        if self.step_gaps.len() <= ends.len() {
+            self.step_gaps.resize(ends.len() + 1, 0);
+        }
         if !self.itl_steps {
             return;
         }
@@ -415,7 +502,7 @@ impl Sink for Collector {
         self.abs_ends = abs;
     }
 
-    fn tokens(&mut self, tag: u32, rec: &TraceRecord, span: &TokenSpan, times: &[i64]) {
+    fn tokens(&mut self, tag: u32, rec: &TraceRecord, span: &TokenSpan, times: SpanTimes<'_>) {
         let first_index = span.first_index;
         if self.itl_steps && rec.request.streaming {
             let (instance, base) = self.step_batch;
@@ -440,49 +527,16 @@ impl Sink for Collector {
                 }
             }
         }
-        let id = rec.request.request_id;
-        let tag = tag as usize;
-        if self.last_token.len() <= tag {
-            self.last_token.resize(tag + 1, i64::MIN);
-        }
-        let mut prev = if first_index > 1 && self.last_token[tag] != i64::MIN {
-            Some(self.last_token[tag])
-        } else {
-            None
-        };
-        // Count runs of equal gaps at once (fast-forwarded decode steps).
-        let mut run_gap = i64::MIN;
-        let mut run_len = 0u64;
-        for &t in times {
-            if let Some(p) = prev {
-                let g = t - p;
-                if g == run_gap {
-                    run_len += 1;
-                } else {
-                    if run_len > 0 {
-                        self.add_itl(run_gap, run_len);
-                    }
-                    run_gap = g;
-                    run_len = 1;
-                }
-            }
-            prev = Some(t);
-        }
-        if run_len > 0 {
-            self.add_itl(run_gap, run_len);
-        }
-        if let Some(p) = prev {
-            self.last_token[tag] = p;
-        }
+        self.count_gaps(tag as usize, first_index, times, span.first_step);
         if self.itl_companion && rec.request.streaming && self.writer.is_some() {
             self.pending_spans.push((
-                id,
+                rec.request.request_id,
                 first_index - 1,
                 span.first_step as usize,
                 self.pending_times.len(),
                 times.len(),
             ));
-            self.pending_times.extend_from_slice(times);
+            self.pending_times.extend(times.iter());
         }
     }
 
@@ -622,10 +676,128 @@ impl Sink for Collector {
             ("vllm:request_success_total", c.completed as f64),
             ("blis:num_steps_total", c.steps as f64),
         ];
-        for (name, value) in rows {
-            if let Err(e) = w.write_metric_parts(t, name, labels, value) {
-                self.error.get_or_insert(e.into());
+        if let Err(e) = w.write_metric_scrape(t, labels, &rows) {
+            self.error.get_or_insert(e.into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::instance::{StepReport, TokenTiming};
+    use proptest::prelude::*;
+
+    /// One request's tokens in one report: (request, first step, count).
+    type Plan = Vec<Vec<(usize, u32, u32)>>;
+
+    fn reports() -> impl Strategy<Value = (Vec<Vec<i64>>, Plan, Vec<u32>, TokenTiming)> {
+        let timing = (
+            prop_oneof![Just(0.0), Just(100.4)],
+            prop_oneof![Just(0.0), Just(0.7)],
+            prop_oneof![Just(0.0), Just(300.6)],
+        )
+            .prop_map(|(hop_us, per_token_us, completion_us)| TokenTiming {
+                per_token_us,
+                hop_us,
+                completion_us,
+            });
+        let report = (
+            proptest::collection::vec(prop_oneof![Just(10i64), Just(20), Just(35)], 1..6),
+            proptest::collection::vec((0usize..5, 0u32..6, 1u32..6), 0..6),
+        );
+        (
+            proptest::collection::vec(report, 1..12),
+            proptest::collection::vec(1u32..20, 5),
+            timing,
+        )
+            .prop_map(|(reports, targets, timing)| {
+                let mut t = 0i64;
+                let mut ends = Vec::new();
+                let mut plan = Vec::new();
+                for (gaps, spans) in reports {
+                    let e: Vec<i64> = gaps
+                        .iter()
+                        .map(|g| {
+                            t += g;
+                            t
+                        })
+                        .collect();
+                    let k = e.len() as u32;
+                    let mut seen = [false; 5];
+                    let mut p = Vec::new();
+                    for (req, first, count) in spans {
+                        if seen[req] {
+                            continue;
+                        }
+                        seen[req] = true;
+                        let first = first % k;
+                        p.push((req, first, count.min(k - first)));
+                    }
+                    ends.push(e);
+                    plan.push(p);
+                }
+                (ends, plan, targets, timing)
+            })
+    }
+
+    proptest! {
+        /// The inter-token gaps counted per step (no per-token overhead)
+        /// or per token are exactly the gaps between each request's
+        /// consecutive client-visible token times.
+        #[test]
+        fn itl_counts_equal_the_gaps_of_the_token_times(
+            (ends, plan, targets, timing) in reports()
+        ) {
+            let mut c = Collector::stats_only();
+            let rec = TraceRecord::default();
+            let mut generated = [0u32; 5];
+            let mut last = [None::<i64>; 5];
+            let mut want: FxHashMap<i64, u64> = FxHashMap::default();
+            for (e, spans) in ends.iter().zip(&plan) {
+                let mut report = StepReport {
+                    step_ends: e.clone(),
+                    timing,
+                    ..StepReport::default()
+                };
+                for &(req, first_step, count) in spans {
+                    let left = targets[req] - generated[req];
+                    let count = count.min(left);
+                    if count == 0 {
+                        continue;
+                    }
+                    report.spans.push(TokenSpan {
+                        id: req as u64,
+                        tag: req as u32,
+                        first_index: generated[req] + 1,
+                        first_step,
+                        join: 0,
+                        count,
+                        target: targets[req],
+                    });
+                    generated[req] += count;
+                }
+                c.steps(0, 0, &report.step_ends);
+                for span in &report.spans {
+                    let times = report.span_times(span);
+                    for m in 0..times.len() {
+                        let t = times.get(m);
+                        if let Some(p) = last[span.tag as usize] {
+                            *want.entry(t - p).or_default() += 1;
+                        }
+                        last[span.tag as usize] = Some(t);
+                    }
+                    c.tokens(span.tag, &rec, span, times);
+                }
             }
+            c.flush_step_gaps();
+            c.flush_itl();
+            want.retain(|_, n| *n > 0);
+            let mut got: Vec<_> = c.itl.iter().filter(|(_, n)| **n > 0).collect();
+            let mut want: Vec<_> = want.iter().collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
         }
     }
 }

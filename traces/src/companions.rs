@@ -239,7 +239,14 @@ pub struct MetricWriter<W: Write = File> {
     sink: RowSink<W>,
     /// The last label set written and its CSV form (a scrape repeats it).
     labels: (String, Vec<u8>),
+    /// Metric names written and their CSV forms (scrapes repeat them, in
+    /// the same order: `name_hint` is where the next one likely is).
+    names: Vec<(String, Vec<u8>)>,
+    name_hint: usize,
 }
+
+/// Metric names whose CSV form [`MetricWriter`] remembers.
+const NAME_CACHE: usize = 256;
 
 impl MetricWriter<File> {
     /// Creates `path`.
@@ -261,7 +268,31 @@ impl<W: Write> MetricWriter<W> {
         Ok(Self {
             sink: RowSink::new(out, path, &METRIC_COLUMNS)?,
             labels: (String::new(), Vec::new()),
+            names: Vec::new(),
+            name_hint: 0,
         })
+    }
+
+    /// Appends `name` in CSV form, remembered from earlier rows.
+    fn push_name(&mut self, name: &str) {
+        let n = self.names.len();
+        for k in 0..n {
+            let i = (self.name_hint + k) % n;
+            if self.names[i].0 == name {
+                self.name_hint = i + 1;
+                self.sink.push_encoded(&self.names[i].1);
+                return;
+            }
+        }
+        if n < NAME_CACHE {
+            let mut encoded = Vec::with_capacity(name.len());
+            push_field_quoted(&mut encoded, name.as_bytes(), false);
+            self.sink.push_encoded(&encoded);
+            self.names.push((name.to_string(), encoded));
+            self.name_hint = n + 1;
+        } else {
+            self.sink.push_quoted(name.as_bytes());
+        }
     }
 
     /// Makes every write reach the file before it returns.
@@ -316,7 +347,7 @@ impl<W: Write> MetricWriter<W> {
         let mut b = itoa::Buffer::new();
         for &(name, value) in samples {
             self.sink.push_plain(ts);
-            self.sink.push_quoted(name.as_bytes());
+            self.push_name(name);
             self.sink.push_encoded(&self.labels.1);
             // Integral values (counters, gauges of requests) print as
             // integers, as the shortest round-trip form does.

@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod arrival;
+pub mod background;
 pub mod bundle;
 pub mod companions;
 pub mod content;

@@ -3,7 +3,9 @@
 //! as a metrics companion with vLLM's metric names) and a summary.
 
 use std::path::Path;
+use std::sync::Arc;
 
+use blis_traces::background::BackgroundWriter;
 use blis_traces::itl_steps::TokenRun;
 use blis_traces::{
     ChunkRecord, ExtraColumn, ItlForm, Outcome, Status, TraceHeader, TraceRecord, TraceWriter,
@@ -42,7 +44,8 @@ pub struct RequestOutcome {
 /// Accumulates statistics (and optionally writes the predicted trace).
 #[derive(Debug)]
 pub struct Collector {
-    writer: Option<TraceWriter>,
+    /// The files, written by a thread of their own.
+    writer: Option<BackgroundWriter>,
     keep: Option<Vec<TraceRecord>>,
     itl_companion: bool,
     /// The ITL companion is in step form.
@@ -51,7 +54,6 @@ pub struct Collector {
     step_batch: (u32, u64),
     /// Per tag, the run of tokens not yet written (step form).
     open_runs: Vec<Option<TokenRun>>,
-    abs_ends: Vec<i64>,
     /// Row form: the token spans of the step report being delivered
     /// (request id, first chunk index, first step in the report, offset
     /// into `pending_times`, count), written step by step when the report
@@ -59,7 +61,7 @@ pub struct Collector {
     pending_spans: Vec<(u64, u32, usize, usize, usize)>,
     pending_times: Vec<i64>,
     /// The labels of the time series' samples.
-    metric_labels: String,
+    metric_labels: Arc<str>,
     run_start_us: i64,
     model_name: String,
     ttft: Vec<f64>,
@@ -86,7 +88,6 @@ pub struct Collector {
     tenant_tokens: std::collections::BTreeMap<String, u64>,
     classes: std::collections::BTreeMap<String, ClassAcc>,
     outcomes: Option<FxHashMap<u64, RequestOutcome>>,
-    error: Option<crate::error::ReplayError>,
 }
 
 impl Collector {
@@ -118,8 +119,8 @@ impl Collector {
             .as_ref()
             .and_then(|s| s.model.clone())
             .unwrap_or_default();
-        c.metric_labels = format!("model_name=\"{}\"", c.model_name.replace('"', "'"));
-        c.writer = Some(w);
+        c.metric_labels = Arc::from(format!("model_name=\"{}\"", c.model_name.replace('"', "'")));
+        c.writer = Some(BackgroundWriter::new(w)?);
         Ok(c)
     }
 
@@ -196,10 +197,9 @@ impl Collector {
             itl_steps: false,
             step_batch: (0, 0),
             open_runs: Vec::new(),
-            abs_ends: Vec::new(),
             pending_spans: Vec::new(),
             pending_times: Vec::new(),
-            metric_labels: String::new(),
+            metric_labels: Arc::from(""),
             run_start_us,
             model_name: String::new(),
             ttft: Vec::new(),
@@ -221,7 +221,6 @@ impl Collector {
             kv_peak: 0.0,
             kv_sum: 0.0,
             kv_n: 0,
-            error: None,
         }
     }
 
@@ -259,9 +258,7 @@ impl Collector {
                         timestamp_us: self.run_start_us + self.pending_times[at + m],
                         tokens: None,
                     };
-                    if let Err(e) = w.write_chunk(&c) {
-                        self.error.get_or_insert(e.into());
-                    }
+                    w.write_chunk(c);
                 }
             }
         }
@@ -273,10 +270,8 @@ impl Collector {
         let Some(run) = self.open_runs.get_mut(tag).and_then(Option::take) else {
             return;
         };
-        if let Some(w) = &mut self.writer
-            && let Err(e) = w.write_run(&run)
-        {
-            self.error.get_or_insert(e.into());
+        if let Some(w) = &mut self.writer {
+            w.write_run(run);
         }
     }
 
@@ -361,13 +356,14 @@ impl Collector {
     }
 
     fn emit(&mut self, rec: TraceRecord) {
-        if let Some(w) = &mut self.writer
-            && let Err(e) = w.write_record(&rec)
-        {
-            self.error.get_or_insert(e.into());
-        }
-        if let Some(k) = &mut self.keep {
-            k.push(rec);
+        match (&mut self.writer, &mut self.keep) {
+            (Some(w), Some(k)) => {
+                w.write_record(rec.clone());
+                k.push(rec);
+            }
+            (Some(w), None) => w.write_record(rec),
+            (None, Some(k)) => k.push(rec),
+            (None, None) => {}
         }
     }
 
@@ -382,17 +378,11 @@ impl Collector {
         last: &Snapshot,
         latency_model: &str,
     ) -> Result<(Summary, Option<Vec<TraceRecord>>)> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
         self.flush_step_gaps();
         self.flush_itl();
         self.write_pending_rows();
         for tag in 0..self.open_runs.len() {
             self.close_run(tag);
-        }
-        if let Some(e) = self.error.take() {
-            return Err(e);
         }
         if let Some(w) = self.writer.take() {
             w.finish(header)?;
@@ -492,14 +482,7 @@ impl Sink for Collector {
         }
         self.step_batch = (instance, first_step);
         let Some(w) = &mut self.writer else { return };
-        let run_start = self.run_start_us;
-        let mut abs = std::mem::take(&mut self.abs_ends);
-        abs.clear();
-        abs.extend(ends.iter().map(|e| run_start + e));
-        if let Err(e) = w.write_steps(instance, first_step, &abs) {
-            self.error.get_or_insert(e.into());
-        }
-        self.abs_ends = abs;
+        w.write_steps(instance, first_step, ends, self.run_start_us);
     }
 
     fn tokens(&mut self, tag: u32, rec: &TraceRecord, span: &TokenSpan, times: SpanTimes<'_>) {
@@ -664,7 +647,7 @@ impl Sink for Collector {
         let labels = &self.metric_labels;
         let t = self.run_start_us + t_us;
         let c = snap.counters;
-        let rows: [(&str, f64); 10] = [
+        let rows: [(&'static str, f64); 10] = [
             ("vllm:num_requests_running", f64::from(snap.running)),
             ("vllm:num_requests_waiting", f64::from(snap.waiting)),
             ("vllm:kv_cache_usage_perc", u),
@@ -676,9 +659,7 @@ impl Sink for Collector {
             ("vllm:request_success_total", c.completed as f64),
             ("blis:num_steps_total", c.steps as f64),
         ];
-        if let Err(e) = w.write_metric_scrape(t, labels, &rows) {
-            self.error.get_or_insert(e.into());
-        }
+        w.write_metric_scrape(t, labels, &rows);
     }
 }
 

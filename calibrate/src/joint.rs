@@ -478,13 +478,60 @@ struct Interval {
 /// The rows of the decode-interval regression of one run: per request,
 /// the mean physics terms of its decode steps, and its mean step time.
 fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)> {
+    let (iv, t_fail) = decode_intervals(run, cached);
+    if iv.len() < 30 {
+        return Vec::new();
+    }
+    let lo = iv.iter().map(|x| x.1.first).fold(f64::INFINITY, f64::min);
+    let hi = iv
+        .iter()
+        .map(|x| x.1.last)
+        .fold(f64::NEG_INFINITY, f64::max)
+        .min(t_fail);
+    if hi <= lo {
+        return Vec::new();
+    }
+    let grid = Grid {
+        lo,
+        dt: 5_000.0,
+        n: ((hi - lo) / 5_000.0).ceil() as usize + 2,
+    };
+    let cum = decode_terms_on_grid(&iv, &grid, &run.basis);
+    let (pf, pf_cum) = prefill_terms(&iv, &run.basis);
+    let mut rows = Vec::new();
+    // The first requests meet an engine still warming up.
+    for (_, v) in iv.iter().skip(20) {
+        if v.last >= hi {
+            continue;
+        }
+        let (ka, kb) = (grid.cell(v.first), grid.cell(v.last));
+        if kb <= ka + 1 {
+            continue;
+        }
+        let span = (kb - ka) as f64 * grid.dt;
+        let steps = v.output - 1.0;
+        let pa = pf.partition_point(|p| *p <= v.first);
+        let pb = pf.partition_point(|p| *p <= v.last);
+        let mut row = [0.0; TERMS];
+        for j in 0..TERMS {
+            row[j] = (cum[kb][j] - cum[ka][j]) / span + (pf_cum[pb][j] - pf_cum[pa][j]) / steps;
+        }
+        rows.push((row, (v.last - v.first) / steps));
+    }
+    rows
+}
+
+/// The decode intervals of a run's completed requests with at least two
+/// output tokens, by send time (µs since the run start), and the first
+/// send of a failed request (the engine's state is unknown from then on;
+/// infinite when none failed).
+fn decode_intervals(run: &JointRun, cached: &[(u64, u32)]) -> (Vec<(f64, Interval)>, f64) {
     let run_start = run.trace.header.run_start_unix_us.unwrap_or(0);
     let cached_of = |id: u64| {
         cached
             .binary_search_by_key(&id, |x| x.0)
             .map_or(0.0, |i| f64::from(cached[i].1))
     };
-    // Requests that failed: their state is unknown from their arrival on.
     let t_fail = run
         .trace
         .records
@@ -521,28 +568,37 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
             },
         ));
     }
-    if iv.len() < 30 {
-        return Vec::new();
-    }
     iv.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let lo = iv.iter().map(|x| x.1.first).fold(f64::INFINITY, f64::min);
-    let hi = iv
-        .iter()
-        .map(|x| x.1.last)
-        .fold(f64::NEG_INFINITY, f64::max)
-        .min(t_fail);
-    if hi <= lo {
-        return Vec::new();
+    (iv, t_fail)
+}
+
+/// A time grid of `n` cells of `dt` µs from `lo`.
+struct Grid {
+    lo: f64,
+    dt: f64,
+    n: usize,
+}
+
+impl Grid {
+    fn cell(&self, t: f64) -> usize {
+        (((t - self.lo) / self.dt).floor().max(0.0) as usize).min(self.n)
     }
-    // The decode batch on a grid: D(t) and C(t) = A(t) + t·B(t), from
-    // difference arrays of each interval's count, context offset and rate.
-    let dt = 5_000.0;
-    let n = ((hi - lo) / dt).ceil() as usize + 2;
+}
+
+/// The decode batch on `grid`: D(t) and C(t) = A(t) + t·B(t), from
+/// difference arrays of each interval's count, context offset and rate;
+/// returns the cumulative integral of its physics terms (µs·term) at each
+/// cell boundary.
+fn decode_terms_on_grid(
+    iv: &[(f64, Interval)],
+    grid: &Grid,
+    basis: &PhysicsBasis,
+) -> Vec<[f64; TERMS]> {
+    let n = grid.n;
     let (mut dd, mut da, mut db) = (vec![0.0; n + 1], vec![0.0; n + 1], vec![0.0; n + 1]);
-    let cell = |t: f64| (((t - lo) / dt).floor().max(0.0) as usize).min(n);
-    for (_, v) in &iv {
+    for (_, v) in iv {
         let itl = (v.last - v.first) / (v.output - 1.0);
-        let (a, b) = (cell(v.first), cell(v.last));
+        let (a, b) = (grid.cell(v.first), grid.cell(v.last));
         dd[a] += 1.0;
         dd[b] -= 1.0;
         da[a] += v.input - v.first / itl;
@@ -550,7 +606,6 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
         db[a] += 1.0 / itl;
         db[b] -= 1.0 / itl;
     }
-    let basis = &run.basis;
     let mut cum = vec![[0.0; TERMS]; n + 1];
     let (mut d, mut a, mut b) = (0.0f64, 0.0f64, 0.0f64);
     let mut shape = BatchShape::default();
@@ -559,7 +614,7 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
         d += dd[k];
         a += da[k];
         b += db[k];
-        let t = lo + (k as f64 + 0.5) * dt;
+        let t = grid.lo + (k as f64 + 0.5) * grid.dt;
         shape.clear();
         shape.decode_count = d.round().max(0.0) as u32;
         shape.decode_context_sum = (a + t * b).max(0.0).round() as u64;
@@ -570,13 +625,20 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
         }
         let mut next = cum[k];
         for j in 0..TERMS {
-            next[j] += x[j] * dt;
+            next[j] += x[j] * grid.dt;
         }
         cum[k + 1] = next;
     }
-    // Prefill events at their first token: the terms they add to a step.
+    cum
+}
+
+/// Prefill events at their first token, in time order, and the
+/// cumulative sums of the terms each adds to a step that runs anyway.
+fn prefill_terms(iv: &[(f64, Interval)], basis: &PhysicsBasis) -> (Vec<f64>, Vec<[f64; TERMS]>) {
+    let mut shape = BatchShape::default();
+    let mut x = [0.0; TERMS];
     let mut pf: Vec<(f64, [f64; TERMS])> = Vec::with_capacity(iv.len());
-    for (_, v) in &iv {
+    for (_, v) in iv {
         shape.clear();
         let before = v.cached.min(v.input - 1.0).max(0.0);
         shape.prefill.push(PrefillChunk {
@@ -600,27 +662,7 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
         }
         pf_cum[k + 1] = next;
     }
-    let mut rows = Vec::new();
-    // The first requests meet an engine still warming up.
-    for (_, v) in iv.iter().skip(20) {
-        if v.last >= hi {
-            continue;
-        }
-        let (ka, kb) = (cell(v.first), cell(v.last));
-        if kb <= ka + 1 {
-            continue;
-        }
-        let span = (kb - ka) as f64 * dt;
-        let steps = v.output - 1.0;
-        let pa = pf.partition_point(|p| p.0 <= v.first);
-        let pb = pf.partition_point(|p| p.0 <= v.last);
-        let mut row = [0.0; TERMS];
-        for j in 0..TERMS {
-            row[j] = (cum[kb][j] - cum[ka][j]) / span + (pf_cum[pb][j] - pf_cum[pa][j]) / steps;
-        }
-        rows.push((row, (v.last - v.first) / steps));
-    }
-    rows
+    (pf.into_iter().map(|p| p.0).collect(), pf_cum)
 }
 
 /// Non-negative least squares `min ‖A x − b‖, x ≥ 0` from the normal
@@ -869,37 +911,8 @@ pub fn fit_joint(
     }
     let s1 = stage1(runs, &PRIOR, threads);
     progress(&format!("stage 1 (decode intervals): {}", describe(&s1)));
-    let terms: Vec<usize> = (0..TERMS)
-        .filter(|&i| STAGE2_TERMS.contains(&TERM_NAMES[i]))
-        .collect();
-    let excess: Vec<f64> = terms.iter().map(|&i| s1.beta[i] - FLOOR[i]).collect();
-    let scale: Vec<f64> = excess
-        .iter()
-        .zip(&terms)
-        .map(|(e, &i)| {
-            if *e > 0.0 {
-                *e
-            } else {
-                (PRIOR.beta[i] - FLOOR[i]).max(0.05)
-            }
-        })
-        .chain([PRIOR.host[0], PRIOR.host[2]])
-        .collect();
-    let n_terms = terms.len();
-    let problem = Stage2 {
-        runs,
-        terms,
-        base: s1.beta,
-        scale,
-        threads,
-        overloaded_weight: o.overloaded_weight,
-        evals: Cell::new(0),
-    };
-    let mut best_u: Vec<f64> = excess
-        .iter()
-        .map(|e| if *e > 0.0 { 1.0 } else { 0.0 })
-        .chain([1.0, 1.0])
-        .collect();
+    let (problem, mut best_u) = Stage2::around(runs, &s1, o);
+    let n_terms = problem.terms.len();
     let mut best = problem.cost(&best_u).unwrap_or(f64::INFINITY);
     let loss1 = best;
     progress(&format!("stage 1 loss {loss1:.4}"));
@@ -935,53 +948,8 @@ pub fn fit_joint(
         if problem.evals.get() >= budget {
             break;
         }
-        // Nelder–Mead on the parameters that are not 0.
-        let active: Vec<usize> = (0..best_u.len()).filter(|&i| best_u[i] != 0.0).collect();
-        let base = best_u.clone();
-        let mut simplex = vec![active.iter().map(|&i| base[i]).collect::<Vec<f64>>()];
-        for k in 0..active.len() {
-            let mut v = simplex[0].clone();
-            v[k] *= 1.0 + step;
-            simplex.push(v);
-        }
-        struct Sub<'p, 'a> {
-            p: &'p Stage2<'a>,
-            base: Vec<f64>,
-            active: Vec<usize>,
-        }
-        impl CostFunction for Sub<'_, '_> {
-            type Param = Vec<f64>;
-            type Output = f64;
-            fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
-                let mut u = self.base.clone();
-                for (k, &i) in self.active.iter().enumerate() {
-                    u[i] = v[k];
-                }
-                self.p.cost(&u)
-            }
-        }
         let left = budget - problem.evals.get();
-        let sub = Sub {
-            p: &problem,
-            base,
-            active: active.clone(),
-        };
-        let solver = NelderMead::new(simplex)
-            .with_sd_tolerance(1e-6)
-            .map_err(|e| FitError::Optimiser(e.to_string()))?;
-        let res = Executor::new(sub, solver)
-            .configure(|s| s.max_iters(left / 2 + 1))
-            .run()
-            .map_err(|e| FitError::Optimiser(e.to_string()))?;
-        if let Some(v) = res.state().get_best_param().cloned() {
-            let cost = res.state().get_best_cost();
-            if cost < best {
-                best = cost;
-                for (k, &i) in active.iter().enumerate() {
-                    best_u[i] = v[k];
-                }
-            }
-        }
+        nelder_mead_round(&problem, step, left, &mut best_u, &mut best)?;
         progress(&format!(
             "round {round}: Nelder–Mead, loss {best:.4} ({} replays of {} runs)",
             problem.evals.get(),
@@ -1007,6 +975,112 @@ pub fn fit_joint(
             .map(|(r, s)| (r.name.clone(), r.real, s))
             .collect(),
     })
+}
+
+impl<'a> Stage2<'a> {
+    /// Stage 2 around stage 1's fit `s1`: each stage-2 term's excess over
+    /// its floor, and the two host overheads, scaled so that 1 is stage 1's
+    /// value (a term stage 1 put at its floor starts at 0 with the prior's
+    /// excess as its unit). Returns the problem and its starting point.
+    fn around(
+        runs: &'a [&'a JointRun],
+        s1: &PhysicsCoefficients,
+        o: &JointOptions,
+    ) -> (Self, Vec<f64>) {
+        let terms: Vec<usize> = (0..TERMS)
+            .filter(|&i| STAGE2_TERMS.contains(&TERM_NAMES[i]))
+            .collect();
+        let excess: Vec<f64> = terms.iter().map(|&i| s1.beta[i] - FLOOR[i]).collect();
+        let scale: Vec<f64> = excess
+            .iter()
+            .zip(&terms)
+            .map(|(e, &i)| {
+                if *e > 0.0 {
+                    *e
+                } else {
+                    (PRIOR.beta[i] - FLOOR[i]).max(0.05)
+                }
+            })
+            .chain([PRIOR.host[0], PRIOR.host[2]])
+            .collect();
+        let start: Vec<f64> = excess
+            .iter()
+            .map(|e| if *e > 0.0 { 1.0 } else { 0.0 })
+            .chain([1.0, 1.0])
+            .collect();
+        let problem = Stage2 {
+            runs,
+            terms,
+            base: s1.beta,
+            scale,
+            threads: o.threads,
+            overloaded_weight: o.overloaded_weight,
+            evals: Cell::new(0),
+        };
+        (problem, start)
+    }
+}
+
+/// Stage 2's cost as a function of its parameters that are not 0 (the
+/// others held at `base`).
+struct ActiveParams<'p, 'a> {
+    p: &'p Stage2<'a>,
+    base: Vec<f64>,
+    active: Vec<usize>,
+}
+
+impl CostFunction for ActiveParams<'_, '_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+    fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+        let mut u = self.base.clone();
+        for (k, &i) in self.active.iter().enumerate() {
+            u[i] = v[k];
+        }
+        self.p.cost(&u)
+    }
+}
+
+/// One Nelder–Mead search on the parameters of `best_u` that are not 0,
+/// from a simplex of relative size `step`, with at most about `left`
+/// replays; keeps its result in `best_u`/`best` when it is better.
+fn nelder_mead_round(
+    problem: &Stage2<'_>,
+    step: f64,
+    left: u64,
+    best_u: &mut [f64],
+    best: &mut f64,
+) -> Result<(), FitError> {
+    let active: Vec<usize> = (0..best_u.len()).filter(|&i| best_u[i] != 0.0).collect();
+    let base = best_u.to_vec();
+    let mut simplex = vec![active.iter().map(|&i| base[i]).collect::<Vec<f64>>()];
+    for k in 0..active.len() {
+        let mut v = simplex[0].clone();
+        v[k] *= 1.0 + step;
+        simplex.push(v);
+    }
+    let sub = ActiveParams {
+        p: problem,
+        base,
+        active: active.clone(),
+    };
+    let solver = NelderMead::new(simplex)
+        .with_sd_tolerance(1e-6)
+        .map_err(|e| FitError::Optimiser(e.to_string()))?;
+    let res = Executor::new(sub, solver)
+        .configure(|s| s.max_iters(left / 2 + 1))
+        .run()
+        .map_err(|e| FitError::Optimiser(e.to_string()))?;
+    if let Some(v) = res.state().get_best_param().cloned() {
+        let cost = res.state().get_best_cost();
+        if cost < *best {
+            *best = cost;
+            for (k, &i) in active.iter().enumerate() {
+                best_u[i] = v[k];
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The coefficients as a Markdown table (name, meaning, value).

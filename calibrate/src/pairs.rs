@@ -165,6 +165,56 @@ fn chunks_by_request(chunks: Option<&[ChunkRecord]>) -> BTreeMap<u64, Vec<i64>> 
         .collect()
 }
 
+/// One side of a pair: its record, send and last-chunk times (µs) and
+/// chunk times.
+struct Side<'a> {
+    rec: &'a TraceRecord,
+    send: i64,
+    last: i64,
+    chunks: Option<&'a [i64]>,
+}
+
+impl Paired {
+    /// Pair `i`'s metrics: E2E; TTFT and TPOT when both sides streamed;
+    /// the mean ITL when both have two chunks or more. The simulated side
+    /// gets the network round trip `rtt_ms` added to its TTFT and E2E.
+    fn add_metrics(&mut self, i: usize, real: &Side<'_>, sim: &Side<'_>, rtt_ms: f64) {
+        let (a, b) = (real.rec, sim.rec);
+        let e2e_r = ms(real.last - real.send);
+        let e2e_s = ms(sim.last - sim.send) + rtt_ms;
+        self.e2e.push(i, e2e_r, e2e_s);
+        let firsts = (a.outcome.first_chunk_time_us, b.outcome.first_chunk_time_us);
+        if a.request.streaming
+            && b.request.streaming
+            && let (Some(fa), Some(fb)) = firsts
+        {
+            let (t_r, t_s) = (ms(fa - real.send), ms(fb - sim.send) + rtt_ms);
+            self.ttft.push(i, t_r, t_s);
+            let n = a.request.output_tokens.min(b.request.output_tokens);
+            if n > 1 {
+                self.tpot.push(
+                    i,
+                    ms(real.last - fa) / f64::from(a.request.output_tokens - 1),
+                    ms(sim.last - fb) / f64::from(b.request.output_tokens - 1),
+                );
+            }
+        }
+        if let (Some(ca), Some(cb)) = (real.chunks, sim.chunks)
+            && ca.len() >= 2
+            && cb.len() >= 2
+        {
+            let gaps = |c: &[i64], into: &mut Vec<f64>| {
+                let start = into.len();
+                into.extend(c.windows(2).map(|w| ms(w[1] - w[0])));
+                crate::stats::mean(&into[start..])
+            };
+            let mr = gaps(ca, &mut self.itl_gaps.0);
+            let msim = gaps(cb, &mut self.itl_gaps.1);
+            self.itl.push(i, mr, msim);
+        }
+    }
+}
+
 /// Pairs `real` and `sim` and computes every per-request metric.
 pub fn pair(real: &Trace, sim: &Trace, warmup: u64, rtt_ms: f64) -> Paired {
     let below = warmup_below(&real.records, warmup);
@@ -224,38 +274,22 @@ pub fn pair(real: &Trace, sim: &Trace, warmup: u64, rtt_ms: f64) -> Paired {
             real: r,
             sim: s,
         });
-        let e2e_r = ms(a_last - a_send);
-        let e2e_s = ms(b_last - b_send) + rtt_ms;
-        out.e2e.push(i, e2e_r, e2e_s);
-        let firsts = (a.outcome.first_chunk_time_us, b.outcome.first_chunk_time_us);
-        if a.request.streaming
-            && b.request.streaming
-            && let (Some(fa), Some(fb)) = firsts
-        {
-            let (t_r, t_s) = (ms(fa - a_send), ms(fb - b_send) + rtt_ms);
-            out.ttft.push(i, t_r, t_s);
-            let n = a.request.output_tokens.min(b.request.output_tokens);
-            if n > 1 {
-                out.tpot.push(
-                    i,
-                    ms(a_last - fa) / f64::from(a.request.output_tokens - 1),
-                    ms(b_last - fb) / f64::from(b.request.output_tokens - 1),
-                );
-            }
-        }
-        if let (Some(ca), Some(cb)) = (rc.get(&id), sc.get(&id))
-            && ca.len() >= 2
-            && cb.len() >= 2
-        {
-            let gaps = |c: &[i64], into: &mut Vec<f64>| {
-                let start = into.len();
-                into.extend(c.windows(2).map(|w| ms(w[1] - w[0])));
-                crate::stats::mean(&into[start..])
-            };
-            let mr = gaps(ca, &mut out.itl_gaps.0);
-            let msim = gaps(cb, &mut out.itl_gaps.1);
-            out.itl.push(i, mr, msim);
-        }
+        out.add_metrics(
+            i,
+            &Side {
+                rec: a,
+                send: a_send,
+                last: a_last,
+                chunks: rc.get(&id).map(Vec::as_slice),
+            },
+            &Side {
+                rec: b,
+                send: b_send,
+                last: b_last,
+                chunks: sc.get(&id).map(Vec::as_slice),
+            },
+            rtt_ms,
+        );
     }
     out.matching.paired = out.pairs.len() as u64;
     out

@@ -335,6 +335,45 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     let o = a
         .joint
         .options(a.budget_evals.unwrap_or(crate::joint::DEFAULT_BUDGET))?;
+    let runs = joint_runs(a)?;
+    let refs: Vec<&crate::joint::JointRun> = runs.iter().collect();
+    let gpus: std::collections::BTreeSet<String> =
+        runs.iter().map(|r| r.server().gpu.clone()).collect();
+    let gpu = if gpus.len() == 1 {
+        gpus.into_iter().next().unwrap_or_default()
+    } else {
+        "*".to_string()
+    };
+    let asyncs: std::collections::BTreeSet<bool> = runs
+        .iter()
+        .map(|r| r.server().engine.async_scheduling)
+        .collect();
+    let started = std::time::Instant::now();
+    let f = crate::joint::fit_joint(&refs, &o, &mut |l| blis_traces::diag!("{l}"))?;
+    let row = f.fitted.row(
+        &gpu,
+        asyncs.contains(&true),
+        format!(
+            "blis-calibrate fit (trained-physics, joint) on {} runs: {}",
+            f.runs.len(),
+            f.runs.join(", ")
+        ),
+    );
+    write_row(&a.out, &row).step(|| format!("writing {}", a.out.display()))?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&f)?)?;
+        return Ok(());
+    }
+    print_joint_fit(out, &f, started, &a.out)
+}
+
+/// The runs of `--runs` and the traces of `--trace`, each with the
+/// server it was measured on (trace header, then flags), cut to their
+/// first part when `--holdout-fraction` holds out the rest.
+///
+/// # Errors
+/// Unreadable runs or traces, none at all, a run that cannot be replayed.
+fn joint_runs(a: &FitArgs) -> Result<Vec<crate::joint::JointRun>> {
     let mut named: Vec<(String, Trace)> = Vec::new();
     if let Some(dir) = &a.runs {
         let mut skipped = Vec::new();
@@ -386,34 +425,17 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
         };
         runs.push(crate::joint::JointRun::new(&name, t, &args)?);
     }
-    let refs: Vec<&crate::joint::JointRun> = runs.iter().collect();
-    let gpus: std::collections::BTreeSet<String> =
-        runs.iter().map(|r| r.server().gpu.clone()).collect();
-    let gpu = if gpus.len() == 1 {
-        gpus.into_iter().next().unwrap_or_default()
-    } else {
-        "*".to_string()
-    };
-    let asyncs: std::collections::BTreeSet<bool> = runs
-        .iter()
-        .map(|r| r.server().engine.async_scheduling)
-        .collect();
-    let started = std::time::Instant::now();
-    let f = crate::joint::fit_joint(&refs, &o, &mut |l| blis_traces::diag!("{l}"))?;
-    let row = f.fitted.row(
-        &gpu,
-        asyncs.contains(&true),
-        format!(
-            "blis-calibrate fit (trained-physics, joint) on {} runs: {}",
-            f.runs.len(),
-            f.runs.join(", ")
-        ),
-    );
-    write_row(&a.out, &row).step(|| format!("writing {}", a.out.display()))?;
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&f)?)?;
-        return Ok(());
-    }
+    Ok(runs)
+}
+
+/// The joint fit's report: losses, coefficients, and each run's real and
+/// simulated figures.
+fn print_joint_fit(
+    out: &mut dyn Write,
+    f: &crate::joint::JointFit,
+    started: std::time::Instant,
+    path: &Path,
+) -> Result<()> {
     writeln!(
         out,
         "fitted global trained-physics coefficients on {} runs in {:.0} s: loss {:.4} (decode intervals) -> {:.4} in {} replays of every run\n",
@@ -449,7 +471,7 @@ fn joint_fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     writeln!(
         out,
         "\nTimes in ms, each side over its own completed requests (in-sample: these runs were fitted on).\nwrote {}",
-        a.out.display()
+        path.display()
     )?;
     Ok(())
 }

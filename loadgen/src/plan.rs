@@ -45,64 +45,10 @@ pub fn load_workload(
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
     if let Some(rate) = w.rate {
-        if !(rate > 0.0 && rate.is_finite()) {
-            return Err(PlanError::Flag(format!(
-                "--rate must be a positive number of requests/s, got {rate}"
-            )));
-        }
-        if opts.num_requests.is_none() && opts.horizon_us.is_none() {
-            return Err(PlanError::Flag(
-                "--rate needs --num-requests or a duration".to_string(),
-            ));
-        }
-        let yaml = format!(
-            "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: poisson}}\n    input_distribution: {}\n    output_distribution: {}\n",
-            dist_yaml("--input-tokens", &synthetic.input_tokens)?,
-            dist_yaml("--output-tokens", &synthetic.output_tokens)?
-        );
-        let spec = WorkloadSpec::from_yaml_str(&yaml)?;
-        let seed = opts.seed.unwrap_or(DEFAULT_SEED);
-        let records = Generator::new(
-            &spec,
-            &GenerateOptions {
-                seed: Some(seed),
-                ..*opts
-            },
-        )?
-        .map(|r| r.map(TraceRecord::planned))
-        .collect::<Result<Vec<_>, _>>()?;
-        let mut header = TraceHeader::new(Mode::Generated);
-        header.workload_seed = Some(seed);
-        header.workload_spec = Some(format!(
-            "synthetic: poisson {rate} req/s, input {}, output {}",
-            synthetic.input_tokens, synthetic.output_tokens
-        ));
-        return Ok((header, records));
+        return synthetic_workload(rate, synthetic, opts);
     }
     if let Some(path) = &w.trace {
-        let trace = blis_traces::Trace::read(path).map_err(|source| PlanError::Input {
-            what: format!("reading the trace {}", path.display()),
-            source,
-        })?;
-        let mut records = trace.records;
-        records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
-        if let Some(h) = opts.horizon_us {
-            records.retain(|r| r.request.arrival_time_us < h as i64);
-        }
-        if let Some(n) = opts.num_requests {
-            records.truncate(n as usize);
-        }
-        for r in &mut records {
-            // Replanned: what the server reported becomes the plan.
-            if let Some(n) = r.outcome.server_input_tokens {
-                r.request.input_tokens = n;
-            }
-            r.outcome = Default::default();
-        }
-        let mut header = trace.header;
-        header.mode = Mode::Generated;
-        header.workload_spec = Some(path.display().to_string());
-        return Ok((header, records));
+        return replanned_trace(path, opts);
     }
     if let Some(path) = &w.workload_spec {
         let spec = WorkloadSpec::from_file(path)?;
@@ -134,6 +80,87 @@ pub fn load_workload(
     Err(PlanError::Flag(
         "give --workload-spec or --import".to_string(),
     ))
+}
+
+/// A Poisson stream at `rate` requests/s with the token lengths of
+/// `--input-tokens` and `--output-tokens`.
+///
+/// # Errors
+/// A rate that is not a positive number, no request count or duration,
+/// an unreadable length distribution.
+fn synthetic_workload(
+    rate: f64,
+    synthetic: &SyntheticArgs,
+    opts: &GenerateOptions,
+) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
+    if !(rate > 0.0 && rate.is_finite()) {
+        return Err(PlanError::Flag(format!(
+            "--rate must be a positive number of requests/s, got {rate}"
+        )));
+    }
+    if opts.num_requests.is_none() && opts.horizon_us.is_none() {
+        return Err(PlanError::Flag(
+            "--rate needs --num-requests or a duration".to_string(),
+        ));
+    }
+    let yaml = format!(
+        "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: poisson}}\n    input_distribution: {}\n    output_distribution: {}\n",
+        dist_yaml("--input-tokens", &synthetic.input_tokens)?,
+        dist_yaml("--output-tokens", &synthetic.output_tokens)?
+    );
+    let spec = WorkloadSpec::from_yaml_str(&yaml)?;
+    let seed = opts.seed.unwrap_or(DEFAULT_SEED);
+    let records = Generator::new(
+        &spec,
+        &GenerateOptions {
+            seed: Some(seed),
+            ..*opts
+        },
+    )?
+    .map(|r| r.map(TraceRecord::planned))
+    .collect::<Result<Vec<_>, _>>()?;
+    let mut header = TraceHeader::new(Mode::Generated);
+    header.workload_seed = Some(seed);
+    header.workload_spec = Some(format!(
+        "synthetic: poisson {rate} req/s, input {}, output {}",
+        synthetic.input_tokens, synthetic.output_tokens
+    ));
+    Ok((header, records))
+}
+
+/// A recorded trace replanned: its requests in arrival order, cut at the
+/// horizon and count, with the server's prompt counts as their lengths
+/// and no outcome.
+///
+/// # Errors
+/// The trace cannot be read.
+fn replanned_trace(
+    path: &std::path::Path,
+    opts: &GenerateOptions,
+) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
+    let trace = blis_traces::Trace::read(path).map_err(|source| PlanError::Input {
+        what: format!("reading the trace {}", path.display()),
+        source,
+    })?;
+    let mut records = trace.records;
+    records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
+    if let Some(h) = opts.horizon_us {
+        records.retain(|r| r.request.arrival_time_us < h as i64);
+    }
+    if let Some(n) = opts.num_requests {
+        records.truncate(n as usize);
+    }
+    for r in &mut records {
+        // Replanned: what the server reported becomes the plan.
+        if let Some(n) = r.outcome.server_input_tokens {
+            r.request.input_tokens = n;
+        }
+        r.outcome = Default::default();
+    }
+    let mut header = trace.header;
+    header.mode = Mode::Generated;
+    header.workload_spec = Some(path.display().to_string());
+    Ok((header, records))
 }
 
 /// `blis-loadgen generate`: writes the planned trace and prints a summary.

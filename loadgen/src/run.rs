@@ -361,6 +361,22 @@ async fn send_one(
         _ = cancel.wait_for(|c| *c) => Err(Failure { kind: ErrorKind::Cancelled, detail: String::new() }),
     };
     sh.progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let ok = record_outcome(sh, &mut rec, &cap, res, stream, xid, timeout);
+    (rec, cap, ok)
+}
+
+/// Fills `rec`'s outcome from what was captured of its exchange and how it
+/// ended (`res`); returns whether it succeeded. A failure's message says
+/// how far the exchange got.
+fn record_outcome(
+    sh: &Shared,
+    rec: &mut TraceRecord,
+    cap: &Capture,
+    res: std::result::Result<(), Failure>,
+    stream: bool,
+    xid: String,
+    timeout: Duration,
+) -> bool {
     let o = &mut rec.outcome;
     o.send_time_us = cap.send_us;
     o.first_chunk_time_us = cap.first_us;
@@ -375,7 +391,7 @@ async fn send_one(
     o.cached_tokens = cap.cached_tokens;
     o.finish_reason.clone_from(&cap.finish_reason);
     o.x_request_id = Some(xid);
-    let ok = match res {
+    match res {
         Ok(()) => {
             o.status = Some(Status::Ok);
             if let Some(n) = cap.output_tokens() {
@@ -415,8 +431,7 @@ async fn send_one(
             o.error_message = f.message();
             false
         }
-    };
-    (rec, cap, ok)
+    }
 }
 
 fn emit_done(sh: &Shared, rec: TraceRecord, cap: Capture) {
@@ -885,21 +900,10 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let clock = RunClock::new();
     // A short lead so that the first sends are not late from set-up.
     let run_start_us = clock.now_us() + 200_000;
-    let (mut header, extras) = trace_header(args, &plan, &server, run_start_us);
     let any_stream = !args.no_stream && plan.records.iter().any(|r| r.request.streaming);
     let scrape_on = server.scrape_on;
-    let writer = TraceWriter::create(
-        &args.out,
-        &header,
-        &extras,
-        any_stream.then_some(server.ep.per_chunk_tokens()),
-        scrape_on,
-    )
-    .step(|| format!("creating the trace at {}", args.out.display()))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let record_failed = Arc::new(AtomicBool::new(false));
-    let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
-        .step(|| "starting the recorder thread")?;
+    let (mut header, tx, recorder, record_failed) =
+        start_recorder(args, &plan, &server, run_start_us, any_stream)?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
     let total = plan.records.len() as u64;
@@ -939,6 +943,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let bar = progress_bar(total);
     let ticker = spawn_progress(&sh, &bar);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let plan_figures = (plan.warmup_below, plan.requested_rate);
     let dispatcher = dispatch(args, &sh, units(plan.records), &done_tx);
     drop(done_tx);
     let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
@@ -950,13 +955,109 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     if let Some(s) = scraper {
         let _ = s.await;
     }
+    end_dispatch(dispatcher, &sh, interrupted).await;
+    bar.finish_and_clear();
+    // Every task has ended; the last references go as they unwind.
+    let sh = unwrap_shared(sh).await?;
+    drop(sh.tx);
+    let recorded = recorder
+        .join()
+        .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
+    let (warmup_below, requested_rate) = plan_figures;
+    let summary = summarize_run(
+        &recorded,
+        warmup_below,
+        requested_rate,
+        args,
+        slo,
+        interrupted,
+        run_start_us,
+    );
+    header.load_generator = Some(LoadGeneratorInfo {
+        requested_rate: summary.schedule.requested_rate,
+        achieved_rate: summary.schedule.achieved_rate,
+        send_lag_p50_ms: summary.schedule.send_lag_p50_ms,
+        send_lag_p99_ms: summary.schedule.send_lag_p99_ms,
+        client_bound: Some(summary.schedule.client_bound),
+        timeout_s: Some(args.timeout_s),
+    });
+    finish_trace(recorded, &header, &scrape_stats, any_stream, scrape_on)?;
+    Ok(summary)
+}
+
+/// The run's summary from what was recorded: requests below
+/// `warmup_below` are warm-up, `requested_rate` the plan's rate.
+fn summarize_run(
+    recorded: &Recorded,
+    warmup_below: u64,
+    requested_rate: Option<f64>,
+    args: &RunArgs,
+    slo: Option<Slo>,
+    interrupted: bool,
+    run_start_us: i64,
+) -> Summary {
+    summarize(
+        &recorded.records,
+        &recorded.itl_us,
+        &SummaryInputs {
+            warmup_below_id: warmup_below,
+            warmup: recorded
+                .records
+                .iter()
+                .filter(|r| r.request.request_id < warmup_below)
+                .count() as u64,
+            run_start_unix_us: run_start_us,
+            requested_rate,
+            max_send_lag_ms: args.max_send_lag_ms,
+            slo,
+            cpu_time_s: process_cpu_time_s(),
+            interrupted,
+            max_error_rate: args.max_error_rate,
+        },
+    )
+}
+
+/// The trace's header and its recorder thread, writing the files at
+/// `args.out` from the messages of the returned sender; the flag is set
+/// when a write failed.
+#[allow(clippy::type_complexity)]
+fn start_recorder(
+    args: &RunArgs,
+    plan: &Plan,
+    server: &Server,
+    run_start_us: i64,
+    any_stream: bool,
+) -> Result<(
+    TraceHeader,
+    std::sync::mpsc::Sender<crate::record::Msg>,
+    std::thread::JoinHandle<Recorded>,
+    Arc<AtomicBool>,
+)> {
+    let (header, extras) = trace_header(args, plan, server, run_start_us);
+    let writer = TraceWriter::create(
+        &args.out,
+        &header,
+        &extras,
+        any_stream.then_some(server.ep.per_chunk_tokens()),
+        server.scrape_on,
+    )
+    .step(|| format!("creating the trace at {}", args.out.display()))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let record_failed = Arc::new(AtomicBool::new(false));
+    let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
+        .step(|| "starting the recorder thread")?;
+    Ok((header, tx, recorder, record_failed))
+}
+
+/// Waits for the dispatcher to end. Units of a closed loop never started
+/// are part of the plan only if the run was cut short (they become
+/// not-sent rows); a closed loop that ran its duration leaves them out.
+async fn end_dispatch(dispatcher: Dispatcher, sh: &Shared, interrupted: bool) {
     match dispatcher {
         Dispatcher::Open(t) => {
             let _ = t.await;
         }
         Dispatcher::Closed(queue) => {
-            // Units never started: part of the plan only if the run was cut
-            // short; a closed loop that ran its duration leaves them out.
             let left: Vec<Unit> = queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -971,42 +1072,6 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
             }
         }
     }
-    bar.finish_and_clear();
-    // Every task has ended; the last references go as they unwind.
-    let sh = unwrap_shared(sh).await?;
-    drop(sh.tx);
-    let recorded = recorder
-        .join()
-        .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
-    let summary = summarize(
-        &recorded.records,
-        &recorded.itl_us,
-        &SummaryInputs {
-            warmup_below_id: plan.warmup_below,
-            warmup: recorded
-                .records
-                .iter()
-                .filter(|r| r.request.request_id < plan.warmup_below)
-                .count() as u64,
-            run_start_unix_us: run_start_us,
-            requested_rate: plan.requested_rate,
-            max_send_lag_ms: args.max_send_lag_ms,
-            slo,
-            cpu_time_s: process_cpu_time_s(),
-            interrupted,
-            max_error_rate: args.max_error_rate,
-        },
-    );
-    header.load_generator = Some(LoadGeneratorInfo {
-        requested_rate: summary.schedule.requested_rate,
-        achieved_rate: summary.schedule.achieved_rate,
-        send_lag_p50_ms: summary.schedule.send_lag_p50_ms,
-        send_lag_p99_ms: summary.schedule.send_lag_p99_ms,
-        client_bound: Some(summary.schedule.client_bound),
-        timeout_s: Some(args.timeout_s),
-    });
-    finish_trace(recorded, &header, &scrape_stats, any_stream, scrape_on)?;
-    Ok(summary)
 }
 
 /// Phase 6: the trace's files completed with the final header, and what was

@@ -133,46 +133,7 @@ pub async fn read_stream(
         if data.is_empty() {
             continue;
         }
-        let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
-            Failure::new(
-                ErrorKind::Malformed,
-                format!(
-                    "chunk {}: {e}: {}",
-                    cap.chunk_times.len(),
-                    one_line(data, 120)
-                ),
-            )
-        })?;
-        if let Some(e) = &chunk.error {
-            return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
-        }
-        let mut content = false;
-        for c in &chunk.choices {
-            if let Some(t) = c.content() {
-                content = true;
-                if cap.keep_text {
-                    cap.text.push_str(t);
-                }
-            }
-            if let Some(f) = &c.finish_reason {
-                cap.finish_reason.clone_from(f);
-            }
-        }
-        if let Some(u) = &chunk.usage {
-            apply_usage(cap, u);
-            if content && let Some(c) = u.completion_tokens {
-                cap.chunk_tokens
-                    .push(c.saturating_sub(cap.running_completion));
-                cap.running_completion = c;
-                cap.running_chunks = true;
-            }
-        }
-        if content {
-            if cap.first_us.is_none() {
-                cap.first_us = Some(now);
-            }
-            cap.chunk_times.push(now);
-        }
+        take_chunk(data, now, cap)?;
     }
     if !cap.running_chunks {
         cap.chunk_tokens.clear();
@@ -185,6 +146,56 @@ pub async fn read_stream(
                 cap.chunk_times.len()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Takes one SSE event's JSON chunk arriving at `now` (µs): its content
+/// (a chunk's time counts only when it carries content), finish reason
+/// and usage.
+///
+/// # Errors
+/// A chunk that is not JSON, or a server error in the stream.
+fn take_chunk(data: &str, now: i64, cap: &mut Capture) -> Result<(), Failure> {
+    let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
+        Failure::new(
+            ErrorKind::Malformed,
+            format!(
+                "chunk {}: {e}: {}",
+                cap.chunk_times.len(),
+                one_line(data, 120)
+            ),
+        )
+    })?;
+    if let Some(e) = &chunk.error {
+        return Err(Failure::new(ErrorKind::ServerError, error_text(e)));
+    }
+    let mut content = false;
+    for c in &chunk.choices {
+        if let Some(t) = c.content() {
+            content = true;
+            if cap.keep_text {
+                cap.text.push_str(t);
+            }
+        }
+        if let Some(f) = &c.finish_reason {
+            cap.finish_reason.clone_from(f);
+        }
+    }
+    if let Some(u) = &chunk.usage {
+        apply_usage(cap, u);
+        if content && let Some(c) = u.completion_tokens {
+            cap.chunk_tokens
+                .push(c.saturating_sub(cap.running_completion));
+            cap.running_completion = c;
+            cap.running_chunks = true;
+        }
+    }
+    if content {
+        if cap.first_us.is_none() {
+            cap.first_us = Some(now);
+        }
+        cap.chunk_times.push(now);
     }
     Ok(())
 }

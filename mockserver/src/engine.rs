@@ -417,39 +417,10 @@ fn run(
             .into_iter()
             .flatten()
             .min();
-        let msg = match next {
-            Some(t) => {
-                let due = clock.wall(t);
-                let wait = due.saturating_duration_since(Instant::now());
-                if wait <= SPIN {
-                    // The last stretch: poll, so the event happens on time
-                    // rather than a scheduler wake-up late.
-                    let polled = loop {
-                        match rx.try_recv() {
-                            Ok(m) => break Some(m),
-                            Err(TryRecvError::Empty) if Instant::now() < due => {
-                                std::thread::yield_now();
-                            }
-                            Err(TryRecvError::Empty) => break None,
-                            Err(TryRecvError::Disconnected) => return,
-                        }
-                    };
-                    match polled {
-                        Some(m) => m,
-                        None => continue,
-                    }
-                } else {
-                    match rx.recv_timeout(wait - SPIN) {
-                        Ok(m) => m,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            }
-            None => match rx.recv() {
-                Ok(m) => m,
-                Err(_) => return,
-            },
+        let msg = match next_command(&rx, &clock, next) {
+            Wait::Command(m) => m,
+            Wait::Due => continue,
+            Wait::Closed => return,
         };
         // Events due before the command arrived happen first; a request
         // arrives when its handler started (no earlier than what was
@@ -469,35 +440,7 @@ fn run(
         last = upto;
         h.outbox.deliver(clock.now());
         match msg.0 {
-            Cmd::Submit(id, s) => {
-                let arrival = stamp;
-                let delay = session.instances()[0]
-                    .latency()
-                    .queueing_delay_us(s.input_tokens)
-                    .round() as i64;
-                h.flights.insert(
-                    id,
-                    Flight {
-                        events: s.events,
-                        arrival,
-                        enqueued: stamp + delay,
-                        last_token: None,
-                        last_handoff: i64::MIN,
-                    },
-                );
-                let request = Request {
-                    request_id: id,
-                    input_tokens: s.input_tokens,
-                    output_tokens: s.output_tokens,
-                    streaming: true,
-                    arrival_time_us: arrival,
-                    ..Request::default()
-                };
-                let mut input = Input::from_record(TraceRecord::planned(request), 0);
-                input.priority = Some(s.priority);
-                input.segments = Some(s.segments);
-                session.submit(stamp, input, &mut h);
-            }
+            Cmd::Submit(id, s) => submit(&mut session, &mut h, id, s, stamp),
             Cmd::Abort(id) => {
                 if h.flights.remove(&id).is_some() {
                     session.abort(stamp, id, &mut h);
@@ -506,4 +449,70 @@ fn run(
             }
         }
     }
+}
+
+/// What the engine thread's wait ended with.
+enum Wait {
+    /// A command arrived.
+    Command(CmdBox),
+    /// The next event is due.
+    Due,
+    /// Every handle is gone: the thread ends.
+    Closed,
+}
+
+/// Waits for a command until the simulated time `next` (if any) is due on
+/// the wall clock: asleep until shortly before, then polling, so that the
+/// event happens on time rather than a scheduler wake-up late.
+fn next_command(rx: &Receiver<CmdBox>, clock: &Clock, next: Option<i64>) -> Wait {
+    let Some(t) = next else {
+        return rx.recv().map_or(Wait::Closed, Wait::Command);
+    };
+    let due = clock.wall(t);
+    let wait = due.saturating_duration_since(Instant::now());
+    if wait > SPIN {
+        return match rx.recv_timeout(wait - SPIN) {
+            Ok(m) => Wait::Command(m),
+            Err(RecvTimeoutError::Timeout) => Wait::Due,
+            Err(RecvTimeoutError::Disconnected) => Wait::Closed,
+        };
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Wait::Command(m),
+            Err(TryRecvError::Empty) if Instant::now() < due => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return Wait::Due,
+            Err(TryRecvError::Disconnected) => return Wait::Closed,
+        }
+    }
+}
+
+/// Hands request `id` to the simulator, arriving at simulated `stamp`.
+fn submit(session: &mut Session<'_>, h: &mut Handlers<'_>, id: u64, s: Submission, stamp: i64) {
+    let delay = session.instances()[0]
+        .latency()
+        .queueing_delay_us(s.input_tokens)
+        .round() as i64;
+    h.flights.insert(
+        id,
+        Flight {
+            events: s.events,
+            arrival: stamp,
+            enqueued: stamp + delay,
+            last_token: None,
+            last_handoff: i64::MIN,
+        },
+    );
+    let request = Request {
+        request_id: id,
+        input_tokens: s.input_tokens,
+        output_tokens: s.output_tokens,
+        streaming: true,
+        arrival_time_us: stamp,
+        ..Request::default()
+    };
+    let mut input = Input::from_record(TraceRecord::planned(request), 0);
+    input.priority = Some(s.priority);
+    input.segments = Some(s.segments);
+    session.submit(stamp, input, h);
 }

@@ -347,94 +347,15 @@ impl Drop for AbortGuard {
 
 async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool) -> Response {
     let received = Instant::now();
-    if !st.authorized(&headers) {
-        return err(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "invalid or missing API key",
-        );
-    }
-    if !st.ready() {
-        return err(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailableError",
-            "the server is starting",
-        );
-    }
-    let mut p = match api::parse(&body, chat) {
-        Ok(p) => p,
-        Err(m) => return err(StatusCode::BAD_REQUEST, "BadRequestError", &m),
+    let (p, fault) = match accept(&st, &headers, &body, chat) {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
     };
-    if p.model.is_empty() {
-        p.model.clone_from(&st.model);
-    } else if p.model != st.model {
-        return err(
-            StatusCode::NOT_FOUND,
-            "NotFoundError",
-            &format!("The model `{}` does not exist.", p.model),
-        );
-    }
-    let fault = st.faults.decide(&headers);
-    if let Some(f) = fault {
-        st.metrics.fault(f.kind());
-    }
-    if let Some(Fault::Http(code)) = fault {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut r = err(status, "InjectedFault", &format!("injected HTTP {code}"));
-        if code == 429 {
-            let secs = st.faults.config().retry_after_s.max(1);
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        return r;
-    }
-    let cfg = &st.engine_cfg;
-    let default_max = if chat {
-        if cfg.max_model_len > 0 {
-            cfg.max_model_len.saturating_sub(p.prompt_tokens).max(1)
-        } else {
-            4096
-        }
-    } else {
-        16
+    let (out, finish) = match output_length(&st, &p, chat) {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
     };
-    let max_tokens = p.max_tokens.unwrap_or(default_max);
-    if cfg.max_model_len > 0 && p.prompt_tokens + max_tokens > cfg.max_model_len {
-        return err(
-            StatusCode::BAD_REQUEST,
-            "BadRequestError",
-            &format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion).",
-                cfg.max_model_len,
-                p.prompt_tokens + max_tokens,
-                p.prompt_tokens,
-                max_tokens
-            ),
-        );
-    }
-    let out = if p.ignore_eos || p.min_tokens >= max_tokens {
-        max_tokens
-    } else {
-        let drawn = st.output.draw(
-            &mut st
-                .rng
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        drawn.clamp(p.min_tokens.max(1), max_tokens)
-    };
-    let bs = cfg.block_size.max(1);
-    if (p.prompt_tokens + out - 1).div_ceil(bs) > cfg.total_kv_blocks {
-        return err(
-            StatusCode::BAD_REQUEST,
-            "BadRequestError",
-            &format!(
-                "prompt and output need more than the {} KV blocks of this server",
-                cfg.total_kv_blocks
-            ),
-        );
-    }
-    let finish = if out >= max_tokens { "length" } else { "stop" };
+    let bs = st.engine_cfg.block_size.max(1);
     let n = st.counter.fetch_add(1, Ordering::Relaxed);
     let key = xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()) ^ 0x6d6f_636b;
     let (tx, rx) = unbounded_channel();
@@ -478,6 +399,141 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
     } else {
         whole_response(ctx).await
     }
+}
+
+/// A request refused before it reaches the engine: the OpenAI-style error
+/// response vLLM's front end sends.
+struct Refusal {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    /// A `Retry-After` header, s.
+    retry_after_s: Option<u32>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, kind: &'static str, message: &str) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.to_string(),
+            retry_after_s: None,
+        }
+    }
+
+    fn into_response(self) -> Response {
+        let mut r = err(self.status, self.kind, &self.message);
+        if let Some(secs) = self.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
+    }
+}
+
+/// Checks a request as vLLM's front end does before it reaches the
+/// engine: the API key, readiness, the body, the model; then an injected
+/// HTTP fault, if one is drawn. Returns the parsed request and its fault,
+/// or the error response.
+fn accept(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: &Bytes,
+    chat: bool,
+) -> Result<(Parsed, Option<Fault>), Refusal> {
+    if !st.authorized(headers) {
+        return Err(Refusal::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "invalid or missing API key",
+        ));
+    }
+    if !st.ready() {
+        return Err(Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "the server is starting",
+        ));
+    }
+    let mut p = api::parse(body, chat)
+        .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, "BadRequestError", &m))?;
+    if p.model.is_empty() {
+        p.model.clone_from(&st.model);
+    } else if p.model != st.model {
+        return Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("The model `{}` does not exist.", p.model),
+        ));
+    }
+    let fault = st.faults.decide(headers);
+    if let Some(f) = fault {
+        st.metrics.fault(f.kind());
+    }
+    if let Some(Fault::Http(code)) = fault {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = Refusal::new(status, "InjectedFault", &format!("injected HTTP {code}"));
+        if code == 429 {
+            r.retry_after_s = Some(st.faults.config().retry_after_s.max(1));
+        }
+        return Err(r);
+    }
+    Ok((p, fault))
+}
+
+/// The request's output length and finish reason: `max_tokens` (vLLM's
+/// default: the rest of the context for chat, 16 for completions) unless
+/// the output distribution draws fewer; refused as vLLM refuses a request
+/// beyond the context length, and when it could never fit the KV cache.
+fn output_length(st: &AppState, p: &Parsed, chat: bool) -> Result<(u32, &'static str), Refusal> {
+    let cfg = &st.engine_cfg;
+    let default_max = if chat {
+        if cfg.max_model_len > 0 {
+            cfg.max_model_len.saturating_sub(p.prompt_tokens).max(1)
+        } else {
+            4096
+        }
+    } else {
+        16
+    };
+    let max_tokens = p.max_tokens.unwrap_or(default_max);
+    if cfg.max_model_len > 0 && p.prompt_tokens + max_tokens > cfg.max_model_len {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion).",
+                cfg.max_model_len,
+                p.prompt_tokens + max_tokens,
+                p.prompt_tokens,
+                max_tokens
+            ),
+        ));
+    }
+    let out = if p.ignore_eos || p.min_tokens >= max_tokens {
+        max_tokens
+    } else {
+        let drawn = st.output.draw(
+            &mut st
+                .rng
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        drawn.clamp(p.min_tokens.max(1), max_tokens)
+    };
+    let bs = cfg.block_size.max(1);
+    if (p.prompt_tokens + out - 1).div_ceil(bs) > cfg.total_kv_blocks {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!(
+                "prompt and output need more than the {} KV blocks of this server",
+                cfg.total_kv_blocks
+            ),
+        ));
+    }
+    let finish = if out >= max_tokens { "length" } else { "stop" };
+    Ok((out, finish))
 }
 
 struct Ctx {
@@ -603,118 +659,144 @@ async fn whole_response(mut c: Ctx) -> Response {
 type SseItem = Result<SseEvent, std::io::Error>;
 
 fn stream_response(c: Ctx) -> Response {
-    enum Phase {
-        Tokens,
-        Done,
-        End,
+    let state = SseState {
+        fault_at: c.out.div_ceil(2).max(1),
+        c,
+        phase: Phase::Tokens,
+        faulted: false,
+        pending: None,
+    };
+    Sse::new(futures::stream::unfold(state, SseState::next)).into_response()
+}
+
+/// Where a streaming response is: sending tokens, owing `[DONE]`, ended.
+enum Phase {
+    Tokens,
+    Done,
+    End,
+}
+
+/// A streaming response between two events.
+struct SseState {
+    c: Ctx,
+    phase: Phase,
+    /// The output index at which an injected stream fault strikes.
+    fault_at: u32,
+    /// Whether the fault was injected.
+    faulted: bool,
+    /// An event to send before the next.
+    pending: Option<SseEvent>,
+}
+
+type SseStep = Option<(SseItem, SseState)>;
+
+impl SseState {
+    fn send(self, ev: SseEvent, phase: Phase) -> SseStep {
+        Some((Ok(ev), SseState { phase, ..self }))
     }
-    let fault_at = c.out.div_ceil(2).max(1);
-    // (context, phase, fault injected, an event to send before the next)
-    let state = (c, Phase::Tokens, false, None::<SseEvent>);
-    let stream = futures::stream::unfold(
-        state,
-        move |(mut c, phase, mut faulted, pending)| async move {
-            if let Some(ev) = pending {
-                return Some((Ok(ev), (c, phase, faulted, None)));
+
+    /// The next event of the stream.
+    async fn next(mut self) -> SseStep {
+        if let Some(ev) = self.pending.take() {
+            return Some((Ok(ev), self));
+        }
+        match self.phase {
+            Phase::End => None,
+            Phase::Done => self.send(SseEvent::default().data("[DONE]"), Phase::End),
+            Phase::Tokens => match self.c.rx.recv().await {
+                Some(Event::Token {
+                    index,
+                    visible_us,
+                    handoff_us,
+                }) => self.token(index, visible_us, handoff_us).await,
+                Some(Event::Finished(fin)) => self.finished(&fin),
+                Some(Event::Rejected(m)) => {
+                    self.c.guard.done = true;
+                    let v = json!({ "error": api::error(400, "BadRequestError", &m) });
+                    self.send(SseEvent::default().data(v.to_string()), Phase::Done)
+                }
+                None => None,
+            },
+        }
+    }
+
+    /// Output token `index`, sent when it is visible (simulated
+    /// `visible_us`), unless an injected fault takes its place.
+    async fn token(mut self, index: u32, visible_us: i64, handoff_us: i64) -> SseStep {
+        let c = &mut self.c;
+        if index == 1 {
+            c.st.engine.record_handoff(handoff_us);
+            c.first_due = Some(c.st.engine.clock().wall(visible_us));
+        }
+        c.wait_visible(visible_us).await;
+        if index == self.fault_at && !self.faulted {
+            self.faulted = true;
+            match self.c.fault {
+                Some(Fault::Drop) => {
+                    let e: SseItem = Err(std::io::Error::other("injected connection drop"));
+                    return Some((
+                        e,
+                        SseState {
+                            phase: Phase::End,
+                            ..self
+                        },
+                    ));
+                }
+                Some(Fault::Stall) => {
+                    tokio::time::sleep(Duration::from_millis(self.c.stall_ms())).await;
+                }
+                Some(Fault::Malformed) => {
+                    let ev = SseEvent::default().data(format!(
+                        "{{\"id\": \"{}\", \"choices\": [{{\"text\": ",
+                        self.c.id
+                    ));
+                    return self.send(ev, Phase::Tokens);
+                }
+                _ => {}
             }
-            match phase {
-                Phase::End => None,
-                Phase::Done => Some((
-                    Ok::<_, std::io::Error>(SseEvent::default().data("[DONE]")),
-                    (c, Phase::End, faulted, None),
-                )),
-                Phase::Tokens => match c.rx.recv().await {
-                    Some(Event::Token {
-                        index,
-                        visible_us,
-                        handoff_us,
-                    }) => {
-                        if index == 1 {
-                            c.st.engine.record_handoff(handoff_us);
-                            c.first_due = Some(c.st.engine.clock().wall(visible_us));
-                        }
-                        c.wait_visible(visible_us).await;
-                        if index == fault_at && !faulted {
-                            faulted = true;
-                            match c.fault {
-                                Some(Fault::Drop) => {
-                                    let e: SseItem =
-                                        Err(std::io::Error::other("injected connection drop"));
-                                    return Some((e, (c, Phase::End, faulted, None)));
-                                }
-                                Some(Fault::Stall) => {
-                                    tokio::time::sleep(Duration::from_millis(c.stall_ms())).await
-                                }
-                                Some(Fault::Malformed) => {
-                                    let ev = SseEvent::default().data(format!(
-                                        "{{\"id\": \"{}\", \"choices\": [{{\"text\": ",
-                                        c.id
-                                    ));
-                                    return Some((Ok(ev), (c, Phase::Tokens, faulted, None)));
-                                }
-                                _ => {}
-                            }
-                        }
-                        let last = index >= c.out;
-                        let mut v = api::chunk(
-                            &c.p,
-                            &c.id,
-                            c.created,
-                            &tokenizer::output_token(index),
-                            last.then_some(c.finish),
-                        );
-                        if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
-                            v["usage"] = api::usage(c.p.prompt_tokens, index, None);
-                        }
-                        if c.first_sent.is_none() {
-                            c.first_sent = Some(Instant::now());
-                        }
-                        let ev = SseEvent::default().data(v.to_string());
-                        if index == 1 && c.p.chat {
-                            // vLLM sends the role alone first, with the first token.
-                            let role = api::role_chunk(&c.p, &c.id, c.created);
-                            return Some((
-                                Ok(SseEvent::default().data(role.to_string())),
-                                (c, Phase::Tokens, faulted, Some(ev)),
-                            ));
-                        }
-                        Some((Ok(ev), (c, Phase::Tokens, faulted, None)))
-                    }
-                    Some(Event::Finished(fin)) => {
-                        c.guard.done = true;
-                        c.st.metrics.success(c.finish);
-                        c.log_served(fin.output_tokens, fin.output_tokens);
-                        if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
-                            let u = api::usage(
-                                c.p.prompt_tokens,
-                                fin.output_tokens,
-                                Some(fin.cached_tokens),
-                            );
-                            let v = api::usage_chunk(&c.p, &c.id, c.created, u);
-                            return Some((
-                                Ok(SseEvent::default().data(v.to_string())),
-                                (c, Phase::Done, faulted, None),
-                            ));
-                        }
-                        Some((
-                            Ok(SseEvent::default().data("[DONE]")),
-                            (c, Phase::End, faulted, None),
-                        ))
-                    }
-                    Some(Event::Rejected(m)) => {
-                        c.guard.done = true;
-                        let v = json!({ "error": api::error(400, "BadRequestError", &m) });
-                        Some((
-                            Ok(SseEvent::default().data(v.to_string())),
-                            (c, Phase::Done, faulted, None),
-                        ))
-                    }
-                    None => None,
-                },
-            }
-        },
-    );
-    Sse::new(stream).into_response()
+        }
+        let c = &mut self.c;
+        let last = index >= c.out;
+        let mut v = api::chunk(
+            &c.p,
+            &c.id,
+            c.created,
+            &tokenizer::output_token(index),
+            last.then_some(c.finish),
+        );
+        if c.p.continuous_usage && c.fault != Some(Fault::MissingUsage) {
+            v["usage"] = api::usage(c.p.prompt_tokens, index, None);
+        }
+        if c.first_sent.is_none() {
+            c.first_sent = Some(Instant::now());
+        }
+        let ev = SseEvent::default().data(v.to_string());
+        if index == 1 && c.p.chat {
+            // vLLM sends the role alone first, with the first token.
+            let role = api::role_chunk(&c.p, &c.id, c.created);
+            self.pending = Some(ev);
+            return self.send(SseEvent::default().data(role.to_string()), Phase::Tokens);
+        }
+        self.send(ev, Phase::Tokens)
+    }
+
+    /// The end: the usage chunk if asked for, then `[DONE]`.
+    fn finished(mut self, fin: &blis_replay::engine::instance::Finished) -> SseStep {
+        let c = &mut self.c;
+        c.guard.done = true;
+        c.st.metrics.success(c.finish);
+        c.log_served(fin.output_tokens, fin.output_tokens);
+        if c.p.include_usage && c.fault != Some(Fault::MissingUsage) {
+            let u = api::usage(
+                c.p.prompt_tokens,
+                fin.output_tokens,
+                Some(fin.cached_tokens),
+            );
+            let v = api::usage_chunk(&c.p, &c.id, c.created, u);
+            return self.send(SseEvent::default().data(v.to_string()), Phase::Done);
+        }
+        self.send(SseEvent::default().data("[DONE]"), Phase::End)
+    }
 }
 
 /// Binds the server.

@@ -362,56 +362,14 @@ fn latency_model(
         }
         LatencyKind::Roofline => {
             let arch = arch.cloned().expect("checked above");
-            let hw = hardware()?;
-            let mut params = RooflineParams {
-                mfu_prefill: hw.mfu_prefill,
-                mfu_decode: hw.mfu_decode,
-                overhead_us: 0.0,
-                allreduce_latency_us: 0.0,
-                alpha: [0.0; 3],
-            };
-            if let Some(row) = coefs.find(model, gpu, tp, LatencyKind::Roofline) {
-                params.mfu_prefill = row.mfu_prefill.unwrap_or(params.mfu_prefill);
-                params.mfu_decode = row.mfu_decode.unwrap_or(params.mfu_decode);
-                params.overhead_us = row.overhead_us.unwrap_or(0.0);
-                params.allreduce_latency_us = row.allreduce_latency_us.unwrap_or(0.0);
-                params.alpha = row.alpha;
-                prov.push(format!(
-                    "roofline parameters from {}",
-                    row.source.as_deref().unwrap_or("coefficients file")
-                ));
-            }
-            prov.push(format!(
-                "roofline {} on {} TP{tp}: mfu_prefill={} mfu_decode={} overhead_us={}",
-                arch.name, hw.name, params.mfu_prefill, params.mfu_decode, params.overhead_us
-            ));
-            Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
+            roofline_model(coefs, model, gpu, tp, arch, hardware()?, prov)
         }
         LatencyKind::TrainedPhysics => {
             let arch = arch.cloned().expect("checked above");
-            let hw = hardware()?;
-            let row = coefs
-                .find(model, gpu, tp, LatencyKind::TrainedPhysics)
-                .ok_or_else(|| CoefficientsError::NoPhysicsRow {
-                    gpu: gpu.to_string(),
-                })?;
-            let terms = row.terms.clone().unwrap_or_default();
-            row_async = row.async_scheduling;
-            prov.push(format!(
-                "trained-physics {} on {} TP{tp} ({})",
-                arch.name,
-                hw.name,
-                row.source.as_deref().unwrap_or("coefficients file")
-            ));
-            Model::TrainedPhysics(Box::new(TrainedPhysics::from_named(
-                PhysicsBasis::new(&arch, &hw, tp),
-                &terms,
-                HostOverheads {
-                    queue_us: row.alpha[0],
-                    queue_per_input_token_us: row.alpha[1],
-                    output_hop_us: row.alpha[2],
-                },
-            )))
+            let (m, asynchronous) =
+                trained_physics_model(coefs, model, gpu, tp, &arch, &hardware()?, prov)?;
+            row_async = asynchronous;
+            m
         }
         LatencyKind::BlisPhysics => {
             let arch = arch.cloned().expect("checked above");
@@ -424,6 +382,81 @@ fn latency_model(
         }
     };
     Ok((latency, row_async))
+}
+
+/// The roofline model of `arch` on `hw` at TP `tp`: the GPU's MFUs unless a
+/// coefficients row overrides them (with its overheads and α).
+fn roofline_model(
+    coefs: &CoefficientsFile,
+    model: &str,
+    gpu: &str,
+    tp: u32,
+    arch: ModelArch,
+    hw: Hardware,
+    prov: &mut Vec<String>,
+) -> Model {
+    let mut params = RooflineParams {
+        mfu_prefill: hw.mfu_prefill,
+        mfu_decode: hw.mfu_decode,
+        overhead_us: 0.0,
+        allreduce_latency_us: 0.0,
+        alpha: [0.0; 3],
+    };
+    if let Some(row) = coefs.find(model, gpu, tp, LatencyKind::Roofline) {
+        params.mfu_prefill = row.mfu_prefill.unwrap_or(params.mfu_prefill);
+        params.mfu_decode = row.mfu_decode.unwrap_or(params.mfu_decode);
+        params.overhead_us = row.overhead_us.unwrap_or(0.0);
+        params.allreduce_latency_us = row.allreduce_latency_us.unwrap_or(0.0);
+        params.alpha = row.alpha;
+        prov.push(format!(
+            "roofline parameters from {}",
+            row.source.as_deref().unwrap_or("coefficients file")
+        ));
+    }
+    prov.push(format!(
+        "roofline {} on {} TP{tp}: mfu_prefill={} mfu_decode={} overhead_us={}",
+        arch.name, hw.name, params.mfu_prefill, params.mfu_decode, params.overhead_us
+    ));
+    Model::Roofline(Box::new(Roofline::with_params(arch, hw, tp, params)))
+}
+
+/// The trained-physics model of `arch` on `hw` at TP `tp` from its
+/// coefficients row, and the async-scheduling setting the row was fitted
+/// with.
+///
+/// # Errors
+/// No trained-physics row for the GPU.
+fn trained_physics_model(
+    coefs: &CoefficientsFile,
+    model: &str,
+    gpu: &str,
+    tp: u32,
+    arch: &ModelArch,
+    hw: &Hardware,
+    prov: &mut Vec<String>,
+) -> Result<(Model, Option<bool>)> {
+    let row = coefs
+        .find(model, gpu, tp, LatencyKind::TrainedPhysics)
+        .ok_or_else(|| CoefficientsError::NoPhysicsRow {
+            gpu: gpu.to_string(),
+        })?;
+    let terms = row.terms.clone().unwrap_or_default();
+    prov.push(format!(
+        "trained-physics {} on {} TP{tp} ({})",
+        arch.name,
+        hw.name,
+        row.source.as_deref().unwrap_or("coefficients file")
+    ));
+    let m = Model::TrainedPhysics(Box::new(TrainedPhysics::from_named(
+        PhysicsBasis::new(arch, hw, tp),
+        &terms,
+        HostOverheads {
+            queue_us: row.alpha[0],
+            queue_per_input_token_us: row.alpha[1],
+            output_hop_us: row.alpha[2],
+        },
+    )));
+    Ok((m, row.async_scheduling))
 }
 
 /// Step 3 of [`resolve`]: the engine's settings, each from the flags, else

@@ -280,6 +280,27 @@ impl InputSource for NoInputs {
     }
 }
 
+/// What a session does next ([`Session::advance`]).
+#[derive(Debug, Clone, Copy)]
+struct Next {
+    /// When, µs.
+    at: i64,
+    source: Source,
+    /// The instance whose step it is ([`Source::Step`]).
+    instance: usize,
+}
+
+/// Where the next event comes from; the order breaks ties at equal times
+/// and classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Source {
+    Refresh,
+    Input,
+    Event,
+    Step,
+    Sample,
+}
+
 /// The simulator's one stepping API: a cluster on one clock, advanced to a
 /// time. [`replay_cluster`] advances it to the end of its inputs; a
 /// real-time owner (`blis-mockserver`) advances it to the wall clock's
@@ -388,97 +409,116 @@ impl<'a> Session<'a> {
     ) -> bool {
         let horizon = self.opts.horizon_us.unwrap_or(i64::MAX);
         while !self.ended {
-            let d = &mut self.d;
-            let t_input = inputs.peek_entry();
-            let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
-            // The earliest instance step; the lowest index on ties.
-            let mut step_at: Option<(i64, usize)> = None;
-            for (i, inst) in d.insts.iter().enumerate() {
-                if let Some(t) = inst.next_time()
-                    && step_at.is_none_or(|(b, _)| t < b)
-                {
-                    step_at = Some((t, i));
-                }
-            }
-            let t_step = step_at.map(|(t, _)| t);
-            let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
-            let t_sample = self.next_sample.filter(|_| busy);
-            let t_refresh = self.next_refresh.filter(|_| busy);
-            // (time, class): input arrivals share class ARRIVAL with
-            // deferred ones and come first among them.
-            let mut best: Option<(i64, u8, u8)> = None;
-            let mut consider = |t: Option<i64>, class: u8, src: u8| {
-                if let Some(t) = t
-                    && best.is_none_or(|b| (t, class, src) < b)
-                {
-                    best = Some((t, class, src));
-                }
+            let Some(next) = self.next_event(inputs) else {
+                break;
             };
-            // A refresh of the routing signals at T comes before arrivals at T.
-            consider(t_refresh, ARRIVAL, 0);
-            consider(t_input, ARRIVAL, 1);
-            if let Some((t, c)) = t_event {
-                consider(Some(t), c, 2);
-            }
-            consider(t_step, 3, 3);
-            consider(t_sample, 4, 4);
-            let Some((now, _, src)) = best else { break };
-            if now > until {
+            if next.at > until {
                 break;
             }
-            if now > horizon {
+            if next.at > horizon {
                 self.ended = true;
                 break;
             }
             debug_assert!(
-                now >= self.last_t,
-                "clock went back: {now} < {} (source {src}, input {t_input:?}, event {t_event:?}, step {t_step:?})",
+                next.at >= self.last_t,
+                "clock went back: {} < {} ({next:?})",
+                next.at,
                 self.last_t
             );
-            self.last_t = now;
-            match src {
-                0 => {
-                    d.control.refresh(now, d.insts);
-                    self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
-                }
-                1 => {
-                    let input = inputs.next_input().expect("peeked");
-                    d.arrive(now, input, sink);
-                }
-                2 => {
-                    let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
-                    match class {
-                        ARRIVAL => d.deferred_arrival(now, tag, sink),
-                        ENQUEUE => d.enqueue(now, tag, sink),
-                        _ => {
-                            let (tag, generation) =
-                                d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
-                            d.cancel(now, tag, generation, sink);
-                        }
-                    }
-                }
-                3 => {
-                    // A run of identical decode steps may extend past
-                    // arrivals, entries, samples and refreshes: an entry or
-                    // a cancellation splits it at its time
-                    // ([`Instance::split_at`]); samples and routing read
-                    // the state a run has reached ([`Instance::snapshot_at`]).
-                    let limit = self.opts.horizon_us.map_or(i64::MAX, |t| t - 1);
-                    let i = step_at.map_or(0, |(_, i)| i);
-                    d.step(now, limit, i, sink);
-                }
-                _ => {
-                    d.snaps.clear();
-                    // After the steps that end at `now`.
-                    d.snaps
-                        .extend(d.insts.iter().map(|i| i.snapshot_at(now + 1)));
-                    sink.sample(now, &merged(&d.snaps));
-                    self.next_sample =
-                        Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
-                }
-            }
+            self.last_t = next.at;
+            self.handle(next, inputs, sink);
         }
         !self.ended
+    }
+
+    /// The next thing to happen: the earliest of a refresh of the routing
+    /// signals, an input's arrival, a queued event, an instance's step and
+    /// a metrics sample, in that order at equal times (a refresh at T
+    /// before arrivals at T; input arrivals share class `ARRIVAL` with
+    /// deferred ones and come first among them). `None` when nothing is
+    /// left (samples and refreshes only continue while something is).
+    #[inline]
+    fn next_event(&self, inputs: &mut impl InputSource) -> Option<Next> {
+        let d = &self.d;
+        let t_input = inputs.peek_entry();
+        let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
+        // The earliest instance step; the lowest index on ties.
+        let mut step_at: Option<(i64, usize)> = None;
+        for (i, inst) in d.insts.iter().enumerate() {
+            if let Some(t) = inst.next_time()
+                && step_at.is_none_or(|(b, _)| t < b)
+            {
+                step_at = Some((t, i));
+            }
+        }
+        let t_step = step_at.map(|(t, _)| t);
+        let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
+        let t_sample = self.next_sample.filter(|_| busy);
+        let t_refresh = self.next_refresh.filter(|_| busy);
+        let mut best: Option<(i64, u8, Source)> = None;
+        let mut consider = |t: Option<i64>, class: u8, src: Source| {
+            if let Some(t) = t
+                && best.is_none_or(|b| (t, class, src) < b)
+            {
+                best = Some((t, class, src));
+            }
+        };
+        consider(t_refresh, ARRIVAL, Source::Refresh);
+        consider(t_input, ARRIVAL, Source::Input);
+        if let Some((t, c)) = t_event {
+            consider(Some(t), c, Source::Event);
+        }
+        consider(t_step, 3, Source::Step);
+        consider(t_sample, 4, Source::Sample);
+        best.map(|(at, _, source)| Next {
+            at,
+            source,
+            instance: step_at.map_or(0, |(_, i)| i),
+        })
+    }
+
+    /// Processes `next`.
+    #[inline]
+    fn handle<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
+        let (now, d) = (next.at, &mut self.d);
+        match next.source {
+            Source::Refresh => {
+                d.control.refresh(now, d.insts);
+                self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
+            }
+            Source::Input => {
+                let input = inputs.next_input().expect("peeked");
+                d.arrive(now, input, sink);
+            }
+            Source::Event => {
+                let Reverse((_, class, seq, tag)) = d.events.pop().expect("peeked");
+                match class {
+                    ARRIVAL => d.deferred_arrival(now, tag, sink),
+                    ENQUEUE => d.enqueue(now, tag, sink),
+                    _ => {
+                        let (tag, generation) = d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
+                        d.cancel(now, tag, generation, sink);
+                    }
+                }
+            }
+            Source::Step => {
+                // A run of identical decode steps may extend past
+                // arrivals, entries, samples and refreshes: an entry or
+                // a cancellation splits it at its time
+                // ([`Instance::split_at`]); samples and routing read
+                // the state a run has reached ([`Instance::snapshot_at`]).
+                let limit = self.opts.horizon_us.map_or(i64::MAX, |t| t - 1);
+                d.step(now, limit, next.instance, sink);
+            }
+            Source::Sample => {
+                d.snaps.clear();
+                // After the steps that end at `now`.
+                d.snaps
+                    .extend(d.insts.iter().map(|i| i.snapshot_at(now + 1)));
+                sink.sample(now, &merged(&d.snaps));
+                self.next_sample = Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
+            }
+        }
     }
 
     /// Hands over a request that arrived at `now` (a real-time owner's

@@ -659,31 +659,9 @@ impl<R: Read> RecordReader<R> {
     /// A row with the wrong number of fields (e.g. a truncated file) or a
     /// cell that does not parse, naming file:line:column and the field.
     pub fn next_record(&mut self) -> Result<Option<TraceRecord>> {
-        loop {
-            let got = self
-                .inner
-                .read_byte_record(&mut self.row)
-                .map_err(|e| csv_error(&self.path, &e))?;
-            if !got {
-                return Ok(None);
-            }
-            // Skip blank lines (a trailing CRLF artefact).
-            if self.row.len() == 1 && self.row.get(0).is_some_and(|f| f.is_empty()) {
-                continue;
-            }
-            break;
-        }
-        let line = record_line(&self.inner, &self.row);
-        if self.row.len() != self.map.width {
-            return Err(Error::invalid(
-                Location::line(&self.path, line),
-                format!(
-                    "expected {} fields as in the header, found {} (truncated or malformed row)",
-                    self.map.width,
-                    self.row.len()
-                ),
-            ));
-        }
+        let Some(line) = self.next_row()? else {
+            return Ok(None);
+        };
         let cx = Cells {
             row: &self.row,
             path: &self.path,
@@ -731,44 +709,43 @@ impl<R: Read> RecordReader<R> {
             o.error_message = cx.text(get(25)).to_string();
             o.finish_reason = cx.text(get(26)).to_string();
         }
-        let mut hash_ids: Option<Vec<u64>> = None;
-        let mut hash_block: Option<u32> = None;
-        for (idx, col) in &self.map.extra {
-            let idx = Some(*idx);
-            match col {
-                ExtraColumn::ThinkTimeUs => rec.request.think_time_us = cx.int_named(idx, col)?,
-                ExtraColumn::ContentKey => rec.request.content_key = cx.int_named(idx, col)?,
-                ExtraColumn::HashIds => {
-                    let text = cx.text(idx);
-                    if !text.is_empty() {
-                        let mut ids = Vec::new();
-                        for part in text.split(';') {
-                            ids.push(part.trim().parse::<u64>().map_err(|_| {
-                                cx.err_named(idx, col.name(), &format!("invalid block id {part:?}"))
-                            })?);
-                        }
-                        hash_ids = Some(ids);
-                    }
-                }
-                ExtraColumn::HashBlockTokens => hash_block = cx.int_named(idx, col)?,
-                ExtraColumn::HttpStatus => rec.outcome.http_status = cx.int_named(idx, col)?,
-                ExtraColumn::CachedTokens => rec.outcome.cached_tokens = cx.int_named(idx, col)?,
-                ExtraColumn::XRequestId => {
-                    let t = cx.text(idx);
-                    rec.outcome.x_request_id = (!t.is_empty()).then(|| t.to_string());
-                }
-                ExtraColumn::Other(name) => {
-                    rec.other.push((name.clone(), cx.text(idx).to_string()));
-                }
-            }
-        }
-        if let Some(ids) = hash_ids {
-            rec.request.hash_ids = Some(HashIds {
-                block_tokens: hash_block.unwrap_or(512),
-                ids: ids.into(),
-            });
-        }
+        read_extras(&cx, &self.map.extra, &mut rec)?;
         Ok(Some(rec))
+    }
+
+    /// Reads the next non-blank row into `self.row`; its line, or `None`
+    /// at the end of the file.
+    ///
+    /// # Errors
+    /// A malformed row, or one whose field count differs from the
+    /// header's (e.g. a truncated file).
+    fn next_row(&mut self) -> Result<Option<u64>> {
+        loop {
+            let got = self
+                .inner
+                .read_byte_record(&mut self.row)
+                .map_err(|e| csv_error(&self.path, &e))?;
+            if !got {
+                return Ok(None);
+            }
+            // Skip blank lines (a trailing CRLF artefact).
+            if self.row.len() == 1 && self.row.get(0).is_some_and(|f| f.is_empty()) {
+                continue;
+            }
+            break;
+        }
+        let line = record_line(&self.inner, &self.row);
+        if self.row.len() != self.map.width {
+            return Err(Error::invalid(
+                Location::line(&self.path, line),
+                format!(
+                    "expected {} fields as in the header, found {} (truncated or malformed row)",
+                    self.map.width,
+                    self.row.len()
+                ),
+            ));
+        }
+        Ok(Some(line))
     }
 
     /// Reads every remaining record.
@@ -806,6 +783,55 @@ pub(crate) fn csv_error(path: &Path, e: &csv::Error) -> Error {
             None => Error::in_file(path, e.to_string()),
         },
     }
+}
+
+/// Reads a row's optional columns (`extra`: index and column) into `rec`.
+///
+/// # Errors
+/// A cell that does not parse, naming its column.
+fn read_extras(
+    cx: &Cells<'_>,
+    extra: &[(usize, ExtraColumn)],
+    rec: &mut TraceRecord,
+) -> Result<()> {
+    let mut hash_ids: Option<Vec<u64>> = None;
+    let mut hash_block: Option<u32> = None;
+    for (idx, col) in extra {
+        let idx = Some(*idx);
+        match col {
+            ExtraColumn::ThinkTimeUs => rec.request.think_time_us = cx.int_named(idx, col)?,
+            ExtraColumn::ContentKey => rec.request.content_key = cx.int_named(idx, col)?,
+            ExtraColumn::HashIds => {
+                let text = cx.text(idx);
+                if !text.is_empty() {
+                    let mut ids = Vec::new();
+                    for part in text.split(';') {
+                        ids.push(part.trim().parse::<u64>().map_err(|_| {
+                            cx.err_named(idx, col.name(), &format!("invalid block id {part:?}"))
+                        })?);
+                    }
+                    hash_ids = Some(ids);
+                }
+            }
+            ExtraColumn::HashBlockTokens => hash_block = cx.int_named(idx, col)?,
+            ExtraColumn::HttpStatus => rec.outcome.http_status = cx.int_named(idx, col)?,
+            ExtraColumn::CachedTokens => rec.outcome.cached_tokens = cx.int_named(idx, col)?,
+            ExtraColumn::XRequestId => {
+                let t = cx.text(idx);
+                rec.outcome.x_request_id = (!t.is_empty()).then(|| t.to_string());
+            }
+            ExtraColumn::Other(name) => {
+                rec.other.push((name.clone(), cx.text(idx).to_string()));
+            }
+        }
+    }
+    if let Some(ids) = hash_ids {
+        rec.request.hash_ids = Some(HashIds {
+            block_tokens: hash_block.unwrap_or(512),
+            ids: ids.into(),
+        });
+    }
+    Ok(())
 }
 
 /// Typed access to the cells of one row, with errors naming the cell.

@@ -23,8 +23,9 @@ use crate::error::{Error, Result};
 use crate::record::{Request, SharedStr, empty_str};
 use crate::servegen::{self, ServeGenClient, overlap};
 use crate::spec::{
-    ArrivalProcess, ClientSpec, ContextGrowth, DistKind, DistParams, DistSpec, Finite,
-    InferencePerfSpec, MultiTurnSpec, ServeGenArrivalParams, ServeGenDataSpec, WorkloadSpec,
+    ArrivalProcess, ArrivalSpec, ClientSpec, ContextGrowth, DistKind, DistParams, DistSpec, Finite,
+    InferencePerfSpec, MultiTurnSpec, MultimodalSpec, ServeGenArrivalParams, ServeGenDataSpec,
+    WorkloadSpec,
 };
 
 /// Overrides of a spec's stopping rules and seed (the CLI's `--seed`,
@@ -272,6 +273,78 @@ struct SpecClient {
     unbounded: bool,
 }
 
+/// The arrival sampler of a client at `rate` requests/s, or from the
+/// process's own shape and scale when the rate is 0; `None` when neither
+/// defines one (the client sends only follow-ups).
+fn arrival_sampler(a: &ArrivalSpec, rate: f64) -> Option<ArrivalSampler> {
+    if rate > 0.0 {
+        let shape = a
+            .shape
+            .map(|s| s.0)
+            .or_else(|| shape_for_cv(a.process, a.cv.map_or(1.0, |v| v.0)));
+        ArrivalSampler::new(a.process, rate, shape)
+    } else {
+        match (a.shape, a.scale) {
+            (Some(s), Some(sc)) => ArrivalSampler::with_scale(a.process, s.0, sc.0),
+            _ => None,
+        }
+    }
+}
+
+/// A client's active windows (µs, sorted, cut at the horizon) and whether
+/// it sends forever (an endless window and no horizon).
+fn active_windows(c: &ClientSpec, horizon: Option<i64>) -> (Vec<(f64, f64)>, bool) {
+    let mut windows: Vec<(f64, f64)> = match &c.lifecycle {
+        Some(lc) => lc
+            .windows
+            .iter()
+            .map(|w| (w.start_us as f64, w.end_us as f64))
+            .collect(),
+        None => vec![(0.0, f64::INFINITY)],
+    };
+    windows.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let unbounded = horizon.is_none() && windows.iter().any(|w| w.1.is_infinite());
+    if let Some(h) = horizon {
+        for w in &mut windows {
+            w.1 = w.1.min(h as f64);
+        }
+        windows.retain(|w| w.0 < w.1);
+    }
+    (windows, unbounded)
+}
+
+impl ModalSamplers {
+    /// The samplers of a client's multimodal composition (an item count of
+    /// 1 where only the tokens per item are given).
+    fn new(m: &MultimodalSpec, base: &Path) -> Result<Self> {
+        let pair = |count: &Option<DistSpec>,
+                    each: &Option<DistSpec>|
+         -> Result<Option<(LengthSampler, LengthSampler)>> {
+            Ok(match (count, each) {
+                (Some(n), Some(t)) => Some((
+                    LengthSampler::new(n, base, 0)?,
+                    LengthSampler::new(t, base, 0)?,
+                )),
+                (None, Some(t)) => Some((
+                    LengthSampler::new(&constant(1.0), base, 0)?,
+                    LengthSampler::new(t, base, 0)?,
+                )),
+                _ => None,
+            })
+        };
+        Ok(Self {
+            text: m
+                .text_distribution
+                .as_ref()
+                .map(|d| LengthSampler::new(d, base, 0))
+                .transpose()?,
+            image: pair(&m.image_count_distribution, &m.image_distribution)?,
+            audio: pair(&m.audio_count_distribution, &m.audio_distribution)?,
+            video: pair(&m.video_count_distribution, &m.video_distribution)?,
+        })
+    }
+}
+
 impl SpecClient {
     fn new(
         c: &ClientSpec,
@@ -281,70 +354,18 @@ impl SpecClient {
         base: &Path,
     ) -> Result<Self> {
         let id = c.id.as_str();
-        let a = &c.arrival;
-        let arrival = if rate > 0.0 {
-            let shape = a
-                .shape
-                .map(|s| s.0)
-                .or_else(|| shape_for_cv(a.process, a.cv.map_or(1.0, |v| v.0)));
-            ArrivalSampler::new(a.process, rate, shape)
-        } else {
-            match (a.shape, a.scale) {
-                (Some(s), Some(sc)) => ArrivalSampler::with_scale(a.process, s.0, sc.0),
-                _ => None,
-            }
-        };
-        let mut windows: Vec<(f64, f64)> = match &c.lifecycle {
-            Some(lc) => lc
-                .windows
-                .iter()
-                .map(|w| (w.start_us as f64, w.end_us as f64))
-                .collect(),
-            None => vec![(0.0, f64::INFINITY)],
-        };
-        windows.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let unbounded = horizon.is_none() && windows.iter().any(|w| w.1.is_infinite());
-        if let Some(h) = horizon {
-            for w in &mut windows {
-                w.1 = w.1.min(h as f64);
-            }
-            windows.retain(|w| w.0 < w.1);
-        }
+        let arrival = arrival_sampler(&c.arrival, rate);
+        let (windows, unbounded) = active_windows(c, horizon);
         let prefix_length = if c.prefix_group.is_empty() {
             0
         } else {
             c.prefix_length.unwrap_or(50)
         };
-        let modal = match &c.multimodal {
-            None => None,
-            Some(m) => {
-                let pair = |count: &Option<DistSpec>,
-                            each: &Option<DistSpec>|
-                 -> Result<Option<(LengthSampler, LengthSampler)>> {
-                    Ok(match (count, each) {
-                        (Some(n), Some(t)) => Some((
-                            LengthSampler::new(n, base, 0)?,
-                            LengthSampler::new(t, base, 0)?,
-                        )),
-                        (None, Some(t)) => Some((
-                            LengthSampler::new(&constant(1.0), base, 0)?,
-                            LengthSampler::new(t, base, 0)?,
-                        )),
-                        _ => None,
-                    })
-                };
-                Some(ModalSamplers {
-                    text: m
-                        .text_distribution
-                        .as_ref()
-                        .map(|d| LengthSampler::new(d, base, 0))
-                        .transpose()?,
-                    image: pair(&m.image_count_distribution, &m.image_distribution)?,
-                    audio: pair(&m.audio_count_distribution, &m.audio_distribution)?,
-                    video: pair(&m.video_count_distribution, &m.video_distribution)?,
-                })
-            }
-        };
+        let modal = c
+            .multimodal
+            .as_ref()
+            .map(|m| ModalSamplers::new(m, base))
+            .transpose()?;
         let reason = c
             .reasoning
             .as_ref()

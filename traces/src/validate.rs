@@ -427,41 +427,59 @@ fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
             (Some(_), Some(_)) => {
                 return Err((format!("{p}.file"), "give `pmf` or `file`, not both".into()));
             }
-            (Some(pmf), None) => {
-                let mut total = 0.0;
-                for (k, v) in pmf {
-                    let key: f64 = k.trim().parse().map_err(|_| {
-                        (format!("{p}.pmf"), format!("value {k:?} is not a number"))
-                    })?;
-                    if !key.is_finite() || key < 0.0 || (!ratio && key.fract() != 0.0) {
-                        return Err((
-                            format!("{p}.pmf"),
-                            format!(
-                                "value {k:?} must be a non-negative {}",
-                                if ratio { "number" } else { "integer" }
-                            ),
-                        ));
-                    }
-                    if v.0 < 0.0 {
-                        return Err((
-                            format!("{p}.pmf"),
-                            format!("probability of {k} is negative"),
-                        ));
-                    }
-                    total += v.0;
-                }
-                if total <= 0.0 {
-                    return Err((
-                        format!("{p}.pmf"),
-                        "probabilities must sum to a positive number".into(),
-                    ));
-                }
-            }
+            (Some(pmf), None) => validate_pmf(pmf, p, ratio)?,
             (None, Some(_)) => {}
         },
     }
-    if let Some(min) = q.min {
-        nonneg("min", min.0)?;
+    validate_bounds(q, p, ratio)
+}
+
+/// An empirical distribution's `pmf`: numeric non-negative values
+/// (integers unless `ratio`), non-negative probabilities with a positive
+/// sum.
+fn validate_pmf(pmf: &std::collections::BTreeMap<String, Finite>, p: &str, ratio: bool) -> Check {
+    let mut total = 0.0;
+    for (k, v) in pmf {
+        let key: f64 = k
+            .trim()
+            .parse()
+            .map_err(|_| (format!("{p}.pmf"), format!("value {k:?} is not a number")))?;
+        if !key.is_finite() || key < 0.0 || (!ratio && key.fract() != 0.0) {
+            return Err((
+                format!("{p}.pmf"),
+                format!(
+                    "value {k:?} must be a non-negative {}",
+                    if ratio { "number" } else { "integer" }
+                ),
+            ));
+        }
+        if v.0 < 0.0 {
+            return Err((
+                format!("{p}.pmf"),
+                format!("probability of {k} is negative"),
+            ));
+        }
+        total += v.0;
+    }
+    if total <= 0.0 {
+        return Err((
+            format!("{p}.pmf"),
+            "probabilities must sum to a positive number".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A distribution's `min` and `max`: `min` ≥ 0, `max` ≥ `min`, and a
+/// ratio's `max` ≤ 1.
+fn validate_bounds(q: &crate::spec::DistParams, p: &str, ratio: bool) -> Check {
+    if let Some(min) = q.min
+        && min.0 < 0.0
+    {
+        return Err((
+            format!("{p}.params.min"),
+            format!("must be ≥ 0, got {}", min.0),
+        ));
     }
     if let (Some(min), Some(max)) = (q.min, q.max)
         && max.0 < min.0

@@ -343,49 +343,10 @@ impl ClusterArgs {
             b.num_instances = n;
         }
         if let Some(name) = &a.admission {
-            b.admission = match name.as_str() {
-                "always-admit" => AdmissionPolicy::AlwaysAdmit,
-                "reject-all" => AdmissionPolicy::RejectAll,
-                "token-bucket" => AdmissionPolicy::TokenBucket {
-                    capacity: a.token_bucket_capacity.ok_or_else(|| {
-                        bad("--admission token-bucket needs --token-bucket-capacity".into())
-                    })?,
-                    refill_rate: a.token_bucket_refill_rate.ok_or_else(|| {
-                        bad("--admission token-bucket needs --token-bucket-refill-rate".into())
-                    })?,
-                },
-                "rate-limit" => AdmissionPolicy::RateLimit {
-                    rate: a.rate_limit_rps.ok_or_else(|| {
-                        bad("--admission rate-limit needs --rate-limit-rps".into())
-                    })?,
-                    burst: a.rate_limit_burst.unwrap_or(1.0),
-                },
-                "tenant-quota" => {
-                    return Err(bad(
-                        "--admission tenant-quota: give its quotas in a --policy-config".into(),
-                    ));
-                }
-                other => {
-                    return Err(bad(format!(
-                        "--admission: unknown policy {other:?} (always-admit, reject-all, token-bucket, rate-limit, tenant-quota)"
-                    )));
-                }
-            };
+            b.admission = self.admission_policy(name)?;
         }
         if let Some(name) = &a.routing {
-            b.routing = match name.as_str() {
-                "round-robin" => RoutingPolicy::RoundRobin,
-                "least-loaded" => RoutingPolicy::LeastLoaded,
-                "always-busiest" => RoutingPolicy::AlwaysBusiest,
-                "weighted" => RoutingPolicy::Weighted {
-                    scorers: routing::default_scorers().into_iter().collect(),
-                },
-                other => {
-                    return Err(bad(format!(
-                        "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest)"
-                    )));
-                }
-            };
+            b.routing = routing_policy(name)?;
         }
         if let Some(sc) = &a.routing_scorers {
             let scorers =
@@ -432,4 +393,63 @@ impl ClusterArgs {
         b.validate().map_err(ReplayError::from)?;
         Ok(b)
     }
+
+    /// The admission policy `--admission name` with its flags.
+    ///
+    /// # Errors
+    /// An unknown name, or a policy missing its flags (named).
+    fn admission_policy(&self, name: &str) -> Result<AdmissionPolicy> {
+        Ok(match name {
+            "always-admit" => AdmissionPolicy::AlwaysAdmit,
+            "reject-all" => AdmissionPolicy::RejectAll,
+            "token-bucket" => AdmissionPolicy::TokenBucket {
+                capacity: self.token_bucket_capacity.ok_or_else(|| {
+                    CommandError::Usage(
+                        "--admission token-bucket needs --token-bucket-capacity".into(),
+                    )
+                })?,
+                refill_rate: self.token_bucket_refill_rate.ok_or_else(|| {
+                    CommandError::Usage(
+                        "--admission token-bucket needs --token-bucket-refill-rate".into(),
+                    )
+                })?,
+            },
+            "rate-limit" => AdmissionPolicy::RateLimit {
+                rate: self.rate_limit_rps.ok_or_else(|| {
+                    CommandError::Usage("--admission rate-limit needs --rate-limit-rps".into())
+                })?,
+                burst: self.rate_limit_burst.unwrap_or(1.0),
+            },
+            "tenant-quota" => {
+                return Err(CommandError::Usage(
+                    "--admission tenant-quota: give its quotas in a --policy-config".into(),
+                ));
+            }
+            other => {
+                return Err(CommandError::Usage(format!(
+                    "--admission: unknown policy {other:?} (always-admit, reject-all, token-bucket, rate-limit, tenant-quota)"
+                )));
+            }
+        })
+    }
+}
+
+/// The routing policy `--routing name` (weighted: the default scorers).
+///
+/// # Errors
+/// An unknown name.
+fn routing_policy(name: &str) -> Result<RoutingPolicy> {
+    Ok(match name {
+        "round-robin" => RoutingPolicy::RoundRobin,
+        "least-loaded" => RoutingPolicy::LeastLoaded,
+        "always-busiest" => RoutingPolicy::AlwaysBusiest,
+        "weighted" => RoutingPolicy::Weighted {
+            scorers: routing::default_scorers().into_iter().collect(),
+        },
+        other => {
+            return Err(CommandError::Usage(format!(
+                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest)"
+            )));
+        }
+    })
 }

@@ -696,31 +696,13 @@ impl Instance {
     /// # Errors
     /// The reason it was dropped.
     pub fn enqueue(&mut self, now: i64, req: SimRequest) -> Result<(), DropReason> {
-        let mut target = req.output_tokens.max(1);
-        let mut capped = false;
-        let m = self.cfg.max_model_len;
-        if m > 0 {
-            if req.input_tokens >= m {
+        let (target, capped) = match self.servable(&req) {
+            Ok(t) => t,
+            Err(why) => {
                 self.counters.dropped += 1;
-                return Err(DropReason::TooLong {
-                    input: req.input_tokens,
-                    max_model_len: m,
-                });
+                return Err(why);
             }
-            if req.input_tokens + target > m {
-                target = m - req.input_tokens;
-                capped = true;
-            }
-        }
-        // KV holds every token but the last sampled one.
-        let needed = self.kv.blocks_for(req.input_tokens + target - 1);
-        if needed > self.kv.total() {
-            self.counters.dropped += 1;
-            return Err(DropReason::Unservable {
-                needed,
-                total: self.kv.total(),
-            });
-        }
+        };
         let key = self
             .cfg
             .scheduler
@@ -771,16 +753,7 @@ impl Instance {
                 _ => i64::MIN,
             },
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(a);
-                s
-            }
-            None => {
-                self.slots.push(Some(a));
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let slot = self.new_slot(a);
         self.waiting.push(slot, key);
         self.count_waiting(slot, true);
         self.index.insert(self.act(slot).req.id, slot);
@@ -789,6 +762,51 @@ impl Instance {
             self.kick = Some(now);
         }
         Ok(())
+    }
+
+    /// The output length `req` gets and whether it was capped: vLLM
+    /// refuses a prompt of `max_model_len` tokens or more and caps the
+    /// output at the rest of the context; a request whose KV blocks
+    /// (every token but the last sampled one) exceed the cache is never
+    /// servable.
+    fn servable(&self, req: &SimRequest) -> Result<(u32, bool), DropReason> {
+        let mut target = req.output_tokens.max(1);
+        let mut capped = false;
+        let m = self.cfg.max_model_len;
+        if m > 0 {
+            if req.input_tokens >= m {
+                return Err(DropReason::TooLong {
+                    input: req.input_tokens,
+                    max_model_len: m,
+                });
+            }
+            if req.input_tokens + target > m {
+                target = m - req.input_tokens;
+                capped = true;
+            }
+        }
+        let needed = self.kv.blocks_for(req.input_tokens + target - 1);
+        if needed > self.kv.total() {
+            return Err(DropReason::Unservable {
+                needed,
+                total: self.kv.total(),
+            });
+        }
+        Ok((target, capped))
+    }
+
+    /// Stores `a` in a free slot (or a new one); its slot.
+    fn new_slot(&mut self, a: Active) -> u32 {
+        match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(a);
+                s
+            }
+            None => {
+                self.slots.push(Some(a));
+                (self.slots.len() - 1) as u32
+            }
+        }
     }
 
     /// Counts `slot` into (`enter`) or out of the wait queue's classes.

@@ -30,7 +30,8 @@ pub const BATCHES_IN_FLIGHT: usize = 4;
 /// One row for the writing thread; slices live in the batch's arenas.
 #[derive(Debug)]
 enum Row {
-    Record(Box<TraceRecord>),
+    /// The batch's next record.
+    Record,
     Chunk(ChunkRecord),
     /// `ends[from..from + len]` of the batch.
     Steps {
@@ -52,6 +53,7 @@ enum Row {
 #[derive(Debug, Default)]
 struct Batch {
     rows: Vec<Row>,
+    records: Vec<TraceRecord>,
     ends: Vec<i64>,
     samples: Vec<(&'static str, f64)>,
 }
@@ -59,15 +61,21 @@ struct Batch {
 impl Batch {
     fn clear(&mut self) {
         self.rows.clear();
+        self.records.clear();
         self.ends.clear();
         self.samples.clear();
     }
 
     fn write_to(&self, w: &mut TraceWriter) -> Result<()> {
         let mut names: Vec<(&str, f64)> = Vec::new();
+        let mut records = self.records.iter();
         for row in &self.rows {
             match row {
-                Row::Record(r) => w.write_record(r)?,
+                Row::Record => {
+                    if let Some(r) = records.next() {
+                        w.write_record(r)?;
+                    }
+                }
                 Row::Chunk(c) => w.write_chunk(c)?,
                 Row::Steps {
                     instance,
@@ -168,7 +176,8 @@ impl BackgroundWriter {
 
     /// Queues a request row ([`TraceWriter::write_record`]).
     pub fn write_record(&mut self, r: TraceRecord) {
-        self.push(Row::Record(Box::new(r)));
+        self.batch.records.push(r);
+        self.push(Row::Record);
     }
 
     /// Queues a chunk row ([`TraceWriter::write_chunk`]).

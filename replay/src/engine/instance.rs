@@ -200,8 +200,12 @@ pub struct StepReport {
     pub spans: Vec<TokenSpan>,
     /// Requests that completed.
     pub finished: Vec<Finished>,
-    /// When a produced token becomes visible to the client.
-    pub timing: TokenTiming,
+    /// When a produced token becomes visible to the client
+    /// ([`StepReport::set_timing`]).
+    timing: TokenTiming,
+    /// The delays of `timing` when they do not depend on the token's
+    /// index: (any token but a request's last, its last), µs.
+    constant_extras: Option<(i64, i64)>,
     /// Steps executed (including fast-forwarded ones).
     pub steps: u64,
     /// The instance's index of the first step in `step_ends` (counting
@@ -213,13 +217,27 @@ impl StepReport {
     /// Client-visible time of token `m` (0-based) of `span`: the end of the
     /// step that produced it plus the latency model's output overheads
     /// ([`TokenTiming`]).
+    #[inline]
     pub fn token_time(&self, span: &TokenSpan, m: u32) -> i64 {
         let index = span.first_index + m;
-        self.timing.visible(
-            self.step_ends[(span.first_step + m) as usize],
-            index,
-            index >= span.target,
-        )
+        let end = self.step_ends[(span.first_step + m) as usize];
+        match self.constant_extras {
+            Some((plain, last)) => end + if index >= span.target { last } else { plain },
+            None => self.timing.visible(end, index, index >= span.target),
+        }
+    }
+
+    /// When a produced token becomes visible to the client.
+    pub fn timing(&self) -> TokenTiming {
+        self.timing
+    }
+
+    /// Sets when a produced token becomes visible to the client.
+    pub fn set_timing(&mut self, timing: TokenTiming) {
+        self.timing = timing;
+        let itl = timing.itl();
+        self.constant_extras =
+            (timing.per_token_us == 0.0).then(|| (itl.extra_us(1, false), itl.extra_us(1, true)));
     }
 
     /// The client-visible times of `span`'s tokens, computed on demand.
@@ -840,7 +858,7 @@ impl Instance {
     /// it. Use `now` to disable fast-forward for this call.
     pub fn step(&mut self, now: i64, limit: i64, report: &mut StepReport) {
         report.clear();
-        report.timing = TokenTiming::of(&self.latency);
+        report.set_timing(TokenTiming::of(&self.latency));
         if let Some(run) = self.run.take() {
             debug_assert_eq!(run.ends.last().copied(), Some(now));
             self.finish_run(&run, report);
@@ -916,7 +934,7 @@ impl Instance {
         let rest = run.ends[i.min(n - 1)];
         let mut run = self.run.take().expect("checked");
         run.ends.truncate(i.min(n - 1));
-        report.timing = TokenTiming::of(&self.latency);
+        report.set_timing(TokenTiming::of(&self.latency));
         self.finish_steps(&run, report, true);
         run.ends.clear();
         run.ends.push(rest);

@@ -736,11 +736,9 @@ mod tests {
             let mut last = [None::<i64>; 5];
             let mut want: FxHashMap<i64, u64> = FxHashMap::default();
             for (e, spans) in ends.iter().zip(&plan) {
-                let mut report = StepReport {
-                    step_ends: e.clone(),
-                    timing,
-                    ..StepReport::default()
-                };
+                let mut report = StepReport::default();
+                report.step_ends = e.clone();
+                report.set_timing(timing);
                 for &(req, first_step, count) in spans {
                     let left = targets[req] - generated[req];
                     let count = count.min(left);

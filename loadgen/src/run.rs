@@ -902,8 +902,12 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let run_start_us = clock.now_us() + 200_000;
     let any_stream = !args.no_stream && plan.records.iter().any(|r| r.request.streaming);
     let scrape_on = server.scrape_on;
-    let (mut header, tx, recorder, record_failed) =
-        start_recorder(args, &plan, &server, run_start_us, any_stream)?;
+    let Recorder {
+        mut header,
+        tx,
+        thread: recorder,
+        failed: record_failed,
+    } = start_recorder(args, &plan, &server, run_start_us, any_stream)?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
     let total = plan.records.len() as u64;
@@ -943,7 +947,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let bar = progress_bar(total);
     let ticker = spawn_progress(&sh, &bar);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let plan_figures = (plan.warmup_below, plan.requested_rate);
+    let (warmup_below, requested_rate) = (plan.warmup_below, plan.requested_rate);
     let dispatcher = dispatch(args, &sh, units(plan.records), &done_tx);
     drop(done_tx);
     let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
@@ -963,7 +967,6 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let recorded = recorder
         .join()
         .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
-    let (warmup_below, requested_rate) = plan_figures;
     let summary = summarize_run(
         &recorded,
         warmup_below,
@@ -1017,22 +1020,27 @@ fn summarize_run(
     )
 }
 
+/// The trace being recorded ([`start_recorder`]).
+struct Recorder {
+    /// The trace's header.
+    header: TraceHeader,
+    /// Where the rows go.
+    tx: std::sync::mpsc::Sender<crate::record::Msg>,
+    /// The thread writing them, which hands back what it wrote.
+    thread: std::thread::JoinHandle<Recorded>,
+    /// Set when a write failed.
+    failed: Arc<AtomicBool>,
+}
+
 /// The trace's header and its recorder thread, writing the files at
-/// `args.out` from the messages of the returned sender; the flag is set
-/// when a write failed.
-#[allow(clippy::type_complexity)]
+/// `args.out`.
 fn start_recorder(
     args: &RunArgs,
     plan: &Plan,
     server: &Server,
     run_start_us: i64,
     any_stream: bool,
-) -> Result<(
-    TraceHeader,
-    std::sync::mpsc::Sender<crate::record::Msg>,
-    std::thread::JoinHandle<Recorded>,
-    Arc<AtomicBool>,
-)> {
+) -> Result<Recorder> {
     let (header, extras) = trace_header(args, plan, server, run_start_us);
     let writer = TraceWriter::create(
         &args.out,
@@ -1046,7 +1054,12 @@ fn start_recorder(
     let record_failed = Arc::new(AtomicBool::new(false));
     let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
         .step(|| "starting the recorder thread")?;
-    Ok((header, tx, recorder, record_failed))
+    Ok(Recorder {
+        header,
+        tx,
+        thread: recorder,
+        failed: record_failed,
+    })
 }
 
 /// Waits for the dispatcher to end. Units of a closed loop never started

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blis_replay::cluster::Control;
-use blis_replay::engine::instance::{Finished, Snapshot, SpanTimes, TokenSpan};
+use blis_replay::engine::instance::{Finished, Snapshot, SpanTimes};
 use blis_replay::sim::{Done, Input, NoInputs, NotServed, Session, SimOptions, Sink};
 use blis_replay::{Instance, LatencyModel};
 use blis_traces::{Request, Status, TraceRecord};
@@ -317,7 +317,7 @@ impl Sink for Handlers<'_> {
         true
     }
 
-    fn tokens(&mut self, _tag: u32, rec: &TraceRecord, _span: &TokenSpan, times: SpanTimes<'_>) {
+    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
         // The tokens of a step that just ended were handed over when its
         // batch was formed ([`Sink::upcoming`]); here they feed the metrics.
         let Some(f) = self.flights.get_mut(&rec.request.request_id) else {

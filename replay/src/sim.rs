@@ -22,7 +22,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::cluster::Control;
 use crate::engine::instance::{
-    DropReason, Finished, Instance, SimRequest, Snapshot, SpanTimes, StepReport, TokenSpan,
+    DropReason, Finished, Instance, SimRequest, Snapshot, SpanTimes, StepReport,
 };
 use crate::engine::queue_order::slo_priority;
 use crate::latency::LatencyModel;
@@ -37,14 +37,14 @@ pub trait Sink {
     /// [`Sink::tokens`] calls), before those calls: the instance's index of
     /// the first and the end times, µs since the run start.
     fn steps(&mut self, _instance: u32, _first_step: u64, _ends: &[i64]) {}
-    /// Tokens of one request, produced in consecutive steps from
-    /// `span.first_step` (an index into the last [`Sink::steps`]);
+    /// Tokens of request `rec`, produced in consecutive steps from
+    /// `times.span().first_step` (an index into the last [`Sink::steps`]);
     /// `times.get(m)` is the client-visible time of output token
-    /// `span.first_index + m`,
-    /// µs since the run start. `tag` is a small integer identifying the
-    /// request while it is in flight (reused afterwards), for sinks that
-    /// keep per-request state in a vector.
-    fn tokens(&mut self, _tag: u32, _rec: &TraceRecord, _span: &TokenSpan, _times: SpanTimes<'_>) {}
+    /// `times.span().first_index + m`, µs since the run start. The span's
+    /// `tag` is a small integer identifying the request while it is in
+    /// flight (reused afterwards), for sinks that keep per-request state in
+    /// a vector.
+    fn tokens(&mut self, _rec: &TraceRecord, _times: SpanTimes<'_>) {}
     /// A request completed.
     fn finished(&mut self, done: Done<'_>);
     /// A request was dropped (never served) or skipped (a failed request of
@@ -917,14 +917,13 @@ impl Driver<'_> {
             sink.steps(inst as u32, report.first_step, &report.step_ends);
         }
         for span in &report.spans {
-            let span: TokenSpan = *span;
             let Some(f) = self.flights[span.tag as usize].as_mut() else {
                 continue;
             };
-            let last = report.token_time(&span, span.count - 1);
-            f.last_token_us = Some(last);
+            let times = report.span_times(span);
+            f.last_token_us = Some(times.last());
             if wants {
-                sink.tokens(span.tag, &f.rec, &span, report.span_times(&span));
+                sink.tokens(&f.rec, times);
             }
         }
         for fin in &report.finished {

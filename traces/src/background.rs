@@ -67,7 +67,6 @@ impl Batch {
     }
 
     fn write_to(&self, w: &mut TraceWriter) -> Result<()> {
-        let mut names: Vec<(&str, f64)> = Vec::new();
         let mut records = self.records.iter();
         for row in &self.rows {
             match row {
@@ -89,11 +88,11 @@ impl Batch {
                     labels,
                     from,
                     len,
-                } => {
-                    names.clear();
-                    names.extend_from_slice(&self.samples[*from..*from + *len]);
-                    w.write_metric_scrape(*timestamp_us, labels, &names)?;
-                }
+                } => w.write_metric_scrape(
+                    *timestamp_us,
+                    labels,
+                    &self.samples[*from..*from + *len],
+                )?,
             }
         }
         Ok(())

@@ -370,24 +370,6 @@ impl TraceWriter {
         }
     }
 
-    /// Appends a metric sample given by its parts (ignored without a
-    /// metrics companion).
-    ///
-    /// # Errors
-    /// I/O errors naming the file.
-    pub fn write_metric_parts(
-        &mut self,
-        timestamp_us: i64,
-        name: &str,
-        labels: &str,
-        value: f64,
-    ) -> Result<()> {
-        match &mut self.metrics {
-            Some(w) => w.write_parts(timestamp_us, name, labels, value),
-            None => Ok(()),
-        }
-    }
-
     /// Appends the samples of one scrape sharing a timestamp (µs) and a
     /// label set (ignored without a metrics companion); see
     /// [`MetricWriter::write_scrape`].

@@ -227,11 +227,6 @@ impl StepReport {
         }
     }
 
-    /// When a produced token becomes visible to the client.
-    pub fn timing(&self) -> TokenTiming {
-        self.timing
-    }
-
     /// Sets when a produced token becomes visible to the client.
     pub fn set_timing(&mut self, timing: TokenTiming) {
         self.timing = timing;
@@ -256,7 +251,7 @@ impl StepReport {
 /// The client-visible times of one span's tokens (µs since the run start),
 /// computed from the steps' ends on demand rather than materialised: token
 /// `m` (0-based) is [`StepReport::token_time`]. Without a per-token
-/// overhead ([`SpanTimes::gaps_are_step_gaps`]) the gap between two
+/// overhead ([`SpanTimes::step_gap_tokens`]) the gap between two
 /// consecutive tokens other than a request's last is exactly the gap
 /// between the ends of their steps, which lets a sink count inter-token
 /// gaps per step instead of per token.
@@ -299,22 +294,22 @@ impl<'a> SpanTimes<'a> {
         &self.report.step_ends
     }
 
-    /// Whether every token's delay after its step's end is the same
-    /// (no accumulating per-token overhead), apart from the completion
-    /// overhead on a request's last token.
-    pub fn gaps_are_step_gaps(&self) -> bool {
-        self.report.timing.per_token_us == 0.0
+    /// The span.
+    pub fn span(&self) -> &'a TokenSpan {
+        self.span
     }
 
-    /// Whether the span ends with the request's last token.
-    pub fn ends_request(&self) -> bool {
-        self.span.first_index + self.span.count > self.span.target
-    }
-
-    /// Whether the request's last token carries a completion overhead that
-    /// the other tokens do not.
-    pub fn has_completion_overhead(&self) -> bool {
-        self.report.timing.completion_us != 0.0
+    /// How many leading tokens of the span are late after their step's end
+    /// by the same delay, so that each one's gap to the token before it in
+    /// the span is the gap between their steps' ends: all of them, or all
+    /// but a request's last token when that carries a completion overhead;
+    /// `None` when the latency model adds an accumulating per-token
+    /// overhead.
+    pub fn step_gap_tokens(&self) -> Option<usize> {
+        let (plain, last) = self.report.constant_extras?;
+        let span = self.span;
+        let ends_request = span.first_index + span.count > span.target;
+        Some(self.len() - usize::from(ends_request && last != plain))
     }
 }
 

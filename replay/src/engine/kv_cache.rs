@@ -419,10 +419,8 @@ impl KvCache {
     fn pop_head(&mut self) -> u32 {
         loop {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
-            let blk = &mut self.blocks[b as usize];
-            if blk.queued == g {
-                blk.queued = g.wrapping_add(1);
-                self.free_count -= 1;
+            if self.blocks[b as usize].queued == g {
+                self.unlink(b);
                 return b;
             }
         }

@@ -17,7 +17,7 @@ use super::summary::{
     dist_of_counts, dist_of_us, jain,
 };
 use crate::engine::instance::Snapshot;
-use crate::engine::instance::{SpanTimes, TokenSpan};
+use crate::engine::instance::SpanTimes;
 use crate::error::Result;
 use crate::sim::{Done, NotServed, Sink};
 
@@ -297,7 +297,9 @@ impl Collector {
     /// overhead the inner gaps are the steps' gaps and are counted per
     /// step when the report ends (O(1) here), apart from a last token that
     /// carries a completion overhead.
-    fn count_gaps(&mut self, tag: usize, first_index: u32, times: SpanTimes<'_>, first_step: u32) {
+    fn count_gaps(&mut self, times: SpanTimes<'_>) {
+        let span = times.span();
+        let tag = span.tag as usize;
         if self.last_token.len() <= tag {
             self.last_token.resize(tag + 1, i64::MIN);
         }
@@ -305,17 +307,15 @@ impl Collector {
         if n == 0 {
             return;
         }
-        if first_index > 1 && self.last_token[tag] != i64::MIN {
+        if span.first_index > 1 && self.last_token[tag] != i64::MIN {
             self.add_itl(times.get(0) - self.last_token[tag], 1);
         }
-        if times.gaps_are_step_gaps() && self.report_ends.len() == times.step_ends().len() {
-            let inner_end = if times.ends_request() && times.has_completion_overhead() {
-                n - 1
-            } else {
-                n
-            };
+        let per_step = times
+            .step_gap_tokens()
+            .filter(|_| self.report_ends.len() == times.step_ends().len());
+        if let Some(inner_end) = per_step {
             if inner_end >= 2 {
-                let first = first_step as usize;
+                let first = span.first_step as usize;
                 self.step_gaps[first + 1] += 1;
                 self.step_gaps[first + inner_end] -= 1;
             }
@@ -485,8 +485,9 @@ impl Sink for Collector {
         w.write_steps(instance, first_step, ends, self.run_start_us);
     }
 
-    fn tokens(&mut self, tag: u32, rec: &TraceRecord, span: &TokenSpan, times: SpanTimes<'_>) {
-        let first_index = span.first_index;
+    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+        let span = times.span();
+        let (tag, first_index) = (span.tag, span.first_index);
         if self.itl_steps && rec.request.streaming {
             let (instance, base) = self.step_batch;
             let run = TokenRun {
@@ -510,7 +511,7 @@ impl Sink for Collector {
                 }
             }
         }
-        self.count_gaps(tag as usize, first_index, times, span.first_step);
+        self.count_gaps(times);
         if self.itl_companion && rec.request.streaming && self.writer.is_some() {
             self.pending_spans.push((
                 rec.request.request_id,
@@ -666,7 +667,7 @@ impl Sink for Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::instance::{StepReport, TokenTiming};
+    use crate::engine::instance::{StepReport, TokenSpan, TokenTiming};
     use proptest::prelude::*;
 
     /// One request's tokens in one report: (request, first step, count).
@@ -766,7 +767,7 @@ mod tests {
                         }
                         last[span.tag as usize] = Some(t);
                     }
-                    c.tokens(span.tag, &rec, span, times);
+                    c.tokens(&rec, times);
                 }
             }
             c.flush_step_gaps();

@@ -5,7 +5,7 @@
 //! cancellations.
 
 use blis_replay::cluster::Control;
-use blis_replay::engine::instance::{SpanTimes, TokenSpan};
+use blis_replay::engine::instance::SpanTimes;
 use blis_replay::sim::{Done, Input, NoInputs, NotServed, Session, SimOptions, Sink, replay};
 use blis_replay::{EngineConfig, Instance};
 use blis_traces::{Status, TraceRecord};
@@ -26,7 +26,8 @@ impl Sink for Seen {
     fn wants_tokens(&self) -> bool {
         true
     }
-    fn tokens(&mut self, _: u32, rec: &TraceRecord, span: &TokenSpan, times: SpanTimes<'_>) {
+    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+        let span = times.span();
         for (m, t) in times.iter().enumerate() {
             self.tokens
                 .push((rec.request.request_id, span.first_index + m as u32, t));

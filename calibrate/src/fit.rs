@@ -850,7 +850,7 @@ pub fn write_row(path: &Path, row: &CoefficientRow) -> Result<(), blis_replay::R
             && r.latency_model == row.latency_model)
     });
     file.rows.push(row.clone());
-    file.write(path)
+    Ok(file.write(path)?)
 }
 
 /// Server arguments for fitting `kind`, starting from `start` (a

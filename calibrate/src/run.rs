@@ -243,7 +243,8 @@ fn fit_traces(a: &FitArgs, kind: LatencyKind) -> Result<Vec<FitTrace>> {
         .coefficients
         .as_deref()
         .map(CoefficientsFile::read)
-        .transpose()?;
+        .transpose()
+        .map_err(blis_replay::ReplayError::from)?;
     let mut traces = Vec::new();
     for p in &a.traces {
         let t = read_outcomes(p)?;

@@ -14,7 +14,7 @@ pub enum ReplayError {
     Coefficients(#[from] crate::latency::coefficients::CoefficientsError),
     /// Server settings cannot be resolved.
     #[error(transparent)]
-    Settings(#[from] crate::setup::SettingsError),
+    Settings(#[from] SettingsError),
     /// A cluster policy setting is invalid.
     #[error(transparent)]
     Policy(#[from] crate::cluster::PolicyError),
@@ -41,3 +41,32 @@ pub enum ReplayError {
 
 /// Result with [`ReplayError`].
 pub type Result<T, E = ReplayError> = std::result::Result<T, E>;
+
+/// Server settings that cannot be resolved from the flags and the trace
+/// header.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingsError {
+    /// No model named anywhere.
+    #[error("no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {bundled_architectures} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)", bundled_coefficients.join(", "))]
+    NoModel {
+        /// How many model architectures are bundled.
+        bundled_architectures: usize,
+        /// The models the bundled coefficients cover.
+        bundled_coefficients: Vec<String>,
+    },
+    /// Neither a flag, the header nor the model's config gives the KV cache
+    /// size.
+    #[error(
+        "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)"
+    )]
+    UnknownKvSize,
+    /// `total_kv_blocks` is 0.
+    #[error("total_kv_blocks must be positive")]
+    NoKvBlocks,
+    /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
+    #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
+    ZeroLimits,
+    /// `--client-timeout-s` is not a positive number of seconds.
+    #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
+    ClientTimeout(f64),
+}

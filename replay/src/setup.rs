@@ -15,34 +15,7 @@ use crate::latency::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedP
 use crate::latency::roofline::{Roofline, RooflineParams};
 use crate::latency::{Blackbox, Model};
 
-/// Server settings that cannot be resolved from the flags and the trace
-/// header.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SettingsError {
-    /// No model named anywhere.
-    #[error("no model given: the simulator times each step from the model being served; give --model NAME (e.g. meta-llama/Llama-3.1-8B-Instruct; {bundled_architectures} have bundled architectures, and the bundled coefficients cover {}) or --model-config DIR_OR_config.json (a trace's header names its model itself)", bundled_coefficients.join(", "))]
-    NoModel {
-        /// How many model architectures are bundled.
-        bundled_architectures: usize,
-        /// The models the bundled coefficients cover.
-        bundled_coefficients: Vec<String>,
-    },
-    /// Neither a flag, the header nor the model's config gives the KV cache
-    /// size.
-    #[error(
-        "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)"
-    )]
-    UnknownKvSize,
-    /// `total_kv_blocks` is 0.
-    #[error("total_kv_blocks must be positive")]
-    NoKvBlocks,
-    /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
-    #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
-    ZeroLimits,
-    /// `--client-timeout-s` is not a positive number of seconds.
-    #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
-    ClientTimeout(f64),
-}
+pub use crate::error::SettingsError;
 
 /// Everything that can be set about a simulated server.
 #[derive(Debug, Clone, Default)]
@@ -257,7 +230,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     let needs_arch = kind != LatencyKind::Blackbox;
     let arch = match found {
         Some(Ok(a)) => Some(a),
-        Some(Err(e)) if needs_arch => return Err(e),
+        Some(Err(e)) if needs_arch => return Err(e.into()),
         Some(Err(_)) => None,
         // No model and no config: the error that says to give one.
         None if needs_arch => Some(find_model(None, None)?),

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::Result;
-
 /// A model's architecture (a Hugging Face `config.json`) that cannot be
 /// found or used.
 #[derive(Debug, thiserror::Error)]
@@ -198,7 +196,7 @@ impl ModelArch {
     ///
     /// # Errors
     /// Missing or non-numeric architecture fields, naming them.
-    pub fn from_hf_json(name: &str, text: &str) -> Result<Self> {
+    pub fn from_hf_json(name: &str, text: &str) -> Result<Self, ArchError> {
         let root: Value = serde_json::from_str(text).map_err(|error| ArchError::Json {
             name: name.to_string(),
             error,
@@ -220,8 +218,7 @@ impl ModelArch {
         if heads == 0 || layers == 0 || hidden == 0 {
             return Err(ArchError::Empty {
                 name: name.to_string(),
-            }
-            .into());
+            });
         }
         let kv_heads = get("num_key_value_heads").unwrap_or(heads);
         let head_dim = get("head_dim").unwrap_or(hidden / heads);
@@ -443,7 +440,7 @@ pub fn model_key(model: &str) -> String {
 /// # Errors
 /// An unreadable or malformed config; an unknown model (listing the bundled
 /// ones).
-pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArch> {
+pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArch, ArchError> {
     if let Some(p) = config {
         let file: PathBuf = if p.is_dir() {
             p.join("config.json")
@@ -473,8 +470,7 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
         model: model.to_string(),
         key,
         known: BUNDLED_MODELS.iter().map(|(n, _)| n.to_string()).collect(),
-    }
-    .into())
+    })
 }
 
 #[cfg(test)]

@@ -22,11 +22,17 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ReplayError, Result};
-
 /// A coefficients file that cannot be used, or a model it has no row for.
 #[derive(Debug, thiserror::Error)]
 pub enum CoefficientsError {
+    /// The file cannot be read or written.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (in the message, not chained, so it prints once).
+        error: std::io::Error,
+    },
     /// Not YAML of the expected shape.
     #[error("{name}: {message}")]
     Yaml {
@@ -202,7 +208,7 @@ impl CoefficientsFile {
     ///
     /// # Errors
     /// Malformed YAML or non-finite numbers.
-    pub fn parse(name: &str, text: &str) -> Result<Self> {
+    pub fn parse(name: &str, text: &str) -> Result<Self, CoefficientsError> {
         let f: CoefficientsFile =
             serde_saphyr::from_str(text).map_err(|e| CoefficientsError::Yaml {
                 name: name.to_string(),
@@ -226,16 +232,14 @@ impl CoefficientsFile {
                     return Err(CoefficientsError::NonFinite {
                         name: name.to_string(),
                         row: i,
-                    }
-                    .into());
+                    });
                 }
             }
             if r.latency_model == LatencyKind::Blackbox && r.beta.is_none() {
                 return Err(CoefficientsError::NoBeta {
                     name: name.to_string(),
                     row: i,
-                }
-                .into());
+                });
             }
             if let Some(t) = &r.terms {
                 for (k, v) in t {
@@ -244,8 +248,7 @@ impl CoefficientsFile {
                             name: name.to_string(),
                             row: i,
                             term: k.clone(),
-                        }
-                        .into());
+                        });
                     }
                     if *v < 0.0 {
                         return Err(CoefficientsError::Negative {
@@ -253,8 +256,7 @@ impl CoefficientsFile {
                             row: i,
                             term: k.clone(),
                             value: *v,
-                        }
-                        .into());
+                        });
                     }
                 }
             }
@@ -266,8 +268,8 @@ impl CoefficientsFile {
     ///
     /// # Errors
     /// I/O or parse errors naming the file.
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
+    pub fn read(path: &Path) -> Result<Self, CoefficientsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| CoefficientsError::Io {
             path: path.to_path_buf(),
             error: e,
         })?;
@@ -315,10 +317,10 @@ impl CoefficientsFile {
     ///
     /// # Errors
     /// I/O errors naming the file.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    pub fn write(&self, path: &Path) -> Result<(), CoefficientsError> {
         let text = serde_saphyr::to_string(self)
             .map_err(|e| CoefficientsError::Serialize(e.to_string()))?;
-        std::fs::write(path, text).map_err(|e| ReplayError::Io {
+        std::fs::write(path, text).map_err(|e| CoefficientsError::Io {
             path: path.to_path_buf(),
             error: e,
         })

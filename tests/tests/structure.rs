@@ -1,0 +1,204 @@
+//! The workspace's structure: no module of a crate imports, directly or
+//! through others, a module that imports it back (issue 15), and no
+//! command-line type is used below the command layer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("readable source folder") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// A crate's modules (`a::b` for `src/a/b.rs` or `src/a/b/mod.rs`; the
+/// crate roots left out) and their code without tests and comments.
+fn modules(krate: &str) -> BTreeMap<String, String> {
+    let src = root().join(krate).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut out = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).expect("under src").with_extension("");
+        let mut name = rel.to_string_lossy().replace('/', "::");
+        if let Some(parent) = name.strip_suffix("::mod") {
+            name = parent.to_string();
+        }
+        if name == "lib" || name == "main" || name.starts_with("bin::") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("readable source");
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        out.insert(name, code);
+    }
+    out
+}
+
+/// The paths named after `prefix` (`crate::`, `super::`) in `code`,
+/// grouped imports (`crate::a::{b, c::d}`) expanded.
+fn paths_after(code: &str, prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + prefix.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let base: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        let after = &rest[base.len()..];
+        if base.ends_with("::")
+            && after.starts_with('{')
+            && let Some(end) = after.find('}')
+        {
+            for item in after[1..end].split(',') {
+                let item = item.trim();
+                if !item.is_empty() {
+                    out.push(format!("{base}{item}"));
+                }
+            }
+        } else {
+            out.push(base.trim_end_matches(':').to_string());
+        }
+    }
+    out
+}
+
+/// The module a path names: its longest prefix that is a module.
+fn module_of(path: &str, names: &BTreeSet<String>) -> Option<String> {
+    let parts: Vec<&str> = path.split("::").collect();
+    (1..=parts.len())
+        .rev()
+        .map(|k| parts[..k].join("::"))
+        .find(|m| names.contains(m))
+}
+
+fn import_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mods = modules(krate);
+    let names: BTreeSet<String> = mods.keys().cloned().collect();
+    let mut g = BTreeMap::new();
+    for (m, code) in &mods {
+        let parent = m.rsplit_once("::").map_or("", |(p, _)| p);
+        let mut deps = BTreeSet::new();
+        for p in paths_after(code, "crate::") {
+            deps.extend(module_of(&p, &names));
+        }
+        for p in paths_after(code, "super::") {
+            let full = if parent.is_empty() {
+                p
+            } else {
+                format!("{parent}::{p}")
+            };
+            deps.extend(module_of(&full, &names));
+        }
+        deps.remove(m);
+        g.insert(m.clone(), deps);
+    }
+    g
+}
+
+/// The modules on an import cycle, if any.
+fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.to_string(), 1);
+        stack.push(m.to_string());
+        for d in g.get(m).into_iter().flatten() {
+            match state.get(d) {
+                Some(1) => {
+                    let from = stack.iter().position(|x| x == d).unwrap_or(0);
+                    let mut c = stack[from..].to_vec();
+                    c.push(d.clone());
+                    return Some(c);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(d, g, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(m.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for m in g.keys() {
+        if !state.contains_key(m)
+            && let Some(c) = visit(m, g, &mut state, &mut Vec::new())
+        {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_modules() {
+    for krate in [
+        "traces",
+        "replay",
+        "loadgen",
+        "calibrate",
+        "mockserver",
+        "loop",
+    ] {
+        let g = import_graph(krate);
+        if let Some(c) = cycle(&g) {
+            panic!("{krate}: import cycle {}", c.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let mut g = BTreeMap::new();
+    g.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
+    g.insert("b".to_string(), BTreeSet::from(["c".to_string()]));
+    g.insert("c".to_string(), BTreeSet::from(["a".to_string()]));
+    assert_eq!(cycle(&g).map(|c| c.len()), Some(4));
+    g.insert("c".to_string(), BTreeSet::new());
+    assert_eq!(cycle(&g), None);
+    let names: BTreeSet<String> = ["latency", "latency::arch"].map(String::from).into();
+    let p = paths_after("use crate::latency::{arch::X, Model};", "crate::");
+    let mods: BTreeSet<_> = p.iter().filter_map(|x| module_of(x, &names)).collect();
+    assert_eq!(mods, ["latency", "latency::arch"].map(String::from).into());
+}
+
+#[test]
+fn no_command_line_type_is_used_below_the_command_layer() {
+    for (m, code) in modules("replay") {
+        if m == "commands" || m.starts_with("commands::") {
+            continue;
+        }
+        assert!(
+            !code.contains("cli::"),
+            "replay::{m} uses a command-line type"
+        );
+    }
+}

@@ -13,6 +13,7 @@ impl Instance {
     /// Removes `victim` from the running set and puts it back to wait.
     fn preempt(&mut self, victim_pos: usize) -> u32 {
         let slot = self.running.remove(victim_pos);
+        self.flush_private(slot);
         let a = self.slots[slot as usize].as_mut().expect("live slot");
         // Its private blocks become findable by hash: it will look them up
         // when it is scheduled again.

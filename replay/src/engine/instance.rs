@@ -456,6 +456,10 @@ pub(super) struct Active {
     pub(super) blocks: Vec<u32>,
     /// Leading blocks committed to the prefix cache (or hit there).
     pub(super) hashed: u32,
+    /// The first of its full private blocks whose commit to the KV cache
+    /// is deferred (`[private_pending, hashed)`, see
+    /// [`Instance::flush_private`]); `u32::MAX`: none.
+    pub(super) private_pending: u32,
     /// Content hashes of its leading blocks, computed once each (content
     /// never changes, so they survive preemption).
     pub(super) hashes: Vec<u64>,
@@ -619,6 +623,11 @@ impl Instance {
     /// of their blocks to the index (also those that have committed no
     /// private block yet).
     pub(super) fn share_private(&mut self) {
+        for slot in 0..self.slots.len() as u32 {
+            if self.slots[slot as usize].is_some() {
+                self.flush_private(slot);
+            }
+        }
         self.kv.index_all_private();
         if std::mem::take(&mut self.private_live) {
             for a in self.slots.iter_mut().flatten() {
@@ -752,6 +761,7 @@ impl Instance {
             generated: 0,
             blocks: Vec::new(),
             hashed: 0,
+            private_pending: u32::MAX,
             hashes,
             scheduled_us: None,
             first_token_us: None,
@@ -1083,6 +1093,9 @@ impl Instance {
     fn complete(&mut self, run: &Run, report: &mut StepReport, done: &mut Vec<u32>) {
         let timing = report.timing;
         let end = *run.ends.last().expect("a run has a step");
+        for &slot in done.iter() {
+            self.kv.prefetch(&self.act(slot).blocks);
+        }
         // Completions, in running order: only a request that produced a
         // token can complete, and the batch is in running order.
         for &slot in done.iter() {
@@ -1103,6 +1116,8 @@ impl Instance {
                 preemptions: a.preemptions,
                 capped: a.capped,
             };
+            self.flush_private(slot);
+            let a = self.act_mut(slot);
             let mut blocks = std::mem::take(&mut a.blocks);
             self.kv.release(&mut blocks);
             self.index.remove(&fin.id);
@@ -1124,24 +1139,44 @@ impl Instance {
     }
 
     /// Registers the hashes of the request's blocks `[hashed, upto)`.
+    ///
+    /// A private block of a request never preempted is only marked full
+    /// here: its commit ([`KvCache::commit_private`]) waits until the
+    /// request releases its blocks ([`Instance::flush_private`]). Nothing
+    /// can look private content up meanwhile, and the block is touched
+    /// then anyway, so a new block costs one cache miss instead of two.
     pub(super) fn commit_hashes_upto(&mut self, slot: u32, upto: u32) {
         if !self.kv.prefix_caching() {
             return;
         }
         let bs = self.kv.block_size();
         let a = self.slots[slot as usize].as_mut().expect("live slot");
-        while a.hashed < upto && (a.hashed as usize) < a.blocks.len() {
+        let upto = upto.min(a.blocks.len() as u32);
+        while a.hashed < upto {
+            if a.hashed >= a.private_from && a.preemptions == 0 {
+                // Private content of a request never preempted: no block
+                // holds it yet, and only this request could ever look it up.
+                a.private_pending = a.private_pending.min(a.hashed);
+                a.hashed = upto;
+                break;
+            }
             let h = a.hash(bs, a.hashed);
             let parent = a.hashed.checked_sub(1).map(|p| a.blocks[p as usize]);
-            // Private content of a request never preempted: no block holds
-            // it yet, and only this request could ever look it up.
-            if a.hashed >= a.private_from && a.preemptions == 0 {
-                self.kv
-                    .commit_private(a.blocks[a.hashed as usize], h, parent);
-            } else {
-                self.kv.commit(a.blocks[a.hashed as usize], h, parent);
-            }
+            self.kv.commit(a.blocks[a.hashed as usize], h, parent);
             a.hashed += 1;
+        }
+    }
+
+    /// Commits the request's deferred private blocks to the KV cache
+    /// (before its blocks are released or its content is shared).
+    pub(super) fn flush_private(&mut self, slot: u32) {
+        let bs = self.kv.block_size();
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        let from = std::mem::replace(&mut a.private_pending, u32::MAX);
+        for j in from..a.hashed {
+            let h = a.hash(bs, j);
+            let parent = j.checked_sub(1).map(|p| a.blocks[p as usize]);
+            self.kv.commit_private(a.blocks[j as usize], h, parent);
         }
     }
 
@@ -1173,6 +1208,7 @@ impl Instance {
             self.waiting.remove(slot);
             self.count_waiting(slot, false);
         }
+        self.flush_private(slot);
         let a = self.slots[slot as usize].take().expect("live slot");
         let mut blocks = a.blocks;
         self.kv.release(&mut blocks);

@@ -16,19 +16,16 @@ const HASHED: u32 = 1 << 31;
 /// [`KvCache::commit_private`]) and not in the hash index.
 const PRIVATE: u32 = 1 << 30;
 
-/// One KV block, 24 bytes (the cache's blocks are its largest array).
+/// One KV block's bookkeeping, 8 bytes: what allocation and release read
+/// and write, kept apart from its content ([`Content`]) so that taking the
+/// least recently freed block and releasing a table touch a small array.
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    /// Content hash, meaningful while `HASHED` is set.
-    hash_bits: u64,
     /// Reference count (low 30 bits), `HASHED` and `PRIVATE`.
     ref_flags: u32,
     /// The generation of its entry in the free queue: an entry whose
     /// generation differs is stale (the block left the queue since).
     queued: u32,
-    /// The block that last followed this one in a request's table when it
-    /// was committed: a hint for chained lookups, checked before use.
-    child: u32,
 }
 
 impl Block {
@@ -36,32 +33,20 @@ impl Block {
         self.ref_flags & !(HASHED | PRIVATE)
     }
 
-    /// The content hash registered for it in the prefix cache.
-    fn hash(&self) -> Option<u64> {
-        (self.ref_flags & HASHED != 0).then_some(self.hash_bits)
+    fn is_hashed(&self) -> bool {
+        self.ref_flags & HASHED != 0
     }
+}
 
-    fn holds(&self, hash: u64) -> bool {
-        self.ref_flags & HASHED != 0 && self.hash_bits == hash
-    }
-
-    fn set_hash(&mut self, hash: u64) {
-        self.hash_bits = hash;
-        self.ref_flags |= HASHED;
-    }
-
-    /// Its hash, if any, and whether the hash index holds it; it holds
-    /// none afterwards.
-    fn take_hash(&mut self) -> Option<(u64, bool)> {
-        let h = self.hash().map(|h| (h, self.ref_flags & PRIVATE == 0));
-        self.ref_flags &= !(HASHED | PRIVATE);
-        h
-    }
-
-    /// Its hash when the hash index holds it.
-    fn indexed_hash(&self) -> Option<u64> {
-        (self.ref_flags & (HASHED | PRIVATE) == HASHED).then_some(self.hash_bits)
-    }
+/// What one KV block holds, 16 bytes: read on prefix-cache lookups and
+/// commits, and on the eviction of a block whose hash is indexed.
+#[derive(Debug, Clone, Copy)]
+struct Content {
+    /// Content hash, meaningful while the block's `HASHED` is set.
+    hash_bits: u64,
+    /// The block that last followed this one in a request's table when it
+    /// was committed: a hint for chained lookups, checked before use.
+    child: u32,
 }
 
 /// The KV blocks of one instance.
@@ -72,6 +57,7 @@ impl Block {
 pub struct KvCache {
     block_size: u32,
     blocks: Vec<Block>,
+    content: Vec<Content>,
     /// The free queue, least recently freed first: (block, generation)
     /// entries, stale ones skipped and compacted away (a block taken out
     /// of the middle by a prefix-cache hit leaves its entry behind).
@@ -102,9 +88,14 @@ impl KvCache {
             block_size: block_size.max(1),
             blocks: vec![
                 Block {
-                    hash_bits: 0,
                     ref_flags: 0,
                     queued: 0,
+                };
+                total_blocks as usize
+            ],
+            content: vec![
+                Content {
+                    hash_bits: 0,
                     child: NIL,
                 };
                 total_blocks as usize
@@ -168,13 +159,31 @@ impl KvCache {
         tokens.div_ceil(self.block_size)
     }
 
+    /// Whether block `b` holds registered content `hash`.
+    fn holds(&self, b: u32, hash: u64) -> bool {
+        self.blocks[b as usize].is_hashed() && self.content[b as usize].hash_bits == hash
+    }
+
+    /// The content hash registered for block `b` in the prefix cache.
+    #[cfg(test)]
+    fn hash_of(&self, b: u32) -> Option<u64> {
+        self.blocks[b as usize]
+            .is_hashed()
+            .then(|| self.content[b as usize].hash_bits)
+    }
+
+    /// Block `b`'s hash when the hash index holds it.
+    fn indexed_hash(&self, b: u32) -> Option<u64> {
+        (self.blocks[b as usize].ref_flags & (HASHED | PRIVATE) == HASHED)
+            .then(|| self.content[b as usize].hash_bits)
+    }
+
     /// The block holding content `hash`, if cached.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
         if !self.prefix_caching {
             return None;
         }
-        let blocks = &self.blocks;
-        self.cached.get(hash, |b| blocks[b as usize].holds(hash))
+        self.cached.get(hash, |b| self.holds(b, hash))
     }
 
     /// [`KvCache::lookup`] of the block after `parent` in a chain (the
@@ -185,8 +194,8 @@ impl KvCache {
     /// read per block instead of a hash-index probe.
     pub fn lookup_after(&self, parent: Option<u32>, hash: u64) -> Option<u32> {
         if let Some(p) = parent {
-            let c = self.blocks[p as usize].child;
-            if c != NIL && self.blocks[c as usize].holds(hash) {
+            let c = self.content[p as usize].child;
+            if c != NIL && self.holds(c, hash) {
                 return Some(c);
             }
         }
@@ -213,7 +222,7 @@ impl KvCache {
             let n = chain.len().min(max as usize);
             while known < n {
                 let b = chain[known];
-                if !self.blocks[b as usize].holds(hash(known as u32)) {
+                if !self.holds(b, hash(known as u32)) {
                     break;
                 }
                 out.push(b);
@@ -283,18 +292,31 @@ impl KvCache {
         }
         for _ in 0..new_blocks {
             let b = self.pop_head();
-            let blk = &mut self.blocks[b as usize];
-            if let Some((h, indexed)) = blk.take_hash() {
-                if indexed {
+            let flags = self.blocks[b as usize].ref_flags;
+            if flags & HASHED != 0 {
+                // Evict its content (a private hash is in no index).
+                if flags & PRIVATE == 0 {
+                    let h = self.content[b as usize].hash_bits;
                     let found = self.cached.remove(h, b);
                     debug_assert!(found, "a block holding a shared hash is indexed");
                 }
                 self.evictions += 1;
             }
-            blk.ref_flags = 1;
+            self.blocks[b as usize].ref_flags = 1;
             table.push(b);
         }
         true
+    }
+
+    /// Hints the CPU to fetch the bookkeeping and content of `table`'s
+    /// blocks (about to be released, their private hashes committed): the
+    /// blocks of a request are scattered over the cache, so fetching them
+    /// all at once overlaps what would be a cache miss per block.
+    pub fn prefetch(&self, table: &[u32]) {
+        for &b in table {
+            mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[b as usize]);
+            mem_prefetch::prefetch_write_data::<_, 3>(&self.content[b as usize]);
+        }
     }
 
     /// Releases a request's blocks, last block first, so that its tail is
@@ -329,13 +351,13 @@ impl KvCache {
             return;
         }
         let blk = &mut self.blocks[block as usize];
-        if blk.hash().is_none() {
-            blk.hash_bits = hash;
+        if !blk.is_hashed() {
             blk.ref_flags |= HASHED | PRIVATE;
+            self.content[block as usize].hash_bits = hash;
             self.has_private = true;
         }
         if let Some(p) = parent {
-            self.blocks[p as usize].child = block;
+            self.content[p as usize].child = block;
         }
     }
 
@@ -346,12 +368,9 @@ impl KvCache {
             return;
         }
         blk.ref_flags &= !PRIVATE;
-        let h = blk.hash_bits;
-        let blocks = &self.blocks;
+        let h = self.content[block as usize].hash_bits;
         debug_assert!(
-            self.cached
-                .get(h, |b| blocks[b as usize].holds(h))
-                .is_none(),
+            self.cached.get(h, |b| self.holds(b, h)).is_none(),
             "private content held twice"
         );
         self.cached.insert(h, block);
@@ -378,21 +397,21 @@ impl KvCache {
         if !self.prefix_caching {
             return;
         }
-        let holder = if self.blocks[block as usize].hash().is_some() {
+        let holder = if self.blocks[block as usize].is_hashed() {
             block
         } else {
-            let blocks = &self.blocks;
-            match self.cached.get(hash, |b| blocks[b as usize].holds(hash)) {
+            match self.cached.get(hash, |b| self.holds(b, hash)) {
                 Some(holder) => holder,
                 None => {
                     self.cached.insert(hash, block);
-                    self.blocks[block as usize].set_hash(hash);
+                    self.blocks[block as usize].ref_flags |= HASHED;
+                    self.content[block as usize].hash_bits = hash;
                     block
                 }
             }
         };
         if let Some(p) = parent {
-            self.blocks[p as usize].child = holder;
+            self.content[p as usize].child = holder;
         }
     }
 
@@ -421,6 +440,10 @@ impl KvCache {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
             if self.blocks[b as usize].queued == g {
                 self.unlink(b);
+                // The next block to take: fetch it ahead of its allocation.
+                if let Some(&(next, _)) = self.queue.front() {
+                    mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
+                }
                 return b;
             }
         }
@@ -458,10 +481,10 @@ impl KvCache {
             ));
         }
         let mut hashed = 0usize;
-        for (i, blk) in self.blocks.iter().enumerate() {
-            if let Some(h) = blk.indexed_hash() {
+        for i in 0..self.total() {
+            if let Some(h) = self.indexed_hash(i) {
                 hashed += 1;
-                if self.lookup(h) != Some(i as u32) {
+                if self.lookup(h) != Some(i) {
                     return Err(format!(
                         "block {i} holds hash {h:#x} but the index does not find it"
                     ));
@@ -475,11 +498,7 @@ impl KvCache {
             ));
         }
         for (tag, b) in self.cached.entries() {
-            match self
-                .blocks
-                .get(b as usize)
-                .and_then(|blk| blk.indexed_hash())
-            {
+            match (b < self.total()).then(|| self.indexed_hash(b)).flatten() {
                 Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
                 _ => return Err(format!("index entry for block {b} is stale")),
             }
@@ -544,7 +563,7 @@ mod tests {
                         let hits: Vec<u32> = t
                             .iter()
                             .copied()
-                            .filter(|&b| kv.blocks[b as usize].hash().is_some())
+                            .filter(|&b| kv.hash_of(b).is_some())
                             .collect();
                         let mut table = Vec::new();
                         prop_assert!(kv.allocate(&mut table, &hits, 0));

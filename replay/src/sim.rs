@@ -920,7 +920,7 @@ impl Driver<'_> {
             let Some(f) = self.flights[span.tag as usize].as_mut() else {
                 continue;
             };
-            let times = report.span_times(span);
+            let times = report.span_times(span).after(f.last_token_us);
             f.last_token_us = Some(times.last());
             if wants {
                 sink.tokens(&f.rec, times);

@@ -83,29 +83,31 @@ impl Default for EngineConfig {
     }
 }
 
-/// A request as the instance sees it.
+/// A request as the instance sees it. (`repr(C)`: its first 16 bytes,
+/// read by every step of a batch, come first.)
 #[derive(Debug, Clone, PartialEq)]
+#[repr(C)]
 pub struct SimRequest {
     /// Identifier (the trace's `request_id`).
     pub id: u64,
     /// Prompt tokens.
     pub input_tokens: u32,
+    /// An opaque value of the owner's, echoed in [`TokenSpan`] and
+    /// [`Finished`] (e.g. an index into its own table).
+    pub tag: u32,
     /// Output tokens to generate.
     pub output_tokens: u32,
-    /// Priority (lower = more urgent; [`crate::cluster::priority::PriorityPolicy`]).
-    pub priority: i64,
     /// Urgency of its SLO class ([`crate::engine::queue_order::slo_priority`], 0 the
     /// most urgent), for the anomaly counters whatever the priority policy.
     pub class: u8,
+    /// Priority (lower = more urgent; [`crate::cluster::priority::PriorityPolicy`]).
+    pub priority: i64,
     /// Token content of prompt and output, for prefix-cache hashing.
     pub segments: Vec<Segment>,
     /// The content hashes of its leading blocks when the owner already
     /// computed them (a prefix-aware router does); may be empty, the
     /// instance computes the rest.
     pub block_hashes: Vec<u64>,
-    /// An opaque value of the owner's, echoed in [`TokenSpan`] and
-    /// [`Finished`] (e.g. an index into its own table).
-    pub tag: u32,
 }
 
 /// Why a request was dropped on arrival.
@@ -235,9 +237,14 @@ impl StepReport {
             (timing.per_token_us == 0.0).then(|| (itl.extra_us(1, false), itl.extra_us(1, true)));
     }
 
-    /// The client-visible times of `span`'s tokens, computed on demand.
+    /// The client-visible times of `span`'s tokens, computed on demand
+    /// (with no earlier token known: see [`SpanTimes::after`]).
     pub fn span_times<'a>(&'a self, span: &'a TokenSpan) -> SpanTimes<'a> {
-        SpanTimes { report: self, span }
+        SpanTimes {
+            report: self,
+            span,
+            previous: None,
+        }
     }
 
     fn clear(&mut self) {
@@ -259,9 +266,24 @@ impl StepReport {
 pub struct SpanTimes<'a> {
     report: &'a StepReport,
     span: &'a TokenSpan,
+    previous: Option<i64>,
 }
 
 impl<'a> SpanTimes<'a> {
+    /// The same times, knowing the client-visible time of the request's
+    /// token before the span (`None`: none, the span starts its output).
+    /// The replay driver gives it to its sink, which can then count the gap
+    /// into the span without remembering every request's last token.
+    pub fn after(self, previous: Option<i64>) -> Self {
+        Self { previous, ..self }
+    }
+
+    /// The client-visible time of the request's token before the span,
+    /// when known ([`SpanTimes::after`]), µs.
+    pub fn previous(&self) -> Option<i64> {
+        self.previous
+    }
+
     /// Tokens in the span (at least one).
     pub fn len(&self) -> usize {
         self.span.count as usize
@@ -444,18 +466,26 @@ impl Snapshot {
     }
 }
 
+/// A request in the instance. `repr(C)` keeps what every step of a batch
+/// reads and writes (its block table, progress, batch order and the
+/// request's id, prompt length and tag) in its first 64 bytes, one cache
+/// line: a step visits every running request, and a batch's requests do
+/// not stay in the first-level cache between steps.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(super) struct Active {
-    pub(super) req: SimRequest,
-    pub(super) key: QueueKey,
-    /// Output tokens it will produce (capped by max_model_len).
-    pub(super) target: u32,
-    pub(super) capped: bool,
+    pub(super) blocks: Vec<u32>,
     pub(super) num_computed: u32,
     pub(super) generated: u32,
-    pub(super) blocks: Vec<u32>,
+    /// Output tokens it will produce (capped by max_model_len).
+    pub(super) target: u32,
     /// Leading blocks committed to the prefix cache (or hit there).
     pub(super) hashed: u32,
+    /// When it last joined the running batch ([`TokenSpan::join`]).
+    pub(super) join: u64,
+    pub(super) req: SimRequest,
+    pub(super) key: QueueKey,
+    pub(super) capped: bool,
     /// The first of its full private blocks whose commit to the KV cache
     /// is deferred (`[private_pending, hashed)`, see
     /// [`Instance::flush_private`]); `u32::MAX`: none.
@@ -467,8 +497,6 @@ pub(super) struct Active {
     pub(super) first_token_us: Option<i64>,
     pub(super) cached_tokens: Option<u32>,
     pub(super) preemptions: u32,
-    /// When it last joined the running batch ([`TokenSpan::join`]).
-    pub(super) join: u64,
     /// Its first block of private content (see
     /// [`Instance::set_private_blocks`]); `u32::MAX`: none or not tracked.
     pub(super) private_from: u32,

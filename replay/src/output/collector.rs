@@ -76,7 +76,6 @@ pub struct Collector {
     /// the number of tokens of step `k` whose gap to their request's
     /// previous token is `report_ends[k] - report_ends[k - 1]`.
     step_gaps: Vec<i64>,
-    last_token: Vec<i64>,
     counts: RequestCounts,
     first_send: i64,
     last_done: i64,
@@ -209,7 +208,6 @@ impl Collector {
             pending_itl: (i64::MIN, 0),
             report_ends: Vec::new(),
             step_gaps: Vec::new(),
-            last_token: Vec::new(),
             tenant_tokens: std::collections::BTreeMap::new(),
             classes: std::collections::BTreeMap::new(),
             outcomes: None,
@@ -292,6 +290,49 @@ impl Collector {
         self.report_ends.clear();
     }
 
+    /// Step form: extends the request's open run of tokens with `times`'
+    /// span, or closes it and opens a new one.
+    #[inline(never)]
+    fn extend_token_run(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+        let span = times.span();
+        let (instance, base) = self.step_batch;
+        let run = TokenRun {
+            request_id: rec.request.request_id,
+            instance,
+            join: span.join,
+            first_index: span.first_index,
+            first_step: base + u64::from(span.first_step),
+            count: times.len() as u32,
+            output_tokens: span.target,
+        };
+        let t = span.tag as usize;
+        if self.open_runs.len() <= t {
+            self.open_runs.resize(t + 1, None);
+        }
+        match &mut self.open_runs[t] {
+            Some(open) if open.continues_with(&run) => open.count += run.count,
+            _ => {
+                self.close_run(t);
+                self.open_runs[t] = Some(run);
+            }
+        }
+    }
+
+    /// Row form: queues the span's chunks until the report's rows are
+    /// written in step order.
+    #[inline(never)]
+    fn queue_token_rows(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+        let span = times.span();
+        self.pending_spans.push((
+            rec.request.request_id,
+            span.first_index - 1,
+            span.first_step as usize,
+            self.pending_times.len(),
+            times.len(),
+        ));
+        self.pending_times.extend(times.iter());
+    }
+
     /// Counts the inter-token gaps of one span: the first token's to the
     /// request's previous token, then the others'. Without a per-token
     /// overhead the inner gaps are the steps' gaps and are counted per
@@ -299,16 +340,14 @@ impl Collector {
     /// carries a completion overhead.
     fn count_gaps(&mut self, times: SpanTimes<'_>) {
         let span = times.span();
-        let tag = span.tag as usize;
-        if self.last_token.len() <= tag {
-            self.last_token.resize(tag + 1, i64::MIN);
-        }
         let n = times.len();
         if n == 0 {
             return;
         }
-        if span.first_index > 1 && self.last_token[tag] != i64::MIN {
-            self.add_itl(times.get(0) - self.last_token[tag], 1);
+        if span.first_index > 1
+            && let Some(previous) = times.previous()
+        {
+            self.add_itl(times.get(0) - previous, 1);
         }
         let per_step = times
             .step_gap_tokens()
@@ -323,30 +362,37 @@ impl Collector {
                 self.add_itl(times.get(n - 1) - times.get(n - 2), 1);
             }
         } else {
-            // Count runs of equal gaps at once (fast-forwarded decode steps).
-            let mut run_gap = i64::MIN;
-            let mut run_len = 0u64;
-            let mut prev = times.get(0);
-            for t in times.iter().skip(1) {
-                let g = t - prev;
-                if g == run_gap {
-                    run_len += 1;
-                } else {
-                    if run_len > 0 {
-                        self.add_itl(run_gap, run_len);
-                    }
-                    run_gap = g;
-                    run_len = 1;
-                }
-                prev = t;
-            }
-            if run_len > 0 {
-                self.add_itl(run_gap, run_len);
-            }
+            self.count_gaps_per_token(times);
         }
-        self.last_token[tag] = times.last();
     }
 
+    /// [`Collector::count_gaps`] of the tokens after the first when their
+    /// delays differ (a per-token overhead): runs of equal gaps (a
+    /// fast-forwarded run's decode steps) are counted at once.
+    #[inline(never)]
+    fn count_gaps_per_token(&mut self, times: SpanTimes<'_>) {
+        let mut run_gap = i64::MIN;
+        let mut run_len = 0u64;
+        let mut prev = times.get(0);
+        for t in times.iter().skip(1) {
+            let g = t - prev;
+            if g == run_gap {
+                run_len += 1;
+            } else {
+                if run_len > 0 {
+                    self.add_itl(run_gap, run_len);
+                }
+                run_gap = g;
+                run_len = 1;
+            }
+            prev = t;
+        }
+        if run_len > 0 {
+            self.add_itl(run_gap, run_len);
+        }
+    }
+
+    #[inline(never)]
     fn flush_itl(&mut self) {
         let (g, n) = self.pending_itl;
         if n > 0 {
@@ -486,41 +532,12 @@ impl Sink for Collector {
     }
 
     fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
-        let span = times.span();
-        let (tag, first_index) = (span.tag, span.first_index);
         if self.itl_steps && rec.request.streaming {
-            let (instance, base) = self.step_batch;
-            let run = TokenRun {
-                request_id: rec.request.request_id,
-                instance,
-                join: span.join,
-                first_index,
-                first_step: base + u64::from(span.first_step),
-                count: times.len() as u32,
-                output_tokens: span.target,
-            };
-            let t = tag as usize;
-            if self.open_runs.len() <= t {
-                self.open_runs.resize(t + 1, None);
-            }
-            match &mut self.open_runs[t] {
-                Some(open) if open.continues_with(&run) => open.count += run.count,
-                _ => {
-                    self.close_run(t);
-                    self.open_runs[t] = Some(run);
-                }
-            }
+            self.extend_token_run(rec, times);
         }
         self.count_gaps(times);
         if self.itl_companion && rec.request.streaming && self.writer.is_some() {
-            self.pending_spans.push((
-                rec.request.request_id,
-                first_index - 1,
-                span.first_step as usize,
-                self.pending_times.len(),
-                times.len(),
-            ));
-            self.pending_times.extend(times.iter());
+            self.queue_token_rows(rec, times);
         }
     }
 
@@ -759,7 +776,7 @@ mod tests {
                 }
                 c.steps(0, 0, &report.step_ends);
                 for span in &report.spans {
-                    let times = report.span_times(span);
+                    let times = report.span_times(span).after(last[span.tag as usize]);
                     for m in 0..times.len() {
                         let t = times.get(m);
                         if let Some(p) = last[span.tag as usize] {

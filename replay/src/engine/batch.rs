@@ -232,6 +232,13 @@ impl Instance {
     /// decode-only, and the fewest tokens a decoding request has left.
     fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
+        let bs = self.kv.block_size();
+        if self.groups.len() != bs as usize {
+            self.groups = vec![Vec::new(); bs as usize];
+        }
+        for g in &mut self.groups {
+            g.clear();
+        }
         let mut decode_only = true;
         let mut min_left = u32::MAX;
         for &(slot, n) in scheduled {
@@ -241,6 +248,10 @@ impl Instance {
                 self.shape.decode_count += 1;
                 self.shape.decode_context_sum += u64::from(a.num_computed);
                 min_left = min_left.min(a.target - a.generated);
+                // Its phase: after step j of a decode-only run, the
+                // requests of phase j % bs fill a block.
+                let c0 = a.num_computed;
+                self.groups[((bs - c0 % bs) % bs) as usize].push(slot);
             } else {
                 decode_only = false;
                 self.shape.prefill.push(PrefillChunk {
@@ -278,11 +289,7 @@ impl Instance {
             // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
             let mut per_phase = std::mem::take(&mut self.run_phase);
             per_phase.clear();
-            per_phase.resize(bs as usize, 0);
-            for &(slot, _) in scheduled {
-                let c0 = self.act(slot).num_computed;
-                per_phase[((bs - c0 % bs) % bs) as usize] += 1;
-            }
+            per_phase.extend(self.groups.iter().map(|g| g.len() as u32));
             let mut free = self.kv.free();
             let b = scheduled.len() as u64;
             let mut ctx = self.shape.decode_context_sum;

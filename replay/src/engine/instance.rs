@@ -555,6 +555,10 @@ pub struct Instance {
     pub(super) counters: Counters,
     pub(super) shape: BatchShape,
     pub(super) hits: Vec<u32>,
+    /// The decoding requests of the batch in flight by phase
+    /// (`(bs - num_computed % bs) % bs` when it was formed), in running
+    /// order: after step `j` of a decode-only run, those of phase `j % bs`
+    /// fill a block. Set when a batch is formed.
     pub(super) groups: Vec<Vec<u32>>,
     pub(super) index: rustc_hash::FxHashMap<u64, u32>,
     pub(super) spare_scheduled: Vec<(u32, u32)>,
@@ -1017,18 +1021,13 @@ impl Instance {
     ) {
         let k = run.ends.len() as u32;
         let bs = self.kv.block_size();
-        if self.groups.len() != bs as usize {
-            self.groups = vec![Vec::new(); bs as usize];
-        }
-        for g in &mut self.groups {
-            g.clear();
-        }
-        for &(slot, _) in &run.scheduled {
-            let c0 = self.act(slot).num_computed;
-            let phase = (bs - c0 % bs) % bs;
-            self.groups[phase as usize].push(slot);
-        }
-        let mut groups = std::mem::take(&mut self.groups);
+        // The run's requests by phase, as its batch was formed.
+        let groups = std::mem::take(&mut self.groups);
+        debug_assert_eq!(
+            groups.iter().map(Vec::len).sum::<usize>(),
+            run.scheduled.len(),
+            "a decode-only run's requests are grouped by phase"
+        );
         for j in 1..=k {
             let g = &groups[(j % bs) as usize];
             for &slot in g {
@@ -1044,9 +1043,6 @@ impl Instance {
                     self.act_mut(slot).blocks = blocks;
                 }
             }
-        }
-        for g in &mut groups {
-            g.clear();
         }
         self.groups = groups;
         for &(slot, _) in &run.scheduled {

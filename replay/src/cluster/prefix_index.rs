@@ -324,6 +324,23 @@ mod tests {
         assert_eq!(ix.len(), 3);
     }
 
+    /// A chain's later node evicted and reused for another hash while its
+    /// first node stays: a query through the reused node is answered from
+    /// what the node holds now, and so is one through the chain's old
+    /// content afterwards.
+    #[test]
+    fn a_reused_node_of_a_remembered_chain_answers_what_it_holds() {
+        let mut ix = PrefixIndex::new(4);
+        ix.insert(&[1, 2, 3]);
+        ix.insert(&[1, 2, 3]); // remembered through 1's node
+        ix.insert(&[1]); // 1 now more recent than 2 and 3
+        ix.insert(&[7]);
+        ix.insert(&[8]); // evicts 2; its node now holds 8
+        assert_eq!(ix.matched(&[1, 8]), 2);
+        assert_eq!(ix.matched(&[1, 2]), 1, "2 is no longer held");
+        assert_eq!(ix.matched(&[1, 8]), 2);
+    }
+
     /// The plain definition: a recency list, all of a chain touched in
     /// order, then the least recent dropped down to capacity.
     struct Model {
@@ -361,13 +378,22 @@ mod tests {
         ) {
             let mut ix = PrefixIndex::new(capacity);
             let mut model = Model { capacity, order: Vec::new() };
+            let mut earlier: Vec<Vec<u64>> = Vec::new();
             for (n, (tenant, prefix, body, body_len, own_len, flush)) in reqs.into_iter().enumerate() {
                 let mut chain: Vec<u64> = (0..prefix as u64).map(|j| tenant * 1000 + j).collect();
                 chain.extend((0..body_len as u64).map(|j| 1_000_000 + body * 100 + j));
                 let private_from = chain.len();
                 chain.extend((0..own_len as u64).map(|j| 2_000_000 + n as u64 * 100 + j));
                 prop_assert_eq!(ix.matched(&chain), model.matched(&chain));
+                // Earlier prompts' shared parts again, some cut short.
+                for old in earlier.iter().rev().take(3) {
+                    let old: &Vec<u64> = old;
+                    prop_assert_eq!(ix.matched(old), model.matched(old));
+                    let half = &old[..old.len() / 2];
+                    prop_assert_eq!(ix.matched(half), model.matched(half));
+                }
                 ix.insert_private(&chain, private_from);
+                earlier.push(chain[..private_from].to_vec());
                 model.insert(&chain);
                 prop_assert_eq!(ix.len(), model.order.len());
                 if flush == 0 {

@@ -61,6 +61,15 @@ impl Instance {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
+        if let Some(min_left) = self.form_decode_batch(&mut scheduled) {
+            let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
+            let mut ends = std::mem::take(&mut self.spare_ends);
+            ends.clear();
+            ends.push(now + dt);
+            self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
+            self.run = Some(Run { scheduled, ends });
+            return;
+        }
         let preempted = self.schedule_running(&mut scheduled, &mut budget);
         if !preempted {
             self.admit_waiting(now, &mut scheduled, &mut budget);
@@ -92,6 +101,67 @@ impl Instance {
             self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
         }
         self.run = Some(Run { scheduled, ends });
+    }
+
+    /// Steps 1 to 3 in one pass for the most common batch: every running
+    /// request decodes its next token, nothing waiting can join (none
+    /// waits, or `max_num_seqs` is reached), the token budget holds them
+    /// all and the free KV blocks hold their new blocks. Then the batch,
+    /// its blocks, its shape and its phase groups are exactly what
+    /// [`Instance::schedule_running`], [`Instance::admit_waiting`] and
+    /// [`Instance::step_shape`] give, and the fewest tokens a request has
+    /// left is returned; otherwise nothing is changed and `None` returned.
+    fn form_decode_batch(&mut self, scheduled: &mut Vec<(u32, u32)>) -> Option<u32> {
+        let n = self.running.len();
+        if n == 0
+            || n > self.cfg.max_num_batched_tokens as usize
+            || !(self.waiting.is_empty()
+                || n >= self.cfg.max_num_seqs as usize
+                || n == self.cfg.max_num_batched_tokens as usize)
+        {
+            return None;
+        }
+        let bs = self.kv.block_size();
+        if self.groups.len() != bs as usize {
+            self.groups = vec![Vec::new(); bs as usize];
+        }
+        for g in &mut self.groups {
+            g.clear();
+        }
+        self.shape.clear();
+        let mut min_left = u32::MAX;
+        let mut need = 0u32;
+        for &slot in &self.running {
+            let a = self.slots[slot as usize].as_ref().expect("live slot");
+            if a.generated == 0 || a.num_computed + 1 != a.num_tokens() {
+                return None;
+            }
+            need += self
+                .kv
+                .blocks_for(a.num_computed + 1)
+                .saturating_sub(a.blocks.len() as u32);
+            self.shape.decode_count += 1;
+            self.shape.decode_context_sum += u64::from(a.num_computed);
+            min_left = min_left.min(a.target - a.generated);
+            self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
+        }
+        if need > self.kv.free() {
+            return None;
+        }
+        for i in 0..n {
+            let slot = self.running[i];
+            let a = self.slots[slot as usize].as_mut().expect("live slot");
+            let need = self
+                .kv
+                .blocks_for(a.num_computed + 1)
+                .saturating_sub(a.blocks.len() as u32);
+            if need > 0 {
+                let ok = self.kv.allocate(&mut a.blocks, &[], need);
+                debug_assert!(ok, "the free blocks were counted");
+            }
+            scheduled.push((slot, 1));
+        }
+        Some(min_left)
     }
 
     /// Step 1: the running requests, in running order, each its next chunk
@@ -250,8 +320,7 @@ impl Instance {
                 min_left = min_left.min(a.target - a.generated);
                 // Its phase: after step j of a decode-only run, the
                 // requests of phase j % bs fill a block.
-                let c0 = a.num_computed;
-                self.groups[((bs - c0 % bs) % bs) as usize].push(slot);
+                self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
             } else {
                 decode_only = false;
                 self.shape.prefill.push(PrefillChunk {
@@ -278,7 +347,6 @@ impl Instance {
         min_left: u32,
         ends: &mut Vec<i64>,
     ) {
-        let bs = self.kv.block_size();
         let all_running_scheduled = scheduled.len() == self.running.len();
         let can_grow =
             self.waiting.is_empty() || self.running.len() as u32 >= self.cfg.max_num_seqs;
@@ -297,7 +365,7 @@ impl Instance {
             let mut k = 1u32;
             let constant = matches!(self.latency, Model::Blackbox(_));
             while k < max_k {
-                let need = per_phase[(k % bs) as usize];
+                let need = per_phase[self.kv.in_block(k) as usize];
                 if need > free {
                     break;
                 }

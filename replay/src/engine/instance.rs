@@ -1020,7 +1020,6 @@ impl Instance {
         done: &mut Vec<u32>,
     ) {
         let k = run.ends.len() as u32;
-        let bs = self.kv.block_size();
         // The run's requests by phase, as its batch was formed.
         let groups = std::mem::take(&mut self.groups);
         debug_assert_eq!(
@@ -1029,10 +1028,10 @@ impl Instance {
             "a decode-only run's requests are grouped by phase"
         );
         for j in 1..=k {
-            let g = &groups[(j % bs) as usize];
+            let g = &groups[self.kv.in_block(j) as usize];
             for &slot in g {
                 // The request's j-th token fills a block: register it.
-                let filled = (self.act(slot).num_computed + j) / bs;
+                let filled = self.kv.full_blocks(self.act(slot).num_computed + j);
                 self.commit_hashes_upto(slot, filled);
             }
             if j < k || continues {
@@ -1076,13 +1075,12 @@ impl Instance {
         base_step: u32,
         done: &mut Vec<u32>,
     ) {
-        let bs = self.kv.block_size();
         let timing = report.timing;
         for &(slot, n) in &run.scheduled {
-            let a = self.act_mut(slot);
+            let a = self.slots[slot as usize].as_mut().expect("live slot");
             a.num_computed += n;
             let caught_up = a.num_computed == a.num_tokens();
-            let filled = a.num_computed / bs;
+            let filled = self.kv.full_blocks(a.num_computed);
             if filled > a.hashed {
                 self.commit_hashes_upto(slot, filled);
             }

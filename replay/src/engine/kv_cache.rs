@@ -56,6 +56,9 @@ struct Content {
 #[derive(Debug, Clone)]
 pub struct KvCache {
     block_size: u32,
+    /// `log2(block_size)` when it is a power of two (vLLM's are): the
+    /// divisions by the block size on every step become shifts.
+    block_shift: Option<u32>,
     blocks: Vec<Block>,
     content: Vec<Content>,
     /// The free queue, least recently freed first: (block, generation)
@@ -86,6 +89,10 @@ impl KvCache {
     pub fn new(total_blocks: u32, block_size: u32, prefix_caching: bool) -> Self {
         let mut c = Self {
             block_size: block_size.max(1),
+            block_shift: block_size
+                .max(1)
+                .is_power_of_two()
+                .then(|| block_size.max(1).trailing_zeros()),
             blocks: vec![
                 Block {
                     ref_flags: 0,
@@ -156,7 +163,37 @@ impl KvCache {
 
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: u32) -> u32 {
-        tokens.div_ceil(self.block_size)
+        match self.block_shift {
+            Some(sh) => (tokens >> sh) + u32::from(tokens & (self.block_size - 1) != 0),
+            None => tokens.div_ceil(self.block_size),
+        }
+    }
+
+    /// Full blocks in `tokens` tokens.
+    pub fn full_blocks(&self, tokens: u32) -> u32 {
+        match self.block_shift {
+            Some(sh) => tokens >> sh,
+            None => tokens / self.block_size,
+        }
+    }
+
+    /// A decoding request's phase: with `computed` tokens in KV, after how
+    /// many more tokens (mod `block_size`) its last block is full,
+    /// `(block_size - computed % block_size) % block_size`.
+    pub fn phase(&self, computed: u32) -> u32 {
+        let bs = self.block_size;
+        match self.block_shift {
+            Some(_) => (bs - (computed & (bs - 1))) & (bs - 1),
+            None => (bs - computed % bs) % bs,
+        }
+    }
+
+    /// `j % block_size`.
+    pub fn in_block(&self, j: u32) -> u32 {
+        match self.block_shift {
+            Some(_) => j & (self.block_size - 1),
+            None => j % self.block_size,
+        }
     }
 
     /// Whether block `b` holds registered content `hash`.
@@ -586,6 +623,21 @@ mod tests {
     /// Hits on a free block leave stale entries in the free queue; once
     /// they outnumber the live ones the queue is compacted, keeping its
     /// order.
+    /// Block arithmetic by shifts (power-of-two sizes) and by division
+    /// agree with the definitions.
+    #[test]
+    fn block_arithmetic_holds_for_any_block_size() {
+        for bs in [1u32, 2, 3, 7, 16, 32, 48, 256] {
+            let kv = KvCache::new(4, bs, true);
+            for t in 0..1000u32 {
+                assert_eq!(kv.blocks_for(t), t.div_ceil(bs), "bs {bs}, {t} tokens");
+                assert_eq!(kv.full_blocks(t), t / bs);
+                assert_eq!(kv.phase(t), (bs - t % bs) % bs);
+                assert_eq!(kv.in_block(t), t % bs);
+            }
+        }
+    }
+
     #[test]
     fn the_free_queue_keeps_its_order_through_compaction() {
         let mut kv = KvCache::new(8, 16, true);

@@ -317,10 +317,14 @@ impl Sink for Handlers<'_> {
         true
     }
 
-    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+    fn wants_token_records(&self) -> bool {
+        false
+    }
+
+    fn tokens(&mut self, _rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
         // The tokens of a step that just ended were handed over when its
         // batch was formed ([`Sink::upcoming`]); here they feed the metrics.
-        let Some(f) = self.flights.get_mut(&rec.request.request_id) else {
+        let Some(f) = self.flights.get_mut(&times.span().id) else {
             return;
         };
         for v in times.iter() {

@@ -42,7 +42,11 @@ impl Sink for Boundaries {
     fn wants_tokens(&self) -> bool {
         true
     }
-    fn tokens(&mut self, _: &TraceRecord, times: blis_replay::engine::instance::SpanTimes<'_>) {
+    fn tokens(
+        &mut self,
+        _: Option<&TraceRecord>,
+        times: blis_replay::engine::instance::SpanTimes<'_>,
+    ) {
         self.0.extend(times.iter());
     }
     fn finished(&mut self, _: Done<'_>) {}

@@ -44,7 +44,15 @@ pub trait Sink {
     /// `tag` is a small integer identifying the request while it is in
     /// flight (reused afterwards), for sinks that keep per-request state in
     /// a vector.
-    fn tokens(&mut self, _rec: &TraceRecord, _times: SpanTimes<'_>) {}
+    ///
+    /// `rec` is the request's record when [`Sink::wants_token_records`]
+    /// (else `None`: the driver does not look it up).
+    fn tokens(&mut self, _rec: Option<&TraceRecord>, _times: SpanTimes<'_>) {}
+    /// Whether [`Sink::tokens`] needs the request's record (the span gives
+    /// its id, tag and times).
+    fn wants_token_records(&self) -> bool {
+        true
+    }
     /// A request completed.
     fn finished(&mut self, done: Done<'_>);
     /// A request was dropped (never served) or skipped (a failed request of
@@ -184,7 +192,6 @@ struct Flight {
     /// meant for.
     generation: u32,
     entry_us: i64,
-    last_token_us: Option<i64>,
     cancelled: bool,
     enqueued: bool,
     /// The prompt's block hashes, when routing computed them.
@@ -756,7 +763,6 @@ impl Driver<'_> {
             inst: inst as u32,
             generation,
             entry_us: entry,
-            last_token_us: None,
             cancelled: false,
             enqueued: false,
             hashes: self.control.take_hashes(),
@@ -854,9 +860,10 @@ impl Driver<'_> {
         let id = f.rec.request.request_id;
         let inst = f.inst as usize;
         self.sync(inst, now, sink);
-        let Some((generated, first)) = self.insts[inst].abort(id) else {
+        let Some(aborted) = self.insts[inst].abort(id) else {
             return;
         };
+        let generated = aborted.generated;
         let f = self.take_flight(tag);
         self.round_done(&f.rec, now);
         if generated == 0 {
@@ -866,8 +873,8 @@ impl Driver<'_> {
         let fin = Finished {
             id,
             tag,
-            first_token_us: first.unwrap_or(now),
-            last_token_us: f.last_token_us.unwrap_or(now),
+            first_token_us: aborted.first_token_us.unwrap_or(now),
+            last_token_us: aborted.last_token_us.unwrap_or(now),
             scheduled_us: f.entry_us,
             output_tokens: generated,
             cached_tokens: 0,
@@ -916,14 +923,19 @@ impl Driver<'_> {
         if wants && !report.step_ends.is_empty() {
             sink.steps(inst as u32, report.first_step, &report.step_ends);
         }
-        for span in &report.spans {
-            let Some(f) = self.flights[span.tag as usize].as_mut() else {
-                continue;
-            };
-            let times = report.span_times(span).after(f.last_token_us);
-            f.last_token_us = Some(times.last());
-            if wants {
-                sink.tokens(&f.rec, times);
+        if wants {
+            let records = sink.wants_token_records();
+            for span in &report.spans {
+                let rec = if records {
+                    let Some(f) = self.flights[span.tag as usize].as_ref() else {
+                        continue;
+                    };
+                    Some(&f.rec)
+                } else {
+                    debug_assert!(self.flights[span.tag as usize].is_some());
+                    None
+                };
+                sink.tokens(rec, report.span_times(span));
             }
         }
         for fin in &report.finished {

@@ -167,6 +167,20 @@ pub struct TokenSpan {
     pub count: u32,
     /// The request's output length: the token of this index is its last.
     pub target: u32,
+    /// Client-visible time of the request's token before the span, µs
+    /// (`None`: the span starts its output).
+    pub previous_us: Option<i64>,
+}
+
+/// What a cancelled request had produced ([`Instance::abort`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Aborted {
+    /// Output tokens produced.
+    pub generated: u32,
+    /// Client-visible time of its first token, µs, if any.
+    pub first_token_us: Option<i64>,
+    /// Client-visible time of its latest token, µs, if any.
+    pub last_token_us: Option<i64>,
 }
 
 /// A request that completed.
@@ -237,14 +251,9 @@ impl StepReport {
             (timing.per_token_us == 0.0).then(|| (itl.extra_us(1, false), itl.extra_us(1, true)));
     }
 
-    /// The client-visible times of `span`'s tokens, computed on demand
-    /// (with no earlier token known: see [`SpanTimes::after`]).
+    /// The client-visible times of `span`'s tokens, computed on demand.
     pub fn span_times<'a>(&'a self, span: &'a TokenSpan) -> SpanTimes<'a> {
-        SpanTimes {
-            report: self,
-            span,
-            previous: None,
-        }
+        SpanTimes { report: self, span }
     }
 
     fn clear(&mut self) {
@@ -266,22 +275,14 @@ impl StepReport {
 pub struct SpanTimes<'a> {
     report: &'a StepReport,
     span: &'a TokenSpan,
-    previous: Option<i64>,
 }
 
 impl<'a> SpanTimes<'a> {
-    /// The same times, knowing the client-visible time of the request's
-    /// token before the span (`None`: none, the span starts its output).
-    /// The replay driver gives it to its sink, which can then count the gap
-    /// into the span without remembering every request's last token.
-    pub fn after(self, previous: Option<i64>) -> Self {
-        Self { previous, ..self }
-    }
-
-    /// The client-visible time of the request's token before the span,
-    /// when known ([`SpanTimes::after`]), µs.
+    /// The client-visible time of the request's token before the span
+    /// ([`TokenSpan::previous_us`]), µs: a sink counts the gap into the
+    /// span without remembering every request's last token.
     pub fn previous(&self) -> Option<i64> {
-        self.previous
+        self.span.previous_us
     }
 
     /// Tokens in the span (at least one).
@@ -495,6 +496,8 @@ pub(super) struct Active {
     pub(super) hashes: Vec<u64>,
     pub(super) scheduled_us: Option<i64>,
     pub(super) first_token_us: Option<i64>,
+    /// Client-visible time of its latest token.
+    pub(super) last_token_us: Option<i64>,
     pub(super) cached_tokens: Option<u32>,
     pub(super) preemptions: u32,
     /// Its first block of private content (see
@@ -797,6 +800,7 @@ impl Instance {
             hashes,
             scheduled_us: None,
             first_token_us: None,
+            last_token_us: None,
             cached_tokens: None,
             preemptions: 0,
             join: 0,
@@ -1052,8 +1056,7 @@ impl Instance {
             if a.generated >= a.target {
                 done.push(slot);
             }
-            let a = self.act(slot);
-            report.spans.push(TokenSpan {
+            let span = TokenSpan {
                 id: a.req.id,
                 tag: a.req.tag,
                 first_index,
@@ -1061,7 +1064,10 @@ impl Instance {
                 join: a.join,
                 count: k,
                 target: a.target,
-            });
+                previous_us: a.last_token_us,
+            };
+            a.last_token_us = Some(report.token_time(&span, k - 1));
+            report.spans.push(span);
         }
         self.counters.generation_tokens += u64::from(k) * run.scheduled.len() as u64;
     }
@@ -1094,8 +1100,7 @@ impl Instance {
                 if a.generated >= a.target {
                     done.push(slot);
                 }
-                let a = self.act(slot);
-                report.spans.push(TokenSpan {
+                let span = TokenSpan {
                     id: a.req.id,
                     tag: a.req.tag,
                     first_index: a.generated,
@@ -1103,7 +1108,10 @@ impl Instance {
                     join: a.join,
                     count: 1,
                     target: a.target,
-                });
+                    previous_us: a.last_token_us,
+                };
+                a.last_token_us = Some(report.token_time(&span, 0));
+                report.spans.push(span);
                 self.counters.generation_tokens += 1;
             }
         }
@@ -1204,11 +1212,11 @@ impl Instance {
 
     /// Cancels request `id` (a client timeout or disconnect): it leaves the
     /// wait queue or the batch and frees its blocks, as vLLM aborts a request
-    /// whose client went away. Returns the tokens it had produced and its
-    /// first token's time, or `None` when it is not in the system (already
-    /// finished). Must not be called while its step is in flight unless
-    /// `now` is that step's end; the owner calls it between steps.
-    pub fn abort(&mut self, id: u64) -> Option<(u32, Option<i64>)> {
+    /// whose client went away. Returns what it had produced, or `None` when
+    /// it is not in the system (already finished). Must not be called while
+    /// its step is in flight unless `now` is that step's end; the owner
+    /// calls it between steps.
+    pub fn abort(&mut self, id: u64) -> Option<Aborted> {
         let slot = self.index.remove(&id)?;
         if let Some(run) = &mut self.run
             && run.scheduled.iter().any(|(s, _)| *s == slot)
@@ -1236,7 +1244,11 @@ impl Instance {
         self.kv.release(&mut blocks);
         self.free_slots.push(slot);
         self.counters.aborted += 1;
-        Some((a.generated, a.first_token_us))
+        Some(Aborted {
+            generated: a.generated,
+            first_token_us: a.first_token_us,
+            last_token_us: a.last_token_us,
+        })
     }
 
     /// Checks invariants (for tests): KV conservation and request accounting.

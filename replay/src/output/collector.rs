@@ -293,11 +293,11 @@ impl Collector {
     /// Step form: extends the request's open run of tokens with `times`'
     /// span, or closes it and opens a new one.
     #[inline(never)]
-    fn extend_token_run(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+    fn extend_token_run(&mut self, times: SpanTimes<'_>) {
         let span = times.span();
         let (instance, base) = self.step_batch;
         let run = TokenRun {
-            request_id: rec.request.request_id,
+            request_id: span.id,
             instance,
             join: span.join,
             first_index: span.first_index,
@@ -321,10 +321,10 @@ impl Collector {
     /// Row form: queues the span's chunks until the report's rows are
     /// written in step order.
     #[inline(never)]
-    fn queue_token_rows(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+    fn queue_token_rows(&mut self, times: SpanTimes<'_>) {
         let span = times.span();
         self.pending_spans.push((
-            rec.request.request_id,
+            span.id,
             span.first_index - 1,
             span.first_step as usize,
             self.pending_times.len(),
@@ -531,13 +531,19 @@ impl Sink for Collector {
         w.write_steps(instance, first_step, ends, self.run_start_us);
     }
 
-    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
-        if self.itl_steps && rec.request.streaming {
-            self.extend_token_run(rec, times);
+    fn wants_token_records(&self) -> bool {
+        // Only the ITL companion needs a record (whether it streams).
+        self.itl_steps || self.itl_companion
+    }
+
+    fn tokens(&mut self, rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
+        let streaming = rec.is_some_and(|r| r.request.streaming);
+        if self.itl_steps && streaming {
+            self.extend_token_run(times);
         }
         self.count_gaps(times);
-        if self.itl_companion && rec.request.streaming && self.writer.is_some() {
-            self.queue_token_rows(rec, times);
+        if self.itl_companion && streaming && self.writer.is_some() {
+            self.queue_token_rows(times);
         }
     }
 
@@ -771,12 +777,16 @@ mod tests {
                         join: 0,
                         count,
                         target: targets[req],
+                        previous_us: None,
                     });
                     generated[req] += count;
                 }
                 c.steps(0, 0, &report.step_ends);
-                for span in &report.spans {
-                    let times = report.span_times(span).after(last[span.tag as usize]);
+                for i in 0..report.spans.len() {
+                    let tag = report.spans[i].tag as usize;
+                    report.spans[i].previous_us = last[tag];
+                    let span = &report.spans[i];
+                    let times = report.span_times(span);
                     for m in 0..times.len() {
                         let t = times.get(m);
                         if let Some(p) = last[span.tag as usize] {
@@ -784,7 +794,7 @@ mod tests {
                         }
                         last[span.tag as usize] = Some(t);
                     }
-                    c.tokens(&rec, times);
+                    c.tokens(Some(&rec), times);
                 }
             }
             c.flush_step_gaps();

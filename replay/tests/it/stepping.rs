@@ -26,11 +26,12 @@ impl Sink for Seen {
     fn wants_tokens(&self) -> bool {
         true
     }
-    fn tokens(&mut self, rec: &TraceRecord, times: SpanTimes<'_>) {
+    fn tokens(&mut self, rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
         let span = times.span();
+        let id = rec.expect("records asked for").request.request_id;
+        assert_eq!(id, span.id);
         for (m, t) in times.iter().enumerate() {
-            self.tokens
-                .push((rec.request.request_id, span.first_index + m as u32, t));
+            self.tokens.push((id, span.first_index + m as u32, t));
         }
     }
     fn finished(&mut self, d: Done<'_>) {

@@ -81,6 +81,13 @@ pub struct KvCache {
     evictions: u64,
 }
 
+/// How far ahead in the free queue a block is prefetched when one is
+/// taken: the least recently freed blocks are the coldest memory of a
+/// replay, and an admission takes tens at once. (Measured on the 16-instance
+/// chat benchmark: the next block, 8, 32 and 64 ahead; 32 and 64 are
+/// alike, about 8% faster than the next block.)
+const PREFETCH_AHEAD: usize = 32;
+
 /// At most this many chains are remembered (then all are forgotten).
 const MAX_CHAINS: usize = 4096;
 
@@ -477,8 +484,8 @@ impl KvCache {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
             if self.blocks[b as usize].queued == g {
                 self.unlink(b);
-                // The next block to take: fetch it ahead of its allocation.
-                if let Some(&(next, _)) = self.queue.front() {
+                // A block soon to be taken: fetch it ahead of its allocation.
+                if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
                 }
                 return b;

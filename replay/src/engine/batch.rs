@@ -67,6 +67,9 @@ impl Instance {
             ends.clear();
             ends.push(now + dt);
             self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
+            if ends.len() == min_left as usize {
+                self.prefetch_completions(&scheduled, min_left);
+            }
             self.run = Some(Run { scheduled, ends });
             return;
         }
@@ -99,6 +102,9 @@ impl Instance {
         ends.push(now + dt);
         if decode_only && !preempted {
             self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
+            if ends.len() == min_left as usize {
+                self.prefetch_completions(&scheduled, min_left);
+            }
         }
         self.run = Some(Run { scheduled, ends });
     }
@@ -162,6 +168,19 @@ impl Instance {
             scheduled.push((slot, 1));
         }
         Some(min_left)
+    }
+
+    /// Hints the CPU to fetch the KV blocks of the requests of a
+    /// decode-only run that complete at its end (`left` tokens each): they
+    /// are released then, and fetched now they arrive while the run is in
+    /// flight instead of stalling the release.
+    fn prefetch_completions(&self, scheduled: &[(u32, u32)], left: u32) {
+        for &(slot, _) in scheduled {
+            let a = self.act(slot);
+            if a.target - a.generated == left {
+                self.kv.prefetch(&a.blocks);
+            }
+        }
     }
 
     /// Step 1: the running requests, in running order, each its next chunk

@@ -37,7 +37,7 @@ pub trait Sink {
     /// [`Sink::tokens`] calls), before those calls: the instance's index of
     /// the first and the end times, µs since the run start.
     fn steps(&mut self, _instance: u32, _first_step: u64, _ends: &[i64]) {}
-    /// Tokens of request `rec`, produced in consecutive steps from
+    /// Tokens of one request (its id and tag in `times.span()`), produced in consecutive steps from
     /// `times.span().first_step` (an index into the last [`Sink::steps`]);
     /// `times.get(m)` is the client-visible time of output token
     /// `times.span().first_index + m`, µs since the run start. The span's

@@ -127,13 +127,7 @@ impl Instance {
         {
             return None;
         }
-        let bs = self.kv.block_size();
-        if self.groups.len() != bs as usize {
-            self.groups = vec![Vec::new(); bs as usize];
-        }
-        for g in &mut self.groups {
-            g.clear();
-        }
+        self.clear_groups();
         self.shape.clear();
         let mut min_left = u32::MAX;
         let mut need = 0u32;
@@ -168,6 +162,15 @@ impl Instance {
             scheduled.push((slot, 1));
         }
         Some(min_left)
+    }
+
+    /// Empties the phase groups (one per block position) for a new batch.
+    fn clear_groups(&mut self) {
+        let bs = self.kv.block_size() as usize;
+        self.groups.resize_with(bs, Vec::new);
+        for g in &mut self.groups {
+            g.clear();
+        }
     }
 
     /// Hints the CPU to fetch the KV blocks of the requests of a
@@ -321,13 +324,7 @@ impl Instance {
     /// decode-only, and the fewest tokens a decoding request has left.
     fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
-        let bs = self.kv.block_size();
-        if self.groups.len() != bs as usize {
-            self.groups = vec![Vec::new(); bs as usize];
-        }
-        for g in &mut self.groups {
-            g.clear();
-        }
+        self.clear_groups();
         let mut decode_only = true;
         let mut min_left = u32::MAX;
         for &(slot, n) in scheduled {

@@ -170,10 +170,7 @@ impl KvCache {
 
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: u32) -> u32 {
-        match self.block_shift {
-            Some(sh) => (tokens >> sh) + u32::from(tokens & (self.block_size - 1) != 0),
-            None => tokens.div_ceil(self.block_size),
-        }
+        self.full_blocks(tokens) + u32::from(self.in_block(tokens) != 0)
     }
 
     /// Full blocks in `tokens` tokens.
@@ -184,23 +181,19 @@ impl KvCache {
         }
     }
 
-    /// A decoding request's phase: with `computed` tokens in KV, after how
-    /// many more tokens (mod `block_size`) its last block is full,
-    /// `(block_size - computed % block_size) % block_size`.
-    pub fn phase(&self, computed: u32) -> u32 {
-        let bs = self.block_size;
-        match self.block_shift {
-            Some(_) => (bs - (computed & (bs - 1))) & (bs - 1),
-            None => (bs - computed % bs) % bs,
-        }
-    }
-
     /// `j % block_size`.
     pub fn in_block(&self, j: u32) -> u32 {
         match self.block_shift {
             Some(_) => j & (self.block_size - 1),
             None => j % self.block_size,
         }
+    }
+
+    /// A decoding request's phase: with `computed` tokens in KV, after how
+    /// many more tokens (mod `block_size`) its last block is full,
+    /// `(block_size - computed % block_size) % block_size`.
+    pub fn phase(&self, computed: u32) -> u32 {
+        self.in_block(self.block_size - self.in_block(computed))
     }
 
     /// Whether block `b` holds registered content `hash`.

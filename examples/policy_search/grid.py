@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A tiny policy search: a grid over the weights of prefix-affinity,
-queue-depth and kv-utilization routing, each candidate scored by
+queue-depth and kv-utilization routing (`--search routing`, the default),
+or over a CPU KV tier's size and offload threshold on a cluster short of
+GPU KV blocks (`--search kv-tier`), each candidate scored by
 `blis-replay evaluate` (one deterministic, single-threaded simulation per
 seed), candidates run in parallel across the machine's cores. The same
 contract serves an OpenEvolve evaluator or a GEPA adapter: write a policy
@@ -8,7 +10,7 @@ bundle, call evaluate, read `fitness`, `seeds[*]` and `summary` from its
 JSON.
 
     cargo build --release
-    python3 examples/policy_search/grid.py [--seeds 1,2] [--horizon-s 120] [--jobs N]
+    python3 examples/policy_search/grid.py [--search routing|kv-tier] [--seeds 1,2] [--horizon-s 120] [--jobs N]
 """
 import argparse
 import itertools
@@ -25,25 +27,46 @@ SPEC = os.path.join(ROOT, "examples", "policy_search", "shared-prefixes.yaml")
 FITNESS = "throughput:0.2,p99_ttft:0.5,mean_e2e:0.3"
 
 
-def evaluate(args):
-    weights, seeds, horizon = args
+def routing_bundle(weights):
     pa, qd, kv = weights
     scorers = {k: v for k, v in
                (("prefix-affinity", pa), ("queue-depth", qd), ("kv-utilization", kv)) if v > 0}
-    bundle = "num_instances: 8\nrouting:\n  policy: weighted\n  scorers: {%s}\n" % ", ".join(
+    return "num_instances: 8\nrouting:\n  policy: weighted\n  scorers: {%s}\n" % ", ".join(
         f"{k}: {v}" for k, v in scorers.items())
+
+
+def kv_tier_bundle(point):
+    cpu_blocks, threshold = point
+    return ("num_instances: 8\nrouting:\n  policy: weighted\n"
+            "  scorers: {prefix-affinity: 3, queue-depth: 2, kv-utilization: 2}\n"
+            f"kv: {{cpu_blocks: {cpu_blocks}, offload_threshold: {threshold}}}\n")
+
+
+# What each search varies, the GPU KV blocks per instance it runs with,
+# and how a candidate becomes a bundle.
+SEARCHES = {
+    "routing": (lambda: [w for w in itertools.product([0, 1, 3], [0, 1, 2], [0, 1, 2]) if any(w)],
+                "6000", routing_bundle),
+    "kv-tier": (lambda: list(itertools.product([0, 5000, 20000], [0.5, 0.7, 0.9])),
+                "1200", kv_tier_bundle),
+}
+
+
+def evaluate(args):
+    search, point, seeds, horizon = args
+    _, gpu_blocks, make = SEARCHES[search]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(bundle)
+        f.write(make(point))
         path = f.name
     try:
         out = subprocess.run(
             [BIN, "evaluate", "--policy-config", path, "--workload-spec", SPEC,
-             "--model", "meta-llama/Llama-3.1-8B-Instruct", "--total-kv-blocks", "6000",
+             "--model", "meta-llama/Llama-3.1-8B-Instruct", "--total-kv-blocks", gpu_blocks,
              "--horizon-s", str(horizon), "--seeds", seeds, "--fitness-weights", FITNESS],
             check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
-    return weights, json.loads(out)
+    return point, json.loads(out)
 
 
 def main():
@@ -51,20 +74,30 @@ def main():
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--horizon-s", type=float, default=120)
     p.add_argument("--jobs", type=int, default=os.cpu_count())
+    p.add_argument("--search", choices=sorted(SEARCHES), default="routing")
     a = p.parse_args()
     if not os.path.exists(BIN):
         sys.exit(f"build it first: cargo build --release ({BIN} missing)")
-    grid = [w for w in itertools.product([0, 1, 3], [0, 1, 2], [0, 1, 2]) if any(w)]
+    grid = SEARCHES[a.search][0]()
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(evaluate, [(w, a.seeds, a.horizon_s) for w in grid]))
+        results = list(pool.map(evaluate, [(a.search, w, a.seeds, a.horizon_s) for w in grid]))
     results.sort(key=lambda r: -r[1]["fitness"])
-    print("| prefix-affinity | queue-depth | kv-utilization | fitness | TTFT p99 ms | hit rate |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for (pa, qd, kv), e in results:
-        s = e["seeds"]
-        p99 = sum(x["ttft_ms"]["p99"] for x in s) / len(s)
-        hit = sum(x["prefix_cache_hit_rate"] for x in s) / len(s)
-        print(f"| {pa} | {qd} | {kv} | {e['fitness']:.4f} | {p99:.1f} | {100 * hit:.1f}% |")
+    mean = lambda e, f: sum(f(x) for x in e["seeds"]) / len(e["seeds"])
+    if a.search == "routing":
+        print("| prefix-affinity | queue-depth | kv-utilization | fitness | TTFT p99 ms | hit rate |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for (pa, qd, kv), e in results:
+            p99 = mean(e, lambda x: x["ttft_ms"]["p99"])
+            hit = mean(e, lambda x: x["prefix_cache_hit_rate"])
+            print(f"| {pa} | {qd} | {kv} | {e['fitness']:.4f} | {p99:.1f} | {100 * hit:.1f}% |")
+    else:
+        print("| CPU blocks | offload threshold | fitness | TTFT p99 ms | preemptions | reloads |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for (cpu, th), e in results:
+            p99 = mean(e, lambda x: x["ttft_ms"]["p99"])
+            pre = mean(e, lambda x: x["preemptions"])
+            rel = mean(e, lambda x: x.get("cpu_tier", {}).get("reloads", 0))
+            print(f"| {cpu} | {th} | {e['fitness']:.4f} | {p99:.1f} | {pre:.0f} | {rel:.0f} |")
     best = results[0][1]
     print("\nbest:", best["summary"])
 

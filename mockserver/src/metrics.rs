@@ -200,13 +200,7 @@ impl Metrics {
         let i = self.lock();
         let labels = format!("model_name=\"{}\"", self.model.replace('"', "'"));
         let mut o = String::new();
-        let s = i.snapshot.unwrap_or(Snapshot {
-            waiting: 0,
-            running: 0,
-            kv_used: 0,
-            kv_total: 0,
-            counters: Default::default(),
-        });
+        let s = i.snapshot.unwrap_or_default();
         let c = s.counters;
         let gauge = |o: &mut String, name: &str, v: f64| {
             let _ = writeln!(o, "# TYPE {name} gauge\n{name}{{{labels}}} {v:?}");

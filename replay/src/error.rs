@@ -69,4 +69,8 @@ pub enum SettingsError {
     /// `--client-timeout-s` is not a positive number of seconds.
     #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
     ClientTimeout(f64),
+    /// A CPU-tier setting is out of range, or the KV block's size in bytes
+    /// is unknown.
+    #[error("tiered KV cache: {0}")]
+    KvTier(String),
 }

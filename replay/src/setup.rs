@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use blis_traces::{Hardware as HeaderHardware, ServerConfig, TraceHeader};
 
 use crate::engine::instance::EngineConfig;
+use crate::engine::kv_tier::{CpuTierConfig, CpuTierSettings};
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::{ReplayError, Result};
 use crate::latency::arch::{Hardware, ModelArch, find_model};
@@ -60,6 +61,49 @@ pub struct ServerArgs {
     pub fast_forward: bool,
     /// vLLM's `--async-scheduling` (None: the trace header's, else off).
     pub async_scheduling: Option<bool>,
+    /// A CPU tier under the GPU KV cache (None: GPU only).
+    pub kv_tier: Option<CpuTierSettings>,
+}
+
+/// The CPU tier of `args` for blocks of `block_size` tokens of `arch`.
+///
+/// # Errors
+/// A setting out of range, or no block size in bytes (neither given nor a
+/// model config).
+fn cpu_tier_config(
+    args: &CpuTierSettings,
+    arch: Option<&ModelArch>,
+    block_size: u32,
+    prov: &mut Vec<String>,
+) -> Result<CpuTierConfig> {
+    let block_bytes = match (args.block_bytes, arch) {
+        (Some(b), _) => b,
+        (None, Some(a)) => a.kv_bytes_per_token() * f64::from(block_size),
+        (None, None) => {
+            return Err(SettingsError::KvTier(
+                "the size of a KV block in bytes needs the model's config: give --model-config or --kv-block-bytes".into(),
+            )
+            .into());
+        }
+    };
+    let cfg = CpuTierConfig {
+        cpu_blocks: args.cpu_blocks,
+        offload_threshold: args.offload_threshold,
+        transfer_bandwidth_gb_s: args.transfer_bandwidth_gb_s,
+        transfer_base_latency_us: args.transfer_base_latency_us,
+        block_bytes,
+        thrashing_window_us: args.thrashing_window_us,
+    };
+    cfg.validate().map_err(SettingsError::KvTier)?;
+    prov.push(format!(
+        "kv cpu tier: {} blocks of {} bytes, offload above {} GPU usage, {} GB/s + {} µs per transfer",
+        cfg.cpu_blocks,
+        cfg.block_bytes,
+        cfg.offload_threshold,
+        cfg.transfer_bandwidth_gb_s,
+        cfg.transfer_base_latency_us
+    ));
+    Ok(cfg)
 }
 
 /// The resolved server: settings, latency model, and how they were found.
@@ -513,6 +557,12 @@ fn engine_config(
             .or_else(|| hs.and_then(|s| s.async_scheduling))
             .or(row_async)
             .unwrap_or(false),
+        cpu_tier: args
+            .kv_tier
+            .as_ref()
+            .filter(|t| t.cpu_blocks > 0)
+            .map(|t| cpu_tier_config(t, arch, block_size, prov))
+            .transpose()?,
     };
     if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
         return Err(SettingsError::ZeroLimits.into());

@@ -228,6 +228,8 @@ pub fn merged(snaps: &[Snapshot]) -> Snapshot {
         m.running += s.running;
         m.kv_used += s.kv_used;
         m.kv_total += s.kv_total;
+        m.kv_cpu_used += s.kv_cpu_used;
+        m.kv_cpu_total += s.kv_cpu_total;
         m.counters += s.counters;
     }
     m

@@ -9,7 +9,7 @@ use blis_traces::{TraceRecord, content};
 use crate::cluster::admission::Admission;
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
-use crate::engine::instance::{Instance, Snapshot};
+use crate::engine::instance::{Instance, Signals};
 
 /// Admission and routing state of a cluster run.
 #[derive(Debug, Clone)]
@@ -19,7 +19,7 @@ pub struct Control {
     /// The router's state.
     pub router: Router,
     refresh_us: i64,
-    snaps: Vec<Snapshot>,
+    snaps: Vec<Signals>,
     in_flight: Vec<u32>,
     views: Vec<InstanceView>,
     hashes: Vec<u64>,
@@ -183,7 +183,7 @@ impl Control {
     /// `now` ([`Instance::snapshot_at`]).
     pub fn refresh(&mut self, now: i64, insts: &[Instance]) {
         self.snaps.clear();
-        self.snaps.extend(insts.iter().map(|i| i.snapshot_at(now)));
+        self.snaps.extend(insts.iter().map(|i| i.signals_at(now)));
     }
 
     /// Whether routing reads the instances' KV-cache hash indexes
@@ -207,7 +207,7 @@ impl Control {
         let n = insts.len() as f64;
         let (mut queued, mut kv) = (0.0, 0.0);
         for (i, inst) in insts.iter().enumerate() {
-            let s = inst.snapshot_at(now);
+            let s = inst.signals_at(now);
             queued += f64::from(self.in_flight[i].saturating_sub(s.running));
             kv += s.kv_usage();
         }
@@ -247,7 +247,7 @@ impl Control {
         let chosen = if insts.len() == 1 {
             if self.decisions.is_some() {
                 self.views[0].in_flight = self.in_flight[0];
-                let s = insts[0].snapshot_at(now);
+                let s = insts[0].signals_at(now);
                 self.views[0].waiting = s.waiting;
                 self.views[0].running = s.running;
                 self.views[0].kv_usage = s.kv_usage();

@@ -15,6 +15,7 @@
 //! admission_latency_us: 0             # delays each request's entry
 //! routing_latency_us: 0
 //! flow_control: {queue_depth_threshold: 4, kv_utilization_threshold: 0.9}
+//! kv: {cpu_blocks: 20000, offload_threshold: 0.9, transfer_bandwidth_gb_s: 32}
 //! ```
 
 use std::path::Path;
@@ -25,6 +26,7 @@ use crate::cluster::admission::AdmissionPolicy;
 use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
+use crate::engine::kv_tier::CpuTierSettings;
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::Result;
 
@@ -55,6 +57,10 @@ pub struct PolicyBundle {
     pub routing_latency_us: i64,
     /// A gateway queue in front of the router (`--flow-control`).
     pub flow_control: Option<FlowControl>,
+    /// A CPU tier under each instance's GPU KV cache (`--kv-cpu-blocks`
+    /// and friends; see [`crate::engine::kv_tier`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv: Option<CpuTierSettings>,
 }
 
 /// Flow control: admitted requests wait in a priority-ordered gateway
@@ -95,6 +101,7 @@ impl Default for PolicyBundle {
             admission_latency_us: 0,
             routing_latency_us: 0,
             flow_control: None,
+            kv: None,
         }
     }
 }

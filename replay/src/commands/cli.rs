@@ -195,6 +195,34 @@ pub struct ClusterArgs {
         alias = "routing-latency"
     )]
     pub routing_latency_us: Option<i64>,
+    /// CPU KV blocks per instance: a CPU tier under the GPU KV cache that
+    /// keeps offloaded prefix-cache content (BLIS --kv-cpu-blocks; 0 or
+    /// unset: GPU only).
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
+    pub kv_cpu_blocks: Option<u32>,
+    /// GPU KV usage (0..1) above which free cached GPU blocks are
+    /// offloaded to the CPU tier (default 0.9).
+    #[arg(allow_negative_numbers = true, long, value_name = "F")]
+    pub kv_offload_threshold: Option<f64>,
+    /// Host↔device bandwidth of an instance for KV reloads, GB/s (default 32).
+    #[arg(allow_negative_numbers = true, long, value_name = "GB/s")]
+    pub kv_transfer_bandwidth: Option<f64>,
+    /// Fixed time of one reload, µs (default 10).
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "US",
+        alias = "kv-transfer-base-latency"
+    )]
+    pub kv_transfer_base_latency_us: Option<f64>,
+    /// Bytes of one KV block (default: layers × KV heads × head dim × 2 ×
+    /// dtype bytes × block size, from the model's config).
+    #[arg(allow_negative_numbers = true, long, value_name = "BYTES")]
+    pub kv_block_bytes: Option<f64>,
+    /// A block reloaded within this long of its offload counts as KV
+    /// thrashing, µs (default 1000).
+    #[arg(allow_negative_numbers = true, long, value_name = "US")]
+    pub kv_thrashing_window_us: Option<i64>,
     /// `decisions`: write PREFIX.decisions.jsonl, one admission and
     /// routing decision per line with what the router saw, every
     /// candidate's score, the regret and the request's outcome.
@@ -326,6 +354,47 @@ pub struct RunArgs {
 }
 
 impl ClusterArgs {
+    /// Sets the CPU-tier flags on the bundle's `kv:` section.
+    fn apply_kv_tier(&self, b: &mut PolicyBundle) -> Result<()> {
+        let a = self;
+        let others = a.kv_offload_threshold.is_some()
+            || a.kv_transfer_bandwidth.is_some()
+            || a.kv_transfer_base_latency_us.is_some()
+            || a.kv_block_bytes.is_some()
+            || a.kv_thrashing_window_us.is_some();
+        if a.kv_cpu_blocks.is_none() && !others {
+            return Ok(());
+        }
+        let mut k = b.kv.clone().unwrap_or_default();
+        if let Some(n) = a.kv_cpu_blocks {
+            k.cpu_blocks = n;
+        }
+        if let Some(x) = a.kv_offload_threshold {
+            k.offload_threshold = x;
+        }
+        if let Some(x) = a.kv_transfer_bandwidth {
+            k.transfer_bandwidth_gb_s = x;
+        }
+        if let Some(x) = a.kv_transfer_base_latency_us {
+            k.transfer_base_latency_us = x;
+        }
+        if let Some(x) = a.kv_block_bytes {
+            k.block_bytes = Some(x);
+        }
+        if let Some(x) = a.kv_thrashing_window_us {
+            k.thrashing_window_us = x;
+        }
+        if a.kv_cpu_blocks.is_none() && b.kv.is_none() {
+            // (An explicit --kv-cpu-blocks 0 turns the tier off, e.g. as one
+            // point of a sweep.)
+            return Err(CommandError::Usage(
+                "the --kv-* tier settings need a CPU tier: give --kv-cpu-blocks N".into(),
+            ));
+        }
+        b.kv = Some(k);
+        Ok(())
+    }
+
     /// The bundle of `--policy-config` (or the default), with the flags of
     /// these flags applied over it.
     ///
@@ -390,6 +459,7 @@ impl ClusterArgs {
         if let Some(l) = a.routing_latency_us {
             b.routing_latency_us = l;
         }
+        self.apply_kv_tier(&mut b)?;
         b.validate().map_err(ReplayError::from)?;
         Ok(b)
     }

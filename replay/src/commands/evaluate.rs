@@ -76,6 +76,9 @@ pub struct SeedMetrics {
     pub routed: Vec<u64>,
     /// Jain's fairness over tenants' output throughput.
     pub jain_fairness: Option<f64>,
+    /// The CPU KV tier's figures (with a `kv:` section or `--kv-cpu-blocks`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_tier: Option<crate::output::summary::CpuTierFigures>,
 }
 
 /// What `evaluate` prints.
@@ -114,6 +117,7 @@ fn seed_metrics(seed: u64, s: &Summary, c: Option<&ClusterSummary>) -> SeedMetri
             |c| c.instances.iter().map(|i| i.routed).collect(),
         ),
         jain_fairness: s.jain_fairness,
+        cpu_tier: s.kv.cpu_tier,
     }
 }
 
@@ -129,8 +133,16 @@ fn describe(b: &PolicyBundle) -> String {
         }
         r => format!("{} routing", r.name()),
     };
+    let tier = match &b.kv {
+        Some(k) if k.cpu_blocks > 0 => format!(
+            ", a CPU KV tier of {} blocks offloading above {:.0}% GPU usage",
+            k.cpu_blocks,
+            100.0 * k.offload_threshold
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{routing} over {} instance(s), admission {}",
+        "{routing} over {} instance(s), admission {}{tier}",
         b.num_instances,
         b.admission.name()
     )
@@ -226,7 +238,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
         run.seed = Some(seed);
         let workload = crate::commands::run::load_workload(&run)?;
         let resolved = resolve(
-            &crate::commands::run::server_args(&run),
+            &crate::commands::run::server_args(&run, &bundle),
             Some(&workload.header),
         )
         .step(|| "configuring the server")?;

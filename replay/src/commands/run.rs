@@ -45,8 +45,8 @@ pub fn load_workload(args: &RunArgs) -> Result<Workload> {
     Ok(crate::api::load_workload(&source, &opts)?)
 }
 
-/// The server settings named by `args`.
-pub fn server_args(args: &RunArgs) -> ServerArgs {
+/// The server settings named by `args`, with the CPU KV tier of `bundle`.
+pub fn server_args(args: &RunArgs, bundle: &crate::cluster::PolicyBundle) -> ServerArgs {
     let mut s = ServerArgs {
         model: args.model.clone(),
         latency: args.latency_model.map(LatencyChoice::kind),
@@ -60,6 +60,7 @@ pub fn server_args(args: &RunArgs) -> ServerArgs {
         scheduler: args.scheduler,
         prefix_caching: !args.no_prefix_caching,
         fast_forward: !args.no_fast_forward,
+        kv_tier: bundle.kv.clone(),
         ..ServerArgs::default()
     };
     args.engine.apply(&mut s);
@@ -129,8 +130,8 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     let bundle = args.cluster.bundle()?;
     let weights = fitness_weights(args)?;
     let workload = load_workload(args)?;
-    let resolved =
-        resolve(&server_args(args), Some(&workload.header)).step(|| "configuring the server")?;
+    let resolved = resolve(&server_args(args, &bundle), Some(&workload.header))
+        .step(|| "configuring the server")?;
     let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
     let mut sink = Collector::to_files(
@@ -290,5 +291,19 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         s.steps,
         s.fast_forwarded_steps
     );
+    if let Some(t) = &s.kv.cpu_tier {
+        let _ = writeln!(
+            o,
+            "CPU KV tier: {} blocks · {} offloaded · {} reloaded ({:.1}% of the prompt tokens the GPU missed) · {} thrashing · {} CPU evictions · {:.1} ms of transfers in {} reloads",
+            t.total_blocks,
+            t.offloads,
+            t.reloads,
+            100.0 * t.hit_rate,
+            t.thrashing,
+            t.cpu_evictions,
+            t.transfer_ms,
+            t.transfers
+        );
+    }
     o
 }

@@ -58,6 +58,14 @@ impl Instance {
     /// runs until its step ends, or decode-only steps are fast-forwarded up
     /// to `limit`.
     pub(super) fn form_batch(&mut self, now: i64, limit: i64) {
+        self.kv.maybe_offload(now);
+        // Tiered: a run whose usage crosses the offload threshold ends at
+        // the step that crosses it, whose end offloads, as single steps do.
+        self.offload_cap = self
+            .kv
+            .offload_cap()
+            .filter(|&cap| self.kv.used() <= cap)
+            .unwrap_or(u32::MAX);
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
@@ -97,11 +105,15 @@ impl Instance {
         }
         let (decode_only, min_left) = self.step_shape(&scheduled);
         let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
+        // A tiered cache's reloads are charged to the step that needs them
+        // (also when it looks like a decode step: a preempted request whose
+        // context but its last token was reloaded).
+        let transfer = std::mem::take(&mut self.pending_transfer_us);
         let mut ends = std::mem::take(&mut self.spare_ends);
         ends.clear();
-        ends.push(now + dt);
+        ends.push(now + dt + transfer);
         if decode_only && !preempted {
-            self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
+            self.fast_forward(now + transfer, limit, dt, &scheduled, min_left, &mut ends);
             if ends.len() == min_left as usize {
                 self.prefetch_completions(&scheduled, min_left);
             }
@@ -279,14 +291,24 @@ impl Instance {
             }
             self.kv
                 .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
+            // A tiered cache: the blocks after the GPU's hits that the CPU
+            // tier holds are reloaded instead of recomputed.
+            let gpu_hits = self.hits.len() as u32;
+            let mut reloads = 0;
+            while self.kv.cpu_tier().is_some()
+                && gpu_hits + reloads < max_hit_blocks
+                && self.kv.cpu_holds(a.hash(bs, gpu_hits + reloads))
+            {
+                reloads += 1;
+            }
             let a = self.slots[slot as usize].as_ref().expect("live slot");
-            let hit_tokens = self.hits.len() as u32 * bs;
+            let hit_tokens = (gpu_hits + reloads) * bs;
             let mut n = num_tokens - hit_tokens;
             if self.cfg.long_prefill_token_threshold > 0 {
                 n = n.min(self.cfg.long_prefill_token_threshold);
             }
             n = n.min(*budget);
-            let need = self.kv.blocks_for(hit_tokens + n) - self.hits.len() as u32;
+            let need = self.kv.blocks_for(hit_tokens + n) - gpu_hits;
             let hits = std::mem::take(&mut self.hits);
             let mut blocks =
                 Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
@@ -309,15 +331,42 @@ impl Instance {
             a.blocks = blocks;
             a.num_computed = hit_tokens;
             a.hashed = nh;
-            if a.scheduled_us.is_none() {
+            let first_admission = a.scheduled_us.is_none();
+            if first_admission {
                 a.scheduled_us = Some(now);
                 a.cached_tokens = Some(hit_tokens);
-                self.counters.prefix_queries += u64::from(a.req.input_tokens);
-                self.counters.prefix_hits += u64::from(hit_tokens.min(a.req.input_tokens));
+                let input = a.req.input_tokens;
+                self.counters.prefix_queries += u64::from(input);
+                self.counters.prefix_hits += u64::from((nh * bs).min(input));
+            }
+            if self.kv.cpu_tier().is_some() {
+                // At every admission: a preempted request queries again.
+                let gpu_tokens = nh * bs;
+                self.counters.external_queries +=
+                    u64::from(a.num_tokens().saturating_sub(gpu_tokens));
+                self.counters.external_hits += u64::from(reloads * bs);
+            }
+            if reloads > 0 {
+                self.reload_blocks(slot, nh, reloads, now);
             }
             scheduled.push((slot, n));
             *budget -= n;
         }
+    }
+
+    /// Tiered KV cache: fills the request's blocks `[from, from + count)`
+    /// (fresh blocks just allocated) with their content from the CPU tier,
+    /// and charges the transfer to the batch being formed.
+    fn reload_blocks(&mut self, slot: u32, from: u32, count: u32, now: i64) {
+        let bs = self.kv.block_size();
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        for j in from..from + count {
+            let h = a.hash(bs, j);
+            let parent = j.checked_sub(1).map(|p| a.blocks[p as usize]);
+            self.kv.reload(a.blocks[j as usize], h, parent, now);
+        }
+        a.hashed = from + count;
+        self.pending_transfer_us += self.kv.charge_transfer(count);
     }
 
     /// Step 3: the batch's shape for the latency model; whether it is
@@ -366,7 +415,8 @@ impl Instance {
         let all_running_scheduled = scheduled.len() == self.running.len();
         let can_grow =
             self.waiting.is_empty() || self.running.len() as u32 >= self.cfg.max_num_seqs;
-        if self.cfg.fast_forward && all_running_scheduled && can_grow {
+        let below_offload = self.kv.used() <= self.offload_cap;
+        if self.cfg.fast_forward && all_running_scheduled && can_grow && below_offload {
             let max_k = min_left;
             // Requests needing a new block at step j+1 of the run are those
             // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
@@ -399,6 +449,9 @@ impl Instance {
                 end += d;
                 ends.push(end);
                 k += 1;
+                if self.kv.total() - free > self.offload_cap {
+                    break;
+                }
             }
             self.run_phase = per_phase;
         }

@@ -33,6 +33,7 @@
 use blis_traces::content::{self, Segment};
 
 use crate::engine::kv_cache::KvCache;
+use crate::engine::kv_tier::{CpuTierConfig, TierCounters};
 use crate::engine::queue_order::{QueueKey, SchedulerPolicy, WaitQueue};
 use crate::latency::{BatchShape, LatencyModel, Model};
 
@@ -64,6 +65,9 @@ pub struct EngineConfig {
     /// is running the request starts at once, as an idle engine core picks
     /// it up.
     pub async_scheduling: bool,
+    /// A CPU tier under the GPU KV cache (`--kv-cpu-blocks`; None: GPU
+    /// only). See [`crate::engine::kv_tier`].
+    pub cpu_tier: Option<CpuTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +83,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             fast_forward: true,
             async_scheduling: false,
+            cpu_tier: None,
         }
     }
 }
@@ -409,6 +414,15 @@ pub struct Counters {
     /// more urgent SLO class waits in the same queue (BLIS's
     /// `HOLBlockingEvents`).
     pub hol_blocking_events: u64,
+    /// Tiered KV cache: prompt tokens looked up in the CPU tier after the
+    /// GPU prefix cache missed them (vLLM's
+    /// `external_prefix_cache_queries`, counted at first admission).
+    pub external_queries: u64,
+    /// Tiered KV cache: prompt tokens found there and reloaded (vLLM's
+    /// `external_prefix_cache_hits`).
+    pub external_hits: u64,
+    /// Tiered KV cache: offloads, reloads, thrashing, transfers.
+    pub tier: TierCounters,
 }
 
 impl Counters {
@@ -438,6 +452,33 @@ impl std::ops::AddAssign for Counters {
         self.aborted += o.aborted;
         self.priority_inversions += o.priority_inversions;
         self.hol_blocking_events += o.hol_blocking_events;
+        self.external_queries += o.external_queries;
+        self.external_hits += o.external_hits;
+        self.tier += o.tier;
+    }
+}
+
+/// What a router reads of an instance ([`Instance::signals_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Signals {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Requests running.
+    pub running: u32,
+    /// KV blocks in use.
+    pub kv_used: u32,
+    /// KV blocks in total.
+    pub kv_total: u32,
+}
+
+impl Signals {
+    /// Fraction of KV blocks in use (as [`Snapshot::kv_usage`]).
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_total == 0 {
+            0.0
+        } else {
+            f64::from(self.kv_used) / f64::from(self.kv_total)
+        }
     }
 }
 
@@ -452,6 +493,10 @@ pub struct Snapshot {
     pub kv_used: u32,
     /// KV blocks in total.
     pub kv_total: u32,
+    /// CPU-tier KV blocks holding content (0 without a CPU tier).
+    pub kv_cpu_used: u32,
+    /// CPU-tier KV blocks in total (0 without a CPU tier).
+    pub kv_cpu_total: u32,
     /// Counters.
     pub counters: Counters,
 }
@@ -581,12 +626,21 @@ pub struct Instance {
     pub(super) private_blocks: bool,
     /// Whether a request in the system may have a private part.
     pub(super) private_live: bool,
+    /// Tiered KV cache: the transfer time of the blocks reloaded for the
+    /// batch being formed, µs, added to its step.
+    pub(super) pending_transfer_us: i64,
+    /// Tiered: the most KV blocks in use before the next offload, for the
+    /// batch being formed (`u32::MAX`: no offload can come).
+    pub(super) offload_cap: u32,
 }
 
 impl Instance {
     /// A new idle instance.
     pub fn new(cfg: EngineConfig, latency: Model) -> Self {
-        let kv = KvCache::new(cfg.total_kv_blocks, cfg.block_size, cfg.prefix_caching);
+        let mut kv = KvCache::new(cfg.total_kv_blocks, cfg.block_size, cfg.prefix_caching);
+        if let Some(t) = &cfg.cpu_tier {
+            kv = kv.with_cpu_tier(t.clone());
+        }
         Self {
             waiting: WaitQueue::new(cfg.scheduler),
             cfg,
@@ -611,6 +665,8 @@ impl Instance {
             waiting_classes: [0; 8],
             private_blocks: false,
             private_live: false,
+            pending_transfer_us: 0,
+            offload_cap: u32::MAX,
         }
     }
 
@@ -675,7 +731,11 @@ impl Instance {
 
     /// Counters since start.
     pub fn counters(&self) -> Counters {
-        self.counters
+        let mut c = self.counters;
+        if let Some(t) = self.kv.cpu_tier() {
+            c.tier = t.counters();
+        }
+        c
     }
 
     /// A view of the state after the last call that changed it (a step
@@ -689,7 +749,9 @@ impl Instance {
             running: self.running.len() as u32,
             kv_used: self.kv.used(),
             kv_total: self.kv.total(),
-            counters: self.counters,
+            kv_cpu_used: self.kv.cpu_tier().map_or(0, |t| t.used()),
+            kv_cpu_total: self.kv.cpu_tier().map_or(0, |t| t.total()),
+            counters: self.counters(),
         }
     }
 
@@ -701,17 +763,42 @@ impl Instance {
     /// metrics sample) asks for `t + 1`.
     pub fn snapshot_at(&self, t: i64) -> Snapshot {
         let mut s = self.snapshot();
-        let Some(run) = &self.run else {
-            return s;
-        };
+        if let Some((c, blocks, n)) = self.run_progress_at(t) {
+            s.kv_used += blocks;
+            let c = c as u64;
+            s.counters.steps += c;
+            s.counters.fast_forwarded_steps += c - 1;
+            s.counters.generation_tokens += c * n;
+        }
+        s
+    }
+
+    /// What a router reads just before `t` ([`Instance::snapshot_at`]'s
+    /// queue, batch and KV usage, without the counters): 16 bytes, read
+    /// for every instance at every routing decision.
+    pub fn signals_at(&self, t: i64) -> Signals {
+        let extra = self.run_progress_at(t).map_or(0, |(_, blocks, _)| blocks);
+        Signals {
+            waiting: self.waiting.len() as u32,
+            running: self.running.len() as u32,
+            kv_used: self.kv.used() + extra,
+            kv_total: self.kv.total(),
+        }
+    }
+
+    /// Of a fast-forwarded run in flight, the steps done before `t` (not
+    /// the last, which ends the run and which the owner steps), the KV
+    /// blocks taken after them, and the requests in the batch; `None`
+    /// when none is done.
+    fn run_progress_at(&self, t: i64) -> Option<(usize, u32, u64)> {
+        let run = self.run.as_ref()?;
         let k = run.ends.len();
         if k <= 1 {
-            return s;
+            return None;
         }
-        // Steps done; the last one ends the run, which the owner steps.
         let c = run.ends.partition_point(|&e| e < t).min(k - 1);
         if c == 0 {
-            return s;
+            return None;
         }
         let bs = self.kv.block_size() as usize;
         let n = run.scheduled.len() as u64;
@@ -722,12 +809,7 @@ impl Instance {
             .iter()
             .map(|&x| u64::from(x))
             .sum();
-        s.kv_used += (cycles + partial) as u32;
-        let c = c as u64;
-        s.counters.steps += c;
-        s.counters.fast_forwarded_steps += c - 1;
-        s.counters.generation_tokens += c * n;
-        s
+        Some((c, (cycles + partial) as u32, n))
     }
 
     /// Whether request `id` is waiting or running here.

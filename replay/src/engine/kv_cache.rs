@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::engine::hash_index::HashIndex;
+use crate::engine::kv_tier::{CpuTier, CpuTierConfig};
 use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
@@ -79,6 +80,11 @@ pub struct KvCache {
     has_private: bool,
     prefix_caching: bool,
     evictions: u64,
+    /// The CPU tier, when the cache is tiered ([`KvCache::with_cpu_tier`]).
+    cpu: Option<Box<CpuTier>>,
+    /// Tiered: the free-queue entries before this position hold no cached
+    /// content (offloaded, or fresh), so an offload pass starts here.
+    offload_scan: usize,
 }
 
 /// How far ahead in the free queue a block is prefetched when one is
@@ -121,6 +127,8 @@ impl KvCache {
             has_private: false,
             prefix_caching,
             evictions: 0,
+            cpu: None,
+            offload_scan: 0,
         };
         for b in 0..total_blocks {
             c.push_tail(b);
@@ -161,6 +169,84 @@ impl KvCache {
     /// Cached blocks reused by another block's content (evicted).
     pub fn evictions(&self) -> u64 {
         self.evictions
+    }
+
+    /// This cache with a CPU tier of `cfg` (see [`crate::engine::kv_tier`]).
+    pub fn with_cpu_tier(mut self, cfg: CpuTierConfig) -> Self {
+        self.cpu = Some(Box::new(CpuTier::new(cfg)));
+        self
+    }
+
+    /// The CPU tier, when the cache is tiered.
+    pub fn cpu_tier(&self) -> Option<&CpuTier> {
+        self.cpu.as_deref()
+    }
+
+    /// Tiered: whether the CPU tier holds content `hash`.
+    pub fn cpu_holds(&self, hash: u64) -> bool {
+        self.prefix_caching && self.cpu.as_ref().is_some_and(|c| c.contains(hash))
+    }
+
+    /// Tiered: while the GPU usage is above the offload threshold, moves the
+    /// content of every free GPU block still holding cached content to the
+    /// CPU tier, least recently freed first, at `now` (µs). The blocks stay
+    /// free, now empty. (BLIS's `maybeOffload`; the free queue is scanned
+    /// once overall: blocks freed since the last pass are at its tail.)
+    pub fn maybe_offload(&mut self, now: i64) {
+        let Some(cpu) = self.cpu.as_mut() else {
+            return;
+        };
+        let (total, used) = (
+            self.blocks.len() as u32,
+            self.blocks.len() as u32 - self.free_count,
+        );
+        if !self.prefix_caching
+            || f64::from(used) <= cpu.config().offload_threshold * f64::from(total)
+        {
+            return;
+        }
+        for i in self.offload_scan..self.queue.len() {
+            let (b, g) = self.queue[i];
+            let blk = &mut self.blocks[b as usize];
+            if blk.queued != g || blk.ref_flags & HASHED == 0 {
+                continue;
+            }
+            let h = self.content[b as usize].hash_bits;
+            if blk.ref_flags & PRIVATE == 0 {
+                let found = self.cached.remove(h, b);
+                debug_assert!(found, "a block holding a shared hash is indexed");
+            }
+            blk.ref_flags &= !(HASHED | PRIVATE);
+            cpu.offload(h, now);
+        }
+        self.offload_scan = self.queue.len();
+    }
+
+    /// Tiered: the most blocks in use at which the usage is not above the
+    /// offload threshold (`None` without a CPU tier or prefix caching).
+    pub fn offload_cap(&self) -> Option<u32> {
+        let cpu = self.cpu.as_ref().filter(|_| self.prefix_caching)?;
+        Some((cpu.config().offload_threshold * f64::from(self.total())).floor() as u32)
+    }
+
+    /// Tiered: reloads content `hash` from the CPU tier into `block` (a
+    /// fresh block of the request's table, after `parent`) at `now` (µs):
+    /// it leaves the CPU tier and is committed on the GPU.
+    pub fn reload(&mut self, block: u32, hash: u64, parent: Option<u32>, now: i64) {
+        if let Some(cpu) = self.cpu.as_mut() {
+            let found = cpu.reload(hash, now);
+            debug_assert!(found, "reloading content the CPU tier does not hold");
+        }
+        self.commit(block, hash, parent);
+    }
+
+    /// Tiered: counts a transfer of `blocks` reloaded blocks and returns
+    /// its time, µs (0 without a CPU tier).
+    pub fn charge_transfer(&mut self, blocks: u32) -> i64 {
+        match self.cpu.as_mut() {
+            Some(c) if blocks > 0 => c.charge_transfer(blocks),
+            _ => 0,
+        }
     }
 
     /// Whether prefix caching is on.
@@ -392,6 +478,9 @@ impl KvCache {
             blk.ref_flags |= HASHED | PRIVATE;
             self.content[block as usize].hash_bits = hash;
             self.has_private = true;
+            // Content private to a request never preempted was never
+            // offloaded (a preempted request's blocks are indexed first).
+            debug_assert!(!self.cpu.as_ref().is_some_and(|c| c.contains(hash)));
         }
         if let Some(p) = parent {
             self.content[p as usize].child = block;
@@ -443,6 +532,10 @@ impl KvCache {
                     self.cached.insert(hash, block);
                     self.blocks[block as usize].ref_flags |= HASHED;
                     self.content[block as usize].hash_bits = hash;
+                    if let Some(cpu) = self.cpu.as_mut() {
+                        // Computed again: the GPU copy is the one now.
+                        cpu.forget(hash);
+                    }
                     block
                 }
             }
@@ -460,6 +553,7 @@ impl KvCache {
         if self.queue.len() > 2 * self.free_count as usize + self.blocks.len() / 8 + 64 {
             let blocks = &self.blocks;
             self.queue.retain(|&(b, g)| blocks[b as usize].queued == g);
+            self.offload_scan = 0;
         }
     }
 
@@ -475,6 +569,7 @@ impl KvCache {
     fn pop_head(&mut self) -> u32 {
         loop {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
+            self.offload_scan = self.offload_scan.saturating_sub(1);
             if self.blocks[b as usize].queued == g {
                 self.unlink(b);
                 // A block soon to be taken: fetch it ahead of its allocation.
@@ -538,6 +633,18 @@ impl KvCache {
             match (b < self.total()).then(|| self.indexed_hash(b)).flatten() {
                 Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
                 _ => return Err(format!("index entry for block {b} is stale")),
+            }
+        }
+        if let Some(cpu) = &self.cpu {
+            cpu.check()?;
+            for b in 0..self.total() {
+                let blk = &self.blocks[b as usize];
+                let h = self.content[b as usize].hash_bits;
+                if blk.is_hashed() && cpu.contains(h) {
+                    return Err(format!(
+                        "content {h:#x} is on the GPU (block {b}) and the CPU"
+                    ));
+                }
             }
         }
         Ok(())

@@ -3,12 +3,14 @@
 //! requests first, chunked prefill within the token budget, preemption by
 //! recompute when KV blocks run out); [`queue_order`] orders the wait queue
 //! (`--scheduler`); [`kv_cache`] is the paged KV cache with prefix caching
-//! (chained block hashes, LRU eviction of free blocks, reference counts).
+//! (chained block hashes, LRU eviction of free blocks, reference counts);
+//! [`kv_tier`] is its optional CPU tier (offload, reload, transfer time).
 
 pub mod batch;
 pub(crate) mod hash_index;
 pub mod instance;
 pub mod kv_cache;
+pub mod kv_tier;
 pub mod queue_order;
 
 pub use instance::{EngineConfig, Instance, SimRequest};

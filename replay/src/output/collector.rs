@@ -13,8 +13,8 @@ use blis_traces::{
 use rustc_hash::FxHashMap;
 
 use super::summary::{
-    Anomalies, ClassFigures, KvFigures, PrefixCache, RequestCounts, Summary, Throughput,
-    dist_of_counts, dist_of_us, jain,
+    Anomalies, ClassFigures, CpuTierFigures, KvFigures, PrefixCache, RequestCounts, Summary,
+    Throughput, dist_of_counts, dist_of_us, jain,
 };
 use crate::engine::instance::Snapshot;
 use crate::engine::instance::SpanTimes;
@@ -478,6 +478,7 @@ impl Collector {
                 } else {
                     0.0
                 },
+                cpu_tier: (last.kv_cpu_total > 0).then(|| cpu_tier_figures(last)),
             },
             steps: c.steps,
             fast_forwarded_steps: c.fast_forwarded_steps,
@@ -684,6 +685,44 @@ impl Sink for Collector {
             ("blis:num_steps_total", c.steps as f64),
         ];
         w.write_metric_scrape(t, labels, &rows);
+        if snap.kv_cpu_total > 0 {
+            let cpu = f64::from(snap.kv_cpu_used) / f64::from(snap.kv_cpu_total);
+            let tier: [(&'static str, f64); 6] = [
+                (
+                    "vllm:external_prefix_cache_queries_total",
+                    c.external_queries as f64,
+                ),
+                (
+                    "vllm:external_prefix_cache_hits_total",
+                    c.external_hits as f64,
+                ),
+                ("blis:kv_cpu_usage_perc", cpu),
+                ("blis:kv_offloads_total", c.tier.offloads as f64),
+                ("blis:kv_reloads_total", c.tier.reloads as f64),
+                ("blis:kv_thrashing_total", c.tier.thrashing as f64),
+            ];
+            w.write_metric_scrape(t, labels, &tier);
+        }
+    }
+}
+
+/// The CPU tier's figures at the end of a replay.
+fn cpu_tier_figures(last: &Snapshot) -> CpuTierFigures {
+    let c = &last.counters;
+    let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+    CpuTierFigures {
+        total_blocks: last.kv_cpu_total,
+        used_blocks: last.kv_cpu_used,
+        offloads: c.tier.offloads,
+        reloads: c.tier.reloads,
+        query_tokens: c.external_queries,
+        hit_tokens: c.external_hits,
+        hit_rate: ratio(c.external_hits, c.external_queries),
+        thrashing: c.tier.thrashing,
+        thrashing_rate: ratio(c.tier.thrashing, c.tier.offloads),
+        cpu_evictions: c.tier.cpu_evictions,
+        transfers: c.tier.transfers,
+        transfer_ms: c.tier.transfer_us as f64 / 1e3,
     }
 }
 

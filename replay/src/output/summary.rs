@@ -72,6 +72,40 @@ pub struct KvFigures {
     pub peak_usage: f64,
     /// Mean sampled usage (0..1).
     pub mean_usage: f64,
+    /// The CPU tier's figures (tiered KV cache only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_tier: Option<CpuTierFigures>,
+}
+
+/// What a tiered KV cache's CPU tier did, summed over instances
+/// (`../shared/design/core-engine.md`, "Tiered Cache").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CpuTierFigures {
+    /// CPU blocks in total.
+    pub total_blocks: u32,
+    /// Blocks holding content at the end.
+    pub used_blocks: u32,
+    /// Blocks offloaded from GPU to CPU.
+    pub offloads: u64,
+    /// Blocks reloaded from CPU to GPU instead of recomputed.
+    pub reloads: u64,
+    /// Prompt tokens looked up in the CPU tier after a GPU miss (vLLM's
+    /// `external_prefix_cache_queries`).
+    pub query_tokens: u64,
+    /// Prompt tokens found there (vLLM's `external_prefix_cache_hits`).
+    pub hit_tokens: u64,
+    /// hit_tokens / query_tokens.
+    pub hit_rate: f64,
+    /// Reloads within the thrashing window of their offload.
+    pub thrashing: u64,
+    /// thrashing / offloads (BLIS's `KVThrashingRate`).
+    pub thrashing_rate: f64,
+    /// Contents dropped from a full CPU tier.
+    pub cpu_evictions: u64,
+    /// Reload transfers (one per admission that reloaded blocks).
+    pub transfers: u64,
+    /// Transfer time added to steps, ms.
+    pub transfer_ms: f64,
 }
 
 /// Scheduling anomalies, summed over instances.

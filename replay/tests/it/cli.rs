@@ -454,7 +454,8 @@ fn the_step_form_of_the_itl_companion_expands_to_the_rows_byte_for_byte() {
 fn single_instance_outputs_do_not_depend_on_fast_forward_or_sampling() {
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, extra: &[&str]| {
-        let out = dir.path().join(name);
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let out = dir.path().join(name).join("pred");
         replay()
             .args([
                 "run",
@@ -499,4 +500,87 @@ fn single_instance_outputs_do_not_depend_on_fast_forward_or_sampling() {
         read(&ff_sparse, "metrics.csv") == read(&single_sparse, "metrics.csv"),
         "sparse samples differ with fast-forward"
     );
+}
+
+#[test]
+fn a_cpu_kv_tier_reports_its_offloads_and_reloads_and_reruns_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let out = dir.path().join(name).join("pred");
+        let assert = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "600",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--total-kv-blocks",
+                "400",
+                "--kv-offload-threshold",
+                "0.3",
+                "--no-itl",
+                "--out",
+            ])
+            .arg(&out)
+            .args(extra)
+            .assert()
+            .success();
+        let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
+        let files: Vec<Vec<u8>> = ["yaml", "csv", "metrics.csv", "summary.json"]
+            .iter()
+            .map(|e| std::fs::read(out.with_extension(e)).unwrap())
+            .collect();
+        (stdout, files)
+    };
+    let (stdout, a) = run("a", &["--kv-cpu-blocks", "5000"]);
+    assert!(stdout.contains("CPU KV tier: 5000 blocks"), "{stdout}");
+    let (_, b) = run("b", &["--kv-cpu-blocks", "5000"]);
+    assert!(a == b, "a rerun with a CPU tier changed its outputs");
+    let summary: serde_json::Value = serde_json::from_slice(&a[3]).unwrap();
+    let tier = &summary["kv"]["cpu_tier"];
+    assert!(tier["offloads"].as_u64().unwrap() > 0, "{tier}");
+    assert!(tier["reloads"].as_u64().unwrap() > 0, "{tier}");
+    let metrics = String::from_utf8(a[2].clone()).unwrap();
+    assert!(metrics.contains("vllm:external_prefix_cache_hits_total"));
+    assert!(metrics.contains("blis:kv_offloads_total"));
+    // Without the tier (and --kv-cpu-blocks 0), no tier figures.
+    let (_, c) = run("c", &["--kv-cpu-blocks", "0"]);
+    let summary: serde_json::Value = serde_json::from_slice(&c[3]).unwrap();
+    assert!(summary["kv"].get("cpu_tier").is_none());
+}
+
+#[test]
+fn bad_cpu_tier_settings_are_one_line_errors() {
+    for (args, needle) in [
+        (
+            &["--kv-cpu-blocks", "100", "--kv-offload-threshold", "1.5"][..],
+            "--kv-offload-threshold",
+        ),
+        (
+            &["--kv-cpu-blocks", "100", "--kv-transfer-bandwidth", "0"][..],
+            "--kv-transfer-bandwidth",
+        ),
+        (&["--kv-transfer-bandwidth", "10"][..], "--kv-cpu-blocks"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let assert = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "10",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+            ])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .assert()
+            .failure();
+        let stderr = String::from_utf8(assert.get_output().stderr.clone()).unwrap();
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
 }

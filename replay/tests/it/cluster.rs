@@ -472,6 +472,23 @@ prop_compose! {
     }
 }
 
+/// No CPU KV tier (half the cases), or one of any size and threshold.
+fn any_tier() -> impl Strategy<Value = Option<blis_replay::engine::kv_tier::CpuTierConfig>> {
+    prop_oneof![
+        Just(None),
+        (20u32..2000, 0.05f64..1.0, 0i64..100_000).prop_map(|(cpu_blocks, th, window)| {
+            Some(blis_replay::engine::kv_tier::CpuTierConfig {
+                cpu_blocks,
+                offload_threshold: th,
+                transfer_bandwidth_gb_s: 16.0,
+                transfer_base_latency_us: 25.0,
+                block_bytes: 524_288.0,
+                thrashing_window_us: window,
+            })
+        }),
+    ]
+}
+
 prop_compose! {
     fn any_requests()(spec in prop::collection::vec((0i64..2_000_000, 1u32..3000, 1u32..300, 0u8..4, 0u8..3), 1..120)) -> Vec<Request> {
         spec.into_iter().enumerate().map(|(i, (at, input, output, group, tenant))| {
@@ -493,11 +510,12 @@ proptest! {
     /// conservation per instance (checked at the end by each instance),
     /// causality; the clock's monotonicity is asserted inside the loop.
     #[test]
-    fn cluster_invariants_hold_for_any_bundle(b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>()) {
+    fn cluster_invariants_hold_for_any_bundle(b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>(), tier in any_tier()) {
         let cfg = EngineConfig {
             max_num_seqs: 8,
             total_kv_blocks: if small_kv { 300 } else { 5000 },
             max_num_batched_tokens: 1024,
+            cpu_tier: tier,
             ..EngineConfig::default()
         };
         let n = reqs.len() as u64;
@@ -531,12 +549,13 @@ proptest! {
     /// of fast-forwarded steps).
     #[test]
     fn cluster_results_depend_neither_on_fast_forward_nor_on_sampling(
-        b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>(),
+        b in any_bundle(), reqs in any_requests(), small_kv in any::<bool>(), tier in any_tier(),
     ) {
         let cfg = EngineConfig {
             max_num_seqs: 8,
             total_kv_blocks: if small_kv { 300 } else { 5000 },
             max_num_batched_tokens: 1024,
+            cpu_tier: tier,
             ..EngineConfig::default()
         };
         let off = EngineConfig { fast_forward: false, ..cfg.clone() };
@@ -757,11 +776,12 @@ proptest! {
     /// sessions, content keys and hash ids, for any bundle, and when the
     /// instances replay the same requests (the same ids) again.
     #[test]
-    fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), replays in 1u32..3) {
+    fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), replays in 1u32..3, tier in any_tier()) {
         let cfg = EngineConfig {
             max_num_seqs: 8,
             total_kv_blocks: if small_kv { 300 } else { 3000 },
             max_num_batched_tokens: 1024,
+            cpu_tier: tier,
             ..EngineConfig::default()
         };
         let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true, replays);
@@ -775,6 +795,7 @@ proptest! {
             prop_assert_eq!(f.counters(), p.counters());
             prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
             prop_assert_eq!(f.kv().used(), p.kv().used());
+            prop_assert_eq!(f.snapshot(), p.snapshot());
         }
     }
 }

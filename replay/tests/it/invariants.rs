@@ -3,11 +3,13 @@
 //! queued + running), KV conservation (used + free = total), a monotone
 //! clock, causality (arrival ≤ schedule ≤ first token ≤ completion) and work
 //! conservation (a step is pending whenever work waits); the tokens a run
-//! announces when it is formed are exactly the ones it produces.
+//! announces when it is formed are exactly the ones it produces. With a
+//! CPU KV tier: CPU used + free = total, and no content in both tiers.
 
 use std::collections::VecDeque;
 
 use blis_replay::engine::instance::StepReport;
+use blis_replay::engine::kv_tier::CpuTierConfig;
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, SimRequest};
 use blis_traces::content;
 use proptest::prelude::*;
@@ -109,6 +111,10 @@ fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(
         prop_assert_eq!(injected, completed + dropped + inst.in_system() as u64);
         let snap = inst.snapshot();
         prop_assert_eq!(snap.kv_used + inst.kv().free(), snap.kv_total);
+        if let Some(cpu) = inst.kv().cpu_tier() {
+            prop_assert_eq!(cpu.used() + cpu.free(), cpu.total());
+            prop_assert_eq!(snap.kv_cpu_used, cpu.used());
+        }
         if inst.in_system() > 0 {
             prop_assert!(
                 inst.next_time().is_some(),
@@ -136,6 +142,7 @@ proptest! {
         prefix_caching in any::<bool>(),
         fast_forward in any::<bool>(),
         async_scheduling in any::<bool>(),
+        tier in proptest::option::of((1u32..300, 0.0f64..1.0, 0i64..5000)),
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, shared))| {
             let r = req(i as u64, t, inp, out);
@@ -153,6 +160,14 @@ proptest! {
             prefix_caching,
             fast_forward,
             async_scheduling,
+            cpu_tier: tier.map(|(cpu_blocks, offload_threshold, window)| CpuTierConfig {
+                cpu_blocks,
+                offload_threshold,
+                transfer_bandwidth_gb_s: 8.0,
+                transfer_base_latency_us: 20.0,
+                block_bytes: 65_536.0,
+                thrashing_window_us: window,
+            }),
         };
         check_run(cfg, reqs)?;
     }

@@ -7,3 +7,4 @@ mod common; // helpers
 mod fast_forward; // runs of decode steps as one event give identical results
 mod invariants; // conservation, causality, monotone clock, work conservation (proptest)
 mod stepping; // one stepping API: real-time owner and discrete-event run agree
+mod tiered; // the tiered KV cache: offload, reload, transfer time

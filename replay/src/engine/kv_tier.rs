@@ -1,0 +1,364 @@
+//! The CPU tier of a tiered KV cache (`../shared/design/core-engine.md`,
+//! "Tiered Cache"; `macro-plan.md` D.3, after vLLM's CPU offloading and
+//! FlexGen): a store of offloaded block contents, by content hash, with
+//! least-recently-offloaded eviction when full.
+//!
+//! The model is BLIS's (`sim/kv/tiered.go`, `maybeOffload`): while the GPU
+//! tier's usage (referenced blocks / all blocks) is above the offload
+//! threshold, the free GPU blocks that still hold cached content are
+//! offloaded, least recently freed first. Their content moves: the GPU
+//! block stays free but empty, its hash leaves the GPU's prefix cache and
+//! enters this store, so a content is in at most one tier. A prefix-cache
+//! lookup that misses on the GPU continues here; the blocks found are
+//! reloaded into fresh GPU blocks instead of being recomputed, and the
+//! transfer, `base_latency + blocks × block_bytes / bandwidth`, is added to
+//! the step that admits the request. Unlike BLIS, a full store evicts its
+//! least recently offloaded content instead of refusing new content (as
+//! vLLM's CPU offloading manager does, LRU), and eviction is counted.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+/// Settings of the CPU tier (`--kv-cpu-blocks` and friends).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTierConfig {
+    /// `--kv-cpu-blocks`: blocks the CPU tier holds (positive).
+    pub cpu_blocks: u32,
+    /// `--kv-offload-threshold`: GPU KV usage (0..1) above which free
+    /// cached GPU blocks are offloaded (default 0.9).
+    pub offload_threshold: f64,
+    /// `--kv-transfer-bandwidth`: host↔device bandwidth of the instance,
+    /// GB/s (10^9 bytes per second; all its GPUs together).
+    pub transfer_bandwidth_gb_s: f64,
+    /// `--kv-transfer-base-latency-us`: fixed cost of one reload, µs.
+    pub transfer_base_latency_us: f64,
+    /// Bytes of one KV block: layers × KV heads × head dim × 2 (K and V) ×
+    /// dtype bytes × block size, from the model's config.
+    pub block_bytes: f64,
+    /// `--kv-thrashing-window-us`: a block reloaded within this long of its
+    /// offload counts as thrashing (BLIS's 1000 µs).
+    pub thrashing_window_us: i64,
+}
+
+impl CpuTierConfig {
+    /// The transfer time of `blocks` blocks, µs (rounded):
+    /// `base_latency + blocks × block_bytes / bandwidth`; 0 for no block.
+    pub fn transfer_us(&self, blocks: u32) -> i64 {
+        if blocks == 0 {
+            return 0;
+        }
+        let bytes_per_us = self.transfer_bandwidth_gb_s * 1e3;
+        let t = self.transfer_base_latency_us + f64::from(blocks) * self.block_bytes / bytes_per_us;
+        t.round() as i64
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A setting out of range, named by its flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cpu_blocks == 0 {
+            return Err("--kv-cpu-blocks must be positive".into());
+        }
+        if !(self.offload_threshold.is_finite() && (0.0..=1.0).contains(&self.offload_threshold)) {
+            return Err(format!(
+                "--kv-offload-threshold must be within 0..1, not {}",
+                self.offload_threshold
+            ));
+        }
+        if !(self.transfer_bandwidth_gb_s.is_finite() && self.transfer_bandwidth_gb_s > 0.0) {
+            return Err(format!(
+                "--kv-transfer-bandwidth must be a positive number of GB/s, not {}",
+                self.transfer_bandwidth_gb_s
+            ));
+        }
+        if !(self.transfer_base_latency_us.is_finite() && self.transfer_base_latency_us >= 0.0) {
+            return Err(format!(
+                "--kv-transfer-base-latency-us must be a non-negative number, not {}",
+                self.transfer_base_latency_us
+            ));
+        }
+        if !(self.block_bytes.is_finite() && self.block_bytes > 0.0) {
+            return Err(format!(
+                "the KV block size in bytes must be positive, not {} (give --kv-block-bytes)",
+                self.block_bytes
+            ));
+        }
+        if self.thrashing_window_us < 0 {
+            return Err("--kv-thrashing-window-us must not be negative".into());
+        }
+        Ok(())
+    }
+}
+
+/// The CPU tier's settings as given (`--kv-cpu-blocks` and friends, or a
+/// policy bundle's `kv:` section); the block's size in bytes comes from the
+/// model's config unless given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuTierSettings {
+    /// CPU blocks.
+    pub cpu_blocks: u32,
+    /// GPU usage above which free cached blocks are offloaded (0..1).
+    pub offload_threshold: f64,
+    /// Host↔device bandwidth, GB/s.
+    pub transfer_bandwidth_gb_s: f64,
+    /// Fixed cost of a reload, µs.
+    pub transfer_base_latency_us: f64,
+    /// Bytes of one KV block (None: from the model's config).
+    pub block_bytes: Option<f64>,
+    /// Thrashing window, µs.
+    pub thrashing_window_us: i64,
+}
+
+impl Default for CpuTierSettings {
+    /// The defaults of the flags: threshold 0.9 (BLIS), 32 GB/s (a PCIe 5.0
+    /// x16 link's practical host↔device rate), 10 µs per transfer, a
+    /// 1000 µs thrashing window (BLIS).
+    fn default() -> Self {
+        Self {
+            cpu_blocks: 0,
+            offload_threshold: 0.9,
+            transfer_bandwidth_gb_s: 32.0,
+            transfer_base_latency_us: 10.0,
+            block_bytes: None,
+            thrashing_window_us: 1000,
+        }
+    }
+}
+
+/// What the CPU tier did (cumulative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierCounters {
+    /// Blocks offloaded from GPU to CPU.
+    pub offloads: u64,
+    /// Blocks reloaded from CPU to GPU.
+    pub reloads: u64,
+    /// Reloads of a block within the thrashing window of its offload
+    /// (BLIS's `KVThrashingRate` numerator).
+    pub thrashing: u64,
+    /// Contents dropped from a full CPU tier to make room.
+    pub cpu_evictions: u64,
+    /// Reload operations (one per admitted request that reloaded blocks).
+    pub transfers: u64,
+    /// Transfer time charged to steps, µs.
+    pub transfer_us: u64,
+}
+
+impl std::ops::AddAssign for TierCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.offloads += o.offloads;
+        self.reloads += o.reloads;
+        self.thrashing += o.thrashing;
+        self.cpu_evictions += o.cpu_evictions;
+        self.transfers += o.transfers;
+        self.transfer_us += o.transfer_us;
+    }
+}
+
+/// The CPU tier: offloaded contents by hash.
+///
+/// Invariant: `used() + free() == total()`; every content is in `lru` once
+/// with its current sequence number (older entries are stale).
+#[derive(Debug, Clone)]
+pub struct CpuTier {
+    cfg: CpuTierConfig,
+    /// Content hash → (sequence number of its offload, offload time µs).
+    entries: FxHashMap<u64, (u64, i64)>,
+    /// Contents in offload order, oldest first; an entry whose sequence
+    /// number differs from the content's is stale.
+    lru: VecDeque<(u64, u64)>,
+    next_seq: u64,
+    counters: TierCounters,
+}
+
+impl CpuTier {
+    /// An empty tier.
+    pub fn new(cfg: CpuTierConfig) -> Self {
+        Self {
+            cfg,
+            entries: FxHashMap::default(),
+            lru: VecDeque::new(),
+            next_seq: 0,
+            counters: TierCounters::default(),
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &CpuTierConfig {
+        &self.cfg
+    }
+
+    /// Blocks it holds at most.
+    pub fn total(&self) -> u32 {
+        self.cfg.cpu_blocks
+    }
+
+    /// Blocks holding content.
+    pub fn used(&self) -> u32 {
+        self.entries.len() as u32
+    }
+
+    /// Blocks free.
+    pub fn free(&self) -> u32 {
+        self.total() - self.used()
+    }
+
+    /// What it did so far.
+    pub fn counters(&self) -> TierCounters {
+        self.counters
+    }
+
+    /// Whether it holds content `hash`.
+    pub fn contains(&self, hash: u64) -> bool {
+        self.entries.contains_key(&hash)
+    }
+
+    /// Stores content `hash`, offloaded at `now` (µs), evicting the least
+    /// recently offloaded content when full.
+    pub fn offload(&mut self, hash: u64, now: i64) {
+        if self.entries.contains_key(&hash) {
+            // Already here (the GPU copy was a duplicate): nothing moves.
+            return;
+        }
+        while self.entries.len() as u32 >= self.cfg.cpu_blocks {
+            let (h, seq) = self.lru.pop_front().expect("a full tier has entries");
+            if self.entries.get(&h).is_some_and(|e| e.0 == seq) {
+                self.entries.remove(&h);
+                self.counters.cpu_evictions += 1;
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.entries.insert(hash, (seq, now));
+        self.lru.push_back((hash, seq));
+        self.counters.offloads += 1;
+        if self.lru.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.lru
+                .retain(|(h, s)| entries.get(h).is_some_and(|e| e.0 == *s));
+        }
+    }
+
+    /// Takes content `hash` out to reload it at `now` (µs); `false` when
+    /// it is not here.
+    pub fn reload(&mut self, hash: u64, now: i64) -> bool {
+        let Some((_, at)) = self.entries.remove(&hash) else {
+            return false;
+        };
+        self.counters.reloads += 1;
+        if now - at <= self.cfg.thrashing_window_us {
+            self.counters.thrashing += 1;
+        }
+        true
+    }
+
+    /// Drops content `hash` (the GPU computed it again): a content is in
+    /// at most one tier.
+    pub fn forget(&mut self, hash: u64) {
+        self.entries.remove(&hash);
+    }
+
+    /// Counts one transfer of `blocks` blocks and returns its time, µs.
+    pub fn charge_transfer(&mut self, blocks: u32) -> i64 {
+        let t = self.cfg.transfer_us(blocks);
+        self.counters.transfers += 1;
+        self.counters.transfer_us += t as u64;
+        t
+    }
+
+    /// The contents held (for invariant checks).
+    pub fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries.keys().copied()
+    }
+
+    /// Checks the tier's invariants (for tests).
+    pub fn check(&self) -> Result<(), String> {
+        if self.used() > self.total() {
+            return Err(format!(
+                "CPU tier holds {} blocks of {}",
+                self.used(),
+                self.total()
+            ));
+        }
+        let live = self
+            .lru
+            .iter()
+            .filter(|(h, s)| self.entries.get(h).is_some_and(|e| e.0 == *s))
+            .count();
+        if live != self.entries.len() {
+            return Err(format!(
+                "CPU tier: {} contents but {live} live queue entries",
+                self.entries.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(blocks: u32) -> CpuTierConfig {
+        CpuTierConfig {
+            cpu_blocks: blocks,
+            offload_threshold: 0.9,
+            transfer_bandwidth_gb_s: 32.0,
+            transfer_base_latency_us: 10.0,
+            block_bytes: 2_097_152.0,
+            thrashing_window_us: 1000,
+        }
+    }
+
+    #[test]
+    fn transfer_time_is_base_plus_bytes_over_bandwidth() {
+        let c = cfg(4);
+        // 3 blocks × 2 MiB at 32 GB/s = 196.608 µs, + 10 µs.
+        assert_eq!(c.transfer_us(3), 207);
+        assert_eq!(c.transfer_us(0), 0);
+    }
+
+    #[test]
+    fn a_full_tier_drops_its_least_recently_offloaded_content() {
+        let mut t = CpuTier::new(cfg(2));
+        t.offload(1, 0);
+        t.offload(2, 10);
+        t.offload(3, 20);
+        assert!(!t.contains(1) && t.contains(2) && t.contains(3));
+        assert_eq!(t.counters().cpu_evictions, 1);
+        assert_eq!(t.used() + t.free(), t.total());
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn a_reload_within_the_window_is_thrashing() {
+        let mut t = CpuTier::new(cfg(8));
+        t.offload(1, 0);
+        t.offload(2, 0);
+        assert!(t.reload(1, 1000));
+        assert!(t.reload(2, 1001));
+        assert!(!t.reload(2, 1002), "a reloaded content left the tier");
+        let c = t.counters();
+        assert_eq!((c.offloads, c.reloads, c.thrashing), (2, 2, 1));
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn bad_settings_name_their_flag() {
+        let mut c = cfg(0);
+        assert!(c.validate().unwrap_err().contains("--kv-cpu-blocks"));
+        c.cpu_blocks = 1;
+        c.offload_threshold = f64::NAN;
+        assert!(c.validate().unwrap_err().contains("--kv-offload-threshold"));
+        c.offload_threshold = 0.5;
+        c.transfer_bandwidth_gb_s = 0.0;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .contains("--kv-transfer-bandwidth")
+        );
+    }
+}

@@ -87,6 +87,7 @@ fn cpu_tier_config(
         }
     };
     let cfg = CpuTierConfig {
+        policy: args.offload_policy,
         cpu_blocks: args.cpu_blocks,
         offload_threshold: args.offload_threshold,
         transfer_bandwidth_gb_s: args.transfer_bandwidth_gb_s,

@@ -201,9 +201,13 @@ pub struct ClusterArgs {
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub kv_cpu_blocks: Option<u32>,
     /// GPU KV usage (0..1) above which free cached GPU blocks are
-    /// offloaded to the CPU tier (default 0.9).
+    /// offloaded to the CPU tier (default 0.9; 0: always).
     #[arg(allow_negative_numbers = true, long, value_name = "F")]
     pub kv_offload_threshold: Option<f64>,
+    /// When: `on-evict` (a block's content when the GPU reuses the block;
+    /// the default) or `eager` (every free cached block at once, BLIS).
+    #[arg(long, value_name = "POLICY")]
+    pub kv_offload_policy: Option<crate::engine::kv_tier::OffloadPolicy>,
     /// Host↔device bandwidth of an instance for KV reloads, GB/s (default 32).
     #[arg(allow_negative_numbers = true, long, value_name = "GB/s")]
     pub kv_transfer_bandwidth: Option<f64>,
@@ -358,6 +362,7 @@ impl ClusterArgs {
     fn apply_kv_tier(&self, b: &mut PolicyBundle) -> Result<()> {
         let a = self;
         let others = a.kv_offload_threshold.is_some()
+            || a.kv_offload_policy.is_some()
             || a.kv_transfer_bandwidth.is_some()
             || a.kv_transfer_base_latency_us.is_some()
             || a.kv_block_bytes.is_some()
@@ -371,6 +376,9 @@ impl ClusterArgs {
         }
         if let Some(x) = a.kv_offload_threshold {
             k.offload_threshold = x;
+        }
+        if let Some(x) = a.kv_offload_policy {
+            k.offload_policy = x;
         }
         if let Some(x) = a.kv_transfer_bandwidth {
             k.transfer_bandwidth_gb_s = x;

@@ -58,6 +58,7 @@ impl Instance {
     /// runs until its step ends, or decode-only steps are fast-forwarded up
     /// to `limit`.
     pub(super) fn form_batch(&mut self, now: i64, limit: i64) {
+        self.kv.set_clock(now);
         self.kv.maybe_offload(now);
         // Tiered: a run whose usage crosses the offload threshold ends at
         // the step that crosses it, whose end offloads, as single steps do.
@@ -297,7 +298,7 @@ impl Instance {
             let mut reloads = 0;
             while self.kv.cpu_tier().is_some()
                 && gpu_hits + reloads < max_hit_blocks
-                && self.kv.cpu_holds(a.hash(bs, gpu_hits + reloads))
+                && self.kv.cpu_holds_pinned(a.hash(bs, gpu_hits + reloads))
             {
                 reloads += 1;
             }
@@ -315,6 +316,9 @@ impl Instance {
             let ok = self.kv.allocate(&mut blocks, &hits, need);
             self.hits = hits;
             if !ok {
+                if reloads > 0 {
+                    self.kv.unpin_all();
+                }
                 break;
             }
             self.waiting.pop();
@@ -348,6 +352,7 @@ impl Instance {
             }
             if reloads > 0 {
                 self.reload_blocks(slot, nh, reloads, now);
+                self.kv.unpin_all();
             }
             scheduled.push((slot, n));
             *budget -= n;

@@ -1123,6 +1123,8 @@ impl Instance {
                 self.commit_hashes_upto(slot, filled);
             }
             if j < k || continues {
+                // (Blocks for step j + 1 are taken when step j ends.)
+                self.kv.set_clock(run.ends[j as usize - 1]);
                 for &slot in g {
                     let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
                     let ok = self.kv.allocate(&mut blocks, &[], 1);

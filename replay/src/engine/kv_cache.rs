@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::engine::hash_index::HashIndex;
-use crate::engine::kv_tier::{CpuTier, CpuTierConfig};
+use crate::engine::kv_tier::{CpuTier, CpuTierConfig, OffloadPolicy};
 use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
@@ -82,9 +82,15 @@ pub struct KvCache {
     evictions: u64,
     /// The CPU tier, when the cache is tiered ([`KvCache::with_cpu_tier`]).
     cpu: Option<Box<CpuTier>>,
-    /// Tiered: the free-queue entries before this position hold no cached
-    /// content (offloaded, or fresh), so an offload pass starts here.
+    /// Tiered, eager: the free-queue entries before this position hold no
+    /// cached content (offloaded, or fresh), so an offload pass starts here.
     offload_scan: usize,
+    /// Tiered, on-evict: offload evicted content while more than this many
+    /// blocks are in use (`u32::MAX`: never).
+    evict_offload_above: u32,
+    /// Tiered: the time of the operations being applied, µs (for the
+    /// thrashing window).
+    clock: i64,
 }
 
 /// How far ahead in the free queue a block is prefetched when one is
@@ -129,6 +135,8 @@ impl KvCache {
             evictions: 0,
             cpu: None,
             offload_scan: 0,
+            evict_offload_above: u32::MAX,
+            clock: 0,
         };
         for b in 0..total_blocks {
             c.push_tail(b);
@@ -173,8 +181,18 @@ impl KvCache {
 
     /// This cache with a CPU tier of `cfg` (see [`crate::engine::kv_tier`]).
     pub fn with_cpu_tier(mut self, cfg: CpuTierConfig) -> Self {
+        if cfg.policy == OffloadPolicy::OnEvict && self.prefix_caching {
+            self.evict_offload_above =
+                (cfg.offload_threshold * f64::from(self.total())).floor() as u32;
+        }
         self.cpu = Some(Box::new(CpuTier::new(cfg)));
         self
+    }
+
+    /// Tiered: the time of the operations that follow, µs (an offload's
+    /// time, for the thrashing window).
+    pub fn set_clock(&mut self, now: i64) {
+        self.clock = now;
     }
 
     /// The CPU tier, when the cache is tiered.
@@ -182,20 +200,43 @@ impl KvCache {
         self.cpu.as_deref()
     }
 
-    /// Tiered: whether the CPU tier holds content `hash`.
-    pub fn cpu_holds(&self, hash: u64) -> bool {
-        self.prefix_caching && self.cpu.as_ref().is_some_and(|c| c.contains(hash))
+    /// Tiered: whether the CPU tier holds content `hash`; if so it stays
+    /// there until [`KvCache::reload`] or [`KvCache::unpin_all`] (the
+    /// admission about to reload it may evict GPU content into the tier).
+    pub fn cpu_holds_pinned(&mut self, hash: u64) -> bool {
+        if !self.prefix_caching {
+            return false;
+        }
+        let Some(cpu) = self.cpu.as_mut() else {
+            return false;
+        };
+        let held = cpu.contains(hash);
+        if held {
+            cpu.pin(hash);
+        }
+        held
     }
 
-    /// Tiered: while the GPU usage is above the offload threshold, moves the
-    /// content of every free GPU block still holding cached content to the
-    /// CPU tier, least recently freed first, at `now` (µs). The blocks stay
-    /// free, now empty. (BLIS's `maybeOffload`; the free queue is scanned
-    /// once overall: blocks freed since the last pass are at its tail.)
+    /// Tiered: ends the pins of [`KvCache::cpu_holds_pinned`].
+    pub fn unpin_all(&mut self) {
+        if let Some(cpu) = self.cpu.as_mut() {
+            cpu.unpin_all();
+        }
+    }
+
+    /// Tiered, eager: while the GPU usage is above the offload threshold,
+    /// moves the content of every free GPU block still holding cached
+    /// content to the CPU tier, least recently freed first, at `now` (µs).
+    /// The blocks stay free, now empty. (BLIS's `maybeOffload`; the free
+    /// queue is scanned once overall: blocks freed since the last pass are
+    /// at its tail.)
     pub fn maybe_offload(&mut self, now: i64) {
         let Some(cpu) = self.cpu.as_mut() else {
             return;
         };
+        if cpu.config().policy != OffloadPolicy::Eager {
+            return;
+        }
         let (total, used) = (
             self.blocks.len() as u32,
             self.blocks.len() as u32 - self.free_count,
@@ -222,10 +263,14 @@ impl KvCache {
         self.offload_scan = self.queue.len();
     }
 
-    /// Tiered: the most blocks in use at which the usage is not above the
-    /// offload threshold (`None` without a CPU tier or prefix caching).
+    /// Tiered, eager: the most blocks in use at which the usage is not
+    /// above the offload threshold, when crossing it offloads at the next
+    /// batch (`None` otherwise).
     pub fn offload_cap(&self) -> Option<u32> {
-        let cpu = self.cpu.as_ref().filter(|_| self.prefix_caching)?;
+        let cpu = self
+            .cpu
+            .as_ref()
+            .filter(|c| self.prefix_caching && c.config().policy == OffloadPolicy::Eager)?;
         Some((cpu.config().offload_threshold * f64::from(self.total())).floor() as u32)
     }
 
@@ -418,17 +463,28 @@ impl KvCache {
             let flags = self.blocks[b as usize].ref_flags;
             if flags & HASHED != 0 {
                 // Evict its content (a private hash is in no index).
+                let h = self.content[b as usize].hash_bits;
                 if flags & PRIVATE == 0 {
-                    let h = self.content[b as usize].hash_bits;
                     let found = self.cached.remove(h, b);
                     debug_assert!(found, "a block holding a shared hash is indexed");
                 }
                 self.evictions += 1;
+                if self.used() > self.evict_offload_above {
+                    self.offload_evicted(h);
+                }
             }
             self.blocks[b as usize].ref_flags = 1;
             table.push(b);
         }
         true
+    }
+
+    /// Tiered, on-evict: the evicted content `hash` goes to the CPU tier.
+    #[cold]
+    fn offload_evicted(&mut self, hash: u64) {
+        if let Some(cpu) = self.cpu.as_mut() {
+            cpu.offload(hash, self.clock);
+        }
     }
 
     /// Hints the CPU to fetch the bookkeeping and content of `table`'s

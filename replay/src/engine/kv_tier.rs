@@ -3,27 +3,63 @@
 //! FlexGen): a store of offloaded block contents, by content hash, with
 //! least-recently-offloaded eviction when full.
 //!
-//! The model is BLIS's (`sim/kv/tiered.go`, `maybeOffload`): while the GPU
-//! tier's usage (referenced blocks / all blocks) is above the offload
-//! threshold, the free GPU blocks that still hold cached content are
-//! offloaded, least recently freed first. Their content moves: the GPU
-//! block stays free but empty, its hash leaves the GPU's prefix cache and
-//! enters this store, so a content is in at most one tier. A prefix-cache
-//! lookup that misses on the GPU continues here; the blocks found are
-//! reloaded into fresh GPU blocks instead of being recomputed, and the
-//! transfer, `base_latency + blocks × block_bytes / bandwidth`, is added to
-//! the step that admits the request. Unlike BLIS, a full store evicts its
-//! least recently offloaded content instead of refusing new content (as
-//! vLLM's CPU offloading manager does, LRU), and eviction is counted.
+//! Content is offloaded from free GPU blocks (cached, unreferenced) while
+//! the GPU tier's usage (referenced blocks / all blocks) is above the
+//! offload threshold, in one of two ways ([`OffloadPolicy`]):
+//!
+//! - `on-evict` (the default): a free block's content is offloaded when the
+//!   GPU reuses the block for new content, the moment the content would be
+//!   lost. The GPU's prefix cache behaves exactly as without the tier;
+//!   what it evicts under pressure survives on the CPU (a victim cache, as
+//!   vLLM's CPU offloading keeps the GPU's blocks on the host).
+//! - `eager`: BLIS's model (`sim/kv/tiered.go`, `maybeOffload`): every free
+//!   GPU block still holding content is offloaded at once, least recently
+//!   freed first, and stays free but empty; a later hit on that content
+//!   costs a reload even if the GPU would have kept it.
+//!
+//! Either way the content moves: its hash leaves the GPU's prefix cache
+//! and enters this store, so a content is in at most one tier. A
+//! prefix-cache lookup that misses on the GPU continues here; the blocks
+//! found are reloaded into fresh GPU blocks instead of being recomputed,
+//! and the transfer, `base_latency + blocks × block_bytes / bandwidth`, is
+//! added to the step that admits the request. Unlike BLIS, a full store
+//! drops its least recently offloaded content instead of refusing new
+//! content (as vLLM's CPU offloading manager does, LRU), and counts it.
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+/// When free GPU blocks' content is offloaded (`--kv-offload-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OffloadPolicy {
+    /// When the GPU reuses the block (evicts its content), above the
+    /// threshold.
+    #[default]
+    OnEvict,
+    /// All at once whenever the usage is above the threshold (BLIS).
+    Eager,
+}
+
+impl std::str::FromStr for OffloadPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "on-evict" => Ok(Self::OnEvict),
+            "eager" => Ok(Self::Eager),
+            _ => Err(format!("unknown offload policy {s:?} (on-evict or eager)")),
+        }
+    }
+}
+
 /// Settings of the CPU tier (`--kv-cpu-blocks` and friends).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuTierConfig {
+    /// `--kv-offload-policy`: when content is offloaded.
+    pub policy: OffloadPolicy,
     /// `--kv-cpu-blocks`: blocks the CPU tier holds (positive).
     pub cpu_blocks: u32,
     /// `--kv-offload-threshold`: GPU KV usage (0..1) above which free
@@ -101,6 +137,8 @@ impl CpuTierConfig {
 pub struct CpuTierSettings {
     /// CPU blocks.
     pub cpu_blocks: u32,
+    /// When content is offloaded.
+    pub offload_policy: OffloadPolicy,
     /// GPU usage above which free cached blocks are offloaded (0..1).
     pub offload_threshold: f64,
     /// Host↔device bandwidth, GB/s.
@@ -120,6 +158,7 @@ impl Default for CpuTierSettings {
     fn default() -> Self {
         Self {
             cpu_blocks: 0,
+            offload_policy: OffloadPolicy::OnEvict,
             offload_threshold: 0.9,
             transfer_bandwidth_gb_s: 32.0,
             transfer_base_latency_us: 10.0,
@@ -171,6 +210,8 @@ pub struct CpuTier {
     /// number differs from the content's is stale.
     lru: VecDeque<(u64, u64)>,
     next_seq: u64,
+    /// Contents that must not be dropped now ([`CpuTier::pin`]).
+    pinned: Vec<u64>,
     counters: TierCounters,
 }
 
@@ -182,6 +223,7 @@ impl CpuTier {
             entries: FxHashMap::default(),
             lru: VecDeque::new(),
             next_seq: 0,
+            pinned: Vec::new(),
             counters: TierCounters::default(),
         }
     }
@@ -223,12 +265,29 @@ impl CpuTier {
             // Already here (the GPU copy was a duplicate): nothing moves.
             return;
         }
+        let mut kept = Vec::new();
         while self.entries.len() as u32 >= self.cfg.cpu_blocks {
-            let (h, seq) = self.lru.pop_front().expect("a full tier has entries");
-            if self.entries.get(&h).is_some_and(|e| e.0 == seq) {
-                self.entries.remove(&h);
-                self.counters.cpu_evictions += 1;
+            let Some((h, seq)) = self.lru.pop_front() else {
+                break;
+            };
+            if self.entries.get(&h).is_none_or(|e| e.0 != seq) {
+                continue; // stale
             }
+            if self.pinned.contains(&h) {
+                kept.push((h, seq));
+                continue;
+            }
+            self.entries.remove(&h);
+            self.counters.cpu_evictions += 1;
+        }
+        // Pinned contents keep their places, oldest first.
+        for e in kept.into_iter().rev() {
+            self.lru.push_front(e);
+        }
+        if self.entries.len() as u32 >= self.cfg.cpu_blocks {
+            // All pinned: the new content is what is dropped.
+            self.counters.cpu_evictions += 1;
+            return;
         }
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -240,6 +299,18 @@ impl CpuTier {
             self.lru
                 .retain(|(h, s)| entries.get(h).is_some_and(|e| e.0 == *s));
         }
+    }
+
+    /// Keeps content `hash` from being dropped to make room until
+    /// [`CpuTier::unpin_all`]: an admission about to reload it first takes
+    /// GPU blocks, whose evicted content may come here.
+    pub fn pin(&mut self, hash: u64) {
+        self.pinned.push(hash);
+    }
+
+    /// Ends every [`CpuTier::pin`].
+    pub fn unpin_all(&mut self) {
+        self.pinned.clear();
     }
 
     /// Takes content `hash` out to reload it at `now` (µs); `false` when
@@ -276,6 +347,9 @@ impl CpuTier {
 
     /// Checks the tier's invariants (for tests).
     pub fn check(&self) -> Result<(), String> {
+        if !self.pinned.is_empty() {
+            return Err(format!("{} CPU contents left pinned", self.pinned.len()));
+        }
         if self.used() > self.total() {
             return Err(format!(
                 "CPU tier holds {} blocks of {}",
@@ -304,6 +378,7 @@ mod tests {
 
     fn cfg(blocks: u32) -> CpuTierConfig {
         CpuTierConfig {
+            policy: OffloadPolicy::OnEvict,
             cpu_blocks: blocks,
             offload_threshold: 0.9,
             transfer_bandwidth_gb_s: 32.0,
@@ -330,6 +405,26 @@ mod tests {
         assert!(!t.contains(1) && t.contains(2) && t.contains(3));
         assert_eq!(t.counters().cpu_evictions, 1);
         assert_eq!(t.used() + t.free(), t.total());
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn a_pinned_content_is_not_dropped_to_make_room() {
+        let mut t = CpuTier::new(cfg(2));
+        t.offload(1, 0);
+        t.offload(2, 10);
+        t.pin(1);
+        t.offload(3, 20);
+        assert!(t.contains(1) && !t.contains(2) && t.contains(3));
+        t.pin(3);
+        // Everything pinned: the new content is the one dropped.
+        t.offload(4, 30);
+        assert!(t.contains(1) && t.contains(3) && !t.contains(4));
+        assert_eq!(t.counters().cpu_evictions, 2);
+        t.unpin_all();
+        // 1 kept its place: the oldest, dropped first.
+        t.offload(5, 40);
+        assert!(!t.contains(1) && t.contains(3) && t.contains(5));
         t.check().unwrap();
     }
 

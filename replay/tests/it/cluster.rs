@@ -472,20 +472,29 @@ prop_compose! {
     }
 }
 
-/// No CPU KV tier (half the cases), or one of any size and threshold.
+/// No CPU KV tier (half the cases), or one of any size, threshold and
+/// offload policy.
 fn any_tier() -> impl Strategy<Value = Option<blis_replay::engine::kv_tier::CpuTierConfig>> {
     prop_oneof![
         Just(None),
-        (20u32..2000, 0.05f64..1.0, 0i64..100_000).prop_map(|(cpu_blocks, th, window)| {
-            Some(blis_replay::engine::kv_tier::CpuTierConfig {
-                cpu_blocks,
-                offload_threshold: th,
-                transfer_bandwidth_gb_s: 16.0,
-                transfer_base_latency_us: 25.0,
-                block_bytes: 524_288.0,
-                thrashing_window_us: window,
-            })
-        }),
+        (20u32..2000, 0.0f64..1.0, 0i64..100_000, any::<bool>()).prop_map(
+            |(cpu_blocks, th, window, eager)| {
+                use blis_replay::engine::kv_tier::OffloadPolicy;
+                Some(blis_replay::engine::kv_tier::CpuTierConfig {
+                    policy: if eager {
+                        OffloadPolicy::Eager
+                    } else {
+                        OffloadPolicy::OnEvict
+                    },
+                    cpu_blocks,
+                    offload_threshold: th,
+                    transfer_bandwidth_gb_s: 16.0,
+                    transfer_base_latency_us: 25.0,
+                    block_bytes: 524_288.0,
+                    thrashing_window_us: window,
+                })
+            }
+        ),
     ]
 }
 

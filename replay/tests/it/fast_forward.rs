@@ -1,7 +1,7 @@
 //! Executing runs of identical decode steps as one event must not change a
 //! single byte of the results.
 
-use blis_replay::engine::kv_tier::CpuTierConfig;
+use blis_replay::engine::kv_tier::{CpuTierConfig, OffloadPolicy};
 use blis_replay::latency::roofline::Roofline;
 use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Model, SchedulerPolicy};
@@ -66,19 +66,22 @@ fn fast_forward_is_exact_on_a_busy_mixed_workload() {
     both(cfg.clone(), simple_model(), reqs.clone(), Some(50_000));
     both(cfg.clone(), roofline(), reqs.clone(), Some(100_000));
     // With a CPU tier that offloads whenever half the GPU is in use.
-    let tiered = EngineConfig {
-        cpu_tier: Some(CpuTierConfig {
-            cpu_blocks: 300,
-            offload_threshold: 0.5,
-            transfer_bandwidth_gb_s: 4.0,
-            transfer_base_latency_us: 30.0,
-            block_bytes: 131_072.0,
-            thrashing_window_us: 50_000,
-        }),
-        ..cfg
-    };
-    both(tiered.clone(), simple_model(), reqs.clone(), Some(50_000));
-    both(tiered, roofline(), reqs, None);
+    for policy in [OffloadPolicy::OnEvict, OffloadPolicy::Eager] {
+        let tiered = EngineConfig {
+            cpu_tier: Some(CpuTierConfig {
+                policy,
+                cpu_blocks: 300,
+                offload_threshold: 0.5,
+                transfer_bandwidth_gb_s: 4.0,
+                transfer_base_latency_us: 30.0,
+                block_bytes: 131_072.0,
+                thrashing_window_us: 50_000,
+            }),
+            ..cfg.clone()
+        };
+        both(tiered.clone(), simple_model(), reqs.clone(), Some(50_000));
+        both(tiered, roofline(), reqs.clone(), None);
+    }
 }
 
 proptest! {
@@ -91,14 +94,15 @@ proptest! {
         seqs in 1u32..24,
         budget in 64u32..4096,
         sched in 0u8..3,
-        tier in proptest::option::of((1u32..400, 0.0f64..1.0)),
+        tier in proptest::option::of((1u32..400, 0.0f64..1.0, any::<bool>())),
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, g))| {
             let r = req(i as u64, t, inp, out);
             if g == 0 { with_prefix(r, "g", 48) } else { r }
         }).collect();
         let scheduler = [SchedulerPolicy::Fcfs, SchedulerPolicy::Sjf, SchedulerPolicy::PriorityFcfs][sched as usize];
-        let cpu_tier = tier.map(|(cpu_blocks, offload_threshold)| CpuTierConfig {
+        let cpu_tier = tier.map(|(cpu_blocks, offload_threshold, eager)| CpuTierConfig {
+            policy: if eager { OffloadPolicy::Eager } else { OffloadPolicy::OnEvict },
             cpu_blocks,
             offload_threshold,
             transfer_bandwidth_gb_s: 4.0,

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use blis_replay::engine::instance::StepReport;
-use blis_replay::engine::kv_tier::CpuTierConfig;
+use blis_replay::engine::kv_tier::{CpuTierConfig, OffloadPolicy};
 use blis_replay::{EngineConfig, Instance, SchedulerPolicy, SimRequest};
 use blis_traces::content;
 use proptest::prelude::*;
@@ -142,7 +142,7 @@ proptest! {
         prefix_caching in any::<bool>(),
         fast_forward in any::<bool>(),
         async_scheduling in any::<bool>(),
-        tier in proptest::option::of((1u32..300, 0.0f64..1.0, 0i64..5000)),
+        tier in proptest::option::of((1u32..300, 0.0f64..1.0, 0i64..5000, any::<bool>())),
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, shared))| {
             let r = req(i as u64, t, inp, out);
@@ -160,7 +160,8 @@ proptest! {
             prefix_caching,
             fast_forward,
             async_scheduling,
-            cpu_tier: tier.map(|(cpu_blocks, offload_threshold, window)| CpuTierConfig {
+            cpu_tier: tier.map(|(cpu_blocks, offload_threshold, window, eager)| CpuTierConfig {
+                policy: if eager { OffloadPolicy::Eager } else { OffloadPolicy::OnEvict },
                 cpu_blocks,
                 offload_threshold,
                 transfer_bandwidth_gb_s: 8.0,

@@ -74,6 +74,11 @@ impl HashIndex {
         }
     }
 
+    /// Hints the CPU to fetch the slot where a probe for `hash` starts.
+    pub(crate) fn prefetch(&self, hash: u64) {
+        mem_prefetch::prefetch_write_data::<_, 3>(&self.slots[self.home(hash)]);
+    }
+
     /// Adds `hash` → `block` (an id); the caller ensures `hash` is absent
     /// and the capacity is not exceeded.
     pub(crate) fn insert(&mut self, hash: u64, block: u32) {

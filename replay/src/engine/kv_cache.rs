@@ -479,6 +479,20 @@ impl KvCache {
         true
     }
 
+    /// Tiered, on-evict: the content of a block soon taken may go to the
+    /// CPU tier, whose index entry for it is a cache miss: the block's
+    /// content is fetched `PREFETCH_AHEAD` blocks ahead, and the index slot
+    /// its hash leads to half as far ahead.
+    #[inline(never)]
+    fn prefetch_offload(&self) {
+        if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
+            mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
+        }
+        if let (Some(&(mid, _)), Some(cpu)) = (self.queue.get(PREFETCH_AHEAD / 2), &self.cpu) {
+            cpu.prefetch(self.content[mid as usize].hash_bits);
+        }
+    }
+
     /// Tiered, on-evict: the evicted content `hash` goes to the CPU tier.
     #[cold]
     fn offload_evicted(&mut self, hash: u64) {
@@ -631,6 +645,9 @@ impl KvCache {
                 // A block soon to be taken: fetch it ahead of its allocation.
                 if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
+                }
+                if self.evict_offload_above != u32::MAX {
+                    self.prefetch_offload();
                 }
                 return b;
             }

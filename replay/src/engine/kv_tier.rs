@@ -28,7 +28,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use crate::engine::hash_index::HashIndex;
 use serde::{Deserialize, Serialize};
 
 /// When free GPU blocks' content is offloaded (`--kv-offload-policy`).
@@ -197,19 +197,39 @@ impl std::ops::AddAssign for TierCounters {
     }
 }
 
-/// The CPU tier: offloaded contents by hash.
+/// One CPU block: the content it holds and when it came.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    hash: u64,
+    /// When it was offloaded, µs.
+    at: i64,
+    /// Bumped when the slot is emptied: older entries of the offload
+    /// order that name it are stale.
+    generation: u32,
+}
+
+/// How far ahead in the offload order the index entry of a content to
+/// drop is prefetched: with every eviction offloaded, a full tier drops a
+/// content per offload, and its index entry is a cache miss otherwise.
+const PREFETCH_AHEAD: usize = 16;
+
+/// The CPU tier: offloaded contents by hash, in a fixed array of
+/// `cpu_blocks` slots found through the compact hash index the GPU uses
+/// (one cache line per probe). The offload order is a ring of (hash, slot,
+/// generation) entries, oldest first, as the GPU's free queue: a content
+/// taken out for a reload leaves a stale entry behind, and the contents
+/// to drop next are read in sequence (their index entries prefetched).
 ///
-/// Invariant: `used() + free() == total()`; every content is in `lru` once
-/// with its current sequence number (older entries are stale).
+/// Invariant: `used() + free() == total()`; every used slot has exactly
+/// one live entry in the order.
 #[derive(Debug, Clone)]
 pub struct CpuTier {
     cfg: CpuTierConfig,
-    /// Content hash → (sequence number of its offload, offload time µs).
-    entries: FxHashMap<u64, (u64, i64)>,
-    /// Contents in offload order, oldest first; an entry whose sequence
-    /// number differs from the content's is stale.
-    lru: VecDeque<(u64, u64)>,
-    next_seq: u64,
+    slots: Vec<Slot>,
+    index: HashIndex,
+    /// Unused slots.
+    spare: Vec<u32>,
+    order: VecDeque<(u64, u32, u32)>,
     /// Contents that must not be dropped now ([`CpuTier::pin`]).
     pinned: Vec<u64>,
     counters: TierCounters,
@@ -218,13 +238,22 @@ pub struct CpuTier {
 impl CpuTier {
     /// An empty tier.
     pub fn new(cfg: CpuTierConfig) -> Self {
+        let n = cfg.cpu_blocks;
         Self {
-            cfg,
-            entries: FxHashMap::default(),
-            lru: VecDeque::new(),
-            next_seq: 0,
+            slots: vec![
+                Slot {
+                    hash: 0,
+                    at: 0,
+                    generation: 0,
+                };
+                n as usize
+            ],
+            index: HashIndex::new(n),
+            spare: (0..n).rev().collect(),
+            order: VecDeque::with_capacity(n as usize),
             pinned: Vec::new(),
             counters: TierCounters::default(),
+            cfg,
         }
     }
 
@@ -240,7 +269,7 @@ impl CpuTier {
 
     /// Blocks holding content.
     pub fn used(&self) -> u32 {
-        self.entries.len() as u32
+        self.index.len() as u32
     }
 
     /// Blocks free.
@@ -253,51 +282,85 @@ impl CpuTier {
         self.counters
     }
 
-    /// Whether it holds content `hash`.
-    pub fn contains(&self, hash: u64) -> bool {
-        self.entries.contains_key(&hash)
+    fn find(&self, hash: u64) -> Option<u32> {
+        self.index
+            .get(hash, |s| self.slots[s as usize].hash == hash)
     }
 
-    /// Stores content `hash`, offloaded at `now` (µs), evicting the least
-    /// recently offloaded content when full.
-    pub fn offload(&mut self, hash: u64, now: i64) {
-        if self.entries.contains_key(&hash) {
-            // Already here (the GPU copy was a duplicate): nothing moves.
-            return;
-        }
+    /// Hints the CPU to fetch where content `hash` would be indexed (it is
+    /// about to be offloaded, or looked up).
+    pub fn prefetch(&self, hash: u64) {
+        self.index.prefetch(hash);
+    }
+
+    /// Whether it holds content `hash`.
+    pub fn contains(&self, hash: u64) -> bool {
+        self.find(hash).is_some()
+    }
+
+    fn is_live(&self, (_, s, g): (u64, u32, u32)) -> bool {
+        self.slots[s as usize].generation == g
+    }
+
+    /// Empties slot `s` (holding `hash`): its order entry goes stale.
+    fn take(&mut self, s: u32, hash: u64) {
+        let found = self.index.remove(hash, s);
+        debug_assert!(found, "a used CPU slot is indexed");
+        let slot = &mut self.slots[s as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        self.spare.push(s);
+    }
+
+    /// Drops the least recently offloaded unpinned content; `false` when
+    /// every content is pinned.
+    fn drop_oldest(&mut self) -> bool {
         let mut kept = Vec::new();
-        while self.entries.len() as u32 >= self.cfg.cpu_blocks {
-            let Some((h, seq)) = self.lru.pop_front() else {
-                break;
-            };
-            if self.entries.get(&h).is_none_or(|e| e.0 != seq) {
-                continue; // stale
-            }
-            if self.pinned.contains(&h) {
-                kept.push((h, seq));
+        let mut dropped = false;
+        while let Some(e) = self.order.pop_front() {
+            if !self.is_live(e) {
                 continue;
             }
-            self.entries.remove(&h);
-            self.counters.cpu_evictions += 1;
+            if !self.pinned.is_empty() && self.pinned.contains(&e.0) {
+                kept.push(e);
+                continue;
+            }
+            if let Some(&(h, _, _)) = self.order.get(PREFETCH_AHEAD) {
+                self.index.prefetch(h);
+            }
+            self.take(e.1, e.0);
+            dropped = true;
+            break;
         }
         // Pinned contents keep their places, oldest first.
         for e in kept.into_iter().rev() {
-            self.lru.push_front(e);
+            self.order.push_front(e);
         }
-        if self.entries.len() as u32 >= self.cfg.cpu_blocks {
-            // All pinned: the new content is what is dropped.
+        dropped
+    }
+
+    /// Stores content `hash` (not held here: a content is in one tier),
+    /// offloaded at `now` (µs), dropping the least recently offloaded
+    /// unpinned content when full.
+    pub fn offload(&mut self, hash: u64, now: i64) {
+        debug_assert!(!self.contains(hash), "content offloaded twice");
+        if self.spare.is_empty() {
             self.counters.cpu_evictions += 1;
-            return;
+            if !self.drop_oldest() {
+                // All pinned: the new content is what is dropped.
+                return;
+            }
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.entries.insert(hash, (seq, now));
-        self.lru.push_back((hash, seq));
+        let s = self.spare.pop().expect("a free slot");
+        let slot = &mut self.slots[s as usize];
+        slot.hash = hash;
+        slot.at = now;
+        self.order.push_back((hash, s, slot.generation));
+        self.index.insert(hash, s);
         self.counters.offloads += 1;
-        if self.lru.len() > 2 * self.entries.len() + 64 {
-            let entries = &self.entries;
-            self.lru
-                .retain(|(h, s)| entries.get(h).is_some_and(|e| e.0 == *s));
+        if self.order.len() > 2 * self.index.len() + 64 {
+            let slots = &self.slots;
+            self.order
+                .retain(|&(_, s, g)| slots[s as usize].generation == g);
         }
     }
 
@@ -316,9 +379,11 @@ impl CpuTier {
     /// Takes content `hash` out to reload it at `now` (µs); `false` when
     /// it is not here.
     pub fn reload(&mut self, hash: u64, now: i64) -> bool {
-        let Some((_, at)) = self.entries.remove(&hash) else {
+        let Some(s) = self.find(hash) else {
             return false;
         };
+        let at = self.slots[s as usize].at;
+        self.take(s, hash);
         self.counters.reloads += 1;
         if now - at <= self.cfg.thrashing_window_us {
             self.counters.thrashing += 1;
@@ -329,7 +394,9 @@ impl CpuTier {
     /// Drops content `hash` (the GPU computed it again): a content is in
     /// at most one tier.
     pub fn forget(&mut self, hash: u64) {
-        self.entries.remove(&hash);
+        if let Some(s) = self.find(hash) {
+            self.take(s, hash);
+        }
     }
 
     /// Counts one transfer of `blocks` blocks and returns its time, µs.
@@ -340,32 +407,32 @@ impl CpuTier {
         t
     }
 
-    /// The contents held (for invariant checks).
-    pub fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.entries.keys().copied()
-    }
-
     /// Checks the tier's invariants (for tests).
     pub fn check(&self) -> Result<(), String> {
         if !self.pinned.is_empty() {
             return Err(format!("{} CPU contents left pinned", self.pinned.len()));
         }
-        if self.used() > self.total() {
+        if self.used() + self.spare.len() as u32 != self.total() {
             return Err(format!(
-                "CPU tier holds {} blocks of {}",
+                "CPU tier: {} used + {} spare != {}",
                 self.used(),
+                self.spare.len(),
                 self.total()
             ));
         }
-        let live = self
-            .lru
-            .iter()
-            .filter(|(h, s)| self.entries.get(h).is_some_and(|e| e.0 == *s))
-            .count();
-        if live != self.entries.len() {
+        let mut live = 0u32;
+        for &e in &self.order {
+            if self.is_live(e) {
+                live += 1;
+                if self.find(e.0) != Some(e.1) || self.slots[e.1 as usize].hash != e.0 {
+                    return Err(format!("CPU tier: slot {} is misplaced", e.1));
+                }
+            }
+        }
+        if live != self.used() {
             return Err(format!(
-                "CPU tier: {} contents but {live} live queue entries",
-                self.entries.len()
+                "CPU tier: {live} live entries in offload order, {} used",
+                self.used()
             ));
         }
         Ok(())

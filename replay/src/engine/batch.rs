@@ -58,15 +58,18 @@ impl Instance {
     /// runs until its step ends, or decode-only steps are fast-forwarded up
     /// to `limit`.
     pub(super) fn form_batch(&mut self, now: i64, limit: i64) {
-        self.kv.set_clock(now);
-        self.kv.maybe_offload(now);
-        // Tiered: a run whose usage crosses the offload threshold ends at
-        // the step that crosses it, whose end offloads, as single steps do.
-        self.offload_cap = self
-            .kv
-            .offload_cap()
-            .filter(|&cap| self.kv.used() <= cap)
-            .unwrap_or(u32::MAX);
+        if self.kv.tiered() {
+            self.kv.set_clock(now);
+            self.kv.maybe_offload(now);
+            // Eager offload: a run whose usage crosses the offload
+            // threshold ends at the step that crosses it, whose end
+            // offloads, as single steps do.
+            self.offload_cap = self
+                .kv
+                .offload_cap()
+                .filter(|&cap| self.kv.used() <= cap)
+                .unwrap_or(u32::MAX);
+        }
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
@@ -296,7 +299,7 @@ impl Instance {
             // tier holds are reloaded instead of recomputed.
             let gpu_hits = self.hits.len() as u32;
             let mut reloads = 0;
-            while self.kv.cpu_tier().is_some()
+            while self.kv.tiered()
                 && gpu_hits + reloads < max_hit_blocks
                 && self.kv.cpu_holds_pinned(a.hash(bs, gpu_hits + reloads))
             {
@@ -343,7 +346,7 @@ impl Instance {
                 self.counters.prefix_queries += u64::from(input);
                 self.counters.prefix_hits += u64::from((nh * bs).min(input));
             }
-            if self.kv.cpu_tier().is_some() {
+            if self.kv.tiered() {
                 // At every admission: a preempted request queries again.
                 let gpu_tokens = nh * bs;
                 self.counters.external_queries +=

@@ -1124,7 +1124,9 @@ impl Instance {
             }
             if j < k || continues {
                 // (Blocks for step j + 1 are taken when step j ends.)
-                self.kv.set_clock(run.ends[j as usize - 1]);
+                if self.kv.tiered() {
+                    self.kv.set_clock(run.ends[j as usize - 1]);
+                }
                 for &slot in g {
                     let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
                     let ok = self.kv.allocate(&mut blocks, &[], 1);

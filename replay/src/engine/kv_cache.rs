@@ -195,6 +195,12 @@ impl KvCache {
         self.clock = now;
     }
 
+    /// Whether the cache has a CPU tier.
+    #[inline]
+    pub fn tiered(&self) -> bool {
+        self.cpu.is_some()
+    }
+
     /// The CPU tier, when the cache is tiered.
     pub fn cpu_tier(&self) -> Option<&CpuTier> {
         self.cpu.as_deref()
@@ -458,8 +464,9 @@ impl KvCache {
             self.blocks[b as usize].ref_flags += 1;
             table.push(b);
         }
+        let on_evict = self.evict_offload_above != u32::MAX;
         for _ in 0..new_blocks {
-            let b = self.pop_head();
+            let b = self.pop_head(on_evict);
             let flags = self.blocks[b as usize].ref_flags;
             if flags & HASHED != 0 {
                 // Evict its content (a private hash is in no index).
@@ -469,7 +476,7 @@ impl KvCache {
                     debug_assert!(found, "a block holding a shared hash is indexed");
                 }
                 self.evictions += 1;
-                if self.used() > self.evict_offload_above {
+                if on_evict && self.used() > self.evict_offload_above {
                     self.offload_evicted(h);
                 }
             }
@@ -636,7 +643,7 @@ impl KvCache {
 
     /// Takes the head of the free queue (there is one: checked by
     /// [`KvCache::can_allocate`]), skipping stale entries.
-    fn pop_head(&mut self) -> u32 {
+    fn pop_head(&mut self, on_evict: bool) -> u32 {
         loop {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
             self.offload_scan = self.offload_scan.saturating_sub(1);
@@ -646,7 +653,7 @@ impl KvCache {
                 if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
                 }
-                if self.evict_offload_above != u32::MAX {
+                if on_evict {
                     self.prefetch_offload();
                 }
                 return b;

@@ -47,8 +47,8 @@ def kv_tier_bundle(point):
 SEARCHES = {
     "routing": (lambda: [w for w in itertools.product([0, 1, 3], [0, 1, 2], [0, 1, 2]) if any(w)],
                 "6000", routing_bundle),
-    "kv-tier": (lambda: list(itertools.product([0, 5000, 20000], [0.5, 0.7, 0.9])),
-                "1200", kv_tier_bundle),
+    "kv-tier": (lambda: list(itertools.product([0, 2000, 20000], [0.0, 0.5, 0.9])),
+                "2000", kv_tier_bundle),
 }
 
 

@@ -6,6 +6,9 @@
 # 2. 100,000 requests of examples/chat-512.yaml (prefix-sharing chat, 512-token
 #    mean prompts and outputs) on 16 instances with weighted routing;
 # 3. the same with --no-itl;
+# 4. the same as 2. with a CPU KV tier (issue 16): 2,400 GPU blocks per
+#    instance, so that the GPU is under pressure, 20,000 CPU blocks,
+#    on-evict offload at the default threshold;
 # and the size of the outputs of 2. Prints the median and range of each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,5 +48,7 @@ chat=(run --workload-spec examples/chat-512.yaml --model meta-llama/Llama-3.1-8B
     --num-requests 100000 --num-instances 16 --routing weighted)
 time_runs "chat-512, 100K requests x 16, default outputs" "$dir/chat" $R "${chat[@]}"
 time_runs "chat-512, 100K requests x 16, --no-itl" "$dir/chat-no-itl" $R "${chat[@]}" --no-itl
+time_runs "chat-512, 100K x 16, CPU KV tier" "$dir/chat-tier" $R "${chat[@]}" \
+    --total-kv-blocks 2400 --kv-cpu-blocks 20000
 echo "outputs of chat-512 with default outputs: $(du -cb "$dir"/chat.warm.* | tail -1 | cut -f1) bytes"
 ls -l "$dir"/chat.warm.*

@@ -188,7 +188,7 @@ fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
     if let Some(s) = bundle.scheduler {
         engine.scheduler = s;
     }
-    (0..bundle.num_instances)
+    (0..bundle.instance_count())
         .map(|_| Instance::new(engine.clone(), resolved.latency.clone()))
         .collect()
 }
@@ -208,6 +208,9 @@ pub fn replay_on<S: crate::sim::Sink>(
 ) -> ClusterRun {
     let mut insts = instances(resolved, bundle);
     let mut control = Control::new(bundle, insts.len());
+    if let Some(b) = resolved.kv_bytes_per_token {
+        control.set_kv_block_bytes(b * f64::from(resolved.engine.block_size));
+    }
     if let Some(k) = trace_k {
         control.trace_decisions(k);
     }

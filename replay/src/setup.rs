@@ -122,6 +122,9 @@ pub struct Resolved {
     pub tp: u32,
     /// Where each setting came from, e.g. `total_kv_blocks=7462 (trace header)`.
     pub provenance: Vec<String>,
+    /// KV-cache bytes per token of the model (all layers), when its config
+    /// is known (for KV transfers between instances).
+    pub kv_bytes_per_token: Option<f64>,
 }
 
 impl Resolved {
@@ -311,6 +314,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         gpu,
         tp,
         provenance: prov,
+        kv_bytes_per_token: arch.as_ref().map(ModelArch::kv_bytes_per_token),
     })
 }
 

@@ -181,7 +181,12 @@ impl Input {
 
 const ARRIVAL: u8 = 0;
 const ENQUEUE: u8 = 1;
-const CANCEL: u8 = 2;
+/// A P/D transfer ends (before steps at the same time: the request can
+/// join the batch formed then).
+const TRANSFER: u8 = 2;
+const CANCEL: u8 = 3;
+
+mod pd;
 
 #[derive(Debug)]
 struct Flight {
@@ -200,6 +205,9 @@ struct Flight {
     priority: Option<i32>,
     /// [`Input::segments`].
     segments: Option<Vec<content::Segment>>,
+    /// P/D: its hand-off from a prefill to a decode instance, once its
+    /// prefill is done.
+    handoff: Option<pd::Handoff>,
 }
 
 /// Replays `inputs` (sorted by `entry_us`) on `instance`, reporting to
@@ -374,6 +382,8 @@ impl<'a> Session<'a> {
             gateway_items: Vec::new(),
             ids: private.then(FxHashSet::default),
             by_id: FxHashMap::default(),
+            transfers: FxHashMap::default(),
+            transfer_queues: Vec::new(),
         };
         Self {
             d,
@@ -492,7 +502,8 @@ impl<'a> Session<'a> {
         let (now, d) = (next.at, &mut self.d);
         match next.source {
             Source::Refresh => {
-                d.control.refresh(now, d.insts);
+                let pool = d.control.pool(d.insts.len());
+                d.control.refresh(now, &d.insts[pool]);
                 self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
             }
             Source::Input => {
@@ -504,6 +515,7 @@ impl<'a> Session<'a> {
                 match class {
                     ARRIVAL => d.deferred_arrival(now, tag, sink),
                     ENQUEUE => d.enqueue(now, tag, sink),
+                    TRANSFER => d.transfer_done(now, seq, sink),
                     _ => {
                         let (tag, generation) = d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
                         d.cancel(now, tag, generation, sink);
@@ -615,6 +627,10 @@ struct Driver<'a> {
     /// Request id to tag and generation of the requests handed over by
     /// [`Session::submit`] and still in flight (for [`Session::abort`]).
     by_id: FxHashMap<u64, (u32, u32)>,
+    /// P/D: transfers in flight by event sequence number (tag,
+    /// generation), and each decode instance's requests waiting for room.
+    transfers: FxHashMap<u64, (u32, u32)>,
+    transfer_queues: Vec<std::collections::VecDeque<u32>>,
 }
 
 impl Driver<'_> {
@@ -725,7 +741,8 @@ impl Driver<'_> {
     fn dispatch<S: Sink>(&mut self, now: i64, sink: &mut S) {
         let Some((q, kv)) = self.flow else { return };
         while let Some(&Reverse((_, _, idx))) = self.gateway.peek() {
-            if self.control.saturation(now, self.insts, q, kv) >= 1.0 {
+            let pool = self.control.pool(self.insts.len());
+            if self.control.saturation(now, &self.insts[pool], q, kv) >= 1.0 {
                 break;
             }
             self.gateway.pop();
@@ -742,12 +759,13 @@ impl Driver<'_> {
     /// Routes `rec` at `now`. A router that reads the instances' KV-cache
     /// indexes sees them up to date: runs in flight are split at `now`.
     fn route<S: Sink>(&mut self, now: i64, rec: &TraceRecord, sink: &mut S) -> usize {
+        let pool = self.control.pool(self.insts.len());
         if self.control.reads_kv_index() {
-            for i in 0..self.insts.len() {
+            for i in pool.clone() {
                 self.sync(i, now, sink);
             }
         }
-        self.control.route(now, rec, self.insts)
+        self.control.route(now, rec, &self.insts[pool])
     }
 
     /// Starts the flight of `input`, routed to `inst` at `now` (it arrived
@@ -770,6 +788,7 @@ impl Driver<'_> {
             hashes: self.control.take_hashes(),
             priority: input.priority,
             segments: input.segments,
+            handoff: None,
         };
         let tag = match self.free.pop() {
             Some(t) => {
@@ -797,8 +816,16 @@ impl Driver<'_> {
         if !self.by_id.is_empty() {
             self.by_id.remove(&f.rec.request.request_id);
         }
-        self.control
-            .left(f.inst as usize, f.rec.request.tenant_id.as_ref());
+        let tenant = f.rec.request.tenant_id.as_ref();
+        match (&mut self.control.pd, &f.handoff) {
+            (Some(pd), Some(_)) => {
+                // Handed off: the prefill pool let it go then.
+                let d = f.inst as usize - pd.first_decode();
+                pd.decode.left(d, tenant);
+                self.control.admission.left(tenant);
+            }
+            _ => self.control.left(f.inst as usize, tenant),
+        }
         f
     }
 
@@ -840,8 +867,18 @@ impl Driver<'_> {
             tag,
         };
         let inst = f.inst as usize;
+        let prefill_only = self.control.pd.is_some() && output > 1;
+        if prefill_only {
+            // Its decode instance rebuilds it from the same content.
+            f.segments = Some(req.segments.clone());
+        }
         self.sync(inst, now, sink);
-        if let Err(why) = self.insts[inst].enqueue(now, req) {
+        let entered = if prefill_only {
+            self.insts[inst].enqueue_prefill(now, req)
+        } else {
+            self.insts[inst].enqueue(now, req)
+        };
+        if let Err(why) = entered {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
             sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
@@ -857,6 +894,10 @@ impl Driver<'_> {
         }
         if !f.enqueued {
             f.cancelled = true;
+            return;
+        }
+        if f.handoff.as_ref().is_some_and(|h| !h.admitted) {
+            self.cancel_handoff(now, tag, sink);
             return;
         }
         let id = f.rec.request.request_id;
@@ -907,6 +948,13 @@ impl Driver<'_> {
         self.insts[inst].step(now, limit.max(now), &mut report);
         self.deliver(inst, &report, sink);
         self.report = report;
+        if self
+            .transfer_queues
+            .get(inst)
+            .is_some_and(|q| !q.is_empty())
+        {
+            self.admit_waiting_transfers(now, inst, sink);
+        }
         if sink.wants_upcoming() {
             let mut up = std::mem::take(&mut self.upcoming);
             up.clear();
@@ -941,6 +989,15 @@ impl Driver<'_> {
             }
         }
         for fin in &report.finished {
+            if self.is_handoff(inst, fin) {
+                let end = report
+                    .step_ends
+                    .last()
+                    .copied()
+                    .unwrap_or(fin.last_token_us);
+                self.hand_off(end, inst, fin, sink);
+                continue;
+            }
             let f = self.take_flight(fin.tag);
             self.round_done(&f.rec, fin.last_token_us);
             sink.finished(Done {

@@ -41,6 +41,9 @@ pub struct Control {
     pub flow: Option<(f64, f64)>,
     /// Each request's priority.
     pub priority: crate::cluster::priority::PriorityPolicy,
+    /// Prefill/decode disaggregation: this control routes over the prefill
+    /// pool (instances `0..P`), this over the decode pool.
+    pub pd: Option<Box<crate::cluster::disaggregation::Pd>>,
 }
 
 /// What the router saw of one instance at a decision.
@@ -95,9 +98,21 @@ pub struct DecisionRecord {
 }
 
 impl Control {
-    /// The control plane of `bundle` over `n` instances.
+    /// The control plane of `bundle` over `n` instances (with a P/D split,
+    /// routing over its prefill pool; its decode side's KV blocks are
+    /// taken as 2 MiB until [`Control::set_kv_block_bytes`]).
     pub fn new(bundle: &PolicyBundle, n: usize) -> Self {
+        let n = bundle
+            .pd
+            .as_ref()
+            .map_or(n, |p| p.prefill_instances as usize);
         Self {
+            pd: bundle.pd.as_ref().map(|cfg| {
+                Box::new(crate::cluster::disaggregation::Pd::new(
+                    cfg,
+                    cfg.block_bytes.unwrap_or(2_097_152.0),
+                ))
+            }),
             admission: Admission::new(bundle.admission.clone()),
             router: Router::new(
                 bundle.routing.clone(),
@@ -122,6 +137,22 @@ impl Control {
                 .flow_control
                 .map(|f| (f.queue_depth_threshold, f.kv_utilization_threshold)),
         }
+    }
+
+    /// P/D: the bytes of one KV block of the model served, unless the
+    /// split gives its own.
+    pub fn set_kv_block_bytes(&mut self, bytes: f64) {
+        if let Some(pd) = &mut self.pd
+            && pd.cfg.block_bytes.is_none()
+        {
+            pd.block_bytes = bytes;
+        }
+    }
+
+    /// The instances this control routes to: the prefill pool of a P/D
+    /// split, else all.
+    pub fn pool(&self, n: usize) -> std::ops::Range<usize> {
+        0..self.pd.as_ref().map_or(n, |p| p.first_decode())
     }
 
     /// Whether a replay may keep blocks private to their request out of
@@ -361,6 +392,12 @@ impl Control {
         self.admission.left(tenant);
     }
 
+    /// P/D: a request routed to prefill instance `i` moved on to the
+    /// decode pool (it stays in flight for admission).
+    pub fn handed_off(&mut self, i: usize) {
+        self.in_flight[i] = self.in_flight[i].saturating_sub(1);
+    }
+
     /// Requests routed to instance `i` and not finished.
     pub fn in_flight(&self, i: usize) -> u32 {
         self.in_flight[i]
@@ -384,6 +421,27 @@ pub struct InstanceSummary {
     pub prefix_cache_hit_rate: f64,
     /// Output tokens it generated.
     pub generation_tokens: u64,
+    /// P/D: its pool, `prefill` or `decode`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<&'static str>,
+}
+
+/// The P/D section of a cluster summary.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PdSummary {
+    /// Prefill instances (the first ones).
+    pub prefill_instances: u32,
+    /// Decode instances.
+    pub decode_instances: u32,
+    /// The decode pool's routing policy.
+    pub decode_routing: crate::cluster::routing::RoutingPolicy,
+    /// What the hand-offs did.
+    #[serde(flatten)]
+    pub counters: crate::cluster::disaggregation::PdCounters,
+    /// Mean time from a prefill's end to its decode admission, ms.
+    pub mean_handoff_ms: f64,
+    /// Mean transfer time, ms.
+    pub mean_transfer_ms: f64,
 }
 
 /// The cluster section of a replay summary.
@@ -403,11 +461,19 @@ pub struct ClusterSummary {
     pub instances: Vec<InstanceSummary>,
     /// Most routed over least routed instance (1: even).
     pub routing_imbalance: f64,
+    /// Prefill/decode disaggregation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdSummary>,
 }
 
 impl ClusterSummary {
     /// The summary of a finished run.
     pub fn of(bundle: &PolicyBundle, control: &Control, insts: &[Instance]) -> Self {
+        let base = control.pool(insts.len()).end;
+        let routed = |i: usize| match &control.pd {
+            Some(pd) if i >= base => pd.decode.routed[i - base],
+            _ => control.routed[i],
+        };
         let instances: Vec<InstanceSummary> = insts
             .iter()
             .enumerate()
@@ -415,7 +481,11 @@ impl ClusterSummary {
                 let c = inst.counters();
                 InstanceSummary {
                     index: i,
-                    routed: control.routed[i],
+                    routed: routed(i),
+                    pool: control
+                        .pd
+                        .as_ref()
+                        .map(|_| if i < base { "prefill" } else { "decode" }),
                     completed: c.completed,
                     dropped: c.dropped,
                     preemptions: c.preemptions,
@@ -440,6 +510,24 @@ impl ClusterSummary {
             } else {
                 1.0
             },
+            pd: control.pd.as_ref().map(|pd| {
+                let c = pd.counters;
+                let per = |x: u64| {
+                    if c.transfers > 0 {
+                        x as f64 / c.transfers as f64 / 1e3
+                    } else {
+                        0.0
+                    }
+                };
+                PdSummary {
+                    prefill_instances: pd.cfg.prefill_instances,
+                    decode_instances: pd.cfg.decode_instances,
+                    decode_routing: pd.cfg.decode_routing.clone(),
+                    counters: c,
+                    mean_handoff_ms: per(c.handoff_us),
+                    mean_transfer_ms: per(c.transfer_us),
+                }
+            }),
         }
     }
 }

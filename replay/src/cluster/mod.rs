@@ -3,10 +3,12 @@
 //! and routes each request; [`admission`], [`routing`] (policies and their
 //! scorers), [`priority`] and [`prefix_index`] (the router's view of each
 //! instance's prefix cache) are its policies; [`policy`] reads them from a
-//! policy bundle.
+//! policy bundle; [`disaggregation`] splits the cluster into prefill and
+//! decode pools.
 
 pub mod admission;
 pub mod control;
+pub mod disaggregation;
 pub mod error;
 pub mod policy;
 pub mod prefix_index;

@@ -23,6 +23,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::admission::AdmissionPolicy;
+use crate::cluster::disaggregation::PdConfig;
 use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
@@ -61,6 +62,11 @@ pub struct PolicyBundle {
     /// and friends; see [`crate::engine::kv_tier`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv: Option<CpuTierSettings>,
+    /// Prefill/decode disaggregation (`--architecture pd`; see
+    /// [`crate::cluster::disaggregation`]): the cluster is its prefill and
+    /// decode pools, `num_instances` is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdConfig>,
 }
 
 /// Flow control: admitted requests wait in a priority-ordered gateway
@@ -102,6 +108,7 @@ impl Default for PolicyBundle {
             routing_latency_us: 0,
             flow_control: None,
             kv: None,
+            pd: None,
         }
     }
 }
@@ -142,6 +149,11 @@ impl PolicyBundle {
         };
         if self.num_instances == 0 {
             return range("num_instances", "at least 1", "0".into());
+        }
+        if let Some(pd) = &self.pd
+            && let Err((field, must, got)) = pd.validate()
+        {
+            return range(&field, must, got);
         }
         if let Some(f) = &self.flow_control {
             for (name, v) in [
@@ -192,9 +204,18 @@ impl PolicyBundle {
 }
 
 impl PolicyBundle {
+    /// Instances in the cluster: both pools of a P/D split, else
+    /// `num_instances`.
+    pub fn instance_count(&self) -> u32 {
+        self.pd.as_ref().map_or(self.num_instances, |p| {
+            p.prefill_instances + p.decode_instances
+        })
+    }
+
     /// Whether this is a plain single instance (no cluster section needed).
     pub fn is_single(&self) -> bool {
-        self.num_instances == 1
+        self.pd.is_none()
+            && self.num_instances == 1
             && self.admission == AdmissionPolicy::AlwaysAdmit
             && self.admission_latency_us == 0
             && self.routing_latency_us == 0

@@ -195,6 +195,28 @@ pub struct ClusterArgs {
         alias = "routing-latency"
     )]
     pub routing_latency_us: Option<i64>,
+    /// `colocated` (default: every instance prefills and decodes) or `pd`:
+    /// prefill/decode disaggregation, a prefill pool and a decode pool
+    /// (--prefill-instances, --decode-instances) with the prompt's KV
+    /// blocks moved between them.
+    #[arg(long, value_name = "ARCH", value_parser = ["colocated", "pd"])]
+    pub architecture: Option<String>,
+    /// P/D: prefill instances (default 1).
+    #[arg(allow_negative_numbers = true, long, value_name = "P")]
+    pub prefill_instances: Option<u32>,
+    /// P/D: decode instances (default 1).
+    #[arg(allow_negative_numbers = true, long, value_name = "D")]
+    pub decode_instances: Option<u32>,
+    /// P/D: how a decode instance is chosen for a prefilled request
+    /// (round-robin, least-loaded (default), weighted, always-busiest).
+    #[arg(long, value_name = "POLICY")]
+    pub decode_routing: Option<String>,
+    /// P/D: fixed time of one KV transfer, µs (default 100).
+    #[arg(allow_negative_numbers = true, long, value_name = "US")]
+    pub pd_transfer_latency_us: Option<f64>,
+    /// P/D: prefill-to-decode bandwidth, GB/s (default 50).
+    #[arg(allow_negative_numbers = true, long, value_name = "GB/s")]
+    pub pd_transfer_bandwidth: Option<f64>,
     /// CPU KV blocks per instance: a CPU tier under the GPU KV cache that
     /// keeps offloaded prefix-cache content (BLIS --kv-cpu-blocks; 0 or
     /// unset: GPU only).
@@ -358,6 +380,57 @@ pub struct RunArgs {
 }
 
 impl ClusterArgs {
+    /// Sets the P/D flags on the bundle's `pd:` section.
+    fn apply_pd(&self, b: &mut PolicyBundle) -> Result<()> {
+        let a = self;
+        let others = a.prefill_instances.is_some()
+            || a.decode_instances.is_some()
+            || a.decode_routing.is_some()
+            || a.pd_transfer_latency_us.is_some()
+            || a.pd_transfer_bandwidth.is_some();
+        match a.architecture.as_deref() {
+            Some("colocated") => {
+                if others {
+                    return Err(CommandError::Usage(
+                        "the P/D settings need --architecture pd".into(),
+                    ));
+                }
+                b.pd = None;
+                return Ok(());
+            }
+            None if !others => return Ok(()),
+            None if b.pd.is_none() => {
+                return Err(CommandError::Usage(
+                    "the P/D settings need --architecture pd".into(),
+                ));
+            }
+            _ => {}
+        }
+        let mut p = b.pd.clone().unwrap_or_default();
+        if let Some(n) = a.prefill_instances {
+            p.prefill_instances = n;
+        }
+        if let Some(n) = a.decode_instances {
+            p.decode_instances = n;
+        }
+        if let Some(name) = &a.decode_routing {
+            p.decode_routing = routing_policy(name).map_err(|_| {
+                CommandError::Usage(format!(
+                    "--decode-routing: unknown policy {name:?} (round-robin, least-loaded, weighted, always-busiest)"
+                ))
+            })?;
+        }
+        if let Some(x) = a.pd_transfer_latency_us {
+            p.transfer_latency_us = x;
+        }
+        if let Some(x) = a.pd_transfer_bandwidth {
+            p.transfer_bandwidth_gb_s = x;
+        }
+        b.num_instances = p.prefill_instances + p.decode_instances;
+        b.pd = Some(p);
+        Ok(())
+    }
+
     /// Sets the CPU-tier flags on the bundle's `kv:` section.
     fn apply_kv_tier(&self, b: &mut PolicyBundle) -> Result<()> {
         let a = self;
@@ -468,6 +541,7 @@ impl ClusterArgs {
             b.routing_latency_us = l;
         }
         self.apply_kv_tier(&mut b)?;
+        self.apply_pd(&mut b)?;
         b.validate().map_err(ReplayError::from)?;
         Ok(b)
     }

@@ -242,6 +242,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
             Some(&workload.header),
         )
         .step(|| "configuring the server")?;
+        crate::commands::run::check_pd(&bundle, &resolved)?;
         let mut sink = Collector::stats_only();
         let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
             &resolved,

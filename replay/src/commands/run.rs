@@ -67,6 +67,22 @@ pub fn server_args(args: &RunArgs, bundle: &crate::cluster::PolicyBundle) -> Ser
     s
 }
 
+/// A P/D split needs the bytes of a KV block: from the model's config or
+/// the bundle.
+///
+/// # Errors
+/// Neither gives them.
+pub fn check_pd(bundle: &crate::cluster::PolicyBundle, resolved: &Resolved) -> Result<()> {
+    match &bundle.pd {
+        Some(pd) if pd.block_bytes.is_none() && resolved.kv_bytes_per_token.is_none() => {
+            Err(CommandError::Usage(
+                "--architecture pd: the size of the KV blocks to transfer needs the model's config (--model-config, or a model with a bundled config) or pd.block_bytes in the policy bundle".into(),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Writes the decision trace, each decision with its request's outcome,
 /// to `path` (JSON lines).
 fn write_decisions(
@@ -132,6 +148,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     let workload = load_workload(args)?;
     let resolved = resolve(&server_args(args, &bundle), Some(&workload.header))
         .step(|| "configuring the server")?;
+    check_pd(&bundle, &resolved)?;
     let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
     let mut sink = Collector::to_files(
@@ -291,6 +308,19 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         s.steps,
         s.fast_forwarded_steps
     );
+    if let Some(pd) = s.cluster.as_ref().and_then(|c| c.pd.as_ref()) {
+        let _ = writeln!(
+            o,
+            "P/D: {} prefill + {} decode instances · {} transfers of {:.2} ms on average ({} KV blocks) · {} waited for room · prefill end to decode admission {:.2} ms on average",
+            pd.prefill_instances,
+            pd.decode_instances,
+            pd.counters.transfers,
+            pd.mean_transfer_ms,
+            pd.counters.blocks,
+            pd.counters.transfer_waits,
+            pd.mean_handoff_ms
+        );
+    }
     if let Some(t) = &s.kv.cpu_tier {
         let _ = writeln!(
             o,

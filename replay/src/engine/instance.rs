@@ -553,6 +553,9 @@ pub(super) struct Active {
     /// Async scheduling: the end of the step in flight when it arrived; it
     /// may join batches formed after that time only.
     pub(super) eligible_after: i64,
+    /// P/D prefill side: its blocks stay allocated when it completes
+    /// ([`Instance::enqueue_prefill`]).
+    pub(super) hold_kv: bool,
 }
 
 impl Active {
@@ -632,6 +635,9 @@ pub struct Instance {
     /// Tiered: the most KV blocks in use before the next offload, for the
     /// batch being formed (`u32::MAX`: no offload can come).
     pub(super) offload_cap: u32,
+    /// P/D prefill side: the blocks of completed prefills, by request tag,
+    /// until their transfer completes ([`Instance::release_held`]).
+    pub(super) held: std::collections::BTreeMap<u32, Vec<u32>>,
 }
 
 impl Instance {
@@ -667,6 +673,7 @@ impl Instance {
             private_live: false,
             pending_transfer_us: 0,
             offload_cap: u32::MAX,
+            held: std::collections::BTreeMap::new(),
         }
     }
 
@@ -889,6 +896,7 @@ impl Instance {
             preemptions: 0,
             join: 0,
             private_from,
+            hold_kv: false,
             eligible_after: match &self.run {
                 Some(run) if self.cfg.async_scheduling => {
                     run.ends.last().copied().unwrap_or(i64::MIN)
@@ -912,7 +920,7 @@ impl Instance {
     /// output at the rest of the context; a request whose KV blocks
     /// (every token but the last sampled one) exceed the cache is never
     /// servable.
-    fn servable(&self, req: &SimRequest) -> Result<(u32, bool), DropReason> {
+    pub(super) fn servable(&self, req: &SimRequest) -> Result<(u32, bool), DropReason> {
         let mut target = req.output_tokens.max(1);
         let mut capped = false;
         let m = self.cfg.max_model_len;
@@ -939,7 +947,7 @@ impl Instance {
     }
 
     /// Stores `a` in a free slot (or a new one); its slot.
-    fn new_slot(&mut self, a: Active) -> u32 {
+    pub(super) fn new_slot(&mut self, a: Active) -> u32 {
         match self.free_slots.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(a);
@@ -1234,7 +1242,11 @@ impl Instance {
             self.flush_private(slot);
             let a = self.act_mut(slot);
             let mut blocks = std::mem::take(&mut a.blocks);
-            self.kv.release(&mut blocks);
+            if a.hold_kv {
+                self.held.insert(fin.tag, blocks);
+            } else {
+                self.kv.release(&mut blocks);
+            }
             self.index.remove(&fin.id);
             self.slots[slot as usize] = None;
             self.free_slots.push(slot);
@@ -1361,7 +1373,12 @@ impl Instance {
                 c.enqueued, c.completed, c.aborted
             ));
         }
-        let held: usize = self.running.iter().map(|&s| self.act(s).blocks.len()).sum();
+        let held: usize = self
+            .running
+            .iter()
+            .map(|&s| self.act(s).blocks.len())
+            .sum::<usize>()
+            + self.held_blocks();
         if held < self.kv.used() as usize {
             return Err(format!(
                 "requests hold {held} blocks but {} are used",

@@ -4,9 +4,11 @@
 //! recompute when KV blocks run out); [`queue_order`] orders the wait queue
 //! (`--scheduler`); [`kv_cache`] is the paged KV cache with prefix caching
 //! (chained block hashes, LRU eviction of free blocks, reference counts);
-//! [`kv_tier`] is its optional CPU tier (offload, reload, transfer time).
+//! [`kv_tier`] is its optional CPU tier (offload, reload, transfer time);
+//! [`handoff`] is an instance's side of prefill/decode disaggregation.
 
 pub mod batch;
+pub mod handoff;
 pub(crate) mod hash_index;
 pub mod instance;
 pub mod kv_cache;

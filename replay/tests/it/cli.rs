@@ -584,3 +584,88 @@ fn bad_cpu_tier_settings_are_one_line_errors() {
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     }
 }
+
+#[test]
+fn a_pd_split_reports_its_pools_and_hand_offs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pd");
+    let assert = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "300",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--architecture",
+            "pd",
+            "--prefill-instances",
+            "2",
+            "--decode-instances",
+            "3",
+            "--decode-routing",
+            "round-robin",
+            "--no-itl",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
+    assert!(
+        stdout.contains("P/D: 2 prefill + 3 decode instances"),
+        "{stdout}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(s["requests"]["completed"], 300);
+    let c = &s["cluster"];
+    assert_eq!(c["num_instances"], 5);
+    let pools: Vec<&str> = c["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["pool"].as_str().unwrap())
+        .collect();
+    assert_eq!(pools, ["prefill", "prefill", "decode", "decode", "decode"]);
+    assert!(c["pd"]["transfers"].as_u64().unwrap() > 0);
+    // Round-robin over the decode pool: 100 each of its multi-token requests.
+    let routed: Vec<u64> = c["instances"].as_array().unwrap()[2..]
+        .iter()
+        .map(|i| i["routed"].as_u64().unwrap())
+        .collect();
+    assert!(
+        routed.iter().max().unwrap() - routed.iter().min().unwrap() <= 1,
+        "{routed:?}"
+    );
+    // P/D settings without the split, and unknown names, are errors.
+    for (args, needle) in [
+        (&["--prefill-instances", "2"][..], "--architecture pd"),
+        (
+            &["--architecture", "pd", "--decode-routing", "nearest"][..],
+            "--decode-routing",
+        ),
+        (
+            &["--architecture", "pd", "--decode-instances", "0"][..],
+            "decode_instances",
+        ),
+    ] {
+        let assert = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "10",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+            ])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .assert()
+            .failure();
+        let stderr = String::from_utf8(assert.get_output().stderr.clone()).unwrap();
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use assert_cmd::Command;
 use blis_replay::cluster::Control;
 use blis_replay::cluster::admission::AdmissionPolicy;
+use blis_replay::cluster::disaggregation::PdConfig;
 use blis_replay::cluster::policy::PolicyBundle;
 use blis_replay::cluster::priority::PriorityPolicy;
 use blis_replay::cluster::routing::{RoutingPolicy, Scorer};
@@ -200,7 +201,7 @@ fn cluster_opts(
     if let Some(s) = bundle.scheduler {
         cfg.scheduler = s;
     }
-    let mut insts: Vec<Instance> = (0..bundle.num_instances)
+    let mut insts: Vec<Instance> = (0..bundle.instance_count())
         .map(|_| Instance::new(cfg.clone(), simple_model()))
         .collect();
     let mut control = Control::new(bundle, insts.len());
@@ -454,8 +455,18 @@ prop_compose! {
         latency in prop_oneof![Just(0i64), 0i64..20_000],
         priority in prop::sample::select(vec!["slo-class", "constant", "slo-based", "inverted-slo"]),
         scheduler in prop::sample::select(vec![SchedulerPolicy::Fcfs, SchedulerPolicy::PriorityFcfs]),
+        pd in prop::option::of((1u32..3, 1u32..3, any_routing(), 0.0f64..500.0)),
     ) -> PolicyBundle {
+        let pd = pd.map(|(p, d, decode_routing, latency)| PdConfig {
+            prefill_instances: p,
+            decode_instances: d,
+            decode_routing,
+            transfer_latency_us: latency,
+            transfer_bandwidth_gb_s: 10.0,
+            block_bytes: Some(131_072.0),
+        });
         PolicyBundle {
+            pd,
             num_instances: n,
             routing,
             admission,
@@ -535,9 +546,15 @@ proptest! {
         prop_assert_eq!(r.control.routed.iter().sum::<u64>(), n - c.rejected);
         prop_assert_eq!(r.control.admission.rejected, c.rejected);
         for (i, inst) in r.insts.iter().enumerate() {
-            prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, r.control.routed[i]);
-            prop_assert_eq!(r.control.in_flight(i), 0);
+            // P/D: the decode pool's router routed the decode instances'.
+            let (control, j) = match &r.control.pd {
+                Some(pd) if i >= pd.first_decode() => (&pd.decode, i - pd.first_decode()),
+                _ => (&r.control, i),
+            };
+            prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, control.routed[j]);
+            prop_assert_eq!(control.in_flight(j), 0);
             prop_assert_eq!(inst.in_system(), 0);
+            prop_assert_eq!(inst.held_blocks(), 0);
         }
         for x in &r.records {
             if x.outcome.status == Some(Status::Ok) {

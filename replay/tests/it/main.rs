@@ -4,7 +4,9 @@ mod behaviour; // known answers: timings, batching limits, caching, preemption, 
 mod cli; // the binary: outputs, determinism, errors
 mod cluster; // clusters: one instance = single path, determinism, policy behaviour, invariants
 mod common; // helpers
-mod fast_forward; // runs of decode steps as one event give identical results
+mod fast_forward;
+mod handoff; // an instance's side of prefill/decode disaggregation // runs of decode steps as one event give identical results
 mod invariants; // conservation, causality, monotone clock, work conservation (proptest)
+mod pd; // prefill/decode disaggregation through the cluster driver
 mod stepping; // one stepping API: real-time owner and discrete-event run agree
 mod tiered; // the tiered KV cache: offload, reload, transfer time

@@ -374,6 +374,11 @@ pub struct RunArgs {
     /// Print the summary as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
+    /// SLOs to judge every request by: the summary's `slo` gives the
+    /// attainment and the goodput (requests per second within every bound),
+    /// e.g. ttft_ms=500,tpot_ms=50 (ttft_ms, tpot_ms, e2e_ms).
+    #[arg(long, value_name = "KEY=MS,...")]
+    pub slo: Option<blis_traces::slo::Slo>,
     /// Cluster settings.
     #[command(flatten)]
     pub cluster: ClusterArgs,

@@ -167,6 +167,9 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     if trace_k.is_some() {
         sink.track_outcomes();
     }
+    if let Some(slo) = args.slo {
+        sink.judge_slo(slo);
+    }
     let ClusterRun {
         last,
         cluster,
@@ -291,6 +294,16 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         );
     }
     let t = &s.throughput;
+    if let Some(g) = &s.slo {
+        let _ = writeln!(
+            o,
+            "\nSLO attainment: {:.1}% ({} of {} requests) · goodput {:.2} req/s",
+            100.0 * g.attainment,
+            g.attained,
+            g.requests,
+            g.goodput_per_s
+        );
+    }
     let _ = writeln!(
         o,
         "\nthroughput: {:.2} req/s, {:.1} output tok/s, {:.1} input tok/s over {:.1} s",

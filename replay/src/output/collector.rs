@@ -13,8 +13,8 @@ use blis_traces::{
 use rustc_hash::FxHashMap;
 
 use super::summary::{
-    Anomalies, ClassFigures, CpuTierFigures, KvFigures, PrefixCache, RequestCounts, Summary,
-    Throughput, dist_of_counts, dist_of_us, jain,
+    Anomalies, ClassFigures, CpuTierFigures, KvFigures, PrefixCache, RequestCounts, SloFigures,
+    Summary, Throughput, dist_of_counts, dist_of_us, jain,
 };
 use crate::engine::instance::Snapshot;
 use crate::engine::instance::SpanTimes;
@@ -87,6 +87,8 @@ pub struct Collector {
     tenant_tokens: std::collections::BTreeMap<String, u64>,
     classes: std::collections::BTreeMap<String, ClassAcc>,
     outcomes: Option<FxHashMap<u64, RequestOutcome>>,
+    /// `--slo` and the requests that attained it.
+    slo: Option<(blis_traces::slo::Slo, u64)>,
 }
 
 impl Collector {
@@ -128,6 +130,11 @@ impl Collector {
         let mut c = Self::new(run_start_us, false);
         c.keep = Some(Vec::new());
         c
+    }
+
+    /// Judges every completed request against `slo` (the summary's `slo`).
+    pub fn judge_slo(&mut self, slo: blis_traces::slo::Slo) {
+        self.slo = Some((slo, 0));
     }
 
     /// Keeps every request's outcome (for decision traces).
@@ -211,6 +218,7 @@ impl Collector {
             tenant_tokens: std::collections::BTreeMap::new(),
             classes: std::collections::BTreeMap::new(),
             outcomes: None,
+            slo: None,
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -505,6 +513,20 @@ impl Collector {
             jain_fairness: jain(self.tenant_tokens.values().map(|n| *n as f64)),
             cluster: None,
             fitness: None,
+            slo: self.slo.map(|(slo, attained)| {
+                let requests = self.counts.total;
+                SloFigures {
+                    slo,
+                    requests,
+                    attained,
+                    attainment: if requests > 0 {
+                        attained as f64 / requests as f64
+                    } else {
+                        0.0
+                    },
+                    goodput_per_s: per_s(attained as f64),
+                }
+            }),
         };
         Ok((summary, self.keep))
     }
@@ -567,6 +589,18 @@ impl Sink for Collector {
         match status {
             Status::Ok => self.counts.completed += 1,
             _ => self.counts.cancelled += 1,
+        }
+        if status == Status::Ok
+            && let Some((slo, attained)) = &mut self.slo
+        {
+            let ms = |us: i64| us as f64 / 1e3;
+            let ttft = streaming.then(|| ms(fin.first_token_us - entry_us));
+            let tpot = (streaming && fin.output_tokens > 1).then(|| {
+                ms(fin.last_token_us - fin.first_token_us) / f64::from(fin.output_tokens - 1)
+            });
+            if slo.attained(ttft, tpot, ms(fin.last_token_us - entry_us)) {
+                *attained += 1;
+            }
         }
         if status == Status::Ok {
             if streaming {

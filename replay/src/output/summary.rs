@@ -167,6 +167,26 @@ pub struct Summary {
     /// The fitness, with `--fitness-weights`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fitness: Option<FitnessReport>,
+    /// SLO attainment and goodput, with `--slo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo: Option<SloFigures>,
+}
+
+/// SLO attainment and goodput (DistServe's: requests meeting every bound
+/// per second).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SloFigures {
+    /// The bounds.
+    pub slo: blis_traces::slo::Slo,
+    /// Requests judged (all of the run's; one not completed misses).
+    pub requests: u64,
+    /// Completed requests within every bound (TTFT and TPOT for streamed
+    /// ones, E2E).
+    pub attained: u64,
+    /// `attained / requests`.
+    pub attainment: f64,
+    /// Attained requests per second of the run.
+    pub goodput_per_s: f64,
 }
 
 /// Jain's fairness index of `xs` ((Σx)² / (n·Σx²)), for two values or more.

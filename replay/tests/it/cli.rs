@@ -605,6 +605,8 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
             "3",
             "--decode-routing",
             "round-robin",
+            "--slo",
+            "ttft_ms=100000,tpot_ms=100000",
             "--no-itl",
             "--out",
         ])
@@ -620,6 +622,10 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
         serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
             .unwrap();
     assert_eq!(s["requests"]["completed"], 300);
+    // Generous SLOs: every request attains them.
+    assert_eq!(s["slo"]["attained"], 300);
+    assert!(s["slo"]["goodput_per_s"].as_f64().unwrap() > 0.0);
+    assert!(stdout.contains("SLO attainment: 100.0%"), "{stdout}");
     let c = &s["cluster"];
     assert_eq!(c["num_instances"], 5);
     let pools: Vec<&str> = c["instances"]

@@ -46,6 +46,9 @@ fn run(
         .map(|i| i.with_client_timeout(timeout_us))
         .collect();
     let mut sink = Collector::in_memory(0);
+    // TTFT within 2 ms and TPOT within 1.3 ms: what the first test's
+    // request just makes.
+    sink.judge_slo("ttft_ms=2,tpot_ms=1.3".parse().unwrap());
     let opts = SimOptions {
         sample_interval_us: None,
         horizon_us: None,
@@ -97,6 +100,9 @@ fn a_request_is_prefilled_moved_and_decoded_elsewhere() {
     assert_eq!(pd.counters.transfer_us, 800);
     assert_eq!(pd.counters.handoff_us, 800);
     assert_eq!(pd.decode.routed, vec![1]);
+    // Its TPOT, (7200 - 2000) / 4 = 1.3 ms, and TTFT meet the SLO.
+    let slo = s.slo.unwrap();
+    assert_eq!((slo.requests, slo.attained), (1, 1));
 }
 
 #[test]
@@ -118,7 +124,7 @@ fn a_full_decode_instance_makes_the_transfer_wait_and_the_prefill_side_keep_the_
     // decodes until 2800 + 4·1100 = 7200; request 1's arrive at 4800, find
     // the slot taken and wait, the prefill instance keeping them, until the
     // step that ends request 0 (7200).
-    let (_, r, insts, control) = run(
+    let (s, r, insts, control) = run(
         &split(1, 1),
         one_seq,
         vec![req(0, 0, 100, 5), req(1, 0, 100, 5)],
@@ -129,6 +135,9 @@ fn a_full_decode_instance_makes_the_transfer_wait_and_the_prefill_side_keep_the_
     assert_eq!(e2e(&r[1]), 7200 + 4 * 1100);
     let pd = control.pd.as_ref().unwrap();
     assert_eq!(pd.counters.transfer_waits, 1);
+    // Request 1's TTFT (4 ms) misses the 2 ms bound.
+    let slo = s.slo.unwrap();
+    assert_eq!((slo.requests, slo.attained), (2, 1));
     assert_eq!(pd.counters.handoff_us, 800 + (7200 - 4000));
     assert!(
         insts

@@ -221,7 +221,7 @@ pub fn replay_on<S: crate::sim::Sink>(
     ClusterRun {
         last,
         cluster,
-        decisions: control.decisions.take(),
+        decisions: control.take_decisions(),
     }
 }
 

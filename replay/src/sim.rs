@@ -60,6 +60,9 @@ pub trait Sink {
     fn not_served(&mut self, rec: TraceRecord, entry_us: i64, why: NotServed);
     /// A metrics sample of the instance at `t_us` since the run start.
     fn sample(&mut self, _t_us: i64, _snap: &Snapshot) {}
+    /// P/D: a metrics sample of one pool (`prefill` or `decode`) at
+    /// `t_us`, after the whole cluster's [`Sink::sample`].
+    fn sample_pool(&mut self, _t_us: i64, _pool: &'static str, _snap: &Snapshot) {}
     /// Whether [`Sink::upcoming`] should be called.
     fn wants_upcoming(&self) -> bool {
         false
@@ -537,6 +540,11 @@ impl<'a> Session<'a> {
                 d.snaps
                     .extend(d.insts.iter().map(|i| i.snapshot_at(now + 1)));
                 sink.sample(now, &merged(&d.snaps));
+                if let Some(pd) = &d.control.pd {
+                    let (p, dec) = d.snaps.split_at(pd.first_decode());
+                    sink.sample_pool(now, "prefill", &merged(p));
+                    sink.sample_pool(now, "decode", &merged(dec));
+                }
                 self.next_sample = Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
             }
         }

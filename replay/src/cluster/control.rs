@@ -44,6 +44,8 @@ pub struct Control {
     /// Prefill/decode disaggregation: this control routes over the prefill
     /// pool (instances `0..P`), this over the decode pool.
     pub pd: Option<Box<crate::cluster::disaggregation::Pd>>,
+    /// P/D: the routing step its decisions are of.
+    pub stage: Option<&'static str>,
 }
 
 /// What the router saw of one instance at a decision.
@@ -95,6 +97,10 @@ pub struct DecisionRecord {
     pub ttft_ms: Option<f64>,
     /// Its E2E, ms (completed requests).
     pub e2e_ms: Option<f64>,
+    /// P/D: which routing step, `prefill` or `decode` (instances are the
+    /// cluster's; `seen` and `scores` are of the step's pool).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<&'static str>,
 }
 
 impl Control {
@@ -107,6 +113,7 @@ impl Control {
             .as_ref()
             .map_or(n, |p| p.prefill_instances as usize);
         Self {
+            stage: bundle.pd.as_ref().map(|_| "prefill"),
             pd: bundle.pd.as_ref().map(|cfg| {
                 Box::new(crate::cluster::disaggregation::Pd::new(
                     cfg,
@@ -195,6 +202,27 @@ impl Control {
     pub fn trace_decisions(&mut self, k: usize) {
         self.decisions = Some(Vec::new());
         self.counterfactual_k = k.max(1);
+        if let Some(pd) = &mut self.pd {
+            pd.decode.trace_decisions(k);
+        }
+    }
+
+    /// The decisions recorded (both routing steps of a P/D split, in time
+    /// order, the decode step's instances as the cluster's).
+    pub fn take_decisions(&mut self) -> Option<Vec<DecisionRecord>> {
+        let mut all = self.decisions.take()?;
+        if let Some(pd) = &mut self.pd {
+            let base = pd.first_decode();
+            for mut r in pd.decode.decisions.take().unwrap_or_default() {
+                r.instance = r.instance.map(|i| i + base);
+                for c in &mut r.top_k {
+                    c.instance += base;
+                }
+                all.push(r);
+            }
+            all.sort_by_key(|r| r.time_us);
+        }
+        Some(all)
     }
 
     /// One instance, every request admitted.
@@ -265,6 +293,7 @@ impl Control {
                     status: None,
                     ttft_ms: None,
                     e2e_ms: None,
+                    stage: self.stage,
                 });
             }
             return false;
@@ -379,6 +408,7 @@ impl Control {
             status: None,
             ttft_ms: None,
             e2e_ms: None,
+            stage: self.stage,
         };
         if let Some(d) = &mut self.decisions {
             d.push(r);

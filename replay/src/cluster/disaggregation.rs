@@ -126,8 +126,10 @@ impl Pd {
             routing: cfg.decode_routing.clone(),
             ..PolicyBundle::default()
         };
+        let mut decode = Control::new(&decode_bundle, cfg.decode_instances as usize);
+        decode.stage = Some("decode");
         Self {
-            decode: Control::new(&decode_bundle, cfg.decode_instances as usize),
+            decode,
             cfg: cfg.clone(),
             block_bytes,
             counters: PdCounters::default(),

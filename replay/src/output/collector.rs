@@ -89,6 +89,8 @@ pub struct Collector {
     outcomes: Option<FxHashMap<u64, RequestOutcome>>,
     /// `--slo` and the requests that attained it.
     slo: Option<(blis_traces::slo::Slo, u64)>,
+    /// P/D: the time series' labels of each pool.
+    pool_labels: Vec<(&'static str, Arc<str>)>,
 }
 
 impl Collector {
@@ -219,6 +221,7 @@ impl Collector {
             classes: std::collections::BTreeMap::new(),
             outcomes: None,
             slo: None,
+            pool_labels: Vec::new(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -702,8 +705,33 @@ impl Sink for Collector {
         self.kv_peak = self.kv_peak.max(u);
         self.kv_sum += u;
         self.kv_n += 1;
+        let labels = Arc::clone(&self.metric_labels);
+        self.write_sample(t_us, &labels, snap);
+    }
+
+    fn sample_pool(&mut self, t_us: i64, pool: &'static str, snap: &Snapshot) {
+        let labels = match self.pool_labels.iter().find(|(p, _)| *p == pool) {
+            Some((_, l)) => Arc::clone(l),
+            None => {
+                let sep = if self.metric_labels.is_empty() {
+                    ""
+                } else {
+                    ","
+                };
+                let l: Arc<str> = Arc::from(format!("{}{sep}pool=\"{pool}\"", self.metric_labels));
+                self.pool_labels.push((pool, Arc::clone(&l)));
+                l
+            }
+        };
+        self.write_sample(t_us, &labels, snap);
+    }
+}
+
+impl Collector {
+    /// Writes the time-series rows of `snap` at `t_us` with `labels`.
+    fn write_sample(&mut self, t_us: i64, labels: &Arc<str>, snap: &Snapshot) {
+        let u = snap.kv_usage();
         let Some(w) = &mut self.writer else { return };
-        let labels = &self.metric_labels;
         let t = self.run_start_us + t_us;
         let c = snap.counters;
         let rows: [(&'static str, f64); 10] = [

@@ -607,6 +607,8 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
             "round-robin",
             "--slo",
             "ttft_ms=100000,tpot_ms=100000",
+            "--trace-level",
+            "decisions",
             "--no-itl",
             "--out",
         ])
@@ -645,6 +647,33 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
         routed.iter().max().unwrap() - routed.iter().min().unwrap() <= 1,
         "{routed:?}"
     );
+    // Both routing steps are in the decision trace, in time order.
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(out.with_extension("decisions.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let stage = |st: &str| lines.iter().filter(|l| l["stage"] == st).count() as u64;
+    assert_eq!(stage("prefill"), 300);
+    assert_eq!(stage("decode"), c["pd"]["transfers"].as_u64().unwrap());
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l["stage"] == "decode")
+            .all(|l| l["instance"].as_u64().unwrap() >= 2 && l["status"] == "ok")
+    );
+    assert!(
+        lines
+            .windows(2)
+            .all(|w| w[0]["time_us"].as_i64() <= w[1]["time_us"].as_i64())
+    );
+    // Each pool has its own time series beside the cluster's.
+    let metrics = std::fs::read_to_string(out.with_extension("metrics.csv")).unwrap();
+    for pool in ["prefill", "decode"] {
+        let label = format!("pool=\"\"{pool}\"\"\"");
+        assert!(metrics.contains(&label), "{pool}");
+    }
     // P/D settings without the split, and unknown names, are errors.
     for (args, needle) in [
         (&["--prefill-instances", "2"][..], "--architecture pd"),

@@ -214,6 +214,9 @@ pub fn replay_on<S: crate::sim::Sink>(
     if let Some(k) = trace_k {
         control.trace_decisions(k);
     }
+    if let Some(a) = control.autoscale.as_deref_mut() {
+        a.gpus_per_replica = resolved.tp.max(1);
+    }
     replay_cluster(&mut insts, &mut control, inputs, opts, sink);
     let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
     let last = merged(&snaps);

@@ -63,6 +63,14 @@ pub trait Sink {
     /// P/D: a metrics sample of one pool (`prefill` or `decode`) at
     /// `t_us`, after the whole cluster's [`Sink::sample`].
     fn sample_pool(&mut self, _t_us: i64, _pool: &'static str, _snap: &Snapshot) {}
+    /// Autoscaling: the replicas ready, starting and draining at `t_us`,
+    /// after [`Sink::sample`].
+    fn sample_replicas(&mut self, _t_us: i64, _replicas: (u32, u32, u32)) {}
+    /// The SLO requests are judged against, if any (an autoscaler's
+    /// observable).
+    fn slo(&self) -> Option<blis_traces::slo::Slo> {
+        None
+    }
     /// Whether [`Sink::upcoming`] should be called.
     fn wants_upcoming(&self) -> bool {
         false
@@ -102,6 +110,9 @@ pub enum NotServed {
     Unfinished,
     /// The cluster's admission policy (named) rejected it.
     Rejected(&'static str),
+    /// Its replica was scaled down with the `immediate` drain policy
+    /// before its first token.
+    ScaledDown,
 }
 
 /// Options of a replay.
@@ -189,6 +200,7 @@ const ENQUEUE: u8 = 1;
 const TRANSFER: u8 = 2;
 const CANCEL: u8 = 3;
 
+mod autoscale;
 mod pd;
 
 #[derive(Debug)]
@@ -265,6 +277,9 @@ pub fn replay_cluster<I, S>(
     S: Sink,
 {
     let mut inputs = inputs.into_iter().peekable();
+    if let Some(a) = control.autoscale.as_deref_mut() {
+        a.slo = sink.slo();
+    }
     let mut session = Session::new(instances, control, opts);
     session.advance(i64::MAX, &mut inputs, sink);
     session.finish(inputs, sink);
@@ -314,6 +329,7 @@ struct Next {
 /// and classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Source {
+    Scale,
     Refresh,
     Input,
     Event,
@@ -387,6 +403,7 @@ impl<'a> Session<'a> {
             by_id: FxHashMap::default(),
             transfers: FxHashMap::default(),
             transfer_queues: Vec::new(),
+            stepping: (i64::MIN, 0),
         };
         Self {
             d,
@@ -417,7 +434,8 @@ impl<'a> Session<'a> {
     pub fn next_time(&self) -> Option<i64> {
         let t_event = self.d.events.peek().map(|Reverse((t, ..))| *t);
         let t_step = self.d.insts.iter().filter_map(Instance::next_time).min();
-        [t_event, t_step].into_iter().flatten().min()
+        let t_scale = self.d.control.autoscale.as_ref().map(|a| a.next_time());
+        [t_event, t_step, t_scale].into_iter().flatten().min()
     }
 
     /// Processes every event up to `until` (inclusive), taking inputs from
@@ -477,6 +495,12 @@ impl<'a> Session<'a> {
         let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
         let t_sample = self.next_sample.filter(|_| busy);
         let t_refresh = self.next_refresh.filter(|_| busy);
+        let t_scale = d
+            .control
+            .autoscale
+            .as_ref()
+            .map(|a| a.next_time())
+            .filter(|_| busy);
         let mut best: Option<(i64, u8, Source)> = None;
         let mut consider = |t: Option<i64>, class: u8, src: Source| {
             if let Some(t) = t
@@ -485,6 +509,7 @@ impl<'a> Session<'a> {
                 best = Some((t, class, src));
             }
         };
+        consider(t_scale, ARRIVAL, Source::Scale);
         consider(t_refresh, ARRIVAL, Source::Refresh);
         consider(t_input, ARRIVAL, Source::Input);
         if let Some((t, c)) = t_event {
@@ -504,6 +529,7 @@ impl<'a> Session<'a> {
     fn handle<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
         let (now, d) = (next.at, &mut self.d);
         match next.source {
+            Source::Scale => d.autoscale_at(now, sink),
             Source::Refresh => {
                 let pool = d.control.pool(d.insts.len());
                 d.control.refresh(now, &d.insts[pool]);
@@ -532,14 +558,25 @@ impl<'a> Session<'a> {
                 // ([`Instance::split_at`]); samples and routing read
                 // the state a run has reached ([`Instance::snapshot_at`]).
                 let limit = self.opts.horizon_us.map_or(i64::MAX, |t| t - 1);
+                d.stepping = (now, next.instance);
                 d.step(now, limit, next.instance, sink);
             }
             Source::Sample => {
                 d.snaps.clear();
-                // After the steps that end at `now`.
-                d.snaps
-                    .extend(d.insts.iter().map(|i| i.snapshot_at(now + 1)));
+                // After the steps that end at `now`; of the replicas
+                // serving, when autoscaled.
+                let scaled = d.control.autoscale.as_deref();
+                d.snaps.extend(
+                    d.insts
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| scaled.is_none_or(|a| a.serving(*i)))
+                        .map(|(_, inst)| inst.snapshot_at(now + 1)),
+                );
                 sink.sample(now, &merged(&d.snaps));
+                if let Some(a) = scaled {
+                    sink.sample_replicas(now, a.replicas());
+                }
                 if let Some(pd) = &d.control.pd {
                     let (p, dec) = d.snaps.split_at(pd.first_decode());
                     sink.sample_pool(now, "prefill", &merged(p));
@@ -547,6 +584,15 @@ impl<'a> Session<'a> {
                 }
                 self.next_sample = Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
             }
+        }
+        if self
+            .d
+            .control
+            .autoscale
+            .as_ref()
+            .is_some_and(|a| a.drain_pending)
+        {
+            self.d.release_drained(now);
         }
     }
 
@@ -581,6 +627,9 @@ impl<'a> Session<'a> {
     /// a previous round, not yet arrived) is reported unfinished.
     pub fn finish<S: Sink>(self, mut inputs: impl InputSource, sink: &mut S) {
         let mut d = self.d;
+        if let Some(a) = d.control.autoscale.as_deref_mut() {
+            a.finish(self.last_t.max(0));
+        }
         if d.ids.take().is_some() {
             d.control.pause_private_blocks();
             for inst in d.insts.iter_mut() {
@@ -639,6 +688,10 @@ struct Driver<'a> {
     /// generation), and each decode instance's requests waiting for room.
     transfers: FxHashMap<u64, (u32, u32)>,
     transfer_queues: Vec<std::collections::VecDeque<u32>>,
+    /// The step being handled (its end time and instance): an event it
+    /// causes at that time comes after the steps of lower-index instances
+    /// ending then, as in single-step order.
+    stepping: (i64, usize),
 }
 
 impl Driver<'_> {
@@ -720,6 +773,9 @@ impl Driver<'_> {
             // A repeated id: its "private" content is another request's.
             self.share_private_blocks();
         }
+        if let Some(a) = self.control.autoscale.as_deref_mut() {
+            a.arrived();
+        }
         if !self.control.admit(now, &input.rec) {
             let why = NotServed::Rejected(self.control.admission.policy().name());
             self.round_done(&input.rec, now);
@@ -748,6 +804,7 @@ impl Driver<'_> {
     /// cluster has room.
     fn dispatch<S: Sink>(&mut self, now: i64, sink: &mut S) {
         let Some((q, kv)) = self.flow else { return };
+        self.settle(now, sink);
         while let Some(&Reverse((_, _, idx))) = self.gateway.peek() {
             let pool = self.control.pool(self.insts.len());
             if self.control.saturation(now, &self.insts[pool], q, kv) >= 1.0 {
@@ -756,6 +813,7 @@ impl Driver<'_> {
             self.gateway.pop();
             let input = self.gateway_items[idx].take().expect("queued input");
             let inst = self.route(now, &input.rec, sink);
+
             let entry = input.entry_us;
             let _ = self.start(now, entry, inst, input);
         }
@@ -764,9 +822,25 @@ impl Driver<'_> {
         }
     }
 
+    /// During the step of instance `k` ending at `now`: the lower-index
+    /// instances whose fast-forwarded run has a step ending now are split
+    /// after it, so that what reads them sees them as single steps would
+    /// have left them (their step at `now` came first).
+    fn settle<S: Sink>(&mut self, now: i64, sink: &mut S) {
+        if self.stepping.0 != now {
+            return;
+        }
+        for j in 0..self.stepping.1 {
+            if self.insts[j].has_step_ending_at(now) {
+                self.sync(j, now, sink);
+            }
+        }
+    }
+
     /// Routes `rec` at `now`. A router that reads the instances' KV-cache
     /// indexes sees them up to date: runs in flight are split at `now`.
     fn route<S: Sink>(&mut self, now: i64, rec: &TraceRecord, sink: &mut S) -> usize {
+        self.settle(now, sink);
         let pool = self.control.pool(self.insts.len());
         if self.control.reads_kv_index() {
             for i in pool.clone() {
@@ -834,6 +908,9 @@ impl Driver<'_> {
             }
             _ => self.control.left(f.inst as usize, tenant),
         }
+        if self.control.autoscale.is_some() {
+            self.mark_drain_check(f.inst as usize);
+        }
         f
     }
 
@@ -845,6 +922,12 @@ impl Driver<'_> {
             sink.not_served(f.rec, f.entry_us, NotServed::CancelledWaiting);
             return;
         }
+        let inst = f.inst as usize;
+        if !self.accepts(inst) {
+            self.refused(now, tag, sink);
+            return;
+        }
+        let f = self.flights[tag as usize].as_mut().expect("live flight");
         f.enqueued = true;
         let r = &f.rec.request;
         let input = f.rec.effective_input_tokens().max(1);
@@ -945,7 +1028,14 @@ impl Driver<'_> {
     /// and reported.
     fn sync<S: Sink>(&mut self, inst: usize, now: i64, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
-        if self.insts[inst].split_at(now, &mut report) {
+        // A lower-index instance's step ending now came first: its next
+        // step has started.
+        let at = if self.stepping.0 == now && inst < self.stepping.1 {
+            now + 1
+        } else {
+            now
+        };
+        if self.insts[inst].split_at(at, &mut report) {
             self.deliver(inst, &report, sink);
         }
         self.report = report;
@@ -1008,6 +1098,9 @@ impl Driver<'_> {
             }
             let f = self.take_flight(fin.tag);
             self.round_done(&f.rec, fin.last_token_us);
+            if let Some(a) = self.control.autoscale.as_deref_mut() {
+                a.completed_request(f.entry_us, f.rec.request.streaming, fin);
+            }
             sink.finished(Done {
                 rec: f.rec,
                 entry_us: f.entry_us,

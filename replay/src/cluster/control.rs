@@ -46,6 +46,8 @@ pub struct Control {
     pub pd: Option<Box<crate::cluster::disaggregation::Pd>>,
     /// P/D: the routing step its decisions are of.
     pub stage: Option<&'static str>,
+    /// Autoscaling: each slot's lifecycle, the policy and the cost.
+    pub autoscale: Option<Box<crate::cluster::autoscale::Autoscaler>>,
 }
 
 /// What the router saw of one instance at a decision.
@@ -113,6 +115,12 @@ impl Control {
             .as_ref()
             .map_or(n, |p| p.prefill_instances as usize);
         Self {
+            autoscale: bundle.autoscale.as_ref().map(|cfg| {
+                Box::new(crate::cluster::autoscale::Autoscaler::new(
+                    cfg,
+                    bundle.num_instances,
+                ))
+            }),
             stage: bundle.pd.as_ref().map(|_| "prefill"),
             pd: bundle.pd.as_ref().map(|cfg| {
                 Box::new(crate::cluster::disaggregation::Pd::new(
@@ -263,9 +271,13 @@ impl Control {
         queue_threshold: f64,
         kv_threshold: f64,
     ) -> f64 {
-        let n = insts.len() as f64;
+        let mut n = 0.0;
         let (mut queued, mut kv) = (0.0, 0.0);
         for (i, inst) in insts.iter().enumerate() {
+            if !self.routable(i) {
+                continue;
+            }
+            n += 1.0;
             let s = inst.signals_at(now);
             queued += f64::from(self.in_flight[i].saturating_sub(s.running));
             kv += s.kv_usage();
@@ -334,9 +346,11 @@ impl Control {
                 private_from = self.hashes.len();
             }
             let query = self.router.needs_cache_query();
+            let scaled = self.autoscale.as_deref();
             for (i, v) in self.views.iter_mut().enumerate() {
                 let s = &self.snaps[i];
                 *v = InstanceView {
+                    unavailable: scaled.is_some_and(|a| !a.routable(i)),
                     waiting: s.waiting,
                     running: s.running,
                     kv_usage: s.kv_usage(),
@@ -432,6 +446,42 @@ impl Control {
     pub fn in_flight(&self, i: usize) -> u32 {
         self.in_flight[i]
     }
+
+    /// Whether the router may send instance `i` a request (always, but
+    /// for an autoscaled slot that is not ready).
+    #[inline]
+    pub fn routable(&self, i: usize) -> bool {
+        self.autoscale.as_ref().is_none_or(|a| a.routable(i))
+    }
+
+    /// Autoscaling: the evaluation at `now` over the ready instances (their
+    /// utilisation: the larger of KV usage and running over
+    /// `max_num_seqs`; their queue: routed and not running). Instances
+    /// that start draining go into `drain`.
+    pub fn autoscale_tick(&mut self, now: i64, insts: &[Instance], drain: &mut Vec<usize>) {
+        let Some(a) = self.autoscale.as_deref_mut() else {
+            return;
+        };
+        let in_flight = &self.in_flight;
+        let load = insts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| a.routable(*i))
+            .map(|(i, inst)| {
+                let s = inst.signals_at(now);
+                let seqs = f64::from(inst.config().max_num_seqs.max(1));
+                let util = s.kv_usage().max(f64::from(s.running) / seqs).min(1.0);
+                (util, f64::from(in_flight[i].saturating_sub(s.running)))
+            });
+        let load: Vec<(f64, f64)> = load.collect();
+        a.evaluate(now, load.into_iter(), in_flight, drain);
+    }
+
+    /// Autoscaling: slot `i` holds a new replica (cold): the router forgets
+    /// what it sent the slot's previous one.
+    pub fn forget(&mut self, i: usize) {
+        self.router.forget(i);
+    }
 }
 
 /// One instance's share of a cluster run.
@@ -494,6 +544,55 @@ pub struct ClusterSummary {
     /// Prefill/decode disaggregation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdSummary>,
+    /// Autoscaling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleSummary>,
+}
+
+/// The autoscaling section of a cluster summary.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AutoscaleSummary {
+    /// The policy template.
+    pub policy: &'static str,
+    /// `min_replicas`.
+    pub min_replicas: u32,
+    /// `max_replicas` (the slots).
+    pub max_replicas: u32,
+    /// The drain policy.
+    pub drain: crate::cluster::autoscale::DrainPolicy,
+    /// From a scale-up decision to the replica taking requests, s.
+    pub startup_s: f64,
+    /// What it did.
+    #[serde(flatten)]
+    pub counters: crate::cluster::autoscale::AutoscaleCounters,
+    /// Replicas (GPU slots) billed × seconds, from time 0 to the end.
+    pub replica_seconds: f64,
+    /// GPUs per replica (tensor parallel).
+    pub gpus_per_replica: u32,
+    /// Replica-seconds × GPUs per replica / 3600.
+    pub gpu_hours: f64,
+    /// Every scale action and lifecycle change, in time order.
+    pub events: Vec<crate::cluster::autoscale::ScaleEvent>,
+}
+
+impl AutoscaleSummary {
+    /// The section of a finished run's autoscaler.
+    pub fn of(a: &crate::cluster::autoscale::Autoscaler) -> Self {
+        let cfg = a.config();
+        let rs = a.replica_seconds();
+        Self {
+            policy: cfg.policy.name(),
+            min_replicas: cfg.min_replicas,
+            max_replicas: cfg.max_replicas,
+            drain: cfg.drain,
+            startup_s: cfg.startup_us() as f64 / 1e6,
+            counters: a.counters,
+            replica_seconds: rs,
+            gpus_per_replica: a.gpus_per_replica,
+            gpu_hours: rs * f64::from(a.gpus_per_replica) / 3600.0,
+            events: a.events.clone(),
+        }
+    }
 }
 
 impl ClusterSummary {
@@ -540,6 +639,7 @@ impl ClusterSummary {
             } else {
                 1.0
             },
+            autoscale: control.autoscale.as_deref().map(AutoscaleSummary::of),
             pd: control.pd.as_ref().map(|pd| {
                 let c = pd.counters;
                 let per = |x: u64| {

@@ -4,9 +4,10 @@
 //! scorers), [`priority`] and [`prefix_index`] (the router's view of each
 //! instance's prefix cache) are its policies; [`policy`] reads them from a
 //! policy bundle; [`disaggregation`] splits the cluster into prefill and
-//! decode pools.
+//! decode pools; [`autoscale`] adds and removes replicas.
 
 pub mod admission;
+pub mod autoscale;
 pub mod control;
 pub mod disaggregation;
 pub mod error;

@@ -16,6 +16,7 @@
 //! routing_latency_us: 0
 //! flow_control: {queue_depth_threshold: 4, kv_utilization_threshold: 0.9}
 //! kv: {cpu_blocks: 20000, offload_threshold: 0.9, transfer_bandwidth_gb_s: 32}
+//! autoscale: {policy: threshold, min_replicas: 2, max_replicas: 8, warmup_s: 60}
 //! ```
 
 use std::path::Path;
@@ -23,6 +24,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::admission::AdmissionPolicy;
+use crate::cluster::autoscale::AutoscaleConfig;
 use crate::cluster::disaggregation::PdConfig;
 use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
@@ -67,6 +69,10 @@ pub struct PolicyBundle {
     /// decode pools, `num_instances` is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdConfig>,
+    /// Autoscaling (`autoscale:`; `--autoscaler`): `num_instances` is the
+    /// initial replica count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleConfig>,
 }
 
 /// Flow control: admitted requests wait in a priority-ordered gateway
@@ -109,6 +115,7 @@ impl Default for PolicyBundle {
             flow_control: None,
             kv: None,
             pd: None,
+            autoscale: None,
         }
     }
 }
@@ -154,6 +161,18 @@ impl PolicyBundle {
             && let Err((field, must, got)) = pd.validate()
         {
             return range(&field, must, got);
+        }
+        if let Some(a) = &self.autoscale {
+            if let Err((field, must, got)) = a.validate() {
+                return range(&field, must, got);
+            }
+            if self.pd.is_some() {
+                return range(
+                    "autoscale",
+                    "a colocated cluster (autoscaling a P/D split is not modelled)",
+                    "with pd".into(),
+                );
+            }
         }
         if let Some(f) = &self.flow_control {
             for (name, v) in [
@@ -204,9 +223,12 @@ impl PolicyBundle {
 }
 
 impl PolicyBundle {
-    /// Instances in the cluster: both pools of a P/D split, else
-    /// `num_instances`.
+    /// Instances in the cluster: both pools of a P/D split, an
+    /// autoscaler's `max_replicas` slots, else `num_instances`.
     pub fn instance_count(&self) -> u32 {
+        if let Some(a) = &self.autoscale {
+            return a.max_replicas;
+        }
         self.pd.as_ref().map_or(self.num_instances, |p| {
             p.prefill_instances + p.decode_instances
         })
@@ -215,6 +237,7 @@ impl PolicyBundle {
     /// Whether this is a plain single instance (no cluster section needed).
     pub fn is_single(&self) -> bool {
         self.pd.is_none()
+            && self.autoscale.is_none()
             && self.num_instances == 1
             && self.admission == AdmissionPolicy::AlwaysAdmit
             && self.admission_latency_us == 0

@@ -72,6 +72,11 @@ impl PrefixIndex {
         }
     }
 
+    /// The most blocks it remembers.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     fn holds(&self, i: u32, h: u64) -> bool {
         let n = &self.nodes[i as usize];
         n.live && n.hash == h

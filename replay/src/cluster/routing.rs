@@ -161,6 +161,9 @@ pub struct InstanceView {
     /// Leading prompt blocks of the request in its KV cache (only for
     /// `precise-prefix-cache`).
     pub cached_blocks: u32,
+    /// Not a candidate (an autoscaled replica not ready): never chosen,
+    /// left out of every normalisation.
+    pub unavailable: bool,
 }
 
 impl InstanceView {
@@ -212,6 +215,14 @@ impl Router {
             part: vec![0.0; n],
             matched: Vec::with_capacity(n),
         }
+    }
+
+    /// Instance `i` is a new replica: its prefix index and its
+    /// cold-request history are forgotten.
+    pub fn forget(&mut self, i: usize) {
+        let cap = self.index[i].capacity();
+        self.index[i] = PrefixIndex::new(cap);
+        self.cold_last[i] = 0;
     }
 
     /// The policy.
@@ -277,11 +288,20 @@ impl Router {
     ) -> usize {
         let n = views.len();
         assert!(n > 0, "routing needs an instance");
+        let masked = views.iter().any(|v| v.unavailable);
         self.scores.clear();
         self.scores.resize(n, 0.0);
         let chosen = match &self.policy {
             RoutingPolicy::RoundRobin => {
-                let c = self.next_rr % n;
+                let mut c = self.next_rr % n;
+                if masked {
+                    for _ in 0..n {
+                        if !views[c].unavailable {
+                            break;
+                        }
+                        c = (c + 1) % n;
+                    }
+                }
                 self.next_rr = (c + 1) % n;
                 self.scores[c] = 1.0;
                 c
@@ -290,12 +310,14 @@ impl Router {
                 for (s, v) in self.scores.iter_mut().zip(views) {
                     *s = -v.load();
                 }
+                mask(&mut self.scores, views, masked);
                 argmax(&self.scores)
             }
             RoutingPolicy::AlwaysBusiest => {
                 for (s, v) in self.scores.iter_mut().zip(views) {
                     *s = v.load();
                 }
+                mask(&mut self.scores, views, masked);
                 argmax(&self.scores)
             }
             RoutingPolicy::Weighted { .. } => {
@@ -316,7 +338,12 @@ impl Router {
                 self.matched.clear();
                 self.matched
                     .extend(self.index.iter().map(|ix| ix.matched(probe)));
-                let cold = hashes.is_empty() || self.matched.iter().all(|&m| m == 0);
+                let cold = hashes.is_empty()
+                    || self
+                        .matched
+                        .iter()
+                        .zip(views)
+                        .all(|(&m, v)| m == 0 || v.unavailable);
                 for k in 0..self.weights.len() {
                     let (scorer, w) = self.weights[k];
                     self.score(scorer, views, hashes, cold);
@@ -324,6 +351,7 @@ impl Router {
                         *s += w * p.clamp(0.0, 1.0);
                     }
                 }
+                mask(&mut self.scores, views, masked);
                 let c = argmax(&self.scores);
                 if cold && self.weights.iter().any(|(s, _)| *s == Scorer::NoHitLru) {
                     self.cold_tick += 1;
@@ -357,19 +385,17 @@ impl Router {
                 }));
             }
             Scorer::PrecisePrefixCache => {
-                min_max(
-                    part,
-                    views.iter().map(|v| f64::from(v.cached_blocks)),
-                    false,
-                );
+                min_max(part, views, |v| f64::from(v.cached_blocks), false);
             }
             Scorer::NoHitLru => {
                 if cold {
                     // Rank by last cold use: least recent 1, most recent 0.
-                    let n = views.len();
-                    let mut order: Vec<usize> = (0..n).collect();
+                    let mut order: Vec<usize> = (0..views.len())
+                        .filter(|&i| !views[i].unavailable)
+                        .collect();
+                    let n = order.len();
                     order.sort_by_key(|&i| (self.cold_last[i], i));
-                    part.resize(n, 0.0);
+                    part.resize(views.len(), 0.0);
                     for (rank, &i) in order.iter().enumerate() {
                         part[i] = if n > 1 {
                             1.0 - rank as f64 / (n - 1) as f64
@@ -391,24 +417,46 @@ impl Router {
 /// The queue-depth scorer: effective load min-max normalised, the least
 /// loaded instance 1 and the most loaded 0 (all 1 when equal), into `out`.
 pub fn queue_depth_scores(views: &[InstanceView], out: &mut Vec<f64>) {
-    min_max(out, views.iter().map(InstanceView::load), true);
+    min_max(out, views, InstanceView::load, true);
 }
 
-/// Min-max normalisation into `out` (`invert`: the lowest value scores 1);
-/// all equal values score 1.
-fn min_max(out: &mut Vec<f64>, values: impl Iterator<Item = f64> + Clone, invert: bool) {
-    let (lo, hi) = values
-        .clone()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
-            (l.min(v), h.max(v))
-        });
-    for v in values {
-        out.push(if hi > lo {
-            let x = (v - lo) / (hi - lo);
+/// Min-max normalisation of `value` over the available `views` into `out`
+/// (`invert`: the lowest value scores 1); all equal values score 1; an
+/// unavailable view scores 0.
+fn min_max(
+    out: &mut Vec<f64>,
+    views: &[InstanceView],
+    value: impl Fn(&InstanceView) -> f64,
+    invert: bool,
+) {
+    let (lo, hi) = views.iter().filter(|v| !v.unavailable).fold(
+        (f64::INFINITY, f64::NEG_INFINITY),
+        |(l, h), v| {
+            let x = value(v);
+            (l.min(x), h.max(x))
+        },
+    );
+    for v in views {
+        out.push(if v.unavailable {
+            0.0
+        } else if hi > lo {
+            let x = (value(v) - lo) / (hi - lo);
             if invert { 1.0 - x } else { x }
         } else {
             1.0
         });
+    }
+}
+
+/// Unavailable views can never be chosen: their scores become −∞.
+#[inline]
+fn mask(scores: &mut [f64], views: &[InstanceView], masked: bool) {
+    if masked {
+        for (s, v) in scores.iter_mut().zip(views) {
+            if v.unavailable {
+                *s = f64::NEG_INFINITY;
+            }
+        }
     }
 }
 

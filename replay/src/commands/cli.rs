@@ -249,6 +249,56 @@ pub struct ClusterArgs {
     /// thrashing, µs (default 1000).
     #[arg(allow_negative_numbers = true, long, value_name = "US")]
     pub kv_thrashing_window_us: Option<i64>,
+    /// Autoscaling: `threshold` (one replica up at --scale-up-threshold
+    /// utilisation, one down at --scale-down-threshold) or
+    /// `target-utilization` (HPA's proportional rule); --num-instances is
+    /// the initial count.
+    #[arg(long, value_name = "POLICY")]
+    pub autoscaler: Option<crate::cluster::autoscale::ScalerKind>,
+    /// Autoscaling: fewest replicas (default 1).
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
+    pub autoscaler_min: Option<u32>,
+    /// Autoscaling: most replicas holding a GPU (default 4).
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
+    pub autoscaler_max: Option<u32>,
+    /// Autoscaling: seconds between evaluations (default 15).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub autoscaler_interval_s: Option<f64>,
+    /// Autoscaling: no scale-down within this long of a scale action, s;
+    /// also the oscillation window (default 60).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub autoscaler_cooldown_s: Option<f64>,
+    /// `threshold`: mean utilisation (larger of KV usage and running /
+    /// max_num_seqs) that adds a replica (default 0.8).
+    #[arg(allow_negative_numbers = true, long, value_name = "F")]
+    pub scale_up_threshold: Option<f64>,
+    /// `threshold`: mean requests queued per ready replica that also adds
+    /// one (default 8).
+    #[arg(allow_negative_numbers = true, long, value_name = "N")]
+    pub scale_up_queue_depth: Option<f64>,
+    /// `threshold`: mean utilisation at or below which one is removed
+    /// (default 0.3).
+    #[arg(allow_negative_numbers = true, long, value_name = "F")]
+    pub scale_down_threshold: Option<f64>,
+    /// `target-utilization`: the utilisation sized for (default 0.6).
+    #[arg(allow_negative_numbers = true, long, value_name = "F")]
+    pub target_utilization: Option<f64>,
+    /// Autoscaling: from a scale-up to a node with the server started, s
+    /// (default 30).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub provisioning_delay_s: Option<f64>,
+    /// Autoscaling: loading the weights, s (default 0).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub model_load_s: Option<f64>,
+    /// Autoscaling: warm-up before a new replica takes requests, s
+    /// (default 60).
+    #[arg(allow_negative_numbers = true, long, value_name = "S")]
+    pub warmup_s: Option<f64>,
+    /// Autoscaling: what a replica removed does with its requests: `wait`
+    /// (finish them; default), `immediate` (cut them off), `redirect`
+    /// (route those still waiting elsewhere).
+    #[arg(long, value_name = "POLICY")]
+    pub drain_policy: Option<crate::cluster::autoscale::DrainPolicy>,
     /// `decisions`: write PREFIX.decisions.jsonl, one admission and
     /// routing decision per line with what the router saw, every
     /// candidate's score, the regret and the request's outcome.
@@ -436,6 +486,59 @@ impl ClusterArgs {
         Ok(())
     }
 
+    /// Sets the autoscaling flags on the bundle's `autoscale:` section.
+    fn apply_autoscale(&self, b: &mut PolicyBundle) -> Result<()> {
+        let a = self;
+        let others = a.autoscaler_min.is_some()
+            || a.autoscaler_max.is_some()
+            || a.autoscaler_interval_s.is_some()
+            || a.autoscaler_cooldown_s.is_some()
+            || a.scale_up_threshold.is_some()
+            || a.scale_up_queue_depth.is_some()
+            || a.scale_down_threshold.is_some()
+            || a.target_utilization.is_some()
+            || a.provisioning_delay_s.is_some()
+            || a.model_load_s.is_some()
+            || a.warmup_s.is_some()
+            || a.drain_policy.is_some();
+        if a.autoscaler.is_none() && !others {
+            return Ok(());
+        }
+        if a.autoscaler.is_none() && b.autoscale.is_none() {
+            return Err(CommandError::Usage(
+                "the autoscaling settings need --autoscaler threshold|target-utilization".into(),
+            ));
+        }
+        let mut c = b.autoscale.clone().unwrap_or_default();
+        if let Some(p) = a.autoscaler {
+            c.policy = p;
+        }
+        macro_rules! set {
+            ($($flag:ident => $field:ident),*) => {
+                $(if let Some(x) = a.$flag { c.$field = x; })*
+            };
+        }
+        set!(
+            autoscaler_min => min_replicas,
+            autoscaler_max => max_replicas,
+            autoscaler_interval_s => interval_s,
+            autoscaler_cooldown_s => cooldown_s,
+            scale_up_threshold => scale_up_threshold,
+            scale_up_queue_depth => scale_up_queue_depth,
+            scale_down_threshold => scale_down_threshold,
+            target_utilization => target_utilization,
+            provisioning_delay_s => provisioning_delay_s,
+            model_load_s => model_load_s,
+            warmup_s => warmup_s,
+            drain_policy => drain
+        );
+        if a.autoscaler_max.is_none() && c.max_replicas < c.min_replicas {
+            c.max_replicas = c.min_replicas;
+        }
+        b.autoscale = Some(c);
+        Ok(())
+    }
+
     /// Sets the CPU-tier flags on the bundle's `kv:` section.
     fn apply_kv_tier(&self, b: &mut PolicyBundle) -> Result<()> {
         let a = self;
@@ -547,6 +650,7 @@ impl ClusterArgs {
         }
         self.apply_kv_tier(&mut b)?;
         self.apply_pd(&mut b)?;
+        self.apply_autoscale(&mut b)?;
         b.validate().map_err(ReplayError::from)?;
         Ok(b)
     }

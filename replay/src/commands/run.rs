@@ -84,22 +84,33 @@ pub fn check_pd(bundle: &crate::cluster::PolicyBundle, resolved: &Resolved) -> R
 }
 
 /// Writes the decision trace, each decision with its request's outcome,
-/// to `path` (JSON lines).
+/// and the autoscaler's actions (`"kind": "scale"`; before the decisions
+/// at the same µs) to `path` (JSON lines, in time order).
 fn write_decisions(
     path: &std::path::Path,
     mut decisions: Vec<DecisionRecord>,
+    scale: &[crate::cluster::autoscale::ScaleEvent],
     outcomes: Option<&rustc_hash::FxHashMap<u64, crate::output::RequestOutcome>>,
 ) -> Result<()> {
     use std::io::BufWriter;
     let f = std::fs::File::create(path).step(|| format!("creating {}", path.display()))?;
     let mut w = BufWriter::new(f);
+    let mut scale = scale.iter().peekable();
     for d in &mut decisions {
+        while let Some(e) = scale.next_if(|e| e.time_us <= d.time_us) {
+            serde_json::to_writer(&mut w, e)?;
+            w.write_all(b"\n")?;
+        }
         if let Some(o) = outcomes.and_then(|m| m.get(&d.request_id)) {
             d.status = Some(o.status.to_string());
             d.ttft_ms = o.ttft_us.map(|t| t as f64 / 1e3);
             d.e2e_ms = o.e2e_us.map(|t| t as f64 / 1e3);
         }
         serde_json::to_writer(&mut w, d)?;
+        w.write_all(b"\n")?;
+    }
+    for e in scale {
+        serde_json::to_writer(&mut w, e)?;
         w.write_all(b"\n")?;
     }
     w.flush().step(|| format!("writing {}", path.display()))?;
@@ -186,9 +197,14 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         trace_k,
     );
     if let Some(d) = decisions {
+        let scale = cluster
+            .as_ref()
+            .and_then(|c| c.autoscale.as_ref())
+            .map_or(&[][..], |a| &a.events[..]);
         write_decisions(
             &prefix.with_extension("decisions.jsonl"),
             d,
+            scale,
             sink.outcomes(),
         )?;
     }
@@ -332,6 +348,27 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
             pd.counters.blocks,
             pd.counters.transfer_waits,
             pd.mean_handoff_ms
+        );
+    }
+    if let Some(a) = s.cluster.as_ref().and_then(|c| c.autoscale.as_ref()) {
+        let c = &a.counters;
+        let _ = writeln!(
+            o,
+            "autoscaler ({}, {}–{} replicas, ready {:.0} s after a scale-up): {} up · {} down · peak {} ready · {} oscillations · {:.0} replica-seconds = {:.3} GPU-hours{}",
+            a.policy,
+            a.min_replicas,
+            a.max_replicas,
+            a.startup_s,
+            c.scale_ups,
+            c.scale_downs,
+            c.peak_ready,
+            c.oscillations,
+            a.replica_seconds,
+            a.gpu_hours,
+            match (c.drain_cut, c.redirected) {
+                (0, 0) => String::new(),
+                (cut, r) => format!(" · drains cut off {cut} and redirected {r} requests"),
+            }
         );
     }
     if let Some(t) = &s.kv.cpu_tier {

@@ -638,6 +638,9 @@ pub struct Instance {
     /// P/D prefill side: the blocks of completed prefills, by request tag,
     /// until their transfer completes ([`Instance::release_held`]).
     pub(super) held: std::collections::BTreeMap<u32, Vec<u32>>,
+    /// The CPU tier's counters of earlier KV caches of this slot
+    /// ([`Instance::restart_cold`]).
+    pub(super) tier_before: crate::engine::kv_tier::TierCounters,
 }
 
 impl Instance {
@@ -674,7 +677,49 @@ impl Instance {
             pending_transfer_us: 0,
             offload_cap: u32::MAX,
             held: std::collections::BTreeMap::new(),
+            tier_before: crate::engine::kv_tier::TierCounters::default(),
         }
+    }
+
+    /// A new replica in this slot (autoscaling): its KV cache, and its CPU
+    /// tier, start empty; counters carry on. Does nothing while it holds a
+    /// request.
+    pub fn restart_cold(&mut self) {
+        if self.in_system() > 0 || !self.held.is_empty() {
+            return;
+        }
+        if let Some(t) = self.kv.cpu_tier() {
+            self.tier_before += t.counters();
+        }
+        let mut kv = KvCache::new(
+            self.cfg.total_kv_blocks,
+            self.cfg.block_size,
+            self.cfg.prefix_caching,
+        );
+        if let Some(t) = &self.cfg.cpu_tier {
+            kv = kv.with_cpu_tier(t.clone());
+        }
+        self.kv = kv;
+        self.private_live = false;
+    }
+
+    /// Whether request `id` waits here with nothing computed (never in a
+    /// batch): it can go elsewhere at no loss.
+    pub fn waits_untouched(&self, id: u64) -> bool {
+        let Some(&slot) = self.index.get(&id) else {
+            return false;
+        };
+        if self.running.contains(&slot)
+            || self
+                .run
+                .as_ref()
+                .is_some_and(|r| r.scheduled.iter().any(|(s, _)| *s == slot))
+        {
+            return false;
+        }
+        self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|a| a.num_computed == 0 && a.generated == 0 && a.preemptions == 0)
     }
 
     /// The settings.
@@ -741,6 +786,7 @@ impl Instance {
         let mut c = self.counters;
         if let Some(t) = self.kv.cpu_tier() {
             c.tier = t.counters();
+            c.tier += self.tier_before;
         }
         c
     }
@@ -1040,6 +1086,14 @@ impl Instance {
                 }
             }
         }
+    }
+
+    /// Whether a fast-forwarded run in flight has a step ending at `t`
+    /// before its last.
+    pub fn has_step_ending_at(&self, t: i64) -> bool {
+        self.run.as_ref().is_some_and(|r| {
+            r.ends.len() > 1 && r.ends[..r.ends.len() - 1].binary_search(&t).is_ok()
+        })
     }
 
     /// Splits a fast-forwarded run in flight at `t`: the steps that ended

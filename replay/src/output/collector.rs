@@ -591,6 +591,7 @@ impl Sink for Collector {
         self.counts.total += 1;
         match status {
             Status::Ok => self.counts.completed += 1,
+            Status::Error => self.counts.scaled_down += 1,
             _ => self.counts.cancelled += 1,
         }
         if status == Status::Ok
@@ -682,6 +683,13 @@ impl Sink for Collector {
                 self.counts.unfinished += 1;
                 (Status::Cancelled, "replay horizon reached".to_string())
             }
+            NotServed::ScaledDown => {
+                self.counts.scaled_down += 1;
+                (
+                    Status::Error,
+                    "its replica was scaled down (drain policy immediate)".to_string(),
+                )
+            }
             NotServed::Rejected(policy) => {
                 self.counts.rejected += 1;
                 (
@@ -707,6 +715,21 @@ impl Sink for Collector {
         self.kv_n += 1;
         let labels = Arc::clone(&self.metric_labels);
         self.write_sample(t_us, &labels, snap);
+    }
+
+    fn slo(&self) -> Option<blis_traces::slo::Slo> {
+        self.slo.map(|(s, _)| s)
+    }
+
+    fn sample_replicas(&mut self, t_us: i64, (ready, starting, draining): (u32, u32, u32)) {
+        let Some(w) = &mut self.writer else { return };
+        let t = self.run_start_us + t_us;
+        let rows: [(&'static str, f64); 3] = [
+            ("blis:replicas_ready", f64::from(ready)),
+            ("blis:replicas_starting", f64::from(starting)),
+            ("blis:replicas_draining", f64::from(draining)),
+        ];
+        w.write_metric_scrape(t, &self.metric_labels, &rows);
     }
 
     fn sample_pool(&mut self, t_us: i64, pool: &'static str, snap: &Snapshot) {

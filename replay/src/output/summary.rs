@@ -37,6 +37,14 @@ pub struct RequestCounts {
     pub unfinished: u64,
     /// Rejected by the cluster's admission policy.
     pub rejected: u64,
+    /// Cut off by an autoscaler's `immediate` drain (with or without
+    /// tokens).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub scaled_down: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Throughput over the replay.

@@ -45,6 +45,7 @@ impl Driver<'_> {
     /// moving there.
     pub(super) fn hand_off<S: Sink>(&mut self, now: i64, p: usize, fin: &Finished, sink: &mut S) {
         let tag = fin.tag;
+        self.settle(now, sink);
         let base = self.control.pd.as_ref().expect("P/D").first_decode();
         let reads = self
             .control
@@ -61,7 +62,11 @@ impl Driver<'_> {
         let pd = self.control.pd.as_mut().expect("P/D");
         let d = base + pd.decode.route(now, &f.rec, &self.insts[base..]);
         let _ = pd.decode.take_hashes();
-        // What moves: the prompt's blocks the decode instance does not hold.
+        // What moves: the prompt's blocks the decode instance does not
+        // hold, as it is at `now` (a run in flight split there).
+        self.sync(d, now, sink);
+        let f = self.flights[tag as usize].as_mut().expect("live flight");
+        let pd = self.control.pd.as_mut().expect("P/D");
         let kv = self.insts[d].kv();
         let full = kv.full_blocks(input) as usize;
         let mut hashes = std::mem::take(&mut f.hashes);

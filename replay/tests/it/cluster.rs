@@ -456,6 +456,7 @@ prop_compose! {
         priority in prop::sample::select(vec!["slo-class", "constant", "slo-based", "inverted-slo"]),
         scheduler in prop::sample::select(vec![SchedulerPolicy::Fcfs, SchedulerPolicy::PriorityFcfs]),
         pd in prop::option::of((1u32..3, 1u32..3, any_routing(), 0.0f64..500.0)),
+        scale in prop::option::of(any_autoscale()),
     ) -> PolicyBundle {
         let pd = pd.map(|(p, d, decode_routing, latency)| PdConfig {
             prefill_instances: p,
@@ -466,6 +467,8 @@ prop_compose! {
             block_bytes: Some(131_072.0),
         });
         PolicyBundle {
+            // (Autoscaling is of colocated clusters.)
+            autoscale: if pd.is_none() { scale } else { None },
             pd,
             num_instances: n,
             routing,
@@ -481,6 +484,50 @@ prop_compose! {
             ..PolicyBundle::default()
         }
     }
+}
+
+/// An autoscaler of either template and any drain policy, scaling within
+/// the requests' 2 s (evaluations every 50-400 ms, replicas ready 0-300 ms
+/// after a scale-up).
+fn any_autoscale() -> impl Strategy<Value = blis_replay::cluster::autoscale::AutoscaleConfig> {
+    use blis_replay::cluster::autoscale::{AutoscaleConfig, DrainPolicy, ScalerKind};
+    (
+        any::<bool>(),
+        1u32..3,
+        0u32..4,
+        0.05f64..0.4,
+        (0.0f64..0.3, 0.0f64..0.3, 0.05f64..0.3, 0.35f64..1.0),
+        0.0f64..1.0,
+        prop::sample::select(vec![
+            DrainPolicy::Wait,
+            DrainPolicy::Immediate,
+            DrainPolicy::Redirect,
+        ]),
+        0.5f64..10.0,
+    )
+        .prop_map(
+            |(target, min, extra, interval, (prov, warm, down, up), cooldown, drain, queue)| {
+                AutoscaleConfig {
+                    policy: if target {
+                        ScalerKind::TargetUtilization
+                    } else {
+                        ScalerKind::Threshold
+                    },
+                    min_replicas: min,
+                    max_replicas: min + extra,
+                    interval_s: interval,
+                    scale_up_threshold: up,
+                    scale_up_queue_depth: queue,
+                    scale_down_threshold: down.min(up * 0.9),
+                    target_utilization: up,
+                    cooldown_s: cooldown,
+                    provisioning_delay_s: prov,
+                    model_load_s: 0.0,
+                    warmup_s: warm,
+                    drain,
+                }
+            },
+        )
 }
 
 /// No CPU KV tier (half the cases), or one of any size, threshold and
@@ -542,16 +589,45 @@ proptest! {
         let r = cluster(&b, cfg, reqs);
         let c = &r.summary.requests;
         prop_assert_eq!(c.total, n);
-        prop_assert_eq!(c.completed + c.rejected + c.dropped + c.cancelled + c.unfinished + c.input_errors, n);
-        prop_assert_eq!(r.control.routed.iter().sum::<u64>(), n - c.rejected);
+        prop_assert_eq!(c.completed + c.rejected + c.dropped + c.cancelled + c.unfinished + c.input_errors + c.scaled_down, n);
+        let scaled = r.control.autoscale.as_deref();
+        let redirected = scaled.map_or(0, |a| a.counters.redirected);
+        prop_assert_eq!(r.control.routed.iter().sum::<u64>(), n - c.rejected + redirected);
         prop_assert_eq!(r.control.admission.rejected, c.rejected);
+        if let Some(a) = scaled {
+            use blis_replay::cluster::autoscale::Lifecycle;
+            // Instances added and drained: the requests cut off are the
+            // scaled-down ones; no replica is left draining with nothing
+            // to finish; the ready never exceed the slots; the cost is at
+            // most every slot for the whole run.
+            prop_assert_eq!(a.counters.drain_cut, c.scaled_down);
+            let (ready, starting, draining) = a.replicas();
+            prop_assert_eq!(draining, 0);
+            prop_assert!(ready + starting >= a.config().min_replicas);
+            prop_assert!(a.counters.peak_ready <= a.config().max_replicas);
+            let end = r.records.iter().filter_map(|x| x.outcome.last_chunk_time_us.or(x.outcome.send_time_us)).max().unwrap_or(0);
+            prop_assert!(a.replica_seconds() >= 0.0);
+            prop_assert!(a.replica_seconds() <= f64::from(a.config().max_replicas) * (end as f64 / 1e6 + a.config().interval_s) + 1e-9);
+            for (i, inst) in r.insts.iter().enumerate() {
+                if a.state(i) == Lifecycle::Off {
+                    prop_assert_eq!(inst.in_system(), 0);
+                }
+            }
+            let mut last = i64::MIN;
+            for e in &a.events {
+                prop_assert!(e.time_us >= last);
+                last = e.time_us;
+            }
+        }
         for (i, inst) in r.insts.iter().enumerate() {
             // P/D: the decode pool's router routed the decode instances'.
             let (control, j) = match &r.control.pd {
                 Some(pd) if i >= pd.first_decode() => (&pd.decode, i - pd.first_decode()),
                 _ => (&r.control, i),
             };
-            prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, control.routed[j]);
+            if scaled.is_none() {
+                prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, control.routed[j]);
+            }
             prop_assert_eq!(control.in_flight(j), 0);
             prop_assert_eq!(inst.in_system(), 0);
             prop_assert_eq!(inst.held_blocks(), 0);
@@ -810,6 +886,9 @@ proptest! {
             cpu_tier: tier,
             ..EngineConfig::default()
         };
+        // (An autoscaler evaluates every interval of the 10^4 s between
+        // replays in a row: one replay with it.)
+        let replays = if b.autoscale.is_some() { 1 } else { replays };
         let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true, replays);
         let plain = cluster_with(&b, cfg, reqs, false, replays);
         prop_assert_eq!(format!("{:?}", fast.records), format!("{:?}", plain.records));
@@ -824,4 +903,143 @@ proptest! {
             prop_assert_eq!(f.snapshot(), p.snapshot());
         }
     }
+}
+
+/// A request of a found case (tenant `t0`, class `standard`, prefix group
+/// `g` of `pl` tokens unless `g` is empty).
+fn pr(id: u64, at: i64, i: u32, o: u32, g: &str, pl: u32) -> Request {
+    let mut r = req(id, at, i, o);
+    r.tenant_id = Arc::from("t0");
+    r.slo_class = Arc::from("standard");
+    if !g.is_empty() {
+        r = with_prefix(r, g, pl);
+    }
+    r
+}
+
+/// A found case: a P/D hand-off counted the prompt blocks its decode
+/// instance held as of the start of that instance's fast-forwarded run,
+/// not as of the hand-off (one block more to move with fast-forward off).
+#[test]
+fn a_hand_off_sees_its_decode_instance_as_of_the_hand_off() {
+    let reqs = vec![
+        pr(0, 1239371, 1, 2, "", 0),
+        pr(1, 953416, 624, 2, "g1", 624),
+        pr(2, 0, 496, 2, "g3", 496),
+        pr(3, 1062761, 1, 2, "", 0),
+        pr(4, 901797, 1582, 4, "", 0),
+        pr(5, 811434, 250, 280, "g2", 250),
+        pr(6, 2657, 1, 2, "", 0),
+        pr(7, 1296177, 999, 2, "g3", 800),
+        pr(8, 1200684, 800, 2, "g3", 800),
+        pr(9, 1239338, 51, 49, "", 0),
+        pr(10, 1200670, 744, 84, "g1", 744),
+        pr(11, 953416, 1150, 68, "", 0),
+        pr(12, 811434, 1, 2, "", 0),
+    ];
+    let b = PolicyBundle {
+        num_instances: 3,
+        admission: AdmissionPolicy::TokenBucket {
+            capacity: 1925.4556618923866,
+            refill_rate: 66453.96373395232,
+        },
+        routing: RoutingPolicy::RoundRobin,
+        scheduler: Some(SchedulerPolicy::Fcfs),
+        pd: Some(PdConfig {
+            prefill_instances: 1,
+            decode_instances: 2,
+            decode_routing: RoutingPolicy::Weighted {
+                scorers: [(blis_replay::cluster::routing::Scorer::NoHitLru, 0.1)].into(),
+            },
+            transfer_latency_us: 0.0,
+            transfer_bandwidth_gb_s: 10.0,
+            block_bytes: Some(131072.0),
+        }),
+        ..PolicyBundle::default()
+    };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        total_kv_blocks: 300,
+        max_num_batched_tokens: 1024,
+        ..EngineConfig::default()
+    };
+    let off = EngineConfig {
+        fast_forward: false,
+        ..cfg.clone()
+    };
+    let a = cluster_sampled(&b, cfg.clone(), reqs.clone(), Some(7_000));
+    let c = cluster_sampled(&b, off, reqs.clone(), Some(7_000));
+    let d = cluster_sampled(&b, cfg, reqs, None);
+    assert_eq!(a.records, c.records);
+    assert_eq!(a.records, d.records);
+}
+
+/// A found case: flow control routed a gateway request at the end of a
+/// step of instance 1 while instance 0's fast-forwarded run had a step
+/// ending at that very µs; the request joined instance 0's next batch,
+/// which single steps had formed just before (instance 0 steps first).
+#[test]
+fn an_event_caused_by_a_step_sees_lower_instances_past_their_step_then() {
+    let reqs = vec![
+        pr(0, 47147, 16, 1, "", 0),
+        pr(1, 1054722, 16, 1, "g1", 16),
+        pr(2, 48308, 16, 1, "g3", 16),
+        pr(3, 440860, 1025, 271, "", 0),
+        pr(4, 114703, 16, 23, "g1", 16),
+        pr(5, 926140, 359, 44, "g1", 359),
+        pr(6, 593053, 1, 1, "", 0),
+        pr(7, 308577, 610, 26, "g1", 610),
+        pr(8, 366267, 2777, 242, "g2", 800),
+        pr(9, 366267, 1861, 64, "g3", 800),
+        pr(10, 366267, 16, 1, "g1", 16),
+        pr(11, 366267, 1, 1, "", 0),
+        pr(12, 366267, 1, 1, "", 0),
+        pr(13, 328427, 423, 141, "g1", 423),
+        pr(14, 366267, 1, 1, "", 0),
+        pr(15, 47137, 2941, 191, "", 0),
+        pr(16, 114703, 326, 225, "g2", 326),
+        pr(17, 114703, 2793, 227, "g2", 800),
+        pr(18, 315808, 2014, 209, "g3", 800),
+        pr(19, 48309, 336, 215, "g3", 336),
+        pr(20, 366267, 1, 1, "", 0),
+    ];
+    let b = PolicyBundle {
+        num_instances: 2,
+        admission: AdmissionPolicy::TokenBucket {
+            capacity: 14947.055105588472,
+            refill_rate: 12145.938950724161,
+        },
+        routing: RoutingPolicy::Weighted {
+            scorers: [
+                (
+                    blis_replay::cluster::routing::Scorer::PrefixAffinity,
+                    4.3033798462873945,
+                ),
+                (blis_replay::cluster::routing::Scorer::LoadBalance, 0.1),
+            ]
+            .into(),
+        },
+        scheduler: Some(SchedulerPolicy::Fcfs),
+        priority: PriorityPolicy::from_name("constant").unwrap(),
+        flow_control: Some(blis_replay::cluster::policy::FlowControl {
+            queue_depth_threshold: 0.885909772702035,
+            kv_utilization_threshold: 0.3406293459913331,
+        }),
+        ..PolicyBundle::default()
+    };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        total_kv_blocks: 300,
+        max_num_batched_tokens: 1024,
+        ..EngineConfig::default()
+    };
+    let off = EngineConfig {
+        fast_forward: false,
+        ..cfg.clone()
+    };
+    let a = cluster_sampled(&b, cfg.clone(), reqs.clone(), Some(7_000));
+    let c = cluster_sampled(&b, off, reqs.clone(), Some(7_000));
+    let d = cluster_sampled(&b, cfg, reqs, None);
+    assert_eq!(a.records, c.records);
+    assert_eq!(a.records, d.records);
 }

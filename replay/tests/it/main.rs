@@ -1,5 +1,6 @@
 //! Integration tests of `blis-replay`: one binary, one module per concern.
 
+mod autoscale; // autoscaling: scale-ups, readiness, drains, cost
 mod behaviour; // known answers: timings, batching limits, caching, preemption, policies
 mod cli; // the binary: outputs, determinism, errors
 mod cluster; // clusters: one instance = single path, determinism, policy behaviour, invariants

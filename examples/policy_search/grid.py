@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A tiny policy search: a grid over the weights of prefix-affinity,
 queue-depth and kv-utilization routing (`--search routing`, the default),
-or over a CPU KV tier's size and offload threshold on a cluster short of
-GPU KV blocks (`--search kv-tier`), each candidate scored by
+over a CPU KV tier's size and offload threshold on a cluster short of
+GPU KV blocks (`--search kv-tier`), or over an autoscaler's template,
+floor and cooldown on a bursty load, weighing p99 TTFT against the
+replica-seconds it bills (`--search autoscale`), each candidate scored by
 `blis-replay evaluate` (one deterministic, single-threaded simulation per
 seed), candidates run in parallel across the machine's cores. The same
 contract serves an OpenEvolve evaluator or a GEPA adapter: write a policy
@@ -10,7 +12,7 @@ bundle, call evaluate, read `fitness`, `seeds[*]` and `summary` from its
 JSON.
 
     cargo build --release
-    python3 examples/policy_search/grid.py [--search routing|kv-tier] [--seeds 1,2] [--horizon-s 120] [--jobs N]
+    python3 examples/policy_search/grid.py [--search routing|kv-tier|autoscale] [--seeds 1,2] [--horizon-s 120] [--jobs N]
 """
 import argparse
 import itertools
@@ -42,27 +44,42 @@ def kv_tier_bundle(point):
             f"kv: {{cpu_blocks: {cpu_blocks}, offload_threshold: {threshold}}}\n")
 
 
+def autoscale_bundle(point):
+    policy, floor, cooldown = point
+    return ("num_instances: %d\nrouting: {policy: least-loaded}\n"
+            "autoscale: {policy: %s, min_replicas: %d, max_replicas: 6, cooldown_s: %d,"
+            " provisioning_delay_s: 30, warmup_s: 30}\n" % (floor, policy, floor, cooldown))
+
+
 # What each search varies, the GPU KV blocks per instance it runs with,
-# and how a candidate becomes a bundle.
+# how a candidate becomes a bundle, its workload, fitness and horizon
+# (None: --horizon-s).
 SEARCHES = {
     "routing": (lambda: [w for w in itertools.product([0, 1, 3], [0, 1, 2], [0, 1, 2]) if any(w)],
-                "6000", routing_bundle),
+                "6000", routing_bundle, SPEC, FITNESS, None),
     "kv-tier": (lambda: list(itertools.product([0, 2000, 20000], [0.0, 0.5, 0.9])),
-                "2000", kv_tier_bundle),
+                "2000", kv_tier_bundle, SPEC, FITNESS, None),
+    # The whole 20 minutes of the burst workload: its burst is minutes 5-10.
+    "autoscale": (lambda: list(itertools.product(["threshold", "target-utilization"], [1, 2],
+                                                 [30, 120])),
+                  "0", autoscale_bundle, os.path.join(ROOT, "examples", "burst.yaml"),
+                  "p99_ttft:0.5,replica_seconds:0.5", 1200),
 }
 
 
 def evaluate(args):
     search, point, seeds, horizon = args
-    _, gpu_blocks, make = SEARCHES[search]
+    _, gpu_blocks, make, spec, fitness, fixed_horizon = SEARCHES[search]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(make(point))
         path = f.name
+    blocks = ["--total-kv-blocks", gpu_blocks] if gpu_blocks != "0" else []
     try:
         out = subprocess.run(
-            [BIN, "evaluate", "--policy-config", path, "--workload-spec", SPEC,
-             "--model", "meta-llama/Llama-3.1-8B-Instruct", "--total-kv-blocks", gpu_blocks,
-             "--horizon-s", str(horizon), "--seeds", seeds, "--fitness-weights", FITNESS],
+            [BIN, "evaluate", "--policy-config", path, "--workload-spec", spec,
+             "--model", "meta-llama/Llama-3.1-8B-Instruct", *blocks,
+             "--horizon-s", str(fixed_horizon or horizon), "--seeds", seeds,
+             "--fitness-weights", fitness],
             check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
@@ -90,6 +107,14 @@ def main():
             p99 = mean(e, lambda x: x["ttft_ms"]["p99"])
             hit = mean(e, lambda x: x["prefix_cache_hit_rate"])
             print(f"| {pa} | {qd} | {kv} | {e['fitness']:.4f} | {p99:.1f} | {100 * hit:.1f}% |")
+    elif a.search == "autoscale":
+        print("| policy | min replicas | cooldown s | fitness | TTFT p99 s | replica-seconds | scale-ups |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for (policy, floor, cooldown), e in results:
+            p99 = mean(e, lambda x: x["ttft_ms"]["p99"]) / 1e3
+            cost = mean(e, lambda x: x["autoscale"]["replica_seconds"])
+            ups = mean(e, lambda x: x["autoscale"]["scale_ups"])
+            print(f"| {policy} | {floor} | {cooldown} | {e['fitness']:.4f} | {p99:.1f} | {cost:.0f} | {ups:.1f} |")
     else:
         print("| CPU blocks | offload threshold | fitness | TTFT p99 ms | preemptions | reloads |")
         print("|---:|---:|---:|---:|---:|---:|")

@@ -456,9 +456,16 @@ impl Control {
 
     /// Autoscaling: the evaluation at `now` over the ready instances (their
     /// utilisation: the larger of KV usage and running over
-    /// `max_num_seqs`; their queue: routed and not running). Instances
+    /// `max_num_seqs`; their queue: routed and not running, plus an equal
+    /// share of the `gateway` requests held by flow control). Instances
     /// that start draining go into `drain`.
-    pub fn autoscale_tick(&mut self, now: i64, insts: &[Instance], drain: &mut Vec<usize>) {
+    pub fn autoscale_tick(
+        &mut self,
+        now: i64,
+        insts: &[Instance],
+        gateway: usize,
+        drain: &mut Vec<usize>,
+    ) {
         let Some(a) = self.autoscale.as_deref_mut() else {
             return;
         };
@@ -473,7 +480,11 @@ impl Control {
                 let util = s.kv_usage().max(f64::from(s.running) / seqs).min(1.0);
                 (util, f64::from(in_flight[i].saturating_sub(s.running)))
             });
-        let load: Vec<(f64, f64)> = load.collect();
+        let mut load: Vec<(f64, f64)> = load.collect();
+        let share = gateway as f64 / load.len().max(1) as f64;
+        for l in &mut load {
+            l.1 += share;
+        }
         a.evaluate(now, load.into_iter(), in_flight, drain);
     }
 

@@ -169,8 +169,8 @@ impl PolicyBundle {
             if self.pd.is_some() {
                 return range(
                     "autoscale",
-                    "a colocated cluster (autoscaling a P/D split is not modelled)",
-                    "with pd".into(),
+                    "used without pd (autoscaling a P/D split is not modelled)",
+                    "a pd section".into(),
                 );
             }
         }

@@ -336,8 +336,17 @@ impl Router {
                     &shared[..shared.len().min(1)]
                 };
                 self.matched.clear();
-                self.matched
-                    .extend(self.index.iter().map(|ix| ix.matched(probe)));
+                if masked {
+                    self.matched.extend(
+                        self.index
+                            .iter()
+                            .zip(views)
+                            .map(|(ix, v)| if v.unavailable { 0 } else { ix.matched(probe) }),
+                    );
+                } else {
+                    self.matched
+                        .extend(self.index.iter().map(|ix| ix.matched(probe)));
+                }
                 let cold = hashes.is_empty()
                     || self
                         .matched

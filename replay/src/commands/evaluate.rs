@@ -79,6 +79,27 @@ pub struct SeedMetrics {
     /// The CPU KV tier's figures (with a `kv:` section or `--kv-cpu-blocks`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_tier: Option<crate::output::summary::CpuTierFigures>,
+    /// The autoscaler's cost and actions (with an `autoscale:` section or
+    /// `--autoscaler`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleFigures>,
+}
+
+/// An autoscaled seed's cost and scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AutoscaleFigures {
+    /// Replica-seconds billed.
+    pub replica_seconds: f64,
+    /// GPU-hours billed.
+    pub gpu_hours: f64,
+    /// Replicas added.
+    pub scale_ups: u64,
+    /// Replicas removed.
+    pub scale_downs: u64,
+    /// Scale oscillations.
+    pub oscillations: u64,
+    /// Most replicas ready at once.
+    pub peak_ready: u32,
 }
 
 /// What `evaluate` prints.
@@ -118,6 +139,16 @@ fn seed_metrics(seed: u64, s: &Summary, c: Option<&ClusterSummary>) -> SeedMetri
         ),
         jain_fairness: s.jain_fairness,
         cpu_tier: s.kv.cpu_tier,
+        autoscale: c
+            .and_then(|c| c.autoscale.as_ref())
+            .map(|a| AutoscaleFigures {
+                replica_seconds: a.replica_seconds,
+                gpu_hours: a.gpu_hours,
+                scale_ups: a.counters.scale_ups,
+                scale_downs: a.counters.scale_downs,
+                oscillations: a.counters.oscillations,
+                peak_ready: a.counters.peak_ready,
+            }),
     }
 }
 
@@ -141,9 +172,23 @@ fn describe(b: &PolicyBundle) -> String {
         ),
         _ => String::new(),
     };
+    let instances = match &b.autoscale {
+        Some(a) => format!(
+            "{}-{} instances autoscaled ({}, ready {:.0} s after a scale-up, {} drain)",
+            a.min_replicas,
+            a.max_replicas,
+            a.policy.name(),
+            a.startup_us() as f64 / 1e6,
+            match a.drain {
+                crate::cluster::autoscale::DrainPolicy::Wait => "wait",
+                crate::cluster::autoscale::DrainPolicy::Immediate => "immediate",
+                crate::cluster::autoscale::DrainPolicy::Redirect => "redirect",
+            }
+        ),
+        None => format!("{} instance(s)", b.num_instances),
+    };
     format!(
-        "{routing} over {} instance(s), admission {}{tier}",
-        b.num_instances,
+        "{routing} over {instances}, admission {}{tier}",
         b.admission.name()
     )
 }
@@ -167,7 +212,8 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
     );
     let mut issues = Vec::new();
     let imbalance = mean(&|s| s.routing_imbalance);
-    if imbalance > 1.5 {
+    // (Autoscaled: replicas up for part of the run take fewer requests.)
+    if imbalance > 1.5 && b.autoscale.is_none() {
         let r = &seeds[0].routed;
         let (lo, hi) = (
             r.iter().enumerate().min_by_key(|x| x.1),
@@ -185,6 +231,12 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
         issues.push(format!(
             "long TTFT tail: p99 is {tail:.0}× p50 (requests queue behind busy instances)"
         ));
+        if let Some(a) = &b.autoscale {
+            issues.push(format!(
+                "replicas are ready {:.0} s after a scale-up: what queues meanwhile stays on the busy ones (a gateway queue, --flow-control, lets new replicas take it)",
+                a.startup_us() as f64 / 1e6
+            ));
+        }
     }
     let hit = mean(&|s| s.prefix_cache_hit_rate);
     if hit < 0.2 {
@@ -257,10 +309,11 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
         );
         let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
         let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+        summary.cluster = cluster;
         summary.fitness = weights
             .as_ref()
             .map(|w| crate::output::fitness::report(&summary, w));
-        seeds.push(seed_metrics(seed, &summary, cluster.as_ref()));
+        seeds.push(seed_metrics(seed, &summary, summary.cluster.as_ref()));
     }
     let fitness = weights
         .as_ref()

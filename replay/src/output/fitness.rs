@@ -2,7 +2,8 @@
 //! (`../shared/design/cluster-architecture.md`, "Fitness Evaluation"):
 //! latencies map to `1 / (1 + value_ms)` (1 ms is the reference: lower is
 //! better), throughputs to `value / (value + reference)` (100 requests/s,
-//! 10,000 tokens/s); the weighted sum is the fitness (higher is better).
+//! 10,000 tokens/s), cost to `1 / (1 + replica-hours)`; the weighted sum
+//! is the fitness (higher is better).
 //! The normalisation compresses differences, so the raw metrics are always
 //! reported beside it.
 
@@ -13,7 +14,7 @@ use crate::output::summary::{Dist, FitnessPart, FitnessReport, Summary};
 pub enum FitnessError {
     /// A name that is not a metric.
     #[error(
-        "unknown fitness metric {0:?} (throughput, tokens_per_s, or STAT_LATENCY with STAT in mean|p50|p90|p95|p99 and LATENCY in ttft|e2e|itl|tpot, e.g. p99_ttft)"
+        "unknown fitness metric {0:?} (throughput, tokens_per_s, replica_seconds, or STAT_LATENCY with STAT in mean|p50|p90|p95|p99 and LATENCY in ttft|e2e|itl|tpot, e.g. p99_ttft)"
     )]
     UnknownMetric(String),
     /// An item that is not `METRIC:WEIGHT` with a finite weight.
@@ -36,6 +37,9 @@ pub enum FitnessMetric {
     Throughput,
     /// Output tokens per second.
     TokensPerS,
+    /// The deployment's cost: replica-seconds (an autoscaler's billed
+    /// ones; else instances × the run's duration). Lower is better.
+    ReplicaSeconds,
     /// A latency statistic: (`ttft`|`e2e`|`itl`|`tpot`, `mean`|`p50`|`p90`|`p95`|`p99`).
     Latency(&'static str, &'static str),
 }
@@ -53,6 +57,7 @@ impl FitnessMetric {
         match s {
             "throughput" => return Ok(Self::Throughput),
             "tokens_per_s" => return Ok(Self::TokensPerS),
+            "replica_seconds" => return Ok(Self::ReplicaSeconds),
             _ => {}
         }
         if let Some((stat, lat)) = s.split_once('_')
@@ -69,6 +74,13 @@ impl FitnessMetric {
         match self {
             Self::Throughput => s.throughput.requests_per_s,
             Self::TokensPerS => s.throughput.output_tokens_per_s,
+            Self::ReplicaSeconds => match s.cluster.as_ref() {
+                Some(c) => c.autoscale.as_ref().map_or_else(
+                    || c.num_instances as f64 * s.throughput.duration_s,
+                    |a| a.replica_seconds,
+                ),
+                None => s.throughput.duration_s,
+            },
             Self::Latency(lat, stat) => {
                 let d: &Dist = match lat {
                     "ttft" => &s.ttft_ms,
@@ -92,6 +104,7 @@ impl FitnessMetric {
         match self {
             Self::Throughput => raw / (raw + 100.0),
             Self::TokensPerS => raw / (raw + 10_000.0),
+            Self::ReplicaSeconds => 1.0 / (1.0 + raw.max(0.0) / 3600.0),
             Self::Latency(..) => 1.0 / (1.0 + raw.max(0.0)),
         }
     }
@@ -182,5 +195,9 @@ mod tests {
         let w = parse_weights("throughput:0.5, p99_ttft:0.3").unwrap();
         assert_eq!(w.len(), 2);
         assert!(parse_weights("throughput:x").is_err());
+        // One replica for an hour: 1 / (1 + 1).
+        let c = FitnessMetric::parse("replica_seconds").unwrap();
+        assert!((c.normalised(3600.0) - 0.5).abs() < 1e-12);
+        assert!(c.normalised(7200.0) < c.normalised(3600.0));
     }
 }

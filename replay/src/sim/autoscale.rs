@@ -35,7 +35,9 @@ impl Driver<'_> {
             self.sync(i, now, sink);
         }
         let mut drain = Vec::new();
-        self.control.autoscale_tick(now, self.insts, &mut drain);
+        let gateway = self.gateway.len();
+        self.control
+            .autoscale_tick(now, self.insts, gateway, &mut drain);
         let policy = self
             .control
             .autoscale

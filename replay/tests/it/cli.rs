@@ -704,3 +704,147 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn an_autoscaled_run_reports_its_replicas_cost_and_scale_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("as");
+    let assert = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "2000",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--autoscaler",
+            "threshold",
+            "--autoscaler-max",
+            "4",
+            "--autoscaler-interval-s",
+            "2",
+            "--provisioning-delay-s",
+            "3",
+            "--warmup-s",
+            "2",
+            "--autoscaler-cooldown-s",
+            "10",
+            "--trace-level",
+            "decisions",
+            "--sample-interval-ms",
+            "1000",
+            "--no-itl",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
+    assert!(
+        stdout.contains("autoscaler (threshold, 1–4 replicas, ready 5 s after a scale-up)"),
+        "{stdout}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(s["requests"]["completed"], 2000);
+    let a = &s["cluster"]["autoscale"];
+    assert_eq!(s["cluster"]["num_instances"], 4);
+    let ups = a["scale_ups"].as_u64().unwrap();
+    assert!(ups >= 1, "{a}");
+    assert!(a["replica_seconds"].as_f64().unwrap() > 0.0);
+    let events = a["events"].as_array().unwrap();
+    assert_eq!(
+        events.iter().filter(|e| e["action"] == "up").count() as u64,
+        ups
+    );
+    // Every replica added is ready its 5 s later.
+    for e in events.iter().filter(|e| e["action"] == "up") {
+        let i = &e["instance"];
+        let t = e["time_us"].as_i64().unwrap();
+        assert!(
+            events.iter().any(|r| r["action"] == "ready"
+                && &r["instance"] == i
+                && r["time_us"].as_i64() == Some(t + 5_000_000)),
+            "{e}"
+        );
+    }
+    // The scale events are in the decision trace among the routing
+    // decisions, in time order.
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(out.with_extension("decisions.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    assert_eq!(
+        lines.iter().filter(|l| l["kind"] == "scale").count(),
+        events.len()
+    );
+    assert!(
+        lines
+            .windows(2)
+            .all(|w| w[0]["time_us"].as_i64() <= w[1]["time_us"].as_i64())
+    );
+    // No request is routed to a slot before it is ready.
+    for l in lines
+        .iter()
+        .filter(|l| l["kind"].is_null() && l["instance"].as_u64() != Some(0))
+    {
+        let i = &l["instance"];
+        let t = l["time_us"].as_i64().unwrap();
+        assert!(
+            events.iter().any(|r| r["action"] == "ready"
+                && &r["instance"] == i
+                && r["time_us"].as_i64().unwrap() <= t),
+            "{l}"
+        );
+    }
+    let metrics = std::fs::read_to_string(out.with_extension("metrics.csv")).unwrap();
+    assert!(metrics.contains("blis:replicas_ready"));
+    // Settings without an autoscaler, and nonsense, are errors.
+    for (args, needle) in [
+        (&["--autoscaler-max", "4"][..], "--autoscaler"),
+        (
+            &["--autoscaler", "threshold", "--autoscaler-min", "0"][..],
+            "min_replicas",
+        ),
+        (
+            &[
+                "--autoscaler",
+                "threshold",
+                "--autoscaler-min",
+                "5",
+                "--autoscaler-max",
+                "2",
+            ][..],
+            "max_replicas",
+        ),
+        (
+            &["--autoscaler", "threshold", "--warmup-s", "NaN"][..],
+            "warmup_s",
+        ),
+        (&["--autoscaler", "sometimes"][..], "--autoscaler"),
+        (
+            &["--autoscaler", "threshold", "--architecture", "pd"][..],
+            "autoscal",
+        ),
+    ] {
+        let assert = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "10",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+            ])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .assert()
+            .failure();
+        let stderr = String::from_utf8(assert.get_output().stderr.clone()).unwrap();
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

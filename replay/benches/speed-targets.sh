@@ -9,6 +9,8 @@
 # 4. the same as 2. with a CPU KV tier (issue 16): 2,400 GPU blocks per
 #    instance, so that the GPU is under pressure, 20,000 CPU blocks,
 #    on-evict offload at the default threshold;
+# 5. the same as 2. autoscaled from 4 to 16 instances (target-utilization,
+#    replicas ready 30 s after a scale-up);
 # and the size of the outputs of 2. Prints the median and range of each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,5 +52,10 @@ time_runs "chat-512, 100K requests x 16, default outputs" "$dir/chat" $R "${chat
 time_runs "chat-512, 100K requests x 16, --no-itl" "$dir/chat-no-itl" $R "${chat[@]}" --no-itl
 time_runs "chat-512, 100K x 16, CPU KV tier" "$dir/chat-tier" $R "${chat[@]}" \
     --total-kv-blocks 2400 --kv-cpu-blocks 20000
+auto=(run --workload-spec examples/chat-512.yaml --model meta-llama/Llama-3.1-8B-Instruct
+    --num-requests 100000 --num-instances 4 --routing weighted)
+time_runs "chat-512, 100K, autoscaled 4-16" "$dir/chat-auto" $R "${auto[@]}" \
+    --autoscaler target-utilization --autoscaler-min 4 --autoscaler-max 16 \
+    --provisioning-delay-s 30 --warmup-s 0
 echo "outputs of chat-512 with default outputs: $(du -cb "$dir"/chat.warm.* | tail -1 | cut -f1) bytes"
 ls -l "$dir"/chat.warm.*

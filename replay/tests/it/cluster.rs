@@ -154,6 +154,54 @@ fn cluster_runs_are_byte_identical() {
     assert!(s["jain_fairness"].as_f64().unwrap() > 0.0);
 }
 
+/// Issue 16: runs with the advanced deployments (an autoscaler, a P/D
+/// split, each over a CPU KV tier) are byte-identical on reruns.
+#[test]
+fn advanced_deployment_runs_are_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = ["--total-kv-blocks", "600", "--kv-cpu-blocks", "4000"];
+    let autoscaled = [
+        "--autoscaler",
+        "target-utilization",
+        "--autoscaler-max",
+        "4",
+        "--autoscaler-interval-s",
+        "1",
+        "--provisioning-delay-s",
+        "2",
+        "--warmup-s",
+        "1",
+        "--autoscaler-cooldown-s",
+        "3",
+        "--drain-policy",
+        "redirect",
+        "--target-utilization",
+        "0.3",
+    ];
+    let pd = [
+        "--architecture",
+        "pd",
+        "--prefill-instances",
+        "2",
+        "--decode-instances",
+        "2",
+        "--decode-routing",
+        "weighted",
+    ];
+    for (name, extra) in [("auto", &autoscaled[..]), ("pd", &pd[..])] {
+        let args: Vec<&str> = extra.iter().chain(&tier).copied().collect();
+        let first = replay_cli(dir.path(), &format!("{name}-a"), &args);
+        let again = replay_cli(dir.path(), &format!("{name}-b"), &args);
+        for ((ext, a), (_, b)) in first.iter().zip(&again) {
+            assert!(a == b, "{name}: the .{ext} files differ");
+        }
+        let s: serde_json::Value = serde_json::from_slice(&first[5].1).unwrap();
+        assert!(s["kv"]["cpu_tier"].is_object(), "{name}");
+        let section = if name == "pd" { "pd" } else { "autoscale" };
+        assert!(s["cluster"][section].is_object(), "{name}");
+    }
+}
+
 struct Run {
     summary: Summary,
     records: Vec<TraceRecord>,

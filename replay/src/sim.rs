@@ -352,6 +352,8 @@ pub struct Session<'a> {
     last_t: i64,
     /// Past the horizon: nothing more happens.
     ended: bool,
+    /// When a request last left (completed, dropped, cancelled), µs.
+    last_exit: i64,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -404,6 +406,7 @@ impl<'a> Session<'a> {
             transfers: FxHashMap::default(),
             transfer_queues: Vec::new(),
             stepping: (i64::MIN, 0),
+            exits: 0,
         };
         Self {
             d,
@@ -413,6 +416,7 @@ impl<'a> Session<'a> {
             next_refresh: refresh.map(|_| 0i64),
             last_t: i64::MIN,
             ended: false,
+            last_exit: 0,
         }
     }
 
@@ -527,6 +531,15 @@ impl<'a> Session<'a> {
     /// Processes `next`.
     #[inline]
     fn handle<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
+        let exits = self.d.exits;
+        self.handle_event(next, inputs, sink);
+        if self.d.exits != exits {
+            self.last_exit = next.at;
+        }
+    }
+
+    #[inline]
+    fn handle_event<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
         let (now, d) = (next.at, &mut self.d);
         match next.source {
             Source::Scale => d.autoscale_at(now, sink),
@@ -628,7 +641,10 @@ impl<'a> Session<'a> {
     pub fn finish<S: Sink>(self, mut inputs: impl InputSource, sink: &mut S) {
         let mut d = self.d;
         if let Some(a) = d.control.autoscale.as_deref_mut() {
-            a.finish(self.last_t.max(0));
+            // Billed to the last request's exit; to the horizon when some
+            // are still in the system there.
+            let busy = d.flights.iter().any(Option::is_some);
+            a.finish(if busy { self.last_t } else { self.last_exit }.max(0));
         }
         if d.ids.take().is_some() {
             d.control.pause_private_blocks();
@@ -688,6 +704,8 @@ struct Driver<'a> {
     /// generation), and each decode instance's requests waiting for room.
     transfers: FxHashMap<u64, (u32, u32)>,
     transfer_queues: Vec<std::collections::VecDeque<u32>>,
+    /// Requests that have left (counted for the session's `last_exit`).
+    exits: u64,
     /// The step being handled (its end time and instance): an event it
     /// causes at that time comes after the steps of lower-index instances
     /// ending then, as in single-step order.
@@ -895,6 +913,7 @@ impl Driver<'_> {
     fn take_flight(&mut self, tag: u32) -> Flight {
         let f = self.flights[tag as usize].take().expect("live flight");
         self.free.push(tag);
+        self.exits += 1;
         if !self.by_id.is_empty() {
             self.by_id.remove(&f.rec.request.request_id);
         }
@@ -920,6 +939,7 @@ impl Driver<'_> {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
             sink.not_served(f.rec, f.entry_us, NotServed::CancelledWaiting);
+            self.room_freed(now, sink);
             return;
         }
         let inst = f.inst as usize;
@@ -973,6 +993,16 @@ impl Driver<'_> {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
             sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
+            self.room_freed(now, sink);
+        }
+    }
+
+    /// A request left outside a step (cancelled, dropped): flow control
+    /// routes what now fits, as it would at the next step's end (which a
+    /// fast-forwarded run may not have for a while).
+    pub(super) fn room_freed<S: Sink>(&mut self, now: i64, sink: &mut S) {
+        if !self.gateway.is_empty() {
+            self.dispatch(now, sink);
         }
     }
 
@@ -1002,6 +1032,7 @@ impl Driver<'_> {
         self.round_done(&f.rec, now);
         if generated == 0 {
             sink.not_served(f.rec, f.entry_us, NotServed::CancelledWaiting);
+            self.room_freed(now, sink);
             return;
         }
         let fin = Finished {
@@ -1021,6 +1052,7 @@ impl Driver<'_> {
             fin: &fin,
             status: Status::Timeout,
         });
+        self.room_freed(now, sink);
     }
 
     /// Brings instance `inst` to time `now` before an event changes it:

@@ -77,6 +77,7 @@ impl Driver<'_> {
             self.count_cut();
             self.round_done(&f.rec, now);
             sink.not_served(f.rec, f.entry_us, NotServed::ScaledDown);
+            self.room_freed(now, sink);
         }
     }
 

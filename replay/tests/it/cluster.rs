@@ -605,9 +605,11 @@ fn any_tier() -> impl Strategy<Value = Option<blis_replay::engine::kv_tier::CpuT
 }
 
 prop_compose! {
-    fn any_requests()(spec in prop::collection::vec((0i64..2_000_000, 1u32..3000, 1u32..300, 0u8..4, 0u8..3), 1..120)) -> Vec<Request> {
-        spec.into_iter().enumerate().map(|(i, (at, input, output, group, tenant))| {
+    fn any_requests()(spec in prop::collection::vec((0i64..2_000_000, 1u32..3000, 1u32..300, 0u8..4, 0u8..3, prop::option::weighted(0.25, 1_000i64..400_000)), 1..120)) -> Vec<Request> {
+        spec.into_iter().enumerate().map(|(i, (at, input, output, group, tenant, timeout))| {
             let mut r = req(i as u64, at, input, output);
+            // A quarter of the clients give up (timeout-heavy cases).
+            r.deadline_us = timeout.map(|t| at + t);
             r.slo_class = Arc::from(["standard", "realtime", "batch"][usize::from(tenant)]);
             r.tenant_id = Arc::from(format!("t{tenant}").as_str());
             if group > 0 {
@@ -653,7 +655,8 @@ proptest! {
             prop_assert_eq!(draining, 0);
             prop_assert!(ready + starting >= a.config().min_replicas);
             prop_assert!(a.counters.peak_ready <= a.config().max_replicas);
-            let end = r.records.iter().filter_map(|x| x.outcome.last_chunk_time_us.or(x.outcome.send_time_us)).max().unwrap_or(0);
+            // (The last request leaves by its last token or its deadline.)
+            let end = r.records.iter().filter_map(|x| x.outcome.last_chunk_time_us.or(x.outcome.send_time_us).max(x.request.deadline_us)).max().unwrap_or(0);
             prop_assert!(a.replica_seconds() >= 0.0);
             prop_assert!(a.replica_seconds() <= f64::from(a.config().max_replicas) * (end as f64 / 1e6 + a.config().interval_s) + 1e-9);
             for (i, inst) in r.insts.iter().enumerate() {
@@ -673,8 +676,13 @@ proptest! {
                 Some(pd) if i >= pd.first_decode() => (&pd.decode, i - pd.first_decode()),
                 _ => (&r.control, i),
             };
-            if scaled.is_none() {
-                prop_assert_eq!(inst.counters().enqueued + inst.counters().dropped, control.routed[j]);
+            // Every request routed here entered its queue or was dropped,
+            // but those whose client gave up on the way (before the
+            // routing latency passed, or while a P/D transfer ran).
+            let taken = inst.counters().enqueued + inst.counters().dropped;
+            prop_assert!(taken <= control.routed[j]);
+            if c.cancelled == 0 && scaled.is_none() {
+                prop_assert_eq!(taken, control.routed[j]);
             }
             prop_assert_eq!(control.in_flight(j), 0);
             prop_assert_eq!(inst.in_system(), 0);
@@ -1072,6 +1080,82 @@ fn an_event_caused_by_a_step_sees_lower_instances_past_their_step_then() {
         flow_control: Some(blis_replay::cluster::policy::FlowControl {
             queue_depth_threshold: 0.885909772702035,
             kv_utilization_threshold: 0.3406293459913331,
+        }),
+        ..PolicyBundle::default()
+    };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        total_kv_blocks: 300,
+        max_num_batched_tokens: 1024,
+        ..EngineConfig::default()
+    };
+    let off = EngineConfig {
+        fast_forward: false,
+        ..cfg.clone()
+    };
+    let a = cluster_sampled(&b, cfg.clone(), reqs.clone(), Some(7_000));
+    let c = cluster_sampled(&b, off, reqs.clone(), Some(7_000));
+    let d = cluster_sampled(&b, cfg, reqs, None);
+    assert_eq!(a.records, c.records);
+    assert_eq!(a.records, d.records);
+}
+
+/// A found case: with flow control, a request cancelled before it entered
+/// its instance's queue freed room that single steps used at the next
+/// step's end, and a fast-forwarded run only at its own end.
+#[test]
+fn room_freed_by_a_cancellation_is_used_at_once() {
+    type Spec = (
+        (u64, i64, u32, u32),
+        (&'static str, &'static str, &'static str, u32),
+        Option<i64>,
+    );
+    let spec: Vec<Spec> = vec![
+        ((0, 402407, 1, 1), ("t0", "standard", "", 0), Some(403961)),
+        ((1, 1088588, 1001, 220), ("t0", "standard", "g2", 800), None),
+        ((2, 597930, 92, 198), ("t1", "realtime", "g2", 92), None),
+        ((3, 391165, 2822, 263), ("t1", "realtime", "g2", 800), None),
+        (
+            (4, 684729, 1676, 190),
+            ("t1", "realtime", "g3", 800),
+            Some(1036914),
+        ),
+        ((5, 494302, 2461, 96), ("t1", "realtime", "", 0), None),
+        ((6, 422563, 501, 148), ("t1", "realtime", "g3", 501), None),
+        ((7, 416528, 2869, 172), ("t1", "realtime", "g3", 800), None),
+        ((8, 743458, 4, 220), ("t2", "batch", "", 0), None),
+        (
+            (9, 1265553, 458, 159),
+            ("t0", "standard", "", 0),
+            Some(1287793),
+        ),
+        ((10, 481480, 530, 155), ("t0", "standard", "", 0), None),
+    ];
+    let reqs: Vec<Request> = spec
+        .into_iter()
+        .map(|((id, at, i, o), (t, c, g, pl), dl)| {
+            let mut r = req(id, at, i, o);
+            r.tenant_id = Arc::from(t);
+            r.slo_class = Arc::from(c);
+            if !g.is_empty() {
+                r = with_prefix(r, g, pl);
+            }
+            r.deadline_us = dl;
+            r
+        })
+        .collect();
+    let b = PolicyBundle {
+        num_instances: 1,
+        admission: AdmissionPolicy::TokenBucket {
+            capacity: 17321.0011728097,
+            refill_rate: 28996.745297276328,
+        },
+        routing: RoutingPolicy::RoundRobin,
+        scheduler: Some(SchedulerPolicy::Fcfs),
+        routing_latency_us: 1,
+        flow_control: Some(blis_replay::cluster::policy::FlowControl {
+            queue_depth_threshold: 0.5,
+            kv_utilization_threshold: 0.3,
         }),
         ..PolicyBundle::default()
     };

@@ -321,7 +321,7 @@ impl Sink for Handlers<'_> {
         false
     }
 
-    fn tokens(&mut self, _rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
+    fn tokens(&mut self, _rec: Option<&TraceRecord>, _streaming: bool, times: SpanTimes<'_>) {
         // The tokens of a step that just ended were handed over when its
         // batch was formed ([`Sink::upcoming`]); here they feed the metrics.
         let Some(f) = self.flights.get_mut(&times.span().id) else {

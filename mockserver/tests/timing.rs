@@ -45,6 +45,7 @@ impl Sink for Boundaries {
     fn tokens(
         &mut self,
         _: Option<&TraceRecord>,
+        _: bool,
         times: blis_replay::engine::instance::SpanTimes<'_>,
     ) {
         self.0.extend(times.iter());

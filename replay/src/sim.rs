@@ -46,8 +46,9 @@ pub trait Sink {
     /// a vector.
     ///
     /// `rec` is the request's record when [`Sink::wants_token_records`]
-    /// (else `None`: the driver does not look it up).
-    fn tokens(&mut self, _rec: Option<&TraceRecord>, _times: SpanTimes<'_>) {}
+    /// (else `None`: the driver does not look it up); `streaming` whether
+    /// the request streams (known either way).
+    fn tokens(&mut self, _rec: Option<&TraceRecord>, _streaming: bool, _times: SpanTimes<'_>) {}
     /// Whether [`Sink::tokens`] needs the request's record (the span gives
     /// its id, tag and times).
     fn wants_token_records(&self) -> bool {
@@ -407,6 +408,7 @@ impl<'a> Session<'a> {
             transfer_queues: Vec::new(),
             stepping: (i64::MIN, 0),
             exits: 0,
+            streaming: Vec::new(),
         };
         Self {
             d,
@@ -706,6 +708,9 @@ struct Driver<'a> {
     transfer_queues: Vec<std::collections::VecDeque<u32>>,
     /// Requests that have left (counted for the session's `last_exit`).
     exits: u64,
+    /// Whether the flight of each tag streams (read per token span, kept
+    /// apart from the flights so that the read stays in cache).
+    streaming: Vec<bool>,
     /// The step being handled (its end time and instance): an event it
     /// causes at that time comes after the steps of lower-index instances
     /// ending then, as in single-step order.
@@ -890,13 +895,16 @@ impl Driver<'_> {
             segments: input.segments,
             handoff: None,
         };
+        let streaming = flight.rec.request.streaming;
         let tag = match self.free.pop() {
             Some(t) => {
                 self.flights[t as usize] = Some(flight);
+                self.streaming[t as usize] = streaming;
                 t
             }
             None => {
                 self.flights.push(Some(flight));
+                self.streaming.push(streaming);
                 (self.flights.len() - 1) as u32
             }
         };
@@ -1115,7 +1123,8 @@ impl Driver<'_> {
                     debug_assert!(self.flights[span.tag as usize].is_some());
                     None
                 };
-                sink.tokens(rec, report.span_times(span));
+                let streaming = self.streaming[span.tag as usize];
+                sink.tokens(rec, streaming, report.span_times(span));
             }
         }
         for fin in &report.finished {

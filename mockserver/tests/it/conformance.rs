@@ -273,15 +273,30 @@ async fn health_waits_for_startup_and_metrics_parse() {
         .text()
         .await
         .unwrap();
-    let body = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let samples = prom::parse(&body).unwrap();
+    // The response's tokens are handed over a little ahead of the
+    // simulated step that produces them (the mock's lead), and the engine's
+    // counters reach /metrics when that step ends: scrape until they have
+    // (on a busy machine, some milliseconds later).
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let body = c
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        samples = prom::parse(&body).unwrap();
+        let generated = samples
+            .iter()
+            .find(|s| s.name == "vllm:generation_tokens_total")
+            .map(|s| s.value);
+        if generated == Some(3.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let find = |name: &str| {
         samples
             .iter()

@@ -558,12 +558,11 @@ impl Sink for Collector {
     }
 
     fn wants_token_records(&self) -> bool {
-        // Only the ITL companion needs a record (whether it streams).
-        self.itl_steps || self.itl_companion
+        // (Only whether it streams, which comes with the tokens.)
+        false
     }
 
-    fn tokens(&mut self, rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
-        let streaming = rec.is_some_and(|r| r.request.streaming);
+    fn tokens(&mut self, _rec: Option<&TraceRecord>, streaming: bool, times: SpanTimes<'_>) {
         if self.itl_steps && streaming {
             self.extend_token_run(times);
         }
@@ -918,7 +917,7 @@ mod tests {
                         }
                         last[span.tag as usize] = Some(t);
                     }
-                    c.tokens(Some(&rec), times);
+                    c.tokens(Some(&rec), rec.request.streaming, times);
                 }
             }
             c.flush_step_gaps();

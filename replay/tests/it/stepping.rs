@@ -26,7 +26,7 @@ impl Sink for Seen {
     fn wants_tokens(&self) -> bool {
         true
     }
-    fn tokens(&mut self, rec: Option<&TraceRecord>, times: SpanTimes<'_>) {
+    fn tokens(&mut self, rec: Option<&TraceRecord>, _streaming: bool, times: SpanTimes<'_>) {
         let span = times.span();
         let id = rec.expect("records asked for").request.request_id;
         assert_eq!(id, span.id);

@@ -7,6 +7,7 @@
 use blis_traces::{TraceRecord, content};
 
 use crate::cluster::admission::Admission;
+use crate::cluster::disaggregation::{PdConfig, PdCounters};
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
 use crate::engine::instance::{Instance, Signals};
@@ -43,11 +44,57 @@ pub struct Control {
     pub priority: crate::cluster::priority::PriorityPolicy,
     /// Prefill/decode disaggregation: this control routes over the prefill
     /// pool (instances `0..P`), this over the decode pool.
-    pub pd: Option<Box<crate::cluster::disaggregation::Pd>>,
+    pub pd: Option<Box<Pd>>,
     /// P/D: the routing step its decisions are of.
     pub stage: Option<&'static str>,
     /// Autoscaling: each slot's lifecycle, the policy and the cost.
     pub autoscale: Option<Box<crate::cluster::autoscale::Autoscaler>>,
+}
+
+/// Prefill/decode disaggregation ([`crate::cluster::disaggregation`]):
+/// the decode side's control and the hand-offs' state, beside the prefill
+/// pool's [`Control`].
+#[derive(Debug, Clone)]
+pub struct Pd {
+    /// The split.
+    pub cfg: PdConfig,
+    /// Routing over the decode pool (indices relative to it).
+    pub decode: Control,
+    /// Bytes of one KV block.
+    pub block_bytes: f64,
+    /// What the hand-offs did.
+    pub counters: PdCounters,
+}
+
+impl Pd {
+    /// The decode side of `cfg` with blocks of `block_bytes`.
+    pub fn new(cfg: &PdConfig, block_bytes: f64) -> Self {
+        let decode_bundle = PolicyBundle {
+            num_instances: cfg.decode_instances,
+            routing: cfg.decode_routing.clone(),
+            ..PolicyBundle::default()
+        };
+        let mut decode = Control::new(&decode_bundle, cfg.decode_instances as usize);
+        decode.stage = Some("decode");
+        Self {
+            decode,
+            cfg: cfg.clone(),
+            block_bytes,
+            counters: PdCounters::default(),
+        }
+    }
+
+    /// The first decode instance's index in the cluster.
+    pub fn first_decode(&self) -> usize {
+        self.cfg.prefill_instances as usize
+    }
+
+    /// The transfer time of `blocks` KV blocks, µs (rounded).
+    pub fn transfer_us(&self, blocks: u32) -> i64 {
+        let bytes_per_us = self.cfg.transfer_bandwidth_gb_s * 1e3;
+        (self.cfg.transfer_latency_us + f64::from(blocks) * self.block_bytes / bytes_per_us).round()
+            as i64
+    }
 }
 
 /// What the router saw of one instance at a decision.
@@ -122,12 +169,10 @@ impl Control {
                 ))
             }),
             stage: bundle.pd.as_ref().map(|_| "prefill"),
-            pd: bundle.pd.as_ref().map(|cfg| {
-                Box::new(crate::cluster::disaggregation::Pd::new(
-                    cfg,
-                    cfg.block_bytes.unwrap_or(2_097_152.0),
-                ))
-            }),
+            pd: bundle
+                .pd
+                .as_ref()
+                .map(|cfg| Box::new(Pd::new(cfg, cfg.block_bytes.unwrap_or(2_097_152.0)))),
             admission: Admission::new(bundle.admission.clone()),
             router: Router::new(
                 bundle.routing.clone(),
@@ -528,7 +573,7 @@ pub struct PdSummary {
     pub decode_routing: crate::cluster::routing::RoutingPolicy,
     /// What the hand-offs did.
     #[serde(flatten)]
-    pub counters: crate::cluster::disaggregation::PdCounters,
+    pub counters: PdCounters,
     /// Mean time from a prefill's end to its decode admission, ms.
     pub mean_handoff_ms: f64,
     /// Mean transfer time, ms.

@@ -16,8 +16,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::control::Control;
-use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::RoutingPolicy;
 
 /// The P/D split of a policy bundle (`pd:`; `--architecture pd`).
@@ -102,49 +100,4 @@ pub struct PdCounters {
     pub transfer_us: u64,
     /// KV blocks moved.
     pub blocks: u64,
-}
-
-/// The decode side's control and the hand-offs' state, beside the
-/// prefill pool's [`Control`].
-#[derive(Debug, Clone)]
-pub struct Pd {
-    /// The split.
-    pub cfg: PdConfig,
-    /// Routing over the decode pool (indices relative to it).
-    pub decode: Control,
-    /// Bytes of one KV block.
-    pub block_bytes: f64,
-    /// What the hand-offs did.
-    pub counters: PdCounters,
-}
-
-impl Pd {
-    /// The decode side of `cfg` with blocks of `block_bytes`.
-    pub fn new(cfg: &PdConfig, block_bytes: f64) -> Self {
-        let decode_bundle = PolicyBundle {
-            num_instances: cfg.decode_instances,
-            routing: cfg.decode_routing.clone(),
-            ..PolicyBundle::default()
-        };
-        let mut decode = Control::new(&decode_bundle, cfg.decode_instances as usize);
-        decode.stage = Some("decode");
-        Self {
-            decode,
-            cfg: cfg.clone(),
-            block_bytes,
-            counters: PdCounters::default(),
-        }
-    }
-
-    /// The first decode instance's index in the cluster.
-    pub fn first_decode(&self) -> usize {
-        self.cfg.prefill_instances as usize
-    }
-
-    /// The transfer time of `blocks` KV blocks, µs (rounded).
-    pub fn transfer_us(&self, blocks: u32) -> i64 {
-        let bytes_per_us = self.cfg.transfer_bandwidth_gb_s * 1e3;
-        (self.cfg.transfer_latency_us + f64::from(blocks) * self.block_bytes / bytes_per_us).round()
-            as i64
-    }
 }

@@ -649,9 +649,11 @@ impl KvCache {
             self.offload_scan = self.offload_scan.saturating_sub(1);
             if self.blocks[b as usize].queued == g {
                 self.unlink(b);
-                // A block soon to be taken: fetch it ahead of its allocation.
+                // A block soon to be taken: fetch it, and the content it
+                // evicts if it holds any, ahead of its allocation.
                 if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
+                    mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
                 }
                 if on_evict {
                     self.prefetch_offload();

@@ -66,20 +66,33 @@ impl TracePaths {
                 .parent()
                 .map(Path::to_path_buf)
                 .unwrap_or_default();
-            if let Some(d) = &h.data_file {
+            // A header names its companions only as files beside it: a
+            // path (absolute, `..`, a folder) is ignored for the derived
+            // name, so that no header makes a tool read elsewhere.
+            if let Some(d) = h.data_file.as_deref().and_then(plain_name) {
                 paths.data = dir.join(d);
             }
-            if let Some(d) = &h.itl_file {
+            if let Some(d) = h.itl_file.as_deref().and_then(plain_name) {
                 paths.itl = dir.join(d);
             }
-            if let Some(s) = &h.itl_steps {
-                paths.steps = dir.join(&s.steps_file);
+            if let Some(d) = h.itl_steps.as_ref().and_then(|s| plain_name(&s.steps_file)) {
+                paths.steps = dir.join(d);
             }
-            if let Some(d) = &h.metrics_file {
+            if let Some(d) = h.metrics_file.as_deref().and_then(plain_name) {
                 paths.metrics = dir.join(d);
             }
         }
         paths
+    }
+}
+
+/// `name` when it is a plain file name (one normal path component), else
+/// `None`.
+fn plain_name(name: &str) -> Option<&str> {
+    let mut parts = Path::new(name).components();
+    match (parts.next(), parts.next()) {
+        (Some(std::path::Component::Normal(_)), None) if !name.contains(['/', '\\']) => Some(name),
+        _ => None,
     }
 }
 

@@ -252,3 +252,42 @@ fn malformed_import_lines_are_located() {
         "{msg}"
     );
 }
+
+/// A header cannot make a reader open a file outside its own folder: a
+/// companion named by a path (absolute, `..`, a subfolder) is ignored for
+/// the name derived from the header's.
+#[test]
+fn a_hostile_header_names_no_file_outside_its_folder() {
+    let src = crate::common::shared().join("traces-samples/blis/blis-run-1k.yaml");
+    let t = blis_traces::Trace::read(&src).unwrap();
+    let dir = crate::common::tempdir();
+    let inner = dir.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let paths = t.write(&inner.join("t")).unwrap();
+    // A file outside with a valid request CSV of one row.
+    let outside = dir.path().join("outside.csv");
+    let text = std::fs::read_to_string(&paths.data).unwrap();
+    let two: Vec<&str> = text.lines().take(2).collect();
+    std::fs::write(&outside, two.join("\n") + "\n").unwrap();
+    let header = std::fs::read_to_string(&paths.header).unwrap();
+    let absolute = outside.display().to_string();
+    for name in ["../outside.csv", absolute.as_str(), "sub/t.csv"] {
+        let hostile = format!(
+            "{}data_file: '{name}'\n",
+            header.replace("data_file:", "old_data_file_was:")
+        );
+        let hostile = hostile
+            .lines()
+            .filter(|l| !l.starts_with("old_data_file_was:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n";
+        std::fs::write(&paths.header, hostile).unwrap();
+        let back = blis_traces::Trace::read(&paths.header).unwrap();
+        assert_eq!(
+            back.records.len(),
+            1000,
+            "{name}: read the derived t.csv, not the outside file"
+        );
+    }
+}

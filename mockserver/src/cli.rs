@@ -18,7 +18,8 @@ use crate::server::OutputDist;
     blis-mockserver --fault-500-rate 0.05 --fault-drop-rate 0.01\n\n\
     The first line on stdout is `listening on http://HOST:PORT`.")]
 pub struct Opts {
-    /// Address to bind.
+    /// Address to bind (the default, loopback, is unreachable from other
+    /// machines; 0.0.0.0 serves every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
     /// Port (0: the OS picks one).

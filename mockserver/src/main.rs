@@ -21,6 +21,11 @@ fn main() {
                 let _ = writeln!(out, "listening on http://{}", server.addr);
                 let _ = out.flush();
                 drop(out);
+                if server.addr.ip().is_loopback() {
+                    blis_traces::diag!(
+                        "loopback only: other machines cannot reach it (--host 0.0.0.0 to serve them)"
+                    );
+                }
                 server.run_until_signal().await;
                 0
             }

@@ -347,3 +347,28 @@ async fn health_waits_for_startup_and_metrics_parse() {
     assert!(samples.iter().any(|s| s.name == "sglang:num_running_reqs"));
     s.shutdown().await;
 }
+
+/// The binary binds loopback by default and says so on stderr; its first
+/// stdout line is the address.
+#[test]
+fn the_binary_binds_loopback_by_default_and_says_so() {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_blis-mockserver"))
+        .args(["--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut note = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut note)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+    assert!(note.contains("loopback only"), "{note}");
+}

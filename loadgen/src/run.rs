@@ -551,6 +551,11 @@ fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
 /// Bad options or workload, an unreachable server, unwritable output.
 pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> Result<i32> {
     let slo = check_args(args)?;
+    if args.api_key.is_some() && key_on_command_line(std::env::args()) {
+        blis_traces::diag!(
+            "warning: --api-key on the command line is visible to other users of this machine (ps, /proc); set BLIS_API_KEY instead"
+        );
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if args.client_threads > 0 {
         rt.worker_threads(args.client_threads);
@@ -658,6 +663,13 @@ struct Server {
 
 /// Phase 2: the server, checked and measured (tokens per word, its KV
 /// cache from its metrics).
+/// Whether the process's arguments carry an API key (`--api-key K` or
+/// `--api-key=K`), where `ps` shows it.
+fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
+    args.into_iter()
+        .any(|a| a == "--api-key" || a.starts_with("--api-key="))
+}
+
 async fn connect(args: &RunArgs) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
     let client = crate::http::client().step(|| "building the HTTP client")?;
@@ -1219,6 +1231,33 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_given_on_the_command_line_is_noticed() {
+        let args = |v: &[&str]| {
+            v.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert!(key_on_command_line(args(&[
+            "blis-loadgen",
+            "run",
+            "--api-key",
+            "k"
+        ])));
+        assert!(key_on_command_line(args(&[
+            "blis-loadgen",
+            "run",
+            "--api-key=k"
+        ])));
+        assert!(!key_on_command_line(args(&[
+            "blis-loadgen",
+            "run",
+            "--model",
+            "m"
+        ])));
+    }
     use blis_traces::Request;
 
     fn rec(id: u64, arrival: i64, session: &str, round: u32) -> TraceRecord {

@@ -675,6 +675,29 @@ impl<'a> Session<'a> {
 
 type SessionKey = (SharedStr, u32);
 
+/// The account of request `id` (tag `tag`, sent at `entry_us`) cut short at
+/// `now` after the tokens `aborted` reports (a client timeout, an
+/// `immediate` drain).
+fn cut_short(
+    id: u64,
+    tag: u32,
+    aborted: &crate::engine::instance::Aborted,
+    entry_us: i64,
+    now: i64,
+) -> Finished {
+    Finished {
+        id,
+        tag,
+        first_token_us: aborted.first_token_us.unwrap_or(now),
+        last_token_us: aborted.last_token_us.unwrap_or(now),
+        scheduled_us: entry_us,
+        output_tokens: aborted.generated,
+        cached_tokens: 0,
+        preemptions: 0,
+        capped: false,
+    }
+}
+
 struct Driver<'a> {
     insts: &'a mut [Instance],
     control: &'a mut Control,
@@ -1043,17 +1066,7 @@ impl Driver<'_> {
             self.room_freed(now, sink);
             return;
         }
-        let fin = Finished {
-            id,
-            tag,
-            first_token_us: aborted.first_token_us.unwrap_or(now),
-            last_token_us: aborted.last_token_us.unwrap_or(now),
-            scheduled_us: f.entry_us,
-            output_tokens: generated,
-            cached_tokens: 0,
-            preemptions: 0,
-            capped: false,
-        };
+        let fin = cut_short(id, tag, &aborted, f.entry_us, now);
         sink.finished(Done {
             rec: f.rec,
             entry_us: f.entry_us,

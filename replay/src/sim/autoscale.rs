@@ -6,7 +6,6 @@ use blis_traces::Status;
 
 use super::{Done, Driver, ENQUEUE, NotServed, Sink};
 use crate::cluster::autoscale::{DrainPolicy, Lifecycle};
-use crate::engine::instance::Finished;
 use crate::latency::LatencyModel;
 
 impl Driver<'_> {
@@ -87,19 +86,25 @@ impl Driver<'_> {
         }
     }
 
+    /// The requests in instance `i`'s queue or batch: (tag, request id).
+    fn enqueued_on(&self, i: usize) -> Vec<(u32, u64)> {
+        self.flights
+            .iter()
+            .enumerate()
+            .filter_map(|(tag, f)| {
+                let f = f.as_ref()?;
+                (f.inst as usize == i && f.enqueued)
+                    .then_some((tag as u32, f.rec.request.request_id))
+            })
+            .collect()
+    }
+
     /// `immediate`: every request on instance `i` ends at `now` with an
-    /// error (those with tokens keep what they streamed).
+    /// error (those with tokens keep what they streamed); those not yet in
+    /// its queue are refused when they get there.
     fn cut_off<S: Sink>(&mut self, now: i64, i: usize, sink: &mut S) {
         self.sync(i, now, sink);
-        for tag in 0..self.flights.len() as u32 {
-            let Some(f) = self.flights[tag as usize].as_ref() else {
-                continue;
-            };
-            if f.inst as usize != i || !f.enqueued {
-                // (Not yet in its queue: refused when it gets there.)
-                continue;
-            }
-            let id = f.rec.request.request_id;
+        for (tag, id) in self.enqueued_on(i) {
             let Some(aborted) = self.insts[i].abort(id) else {
                 continue;
             };
@@ -110,17 +115,7 @@ impl Driver<'_> {
                 sink.not_served(f.rec, f.entry_us, NotServed::ScaledDown);
                 continue;
             }
-            let fin = Finished {
-                id,
-                tag,
-                first_token_us: aborted.first_token_us.unwrap_or(now),
-                last_token_us: aborted.last_token_us.unwrap_or(now),
-                scheduled_us: f.entry_us,
-                output_tokens: aborted.generated,
-                cached_tokens: 0,
-                preemptions: 0,
-                capped: false,
-            };
+            let fin = super::cut_short(id, tag, &aborted, f.entry_us, now);
             sink.finished(Done {
                 rec: f.rec,
                 entry_us: f.entry_us,
@@ -134,19 +129,11 @@ impl Driver<'_> {
     /// computed are routed again at `now`.
     fn redirect_waiting<S: Sink>(&mut self, now: i64, i: usize, sink: &mut S) {
         self.sync(i, now, sink);
-        for tag in 0..self.flights.len() as u32 {
-            let Some(f) = self.flights[tag as usize].as_ref() else {
-                continue;
-            };
-            if f.inst as usize != i || !f.enqueued {
-                continue;
+        for (tag, id) in self.enqueued_on(i) {
+            if self.insts[i].waits_untouched(id) {
+                self.insts[i].abort(id);
+                self.reroute(now, tag, sink);
             }
-            let id = f.rec.request.request_id;
-            if !self.insts[i].waits_untouched(id) {
-                continue;
-            }
-            self.insts[i].abort(id);
-            self.reroute(now, tag, sink);
         }
     }
 

@@ -55,3 +55,11 @@ row "autoscaled 1-6, threshold, ready 90 s, gateway flow control" --num-instance
 row "autoscaled 1-6, threshold, ready 30 s, gateway flow control" --num-instances 1 \
     --autoscaler threshold --autoscaler-min 1 --autoscaler-max 6 --flow-control \
     --provisioning-delay-s 30 --warmup-s 0
+# P/D: one prefill instance; the decode pool fixed, or autoscaled (its
+# replicas only; the prefill one is billed for the whole run).
+row "P/D, 1 prefill + 2 decode, fixed" --architecture pd --prefill-instances 1 --decode-instances 2
+row "P/D, 1 prefill + 4 decode, fixed" --architecture pd --prefill-instances 1 --decode-instances 4
+row "P/D, 1 prefill + decode autoscaled 1-5, threshold, ready 30 s" --architecture pd \
+    --prefill-instances 1 --decode-instances 1 \
+    --autoscaler threshold --autoscaler-min 1 --autoscaler-max 5 \
+    --provisioning-delay-s 30 --warmup-s 0

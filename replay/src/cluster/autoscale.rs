@@ -1,4 +1,4 @@
-//! Autoscaling of a colocated cluster (`../shared/design/macro-plan.md`
+//! Autoscaling of a cluster (`../shared/design/macro-plan.md`
 //! D.6, D.7 "AutoScale Policy Observables", D.8 "Scale oscillation";
 //! Kubernetes HPA's loop): every `interval_s` a policy reads aggregate
 //! signals of the ready replicas and decides to add or remove replicas.
@@ -24,6 +24,13 @@
 //!   degree) / 3600.
 //! - **Oscillation** (D.8): a scale action in the opposite direction of the
 //!   previous one within `cooldown_s` of it.
+//! - **With a P/D split** the decode pool is autoscaled (llm-d scales its
+//!   pools apart; decode holds the batch that grows with load): its
+//!   `max_replicas` slots follow the `prefill_instances`, which stay fixed
+//!   and are billed for the whole run; utilisation and queue depth are of
+//!   the ready decode replicas (queue: hand-offs routed there and not
+//!   running), and the decode router skips replicas not ready. Drains wait
+//!   (their requests hold transferred KV blocks).
 
 use std::collections::VecDeque;
 
@@ -410,6 +417,12 @@ pub struct Autoscaler {
     pub events: Vec<ScaleEvent>,
     /// Whether a slot may have finished draining (checked by the owner).
     pub drain_pending: bool,
+    /// The cluster index of its first slot (P/D: the decode pool's first
+    /// instance; the instances before it are a fixed pool, always ready).
+    base: usize,
+    /// Replicas of the fixed pool, billed from time 0 to the end.
+    fixed: u32,
+    fixed_since: i64,
 }
 
 impl Autoscaler {
@@ -447,8 +460,37 @@ impl Autoscaler {
             },
             events: Vec::new(),
             drain_pending: false,
+            base: 0,
+            fixed: 0,
+            fixed_since: 0,
             cfg: cfg.clone(),
         }
+    }
+
+    /// The same over the cluster's instances `base..base + max_replicas`
+    /// (a P/D split's decode pool): the `base` instances before them are
+    /// a fixed pool, always ready and billed for the whole run.
+    #[must_use]
+    pub fn with_fixed_pool(mut self, base: usize) -> Self {
+        self.base = base;
+        self.fixed = base as u32;
+        self
+    }
+
+    /// The cluster index of the first autoscaled slot.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Replicas of the fixed pool (0 for a colocated cluster).
+    pub fn fixed_replicas(&self) -> u32 {
+        self.fixed
+    }
+
+    /// The slot of cluster instance `i`, if autoscaled.
+    #[inline]
+    fn slot(&self, i: usize) -> Option<usize> {
+        i.checked_sub(self.base).filter(|&s| s < self.state.len())
     }
 
     /// The settings.
@@ -456,21 +498,22 @@ impl Autoscaler {
         &self.cfg
     }
 
-    /// Slot `i`'s state.
+    /// Cluster instance `i`'s state (an instance of the fixed pool is
+    /// always ready).
     pub fn state(&self, i: usize) -> Lifecycle {
-        self.state[i]
+        self.slot(i).map_or(Lifecycle::Ready, |s| self.state[s])
     }
 
-    /// Whether the router may send slot `i` a request.
+    /// Whether the router may send cluster instance `i` a request.
     #[inline]
     pub fn routable(&self, i: usize) -> bool {
-        self.state[i] == Lifecycle::Ready
+        self.state(i) == Lifecycle::Ready
     }
 
-    /// Whether slot `i` holds a replica that serves (ready or draining):
-    /// the ones a metrics sample covers.
+    /// Whether cluster instance `i` is a replica that serves (ready or
+    /// draining): the ones a metrics sample covers.
     pub fn serving(&self, i: usize) -> bool {
-        matches!(self.state[i], Lifecycle::Ready | Lifecycle::Draining)
+        matches!(self.state(i), Lifecycle::Ready | Lifecycle::Draining)
     }
 
     /// Replicas (ready, starting, draining).
@@ -520,15 +563,15 @@ impl Autoscaler {
         self.slo_met += u64::from(slo.attained(ttft, tpot, ms(fin.last_token_us - entry_us)));
     }
 
-    /// Starting replicas whose time has come are ready: their slots, in
-    /// index order, into `out`.
+    /// Starting replicas whose time has come are ready: their cluster
+    /// indices, in index order, into `out`.
     pub fn make_ready(&mut self, now: i64, out: &mut Vec<usize>) {
         for i in 0..self.state.len() {
             if let Lifecycle::Starting(t) = self.state[i]
                 && t <= now
             {
                 self.state[i] = Lifecycle::Ready;
-                out.push(i);
+                out.push(self.base + i);
                 let replicas = self.current();
                 self.event(now, "ready", i, replicas, None, false);
             }
@@ -560,7 +603,7 @@ impl Autoscaler {
             kind: "scale",
             time_us: now,
             action,
-            instance: i,
+            instance: self.base + i,
             replicas,
             utilization: load.map(|l| l.utilization),
             queue_depth: load.map(|l| l.queue_depth),
@@ -569,9 +612,10 @@ impl Autoscaler {
     }
 
     /// The evaluation at `now` over the ready replicas' `(utilisation,
-    /// queue depth)`, with each slot's requests in flight: asks the
-    /// policy, clamps its answer and carries it out. Slots that start
-    /// draining go into `drain` (the owner applies the drain policy).
+    /// queue depth)`, with each slot's requests in flight (indexed by
+    /// slot): asks the policy, clamps its answer and carries it out. The
+    /// cluster indices of the instances that start draining go into
+    /// `drain` (the owner applies the drain policy).
     pub fn evaluate(
         &mut self,
         now: i64,
@@ -661,7 +705,7 @@ impl Autoscaler {
                                 break;
                             };
                             self.state[i] = Lifecycle::Draining;
-                            drain.push(i);
+                            drain.push(self.base + i);
                             self.drain_pending = true;
                             (i, "down")
                         }
@@ -700,8 +744,10 @@ impl Autoscaler {
         }
     }
 
-    /// Draining slot `i` holds no request at `now`: its GPU is free.
+    /// Draining cluster instance `i` holds no request at `now`: its GPU
+    /// is free.
     pub fn released(&mut self, i: usize, now: i64) {
+        let Some(i) = self.slot(i) else { return };
         if self.state[i] == Lifecycle::Draining {
             self.state[i] = Lifecycle::Off;
             self.bill_until(i, now);
@@ -713,6 +759,8 @@ impl Autoscaler {
     /// The run ended at `now`: every slot still billed is billed to it
     /// (and on from it, should the session go on).
     pub fn finish(&mut self, now: i64) {
+        self.billed_us += i128::from(self.fixed) * i128::from((now - self.fixed_since).max(0));
+        self.fixed_since = now.max(self.fixed_since);
         for i in 0..self.state.len() {
             if self.billed_since[i].is_some() {
                 self.bill_until(i, now);

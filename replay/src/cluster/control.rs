@@ -47,8 +47,12 @@ pub struct Control {
     pub pd: Option<Box<Pd>>,
     /// P/D: the routing step its decisions are of.
     pub stage: Option<&'static str>,
-    /// Autoscaling: each slot's lifecycle, the policy and the cost.
+    /// Autoscaling: each slot's lifecycle, the policy and the cost (with
+    /// a P/D split, of the decode pool's slots).
     pub autoscale: Option<Box<crate::cluster::autoscale::Autoscaler>>,
+    /// Instances the router must skip, set by its owner (the decode pool
+    /// of an autoscaled P/D split: its replicas not ready).
+    unavailable: Vec<bool>,
 }
 
 /// Prefill/decode disaggregation ([`crate::cluster::disaggregation`]):
@@ -67,14 +71,16 @@ pub struct Pd {
 }
 
 impl Pd {
-    /// The decode side of `cfg` with blocks of `block_bytes`.
-    pub fn new(cfg: &PdConfig, block_bytes: f64) -> Self {
+    /// The decode side of `cfg` over `slots` decode instances (more than
+    /// `cfg.decode_instances` when autoscaled) with blocks of
+    /// `block_bytes`.
+    pub fn new(cfg: &PdConfig, slots: u32, block_bytes: f64) -> Self {
         let decode_bundle = PolicyBundle {
-            num_instances: cfg.decode_instances,
+            num_instances: slots,
             routing: cfg.decode_routing.clone(),
             ..PolicyBundle::default()
         };
-        let mut decode = Control::new(&decode_bundle, cfg.decode_instances as usize);
+        let mut decode = Control::new(&decode_bundle, slots as usize);
         decode.stage = Some("decode");
         Self {
             decode,
@@ -161,18 +167,32 @@ impl Control {
             .pd
             .as_ref()
             .map_or(n, |p| p.prefill_instances as usize);
-        Self {
+        // With a P/D split the decode pool is autoscaled; its prefill pool
+        // stays fixed.
+        let decode_slots = |p: &PdConfig| {
+            bundle
+                .autoscale
+                .as_ref()
+                .map_or(p.decode_instances, |a| a.max_replicas)
+        };
+        let mut c = Self {
             autoscale: bundle.autoscale.as_ref().map(|cfg| {
-                Box::new(crate::cluster::autoscale::Autoscaler::new(
+                let a = match &bundle.pd {
+                    Some(p) => crate::cluster::autoscale::Autoscaler::new(cfg, p.decode_instances)
+                        .with_fixed_pool(p.prefill_instances as usize),
+                    None => crate::cluster::autoscale::Autoscaler::new(cfg, bundle.num_instances),
+                };
+                Box::new(a)
+            }),
+            unavailable: Vec::new(),
+            stage: bundle.pd.as_ref().map(|_| "prefill"),
+            pd: bundle.pd.as_ref().map(|cfg| {
+                Box::new(Pd::new(
                     cfg,
-                    bundle.num_instances,
+                    decode_slots(cfg),
+                    cfg.block_bytes.unwrap_or(2_097_152.0),
                 ))
             }),
-            stage: bundle.pd.as_ref().map(|_| "prefill"),
-            pd: bundle
-                .pd
-                .as_ref()
-                .map(|cfg| Box::new(Pd::new(cfg, cfg.block_bytes.unwrap_or(2_097_152.0)))),
             admission: Admission::new(bundle.admission.clone()),
             router: Router::new(
                 bundle.routing.clone(),
@@ -196,7 +216,9 @@ impl Control {
             flow: bundle
                 .flow_control
                 .map(|f| (f.queue_depth_threshold, f.kv_utilization_threshold)),
-        }
+        };
+        c.sync_decode_mask();
+        c
     }
 
     /// P/D: the bytes of one KV block of the model served, unless the
@@ -392,10 +414,12 @@ impl Control {
             }
             let query = self.router.needs_cache_query();
             let scaled = self.autoscale.as_deref();
+            let mask = &self.unavailable;
             for (i, v) in self.views.iter_mut().enumerate() {
                 let s = &self.snaps[i];
                 *v = InstanceView {
-                    unavailable: scaled.is_some_and(|a| !a.routable(i)),
+                    unavailable: scaled.is_some_and(|a| !a.routable(i))
+                        || mask.get(i).copied().unwrap_or(false),
                     waiting: s.waiting,
                     running: s.running,
                     kv_usage: s.kv_usage(),
@@ -497,6 +521,30 @@ impl Control {
     #[inline]
     pub fn routable(&self, i: usize) -> bool {
         self.autoscale.as_ref().is_none_or(|a| a.routable(i))
+            && !self.unavailable.get(i).copied().unwrap_or(false)
+    }
+
+    /// Requests routed to cluster instance `i` and not finished (of either
+    /// pool of a P/D split).
+    pub fn in_flight_at(&self, i: usize) -> u32 {
+        match &self.pd {
+            Some(pd) if i >= pd.first_decode() => pd.decode.in_flight[i - pd.first_decode()],
+            _ => self.in_flight[i],
+        }
+    }
+
+    /// Autoscaled P/D: the decode pool's router skips the decode replicas
+    /// that are not ready, as the autoscaler has them now.
+    pub fn sync_decode_mask(&mut self) {
+        let (Some(a), Some(pd)) = (self.autoscale.as_deref(), self.pd.as_deref_mut()) else {
+            return;
+        };
+        let base = pd.first_decode();
+        let n = pd.decode.in_flight.len();
+        pd.decode.unavailable.clear();
+        pd.decode
+            .unavailable
+            .extend((0..n).map(|i| !a.routable(base + i)));
     }
 
     /// Autoscaling: the evaluation at `now` over the ready instances (their
@@ -514,11 +562,16 @@ impl Control {
         let Some(a) = self.autoscale.as_deref_mut() else {
             return;
         };
-        let in_flight = &self.in_flight;
-        let load = insts
+        // The autoscaled pool: the whole cluster, or a P/D split's decode
+        // pool (whose queue the gateway's requests are not yet in).
+        let (base, in_flight, gateway) = match &self.pd {
+            Some(pd) => (pd.first_decode(), &pd.decode.in_flight, 0),
+            None => (0, &self.in_flight, gateway),
+        };
+        let load = insts[base..]
             .iter()
             .enumerate()
-            .filter(|(i, _)| a.routable(*i))
+            .filter(|(i, _)| a.routable(base + *i))
             .map(|(i, inst)| {
                 let s = inst.signals_at(now);
                 let seqs = f64::from(inst.config().max_num_seqs.max(1));
@@ -533,10 +586,16 @@ impl Control {
         a.evaluate(now, load.into_iter(), in_flight, drain);
     }
 
-    /// Autoscaling: slot `i` holds a new replica (cold): the router forgets
-    /// what it sent the slot's previous one.
+    /// Autoscaling: cluster instance `i` is a new replica (cold): its
+    /// pool's router forgets what it sent the previous one.
     pub fn forget(&mut self, i: usize) {
-        self.router.forget(i);
+        match self.pd.as_deref_mut() {
+            Some(pd) if i >= pd.first_decode() => {
+                let base = pd.first_decode();
+                pd.decode.router.forget(i - base);
+            }
+            _ => self.router.forget(i),
+        }
     }
 }
 
@@ -621,7 +680,12 @@ pub struct AutoscaleSummary {
     /// What it did.
     #[serde(flatten)]
     pub counters: crate::cluster::autoscale::AutoscaleCounters,
-    /// Replicas (GPU slots) billed × seconds, from time 0 to the end.
+    /// P/D: the prefill pool's replicas, not autoscaled (the decode pool
+    /// is); billed for the whole run.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub fixed_replicas: u32,
+    /// Replicas (GPU slots) billed × seconds, from time 0 to the end (a
+    /// fixed pool's included).
     pub replica_seconds: f64,
     /// GPUs per replica (tensor parallel).
     pub gpus_per_replica: u32,
@@ -629,6 +693,10 @@ pub struct AutoscaleSummary {
     pub gpu_hours: f64,
     /// Every scale action and lifecycle change, in time order.
     pub events: Vec<crate::cluster::autoscale::ScaleEvent>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl AutoscaleSummary {
@@ -643,6 +711,7 @@ impl AutoscaleSummary {
             drain: cfg.drain,
             startup_s: cfg.startup_us() as f64 / 1e6,
             counters: a.counters,
+            fixed_replicas: a.fixed_replicas(),
             replica_seconds: rs,
             gpus_per_replica: a.gpus_per_replica,
             gpu_hours: rs * f64::from(a.gpus_per_replica) / 3600.0,

@@ -166,11 +166,11 @@ impl PolicyBundle {
             if let Err((field, must, got)) = a.validate() {
                 return range(&field, must, got);
             }
-            if self.pd.is_some() {
+            if self.pd.is_some() && a.drain != crate::cluster::autoscale::DrainPolicy::Wait {
                 return range(
-                    "autoscale",
-                    "used without pd (autoscaling a P/D split is not modelled)",
-                    "a pd section".into(),
+                    "autoscale: drain",
+                    "wait with P/D (--architecture pd: the decode pool's requests hold transferred KV blocks; cutting or re-routing them is not modelled)",
+                    format!("{:?}", a.drain).to_lowercase(),
                 );
             }
         }
@@ -223,15 +223,16 @@ impl PolicyBundle {
 }
 
 impl PolicyBundle {
-    /// Instances in the cluster: both pools of a P/D split, an
-    /// autoscaler's `max_replicas` slots, else `num_instances`.
+    /// Instances in the cluster: both pools of a P/D split (the decode
+    /// pool's `max_replicas` slots when autoscaled), an autoscaler's
+    /// `max_replicas` slots, else `num_instances`.
     pub fn instance_count(&self) -> u32 {
-        if let Some(a) = &self.autoscale {
-            return a.max_replicas;
+        match (&self.pd, &self.autoscale) {
+            (Some(p), Some(a)) => p.prefill_instances + a.max_replicas,
+            (Some(p), None) => p.prefill_instances + p.decode_instances,
+            (None, Some(a)) => a.max_replicas,
+            (None, None) => self.num_instances,
         }
-        self.pd.as_ref().map_or(self.num_instances, |p| {
-            p.prefill_instances + p.decode_instances
-        })
     }
 
     /// Whether this is a plain single instance (no cluster section needed).

@@ -172,11 +172,16 @@ fn describe(b: &PolicyBundle) -> String {
         ),
         _ => String::new(),
     };
+    let prefill =
+        b.pd.as_ref()
+            .map(|p| format!("{} prefill + ", p.prefill_instances));
     let instances = match &b.autoscale {
         Some(a) => format!(
-            "{}-{} instances autoscaled ({}, ready {:.0} s after a scale-up, {} drain)",
+            "{}{}-{} {}instances autoscaled ({}, ready {:.0} s after a scale-up, {} drain)",
+            prefill.as_deref().unwrap_or(""),
             a.min_replicas,
             a.max_replicas,
+            if prefill.is_some() { "decode " } else { "" },
             a.policy.name(),
             a.startup_us() as f64 / 1e6,
             match a.drain {
@@ -185,7 +190,13 @@ fn describe(b: &PolicyBundle) -> String {
                 crate::cluster::autoscale::DrainPolicy::Redirect => "redirect",
             }
         ),
-        None => format!("{} instance(s)", b.num_instances),
+        None => match &b.pd {
+            Some(p) => format!(
+                "{} prefill + {} decode instances",
+                p.prefill_instances, p.decode_instances
+            ),
+            None => format!("{} instance(s)", b.num_instances),
+        },
     };
     format!(
         "{routing} over {instances}, admission {}{tier}",

@@ -354,10 +354,11 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         let c = &a.counters;
         let _ = writeln!(
             o,
-            "autoscaler ({}, {}–{} replicas, ready {:.0} s after a scale-up): {} up · {} down · peak {} ready · {} oscillations · {:.0} replica-seconds = {:.3} GPU-hours{}",
+            "autoscaler ({}, {}–{} {}replicas, ready {:.0} s after a scale-up): {} up · {} down · peak {} ready · {} oscillations · {:.0} replica-seconds = {:.3} GPU-hours{}",
             a.policy,
             a.min_replicas,
             a.max_replicas,
+            if a.fixed_replicas > 0 { "decode " } else { "" },
             a.startup_s,
             c.scale_ups,
             c.scale_downs,

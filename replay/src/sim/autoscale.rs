@@ -18,6 +18,9 @@ impl Driver<'_> {
         let mut ready = Vec::new();
         a.make_ready(now, &mut ready);
         let due = a.tick_due(now);
+        if !ready.is_empty() {
+            self.control.sync_decode_mask();
+        }
         if due {
             self.evaluate_at(now, sink);
         }
@@ -37,6 +40,7 @@ impl Driver<'_> {
         let gateway = self.gateway.len();
         self.control
             .autoscale_tick(now, self.insts, gateway, &mut drain);
+        self.control.sync_decode_mask();
         let policy = self
             .control
             .autoscale
@@ -187,7 +191,7 @@ impl Driver<'_> {
                 .autoscale
                 .as_ref()
                 .is_some_and(|a| a.state(i) == Lifecycle::Draining);
-            if draining && self.control.in_flight(i) == 0 {
+            if draining && self.control.in_flight_at(i) == 0 {
                 if let Some(a) = self.control.autoscale.as_deref_mut() {
                     a.released(i, now);
                 }

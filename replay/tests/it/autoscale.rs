@@ -260,3 +260,91 @@ fn scaling_down_then_up_within_the_cooldown_is_an_oscillation() {
     );
     assert_eq!(a.counters.oscillations, 1);
 }
+
+/// Issue 16, all three features together: a P/D split whose decode pool is
+/// autoscaled. One prefill instance keeps up with a request every 1.25 ms
+/// (10-token prompts: 1100 µs prefills) for 6 s; each needs 19 decode
+/// steps of 1100 µs on a decode replica that runs one at a time, so the
+/// single decode replica is full at the 1 s tick: one decode replica is
+/// added (cluster instance 2), ready at 1 + 2 + 0.5 + 1.5 = 5 s. The
+/// request arriving at exactly 5 s is prefilled by 5.0011 s, and is the
+/// first the decode router sends there: moved in 500 µs, decoded alone.
+#[test]
+fn an_autoscaled_decode_pool_adds_a_replica_that_takes_its_first_handoff_when_ready() {
+    use blis_replay::cluster::disaggregation::PdConfig;
+    let cfg = AutoscaleConfig {
+        policy: ScalerKind::Threshold,
+        min_replicas: 1,
+        max_replicas: 2,
+        interval_s: 1.0,
+        scale_up_queue_depth: 1e9,
+        cooldown_s: 100.0,
+        provisioning_delay_s: 2.0,
+        model_load_s: 0.5,
+        warmup_s: 1.5,
+        ..AutoscaleConfig::default()
+    };
+    let b = PolicyBundle {
+        pd: Some(PdConfig {
+            prefill_instances: 1,
+            decode_instances: 1,
+            decode_routing: RoutingPolicy::LeastLoaded,
+            transfer_latency_us: 500.0,
+            transfer_bandwidth_gb_s: 1e9,
+            block_bytes: Some(131_072.0),
+        }),
+        autoscale: Some(cfg),
+        ..PolicyBundle::default()
+    };
+    assert_eq!(b.instance_count(), 3);
+    let engine = EngineConfig {
+        max_num_seqs: 1,
+        total_kv_blocks: 100_000,
+        ..EngineConfig::default()
+    };
+    let mut reqs = Vec::new();
+    let mut t = 0;
+    while t < 6_000_000 {
+        reqs.push(req(reqs.len() as u64, t, 10, 20));
+        t += 1250;
+    }
+    let n = reqs.len() as u64;
+    let r = run(&b, engine, reqs);
+    assert_eq!(r.summary.requests.completed, n);
+    let a = r.control.autoscale.as_deref().unwrap();
+    let actions: Vec<(i64, &str, usize)> = a
+        .events
+        .iter()
+        .map(|e| (e.time_us, e.action, e.instance))
+        .collect();
+    assert_eq!(actions, [(1_000_000, "up", 2), (5_000_000, "ready", 2)]);
+    let first = r
+        .decisions
+        .iter()
+        .find(|d| d.stage == Some("decode") && d.instance == Some(2))
+        .expect("a hand-off to the new decode replica");
+    assert_eq!(first.time_us, 5_001_100);
+    let x = &r.records[first.request_id as usize];
+    assert_eq!(x.request.arrival_time_us, 5_000_000);
+    // TTFT: its prefill step; E2E: + the transfer + 19 decode steps.
+    assert_eq!(ttft(x), 1100);
+    assert_eq!(
+        x.outcome.last_chunk_time_us.unwrap() - x.request.arrival_time_us,
+        1100 + 500 + 19 * 1100
+    );
+    // Billing: the prefill replica and the first decode replica from 0,
+    // the second from its decision at 1 s, all to the last exit.
+    let end = r
+        .records
+        .iter()
+        .filter_map(|x| x.outcome.last_chunk_time_us)
+        .max()
+        .unwrap();
+    let expected = (3 * end - 1_000_000) as f64 / 1e6;
+    assert!(
+        (a.replica_seconds() - expected).abs() < 1e-6,
+        "{} vs {expected}",
+        a.replica_seconds()
+    );
+    assert_eq!(a.fixed_replicas(), 1);
+}

@@ -826,8 +826,15 @@ fn an_autoscaled_run_reports_its_replicas_cost_and_scale_events() {
         ),
         (&["--autoscaler", "sometimes"][..], "--autoscaler"),
         (
-            &["--autoscaler", "threshold", "--architecture", "pd"][..],
-            "autoscal",
+            &[
+                "--autoscaler",
+                "threshold",
+                "--architecture",
+                "pd",
+                "--drain-policy",
+                "redirect",
+            ][..],
+            "autoscale: drain",
         ),
     ] {
         let assert = replay()

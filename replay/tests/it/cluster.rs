@@ -188,7 +188,18 @@ fn advanced_deployment_runs_are_byte_identical() {
         "--decode-routing",
         "weighted",
     ];
-    for (name, extra) in [("auto", &autoscaled[..]), ("pd", &pd[..])] {
+    // All three: a P/D split whose decode pool is autoscaled, over a CPU tier.
+    let pd_auto: Vec<&str> = pd
+        .iter()
+        .chain(&autoscaled[..autoscaled.len() - 4])
+        .chain(&["--target-utilization", "0.3"])
+        .copied()
+        .collect();
+    for (name, extra) in [
+        ("auto", &autoscaled[..]),
+        ("pd", &pd[..]),
+        ("pd-auto", &pd_auto[..]),
+    ] {
         let args: Vec<&str> = extra.iter().chain(&tier).copied().collect();
         let first = replay_cli(dir.path(), &format!("{name}-a"), &args);
         let again = replay_cli(dir.path(), &format!("{name}-b"), &args);
@@ -197,8 +208,12 @@ fn advanced_deployment_runs_are_byte_identical() {
         }
         let s: serde_json::Value = serde_json::from_slice(&first[5].1).unwrap();
         assert!(s["kv"]["cpu_tier"].is_object(), "{name}");
-        let section = if name == "pd" { "pd" } else { "autoscale" };
-        assert!(s["cluster"][section].is_object(), "{name}");
+        if name.starts_with("pd") {
+            assert!(s["cluster"]["pd"].is_object(), "{name}");
+        }
+        if name.ends_with("auto") {
+            assert!(s["cluster"]["autoscale"].is_object(), "{name}");
+        }
     }
 }
 
@@ -515,8 +530,13 @@ prop_compose! {
             block_bytes: Some(131_072.0),
         });
         PolicyBundle {
-            // (Autoscaling is of colocated clusters.)
-            autoscale: if pd.is_none() { scale } else { None },
+            // (A P/D split's decode pool drains by waiting.)
+            autoscale: scale.map(|mut a| {
+                if pd.is_some() {
+                    a.drain = blis_replay::cluster::autoscale::DrainPolicy::Wait;
+                }
+                a
+            }),
             pd,
             num_instances: n,
             routing,
@@ -621,7 +641,7 @@ prop_compose! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(crate::common::cases(64)))]
 
     /// Acceptance 3: request conservation (rejected included), KV
     /// conservation per instance (checked at the end by each instance),
@@ -636,7 +656,11 @@ proptest! {
             ..EngineConfig::default()
         };
         let n = reqs.len() as u64;
-        let r = cluster(&b, cfg, reqs);
+        let r = cluster(&b, cfg.clone(), reqs.clone());
+        // Determinism: a rerun gives the same records and summary.
+        let again = cluster(&b, cfg, reqs);
+        prop_assert_eq!(format!("{:?}", &again.records), format!("{:?}", &r.records));
+        prop_assert_eq!(format!("{:?}", &again.summary), format!("{:?}", &r.summary));
         let c = &r.summary.requests;
         prop_assert_eq!(c.total, n);
         prop_assert_eq!(c.completed + c.rejected + c.dropped + c.cancelled + c.unfinished + c.input_errors + c.scaled_down, n);
@@ -658,7 +682,8 @@ proptest! {
             // (The last request leaves by its last token or its deadline.)
             let end = r.records.iter().filter_map(|x| x.outcome.last_chunk_time_us.or(x.outcome.send_time_us).max(x.request.deadline_us)).max().unwrap_or(0);
             prop_assert!(a.replica_seconds() >= 0.0);
-            prop_assert!(a.replica_seconds() <= f64::from(a.config().max_replicas) * (end as f64 / 1e6 + a.config().interval_s) + 1e-9);
+            let slots = f64::from(a.config().max_replicas + a.fixed_replicas());
+            prop_assert!(a.replica_seconds() <= slots * (end as f64 / 1e6 + a.config().interval_s) + 1e-9);
             for (i, inst) in r.insts.iter().enumerate() {
                 if a.state(i) == Lifecycle::Off {
                     prop_assert_eq!(inst.in_system(), 0);
@@ -698,7 +723,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(crate::common::cases(48)))]
 
     /// Routing reads each instance as single steps would have left it,
     /// also in the middle of a fast-forwarded run, and metric samples
@@ -925,7 +950,7 @@ prop_compose! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(crate::common::cases(128)))]
 
     /// Keeping blocks private to their request out of the hash indexes (a
     /// speed-up) changes nothing: every record, the summary and every

@@ -91,3 +91,13 @@ pub fn ttft(r: &TraceRecord) -> i64 {
 pub fn e2e(r: &TraceRecord) -> i64 {
     r.e2e_us().expect("e2e")
 }
+
+/// Proptest cases: `default`, or `PROPTEST_CASES` from the environment for
+/// a longer campaign (e.g. `PROPTEST_CASES=1000`; `with_cases` alone
+/// would ignore it).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -85,7 +85,7 @@ fn fast_forward_is_exact_on_a_busy_mixed_workload() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(crate::common::cases(24)))]
 
     #[test]
     fn fast_forward_is_exact_for_random_workloads(

@@ -128,7 +128,7 @@ fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(crate::common::cases(48)))]
 
     #[test]
     fn invariants_hold_at_every_step(

@@ -40,6 +40,27 @@ pub enum Command {
         blis-loadgen run --server-url http://127.0.0.1:8000 --model m --trace out/real.yaml --out out/again\n\n\
         Exit codes: 0 valid run; 1 error; 2 usage; 3 client-bound with --strict; 4 interrupted; 5 failed (more requests failed than --max-error-rate allows).")]
     Run(Box<RunArgs>),
+    /// Say what a recorded trace holds against what its run planned: for a
+    /// run that was killed (kill -9, power loss) or interrupted, the rows on
+    /// disk, the planned requests without one (as id ranges), and whether
+    /// its writer finished. A partly written last line is dropped with a
+    /// warning.
+    #[command(after_help = "Examples:\n  \
+        blis-loadgen check out/real\n  \
+        blis-loadgen check out/real.yaml --json\n\n\
+        Exit codes: 0 complete; 1 error (unreadable); 6 incomplete (cut off, or planned requests missing).")]
+    Check(CheckArgs),
+}
+
+/// `blis-loadgen check`.
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// The trace: its header YAML or its prefix.
+    #[arg(value_name = "PREFIX")]
+    pub trace: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Where a workload comes from: exactly one of a spec, an import, a trace,

@@ -765,6 +765,13 @@ fn trace_header(
         measured_rtt_ms: server.info.rtt_ms,
     });
     header.run_start_unix_us = Some(run_start_us);
+    // The plan, so that a trace cut off can say what it lacks
+    // (`blis-loadgen check`).
+    header.planned_requests = Some(plan.records.len() as u64);
+    let mut ids: Vec<u64> = plan.records.iter().map(|r| r.request.request_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    header.planned_ids = blis_traces::header::id_ranges(&ids);
     let mut extras = ExtraColumn::needed_for(&plan.records);
     for e in [
         ExtraColumn::HttpStatus,

@@ -100,7 +100,8 @@ pub struct ScrapeConfig {
 }
 
 /// Scrapes every `interval` until `stop` turns true, sending each
-/// scrape's kept samples to `out`. A failed scrape is counted and skipped.
+/// scrape's kept samples and `up 1` to `out`. A failed scrape is counted
+/// and recorded as `up 0`.
 pub async fn run(cfg: ScrapeConfig) {
     let ScrapeConfig {
         client,
@@ -130,7 +131,7 @@ pub async fn run(cfg: ScrapeConfig) {
         {
             Ok(samples) => {
                 let t = clock.now_us();
-                let kept: Vec<MetricSample> = samples
+                let mut kept: Vec<MetricSample> = samples
                     .into_iter()
                     .filter(|s| keep(&s.name))
                     .map(|s| MetricSample {
@@ -140,6 +141,7 @@ pub async fn run(cfg: ScrapeConfig) {
                         value: s.value,
                     })
                     .collect();
+                kept.push(up(t, 1.0));
                 stats
                     .samples
                     .fetch_add(kept.len() as u64, Ordering::Relaxed);
@@ -147,8 +149,27 @@ pub async fn run(cfg: ScrapeConfig) {
                     return;
                 }
             }
-            Err(e) => stats.fail(e),
+            Err(e) => {
+                stats.fail(e);
+                // The gap is recorded (Prometheus's `up` 0), the run goes on.
+                let down = vec![up(clock.now_us(), 0.0)];
+                if out.send(crate::record::Msg::Metrics(down)).is_err() {
+                    return;
+                }
+            }
         }
+    }
+}
+
+/// Prometheus's synthetic `up` of one scrape at `t`: 1 when it succeeded,
+/// 0 when the server did not answer it (down, restarting, not serving
+/// `/metrics`), so that the metrics companion shows the gap.
+fn up(t: i64, value: f64) -> MetricSample {
+    MetricSample {
+        timestamp_us: t,
+        name: "up".into(),
+        labels: String::new(),
+        value,
     }
 }
 

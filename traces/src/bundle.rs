@@ -7,12 +7,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::companions::{
-    ChunkRecord, ChunkWriter, MetricSample, MetricWriter, read_chunks, read_metrics,
+    ChunkRecord, ChunkWriter, MetricSample, MetricWriter, read_chunks_from, read_metrics_from,
 };
 use crate::csvio::{ExtraColumn, RecordReader, RecordWriter};
 use crate::error::{Error, Result};
 use crate::header::TraceHeader;
-use crate::itl_steps::{ItlSteps, ItlTiming, StepsWriter, TokenRun, expand, read_runs, read_steps};
+use crate::itl_steps::{
+    ItlSteps, ItlTiming, StepsWriter, TokenRun, expand, read_runs_from, read_steps_from,
+};
 use crate::record::TraceRecord;
 
 /// The files of one trace bundle.
@@ -130,24 +132,51 @@ impl Trace {
     ///
     /// # Errors
     /// Any malformed file, named with line and column.
+    ///
+    /// A bundle whose writer did not finish (its header still says
+    /// `incomplete: true`: killed mid-run) is read as far as it got: each
+    /// file up to its last complete line, the partly written line after
+    /// it dropped with a warning on stderr.
     pub fn read(header_path: &Path) -> Result<Self> {
         let guess = TracePaths::for_header(header_path, None);
         let header = TraceHeader::read(&guess.header)?;
         let paths = TracePaths::for_header(&guess.header, Some(&header));
-        let mut reader = RecordReader::open(&paths.data)?;
-        let absent_columns = reader.absent_base_columns();
-        let records = reader.read_all()?;
+        let cut = header.incomplete;
+        if cut {
+            crate::diag!(
+                "warning: {}: the run that wrote this trace did not finish (killed, or still running): reading the rows it wrote",
+                paths.header.display()
+            );
+        }
+        let data = CompleteLines::open(&paths.data, cut)?;
+        let (records, absent_columns) = if data.is_empty() {
+            // Killed before the header row reached the disk.
+            (Vec::new(), Vec::new())
+        } else {
+            let mut reader = RecordReader::new(data, &paths.data)?;
+            (reader.read_all()?, reader.absent_base_columns())
+        };
         let chunks = if let Some(form) = &header.itl_steps {
-            let runs = read_runs(&paths.itl)?;
-            let steps = read_steps(&paths.steps)?;
+            let runs = read_runs_from(CompleteLines::open(&paths.itl, cut)?, &paths.itl)?;
+            let steps = read_steps_from(CompleteLines::open(&paths.steps, cut)?, &paths.steps)?;
             Some(expand(&steps, &runs, &form.timing, &paths.itl)?)
         } else if paths.itl.exists() {
-            Some(read_chunks(&paths.itl)?)
+            let f = CompleteLines::open(&paths.itl, cut)?;
+            Some(if f.is_empty() {
+                Vec::new()
+            } else {
+                read_chunks_from(f, &paths.itl)?
+            })
         } else {
             None
         };
         let metrics = if paths.metrics.exists() {
-            Some(read_metrics(&paths.metrics)?)
+            let f = CompleteLines::open(&paths.metrics, cut)?;
+            Some(if f.is_empty() {
+                Vec::new()
+            } else {
+                read_metrics_from(f, &paths.metrics)?
+            })
         } else {
             None
         };
@@ -195,6 +224,70 @@ impl Trace {
         w.finish(&self.header)?;
         Ok(paths)
     }
+}
+
+/// A file read whole, or (`cut`: its writer was killed) up to its last
+/// newline, dropping a partly written last line with a warning.
+struct CompleteLines {
+    inner: std::io::Take<File>,
+    len: u64,
+}
+
+impl CompleteLines {
+    fn open(path: &Path, cut: bool) -> Result<Self> {
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let total = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        let len = if cut {
+            let keep = complete_len(&mut f, total).map_err(|e| Error::io(path, e))?;
+            if keep < total {
+                crate::diag!(
+                    "warning: {}: dropped its partly written last line ({} bytes after the last complete one)",
+                    path.display(),
+                    total - keep
+                );
+            }
+            keep
+        } else {
+            total
+        };
+        Ok(Self {
+            inner: std::io::Read::take(f, len),
+            len,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::io::Read for CompleteLines {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+/// Bytes of `f` (of `total`) up to and including its last newline; the
+/// file is left at its start.
+fn complete_len(f: &mut File, total: u64) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut end = total;
+    let mut buf = vec![0u8; 64 * 1024];
+    let keep = loop {
+        if end == 0 {
+            break 0;
+        }
+        let start = end.saturating_sub(buf.len() as u64);
+        let n = (end - start) as usize;
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut buf[..n])?;
+        if let Some(i) = buf[..n].iter().rposition(|&b| b == b'\n') {
+            break start + i as u64 + 1;
+        }
+        end = start;
+    };
+    f.seek(SeekFrom::Start(0))?;
+    Ok(keep)
 }
 
 /// Writes a bundle incrementally: the header first, rows as they come, and
@@ -291,7 +384,10 @@ impl TraceWriter {
             steps,
             metrics,
         };
-        w.write_header(header)?;
+        // Until `finish`, the header says the trace is being written.
+        let mut first = header.clone();
+        first.incomplete = true;
+        w.write_header(&first)?;
         Ok(w)
     }
 
@@ -426,7 +522,9 @@ impl TraceWriter {
     /// I/O errors naming the file.
     pub fn finish(mut self, header: &TraceHeader) -> Result<TracePaths> {
         self.flush()?;
-        self.write_header(header)?;
+        let mut h = header.clone();
+        h.incomplete = false;
+        self.write_header(&h)?;
         Ok(self.paths.clone())
     }
 }

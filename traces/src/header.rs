@@ -168,6 +168,66 @@ pub struct TraceHeader {
     /// Metrics companion, relative to the header's folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_file: Option<String>,
+    /// Requests the run planned to send (a recorded run's plan): with
+    /// `planned_ids`, what [`crate::check`] compares the rows with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_requests: Option<u64>,
+    /// The planned request ids as ranges (`0-2999`, `4,7-9`); absent when
+    /// they take more than [`MAX_PLANNED_ID_RANGES`] ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_ids: Option<String>,
+    /// `true` in the header a writer puts down first, replaced by the
+    /// complete header when it finishes: a trace whose header still says
+    /// so was cut off (its writer was killed), and its files may end in a
+    /// partly written line, which readers drop with a warning.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incomplete: bool,
+}
+
+/// The most ranges [`TraceHeader::planned_ids`] lists.
+pub const MAX_PLANNED_ID_RANGES: usize = 64;
+
+/// `ids` (sorted, no repeats) as ranges (`0-2999`, `4,7-9`), or `None`
+/// when they take more than [`MAX_PLANNED_ID_RANGES`].
+pub fn id_ranges(ids: &[u64]) -> Option<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        if out.len() == MAX_PLANNED_ID_RANGES {
+            return None;
+        }
+        out.push(if i == j {
+            ids[i].to_string()
+        } else {
+            format!("{}-{}", ids[i], ids[j])
+        });
+        i = j + 1;
+    }
+    Some(out.join(","))
+}
+
+/// The ids of a [`TraceHeader::planned_ids`] string, as inclusive ranges;
+/// `None` when it is malformed (or a range is reversed).
+pub fn parse_id_ranges(s: &str) -> Option<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+            None => {
+                let v = part.parse().ok()?;
+                (v, v)
+            }
+        };
+        if a > b {
+            return None;
+        }
+        out.push((a, b));
+    }
+    Some(out)
 }
 
 fn default_time_unit() -> String {
@@ -194,6 +254,9 @@ impl TraceHeader {
             itl_file: None,
             itl_steps: None,
             metrics_file: None,
+            planned_requests: None,
+            planned_ids: None,
+            incomplete: false,
         }
     }
 

@@ -50,6 +50,7 @@
 pub mod arrival;
 pub mod background;
 pub mod bundle;
+pub mod check;
 pub mod companions;
 pub mod content;
 pub mod csvio;

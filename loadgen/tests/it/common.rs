@@ -30,7 +30,10 @@ impl Mock {
             .enable_all()
             .build()
             .unwrap();
-        let mut args = vec!["blis-mockserver", "--port", "0", "--record-served"];
+        let mut args = vec!["blis-mockserver", "--record-served"];
+        if !extra.contains(&"--port") {
+            args.extend(["--port", "0"]);
+        }
         args.extend_from_slice(extra);
         let opts = blis_mockserver::Opts::parse_from(args);
         let server = rt
@@ -54,6 +57,28 @@ impl Mock {
 
     pub fn faults(&self, kind: &str) -> u64 {
         self.server.as_ref().map_or(0, |s| s.metrics.faults(kind))
+    }
+}
+
+#[allow(dead_code, reason = "used by the signal test binary only")]
+impl Mock {
+    /// The server dies at once, as a killed process does: its runtime is
+    /// dropped with every task (connections and streams cut, the port
+    /// closed) instead of shutting down gracefully.
+    pub fn kill(mut self) {
+        drop(self.server.take());
+        let rt = std::mem::replace(
+            &mut self.rt,
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap(),
+        );
+        rt.shutdown_background();
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod blis_compat; // BLIS's files read as they are; written back in BLIS's column order
 mod common; // paths to the shared data
+mod cut_off; // a killed writer's bundle: partial last lines dropped, check
 mod errors; // malformed input: one line naming file:line and the field, no panic
 mod generation; // spec semantics: clients, sessions, windows, multimodal, determinism
 mod golden; // the design's example spec generates the same bytes on every run and build

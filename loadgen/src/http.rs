@@ -219,10 +219,17 @@ impl Endpoint {
             req = req.header(AUTHORIZATION, a.clone());
         }
         cap.send_us = Some(clock.now_us());
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| Failure::new(ErrorKind::Connect, describe(&e)))?;
+        // No connection is `connect`; a connection the server closed
+        // before its response head (a crash, or a drop faster than the
+        // head's flush) is `dropped`, as one closed mid-response.
+        let resp = req.send().await.map_err(|e| {
+            let kind = if e.is_connect() {
+                ErrorKind::Connect
+            } else {
+                ErrorKind::Dropped
+            };
+            Failure::new(kind, describe(&e))
+        })?;
         let status = resp.status();
         cap.http_status = Some(status.as_u16());
         if !status.is_success() {

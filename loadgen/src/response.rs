@@ -9,9 +9,10 @@ use serde_json::Value;
 pub enum ErrorKind {
     /// The server answered with a non-2xx HTTP status.
     Http(u16),
-    /// No connection, or the request could not be written.
+    /// No connection could be made (refused, unreachable, DNS, TLS).
     Connect,
-    /// The connection closed mid-response.
+    /// The server closed the connection before the response ended (before
+    /// its head, or mid-stream).
     Dropped,
     /// A chunk or body was not the JSON (or SSE) expected.
     Malformed,

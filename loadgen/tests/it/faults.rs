@@ -150,3 +150,87 @@ fn every_fault_is_recorded_with_its_status_and_counted() {
     let errors: BTreeMap<String, u64> = serde_json::from_value(summary["errors"].clone()).unwrap();
     assert_eq!(errors, kinds);
 }
+
+/// Issue 17 item 1, CI's short soak (`loadgen/benches/soak.sh` runs
+/// 100,000): 5,000 requests at 1,000 req/s against 5% HTTP 5xx, 2% 429,
+/// 1% drops, 1% stalls past the timeout and 0.5% malformed chunks. Every
+/// planned request is a row, and the rows of each error kind are exactly
+/// the faults of that kind the mock injected.
+#[test]
+fn a_5000_request_soak_accounts_for_every_injected_fault() {
+    let _g = serial();
+    let mock = Mock::start(&[
+        "--time-scale",
+        "1000",
+        "--seed",
+        "11",
+        "--fault-500-rate",
+        "0.025",
+        "--fault-503-rate",
+        "0.025",
+        "--fault-429-rate",
+        "0.02",
+        "--fault-drop-rate",
+        "0.01",
+        "--fault-stall-rate",
+        "0.01",
+        "--fault-stall-ms",
+        "3000",
+        "--fault-malformed-rate",
+        "0.005",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("soak");
+    let n = 5000u64;
+    let (code, stdout) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "1000",
+        "--num-requests",
+        &n.to_string(),
+        "--input-tokens",
+        "32",
+        "--output-tokens",
+        "8",
+        "--timeout-s",
+        "1",
+        "--max-error-rate",
+        "1",
+        "--scrape-interval-ms",
+        "0",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}");
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let mut ids: Vec<u64> = t.records.iter().map(|r| r.request.request_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n).collect::<Vec<u64>>(), "every request once");
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    for r in t.records.iter().filter(|r| r.outcome.status != Some(Status::Ok)) {
+        *kinds.entry(error_kind(r)).or_default() += 1;
+    }
+    let injected: BTreeMap<String, u64> = [
+        ("http_500", "http_500"),
+        ("http_503", "http_503"),
+        ("http_429", "http_429"),
+        ("dropped", "drop"),
+        ("timeout", "stall"),
+        ("malformed", "malformed"),
+    ]
+    .into_iter()
+    .map(|(row_kind, fault)| (row_kind.to_string(), mock.faults(fault)))
+    .filter(|(_, v)| *v > 0)
+    .collect();
+    assert_eq!(kinds, injected, "rows by error kind = the mock's injections");
+    let total: u64 = injected.values().sum();
+    assert!(
+        (350..=600).contains(&total),
+        "{total} faults of ~475 expected"
+    );
+}

@@ -497,16 +497,14 @@ fn output_length(st: &AppState, p: &Parsed, chat: bool) -> Result<(u32, &'static
         16
     };
     let max_tokens = p.max_tokens.unwrap_or(default_max);
-    if cfg.max_model_len > 0 && p.prompt_tokens + max_tokens > cfg.max_model_len {
+    let requested = u64::from(p.prompt_tokens) + u64::from(max_tokens);
+    if cfg.max_model_len > 0 && requested > u64::from(cfg.max_model_len) {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "BadRequestError",
             &format!(
                 "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion).",
-                cfg.max_model_len,
-                p.prompt_tokens + max_tokens,
-                p.prompt_tokens,
-                max_tokens
+                cfg.max_model_len, requested, p.prompt_tokens, max_tokens
             ),
         ));
     }

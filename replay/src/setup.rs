@@ -546,14 +546,28 @@ fn engine_config(
         long_prefill_token_threshold: args.long_prefill_token_threshold.unwrap_or(0),
         block_size,
         total_kv_blocks,
-        max_model_len: pick(
+        // As vLLM: the flag, else the context length the model's config
+        // gives (`max_position_embeddings` and RoPE scaling), else
+        // unlimited (0).
+        max_model_len: match pick(
             prov,
             "max_model_len",
             args.max_model_len.map(u64::from),
             hs.and_then(|s| s.max_model_len),
-            Some(0),
-        )
-        .unwrap_or(0) as u32,
+            None,
+        ) {
+            Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+            None => match arch.and_then(|a| a.max_context) {
+                Some(c) => {
+                    prov.push(format!("max_model_len={c} (model config)"));
+                    c
+                }
+                None => {
+                    prov.push("max_model_len=0 (unlimited: no model config)".into());
+                    0
+                }
+            },
+        },
         scheduler: args.scheduler,
         prefix_caching: args.prefix_caching,
         fast_forward: args.fast_forward,

@@ -224,6 +224,8 @@ struct Flight {
     /// P/D: its hand-off from a prefill to a decode instance, once its
     /// prefill is done.
     handoff: Option<pd::Handoff>,
+    /// The event of its client's cancellation, if it has one.
+    cancel_seq: Option<u64>,
 }
 
 /// Replays `inputs` (sorted by `entry_us`) on `instance`, reporting to
@@ -355,6 +357,27 @@ pub struct Session<'a> {
     ended: bool,
     /// When a request last left (completed, dropped, cancelled), µs.
     last_exit: i64,
+    /// Periodic events (samples, refreshes, autoscaler evaluations) in a
+    /// row with nothing in the system.
+    idle_periods: u32,
+}
+
+/// Idle periodic events kept before a quiet stretch is skipped: after this
+/// many in a row with nothing in the system, samples, routing refreshes and
+/// autoscaler evaluations resume on their grid just before the next input
+/// (so that an input hours or years away costs no work; a refresh or an
+/// evaluation of an idle cluster changes nothing, and a metrics series keeps
+/// its first 1,000 idle samples of each quiet stretch).
+pub const IDLE_PERIODS: u32 = 1000;
+
+/// `next`, moved on by whole `interval`s to the last grid time no later
+/// than `until`.
+fn skip_grid(next: i64, interval: i64, until: i64) -> i64 {
+    if until > next && interval > 0 {
+        next + (until - next) / interval * interval
+    } else {
+        next
+    }
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -398,6 +421,7 @@ impl<'a> Session<'a> {
             upcoming: Vec::new(),
             next_generation: 0,
             cancels: FxHashMap::default(),
+            stale_events: 0,
             snaps: Vec::new(),
             flow,
             gateway: BinaryHeap::new(),
@@ -419,6 +443,7 @@ impl<'a> Session<'a> {
             last_t: i64::MIN,
             ended: false,
             last_exit: 0,
+            idle_periods: 0,
         }
     }
 
@@ -498,7 +523,7 @@ impl<'a> Session<'a> {
             }
         }
         let t_step = step_at.map(|(t, _)| t);
-        let busy = t_input.is_some() || t_event.is_some() || t_step.is_some();
+        let busy = t_input.is_some() || d.events.len() > d.stale_events || t_step.is_some();
         let t_sample = self.next_sample.filter(|_| busy);
         let t_refresh = self.next_refresh.filter(|_| busy);
         let t_scale = d
@@ -542,13 +567,32 @@ impl<'a> Session<'a> {
 
     #[inline]
     fn handle_event<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
+        if matches!(
+            next.source,
+            Source::Sample | Source::Refresh | Source::Scale
+        ) {
+            if self.d.idle() {
+                self.idle_periods = self.idle_periods.saturating_add(1);
+            } else {
+                self.idle_periods = 0;
+            }
+        }
+        let skip_to = (self.idle_periods >= IDLE_PERIODS)
+            .then(|| inputs.peek_entry())
+            .flatten();
         let (now, d) = (next.at, &mut self.d);
         match next.source {
-            Source::Scale => d.autoscale_at(now, sink),
+            Source::Scale => {
+                d.autoscale_at(now, sink);
+                if let (Some(t), Some(a)) = (skip_to, d.control.autoscale.as_deref_mut()) {
+                    a.skip_idle_until(t);
+                }
+            }
             Source::Refresh => {
                 let pool = d.control.pool(d.insts.len());
                 d.control.refresh(now, &d.insts[pool]);
-                self.next_refresh = Some(now + self.refresh.unwrap_or(i64::MAX / 4));
+                let iv = self.refresh.unwrap_or(i64::MAX / 4);
+                self.next_refresh = Some(skip_to.map_or(now + iv, |t| skip_grid(now + iv, iv, t)));
             }
             Source::Input => {
                 let input = inputs.next_input().expect("peeked");
@@ -560,10 +604,11 @@ impl<'a> Session<'a> {
                     ARRIVAL => d.deferred_arrival(now, tag, sink),
                     ENQUEUE => d.enqueue(now, tag, sink),
                     TRANSFER => d.transfer_done(now, seq, sink),
-                    _ => {
-                        let (tag, generation) = d.cancels.remove(&seq).unwrap_or((tag, u32::MAX));
-                        d.cancel(now, tag, generation, sink);
-                    }
+                    _ => match d.cancels.remove(&seq) {
+                        Some((tag, generation)) => d.cancel(now, tag, generation, sink),
+                        // Its request ended before.
+                        None => d.stale_events -= 1,
+                    },
                 }
             }
             Source::Step => {
@@ -597,7 +642,8 @@ impl<'a> Session<'a> {
                     sink.sample_pool(now, "prefill", &merged(p));
                     sink.sample_pool(now, "decode", &merged(dec));
                 }
-                self.next_sample = Some(now + self.opts.sample_interval_us.unwrap_or(i64::MAX / 4));
+                let iv = self.opts.sample_interval_us.unwrap_or(i64::MAX / 4);
+                self.next_sample = Some(skip_to.map_or(now + iv, |t| skip_grid(now + iv, iv, t)));
             }
         }
         if self
@@ -719,6 +765,9 @@ struct Driver<'a> {
     upcoming: Vec<(u64, u32, i64)>,
     next_generation: u32,
     cancels: FxHashMap<u64, (u32, u32)>,
+    /// Queued events that will do nothing (the cancellations of requests
+    /// that ended): they keep no periodic event going.
+    stale_events: usize,
     /// The request ids admitted so far, while blocks private to their
     /// request stay out of the hash indexes (which needs unique ids).
     ids: Option<FxHashSet<u64>>,
@@ -917,6 +966,7 @@ impl Driver<'_> {
             priority: input.priority,
             segments: input.segments,
             handoff: None,
+            cancel_seq: input.cancel_at_us.map(|_| 0),
         };
         let streaming = flight.rec.request.streaming;
         let tag = match self.free.pop() {
@@ -934,9 +984,20 @@ impl Driver<'_> {
         self.push(now + delay, ENQUEUE, tag);
         if let Some(c) = input.cancel_at_us {
             self.cancels.insert(self.seq, (tag, generation));
+            if let Some(f) = self.flights[tag as usize].as_mut() {
+                f.cancel_seq = Some(self.seq);
+            }
             self.push(c.max(now), CANCEL, tag);
         }
         (tag, generation)
+    }
+
+    /// Nothing in the system: no instance has a step to take, no event
+    /// that does something is queued, no request waits at the gateway.
+    fn idle(&self) -> bool {
+        self.events.len() == self.stale_events
+            && self.gateway.is_empty()
+            && self.insts.iter().all(|i| i.next_time().is_none())
     }
 
     /// Ends a request's flight: its tag is free, its instance has one
@@ -945,6 +1006,12 @@ impl Driver<'_> {
         let f = self.flights[tag as usize].take().expect("live flight");
         self.free.push(tag);
         self.exits += 1;
+        // Its cancellation, still queued, is now a no-op.
+        if let Some(seq) = f.cancel_seq
+            && self.cancels.remove(&seq).is_some()
+        {
+            self.stale_events += 1;
+        }
         if !self.by_id.is_empty() {
             self.by_id.remove(&f.rec.request.request_id);
         }

@@ -445,6 +445,11 @@ pub(crate) fn push_field_quoted(buf: &mut Vec<u8>, field: &[u8], only_field: boo
     }
 }
 
+/// The largest time (and duration) a trace may hold, µs: 2^53 (285
+/// years; Unix µs today are about 1.8·10^15). Larger ones are refused, so
+/// that adding delays to them never overflows.
+pub const MAX_TIME_US: i64 = 1 << 53;
+
 /// A reader that remembers where its newlines are, so that a record's byte
 /// offset gives its true 1-based line (the csv crate miscounts lines in
 /// CRLF files).
@@ -692,15 +697,15 @@ impl<R: Read> RecordReader<R> {
                 return Err(cx.err(get(15), 15, "must be within [0, 1]"));
             }
             r.model = cx.shared(get(16), 16, &mut self.interner)?;
-            r.deadline_us = cx.int::<i64>(get(17), 17)?.filter(|v| *v != 0);
-            r.arrival_time_us = cx.int(get(19), 19)?.unwrap_or(0);
+            r.deadline_us = cx.time(get(17), BASE_COLUMNS[17])?.filter(|v| *v != 0);
+            r.arrival_time_us = cx.time(get(19), BASE_COLUMNS[19])?.unwrap_or(0);
         }
         {
             let o = &mut rec.outcome;
             o.server_input_tokens = cx.int::<u32>(get(18), 18)?.filter(|v| *v != 0);
-            o.send_time_us = cx.int::<i64>(get(20), 20)?.filter(|v| *v != 0);
-            o.first_chunk_time_us = cx.int::<i64>(get(21), 21)?.filter(|v| *v != 0);
-            o.last_chunk_time_us = cx.int::<i64>(get(22), 22)?.filter(|v| *v != 0);
+            o.send_time_us = cx.time(get(20), BASE_COLUMNS[20])?.filter(|v| *v != 0);
+            o.first_chunk_time_us = cx.time(get(21), BASE_COLUMNS[21])?.filter(|v| *v != 0);
+            o.last_chunk_time_us = cx.time(get(22), BASE_COLUMNS[22])?.filter(|v| *v != 0);
             o.num_chunks = cx.int(get(23), 23)?.unwrap_or(0);
             o.status = match cx.text(get(24)) {
                 "" => None,
@@ -799,7 +804,7 @@ fn read_extras(
     for (idx, col) in extra {
         let idx = Some(*idx);
         match col {
-            ExtraColumn::ThinkTimeUs => rec.request.think_time_us = cx.int_named(idx, col)?,
+            ExtraColumn::ThinkTimeUs => rec.request.think_time_us = cx.time(idx, col.name())?,
             ExtraColumn::ContentKey => rec.request.content_key = cx.int_named(idx, col)?,
             ExtraColumn::HashIds => {
                 let text = cx.text(idx);
@@ -862,6 +867,22 @@ impl Cells<'_> {
 
     fn int<T: std::str::FromStr>(&self, idx: Option<usize>, base: usize) -> Result<Option<T>> {
         self.int_by_name(idx, BASE_COLUMNS[base])
+    }
+
+    /// A time in µs within ±[`MAX_TIME_US`] (so that no sum of times and
+    /// durations overflows).
+    fn time(&self, idx: Option<usize>, name: &str) -> Result<Option<i64>> {
+        let v = self.int_by_name::<i64>(idx, name)?;
+        if let Some(t) = v
+            && t.unsigned_abs() > MAX_TIME_US as u64
+        {
+            return Err(self.err_named(
+                idx,
+                name,
+                &format!("{t} µs is beyond ±2^53 µs (285 years)"),
+            ));
+        }
+        Ok(v)
     }
 
     fn int_named<T: std::str::FromStr>(

@@ -89,6 +89,19 @@ impl std::fmt::Debug for Generator {
     }
 }
 
+/// The file `spec` came from, for errors.
+fn spec_path(spec: &WorkloadSpec) -> &Path {
+    if spec.source.as_os_str().is_empty() {
+        Path::new("<spec>")
+    } else {
+        &spec.source
+    }
+}
+
+/// The most requests one generation may plan (10^8): more is refused
+/// rather than generated for hours.
+pub const MAX_PLANNED_REQUESTS: u64 = 100_000_000;
+
 impl Generator {
     /// Prepares the clients of `spec`.
     ///
@@ -98,6 +111,42 @@ impl Generator {
         let seed = opts.seed.unwrap_or_else(|| spec.seed_or_default());
         let horizon = opts.horizon_us.or(spec.horizon_us).map(|h| h as i64);
         let limit = opts.num_requests.or(spec.num_requests);
+        if let Some(h) = horizon
+            && !(1..=crate::csvio::MAX_TIME_US).contains(&h)
+        {
+            return Err(Error::in_file(
+                spec_path(spec),
+                format!(
+                    "horizon: {} µs is beyond 2^53 µs (285 years)",
+                    opts.horizon_us.or(spec.horizon_us).unwrap_or(0)
+                ),
+            ));
+        }
+        if let Some(n) = limit
+            && n > MAX_PLANNED_REQUESTS
+        {
+            return Err(Error::in_file(
+                spec_path(spec),
+                format!(
+                    "num_requests: {n} is more than the {MAX_PLANNED_REQUESTS} requests a run may plan"
+                ),
+            ));
+        }
+        if limit.is_none()
+            && let (Some(h), Some(rate)) = (horizon, spec.aggregate_rate)
+        {
+            let expected = rate.0 * h as f64 / 1e6;
+            if expected > MAX_PLANNED_REQUESTS as f64 {
+                return Err(Error::in_file(
+                    spec_path(spec),
+                    format!(
+                        "aggregate_rate {} req/s over a horizon of {} s plans about {expected:.3e} requests, more than the {MAX_PLANNED_REQUESTS} a run may plan: lower the rate or the horizon, or set num_requests (--num-requests)",
+                        rate.0,
+                        h as f64 / 1e6
+                    ),
+                ));
+            }
+        }
         let mut clients: Vec<Box<dyn ClientStream>> = Vec::new();
         if let Some(sg) = &spec.servegen_data {
             clients.extend(servegen_clients(sg, &spec.base_dir, seed, horizon)?);
@@ -119,7 +168,7 @@ impl Generator {
                 let stream = SpecClient::new(c, rate, seed, horizon, &spec.base_dir)?;
                 if stream.unbounded && limit.is_none() {
                     return Err(Error::in_file(
-                        Path::new("<spec>"),
+                        spec_path(spec),
                         format!(
                             "client {:?} never stops: set horizon_us or num_requests in the spec \
                              (or --horizon-s / --num-requests), or give it lifecycle windows",
@@ -161,7 +210,13 @@ impl Iterator for Generator {
         if self.failed || self.limit.is_some_and(|l| self.next_id >= l) {
             return None;
         }
-        let Reverse((_, i)) = self.heap.pop()?;
+        let Reverse((t, i)) = self.heap.pop()?;
+        if t > crate::csvio::MAX_TIME_US {
+            // Nothing arrives after 285 years (a rate so low, or a think
+            // time so long, that times would overflow): the trace ends.
+            self.failed = true;
+            return None;
+        }
         let mut r = self.heads[i].take().expect("heap entries have a head");
         r.request_id = self.next_id;
         self.next_id += 1;

@@ -105,6 +105,9 @@ pub struct WorkloadSpec {
     /// Folder of the spec file: relative data paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
+    /// The spec file (`<spec>` for one held in memory), named in errors.
+    #[serde(skip)]
+    pub source: PathBuf,
 }
 
 fn string_or_number<'de, D: Deserializer<'de>>(
@@ -540,6 +543,7 @@ impl WorkloadSpec {
         let mut spec: WorkloadSpec =
             serde_saphyr::from_str(text).map_err(|e| yaml_error(path, text, &e))?;
         spec.base_dir = base_dir;
+        spec.source = path.to_path_buf();
         spec.validate()
             .map_err(|(field, msg)| spec_error(path, text, &field, &msg))?;
         spec.upgrade();

@@ -431,7 +431,43 @@ fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
             (None, Some(_)) => {}
         },
     }
+    if !ratio {
+        validate_scale(d, p)?;
+    }
     validate_bounds(q, p, ratio)
+}
+
+/// The most tokens a length distribution may be centred at: far above any
+/// model's context (vLLM refuses longer requests anyway), and low enough
+/// that no parameter overflows the integer token counts.
+pub const MAX_TOKENS: f64 = 1e9;
+
+/// A length distribution's location and scale within [`MAX_TOKENS`]
+/// (lognormal: `mu` ≤ ln 10^9, `sigma` ≤ 10), so that absurd parameters
+/// are refused instead of drawing every length at the integer limit.
+fn validate_scale(d: &DistSpec, p: &str) -> Check {
+    let q = &d.params;
+    let max_mu = MAX_TOKENS.ln();
+    let checks: [(&str, Option<Finite>, f64, &str); 7] = [
+        ("mean", q.mean, MAX_TOKENS, "1e9 tokens"),
+        ("std_dev", q.std_dev, MAX_TOKENS, "1e9 tokens"),
+        ("xm", q.xm, MAX_TOKENS, "1e9 tokens"),
+        ("value", q.value, MAX_TOKENS, "1e9 tokens"),
+        ("min", q.min, MAX_TOKENS, "1e9 tokens"),
+        ("mu", q.mu, max_mu, "ln(1e9) = 20.72"),
+        ("sigma", q.sigma, 10.0, "10"),
+    ];
+    for (name, v, limit, shown) in checks {
+        if let Some(v) = v
+            && v.0 > limit
+        {
+            return Err((
+                format!("{p}.params.{name}"),
+                format!("{:e} is beyond any model's context: at most {shown}", v.0),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An empirical distribution's `pmf`: numeric non-negative values

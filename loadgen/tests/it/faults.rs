@@ -212,7 +212,11 @@ fn a_5000_request_soak_accounts_for_every_injected_fault() {
     ids.sort_unstable();
     assert_eq!(ids, (0..n).collect::<Vec<u64>>(), "every request once");
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
-    for r in t.records.iter().filter(|r| r.outcome.status != Some(Status::Ok)) {
+    for r in t
+        .records
+        .iter()
+        .filter(|r| r.outcome.status != Some(Status::Ok))
+    {
         *kinds.entry(error_kind(r)).or_default() += 1;
     }
     let injected: BTreeMap<String, u64> = [
@@ -227,7 +231,10 @@ fn a_5000_request_soak_accounts_for_every_injected_fault() {
     .map(|(row_kind, fault)| (row_kind.to_string(), mock.faults(fault)))
     .filter(|(_, v)| *v > 0)
     .collect();
-    assert_eq!(kinds, injected, "rows by error kind = the mock's injections");
+    assert_eq!(
+        kinds, injected,
+        "rows by error kind = the mock's injections"
+    );
     let total: u64 = injected.values().sum();
     assert!(
         (350..=600).contains(&total),

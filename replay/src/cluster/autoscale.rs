@@ -580,6 +580,16 @@ impl Autoscaler {
         self.counters.peak_ready = self.counters.peak_ready.max(ready);
     }
 
+    /// The cluster has been idle for many evaluations: the next comes on
+    /// its grid at the last time no later than `t` (the next input), not
+    /// every interval until then. Replicas still starting keep their time.
+    pub fn skip_idle_until(&mut self, t: i64) {
+        let iv = self.interval_us;
+        if t > self.next_tick {
+            self.next_tick += (t - self.next_tick) / iv * iv;
+        }
+    }
+
     /// Whether an evaluation is due at `now`.
     pub fn tick_due(&self, now: i64) -> bool {
         now >= self.next_tick

@@ -80,7 +80,8 @@ pub struct EngineFlags {
     /// Prefill tokens per request per step at most (0: off).
     #[arg(allow_negative_numbers = true, long)]
     pub long_prefill_token_threshold: Option<u32>,
-    /// Prompt + output tokens at most (0: unlimited).
+    /// Prompt + output tokens at most (default: the context length of the
+    /// model's config, as vLLM; 0: unlimited).
     #[arg(allow_negative_numbers = true, long)]
     pub max_model_len: Option<u32>,
     /// vLLM's --async-scheduling: a request arriving during a step joins

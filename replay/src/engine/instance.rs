@@ -152,6 +152,11 @@ impl std::fmt::Display for DropReason {
     }
 }
 
+/// The longest context the engine simulates, tokens (2^30, above any
+/// model's): with `max_model_len` 0 (unlimited) a prompt this long is
+/// refused and an output capped to the rest, as with a limit.
+pub const MAX_CONTEXT: u32 = 1 << 30;
+
 /// Tokens one request produced during a step report, consecutive from
 /// `first_index` (1-based output index), one per step starting at
 /// `first_step` of [`StepReport::step_ends`].
@@ -969,18 +974,21 @@ impl Instance {
     pub(super) fn servable(&self, req: &SimRequest) -> Result<(u32, bool), DropReason> {
         let mut target = req.output_tokens.max(1);
         let mut capped = false;
-        let m = self.cfg.max_model_len;
-        if m > 0 {
-            if req.input_tokens >= m {
-                return Err(DropReason::TooLong {
-                    input: req.input_tokens,
-                    max_model_len: m,
-                });
-            }
-            if req.input_tokens + target > m {
-                target = m - req.input_tokens;
-                capped = true;
-            }
+        // Without a limit, no context is longer than this (token counts
+        // near `u32::MAX` must not wrap).
+        let m = match self.cfg.max_model_len {
+            0 => MAX_CONTEXT,
+            m => m.min(MAX_CONTEXT),
+        };
+        if req.input_tokens >= m {
+            return Err(DropReason::TooLong {
+                input: req.input_tokens,
+                max_model_len: m,
+            });
+        }
+        if u64::from(req.input_tokens) + u64::from(target) > u64::from(m) {
+            target = m - req.input_tokens;
+            capped = true;
         }
         let needed = self.kv.blocks_for(req.input_tokens + target - 1);
         if needed > self.kv.total() {

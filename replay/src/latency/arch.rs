@@ -188,6 +188,54 @@ pub struct ModelArch {
     pub kv_bytes: f64,
     /// Whether the MLP is gated (SwiGLU: three matrices) rather than two.
     pub gated_mlp: bool,
+    /// The context length vLLM derives from the config (its default
+    /// `max_model_len`), tokens; `None` when the config gives none.
+    pub max_context: Option<u32>,
+}
+
+/// The context length vLLM derives from a Hugging Face config (vLLM's
+/// `_get_and_verify_max_len`, `vllm/config.py`): the smallest of the
+/// length keys present, times the RoPE scaling factor unless the scaling
+/// type keeps the length (`su`, `longrope`, `llama3`, `dynamic`); a `yarn`
+/// scaling multiplies its `original_max_position_embeddings`.
+fn derived_max_len(c: &Value) -> Option<u32> {
+    const KEYS: [&str; 8] = [
+        "max_position_embeddings",
+        "n_positions",
+        "max_seq_len",
+        "seq_length",
+        "model_max_length",
+        "max_sequence_length",
+        "max_seq_length",
+        "seq_len",
+    ];
+    let mut len = KEYS
+        .iter()
+        .filter_map(|k| c.get(*k).and_then(Value::as_f64))
+        .filter(|v| v.is_finite() && *v >= 1.0)
+        .fold(None::<f64>, |m, v| Some(m.map_or(v, |m| m.min(v))))?;
+    if let Some(rs) = c.get("rope_scaling").filter(|v| v.is_object()) {
+        let kind = rs
+            .get("rope_type")
+            .or_else(|| rs.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let factor = rs.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+        if !matches!(kind, "su" | "longrope" | "llama3" | "dynamic")
+            && factor.is_finite()
+            && factor >= 1.0
+        {
+            if kind == "yarn"
+                && let Some(o) = rs
+                    .get("original_max_position_embeddings")
+                    .and_then(Value::as_f64)
+            {
+                len = o;
+            }
+            len *= factor;
+        }
+    }
+    Some(len.min(f64::from(u32::MAX)) as u32)
 }
 
 impl ModelArch {
@@ -284,6 +332,7 @@ impl ModelArch {
                 act,
                 "silu" | "swiglu" | "gelu_pytorch_tanh" | "geglu" | "gelu"
             ) || experts > 0,
+            max_context: derived_max_len(c),
         })
     }
 

@@ -2,6 +2,7 @@
 
 mod autoscale; // autoscaling: scale-ups, readiness, drains, cost
 mod behaviour; // known answers: timings, batching limits, caching, preemption, policies
+mod bounded; // absurd but parseable inputs: refused, or served in bounded time
 mod cli; // the binary: outputs, determinism, errors
 mod cluster; // clusters: one instance = single path, determinism, policy behaviour, invariants
 mod common; // helpers

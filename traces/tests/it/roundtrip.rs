@@ -27,8 +27,9 @@ fn shared() -> impl Strategy<Value = Arc<str>> {
 fn nonzero_i64() -> impl Strategy<Value = Option<i64>> {
     prop_oneof![
         Just(None),
-        (1i64..=i64::MAX / 4).prop_map(Some),
-        (i64::MIN / 4..=-1i64).prop_map(Some)
+        // (Times are within ±2^53 µs: the reader refuses more.)
+        (1i64..=blis_traces::csvio::MAX_TIME_US).prop_map(Some),
+        (-blis_traces::csvio::MAX_TIME_US..=-1i64).prop_map(Some)
     ]
 }
 
@@ -42,8 +43,8 @@ prop_compose! {
         tokens in (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()),
         reason_ratio in prop_oneof![Just(0.0), Just(1.0), 0.0f64..=1.0],
         deadline_us in nonzero_i64(),
-        arrival_time_us in any::<i64>(),
-        think_time_us in proptest::option::of(any::<i64>()),
+        arrival_time_us in -blis_traces::csvio::MAX_TIME_US..=blis_traces::csvio::MAX_TIME_US,
+        think_time_us in proptest::option::of(-blis_traces::csvio::MAX_TIME_US..=blis_traces::csvio::MAX_TIME_US),
         content_key in proptest::option::of(any::<u64>()),
         hash_ids in proptest::option::of((1u32..4096, proptest::collection::vec(any::<u64>(), 1..8))),
     ) -> Request {

@@ -1,0 +1,200 @@
+//! Bounded work for absurd but parseable inputs (issue 17 item 6): each is
+//! refused with a one-line error naming the field, or runs in bounded time
+//! as vLLM would serve it. Each case once hung (for hours, or for ever).
+
+use std::path::Path;
+use std::process::Command;
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+fn replay() -> Command {
+    Command::new(assert_cmd::cargo::cargo_bin!("blis-replay"))
+}
+
+/// A trace of `rows` (`input,output,arrival[,deadline]`) in `dir`.
+fn trace(dir: &Path, rows: &[&str]) -> std::path::PathBuf {
+    let mut csv =
+        String::from("request_id,input_tokens,output_tokens,arrival_time_us,deadline_us\n");
+    for (i, r) in rows.iter().enumerate() {
+        let mut cells: Vec<&str> = r.split(',').collect();
+        cells.resize(4, "");
+        csv.push_str(&format!("{i},{}\n", cells.join(",")));
+    }
+    std::fs::write(dir.join("t.csv"), csv).unwrap();
+    let h = dir.join("t.yaml");
+    std::fs::write(&h, "trace_version: 3\nmode: generated\ndata_file: t.csv\n").unwrap();
+    h
+}
+
+/// Runs `blis-replay run ARGS --out DIR/o` with a 60 s guard (a hang
+/// fails the test instead of stalling CI); its exit code and stderr.
+fn run(dir: &Path, args: &[&str]) -> (i32, String) {
+    let mut child = replay()
+        .args(["run", "--model", MODEL])
+        .args(args)
+        .arg("--out")
+        .arg(dir.join("o"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status.code().unwrap_or(-1), err);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("blis-replay {args:?} did not finish in 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn rows(dir: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("o.csv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn token_counts_at_the_integer_limit_are_refused_or_capped_by_max_model_len() {
+    let dir = tempfile::tempdir().unwrap();
+    // A prompt of u32::MAX tokens; an output of u32::MAX (once a wrapped
+    // sum that simulated 4·10^9 tokens block by block).
+    let h = trace(
+        dir.path(),
+        &["4294967295,10,0", "100,4294967295,1000", "100,20,2000"],
+    );
+    let (code, err) = run(dir.path(), &["--trace", h.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let yaml = std::fs::read_to_string(dir.path().join("o.yaml")).unwrap();
+    assert!(
+        yaml.contains("max_model_len: 131072"),
+        "the model config's context length: {yaml}"
+    );
+    let r = rows(dir.path());
+    let text = r[0].join(",");
+    assert!(
+        text.contains("error") && text.contains("reaches max_model_len 131072"),
+        "{text}"
+    );
+    let text = r[1].join(",");
+    assert!(
+        text.contains(",ok,"),
+        "capped at the context and served: {text}"
+    );
+    assert!(r[2].join(",").contains(",ok,"));
+}
+
+#[test]
+fn a_deadline_far_away_does_not_keep_the_time_series_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = trace(dir.path(), &["100,20,0,9007199254740992"]);
+    let (code, err) = run(dir.path(), &["--trace", h.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    // Samples every 100 ms stop with the request (about 0.2 s), not at its
+    // deadline 285 years later.
+    let samples = std::fs::read_to_string(dir.path().join("o.metrics.csv")).unwrap();
+    let last: i64 = samples
+        .lines()
+        .last()
+        .and_then(|l| l.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    assert!(last < 1_000_000, "the last sample is at {last} µs");
+}
+
+#[test]
+fn an_arrival_years_away_skips_the_idle_stretch() {
+    let dir = tempfile::tempdir().unwrap();
+    // 100 years apart: sampled every 100 ms, 3·10^10 idle samples.
+    let h = trace(dir.path(), &["100,20,0", "100,20,3155760000000000"]);
+    let (code, err) = run(dir.path(), &["--trace", h.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        rows(dir.path())
+            .iter()
+            .filter(|r| r.join(",").contains(",ok,"))
+            .count(),
+        2
+    );
+    let samples = std::fs::read_to_string(dir.path().join("o.metrics.csv")).unwrap();
+    let n = samples.lines().count();
+    assert!(
+        n < 50_000,
+        "{n} sample rows: the idle stretch keeps 1,000 samples"
+    );
+}
+
+#[test]
+fn absurd_times_rates_and_lengths_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = trace(dir.path(), &["100,20,9223372036854775000"]);
+    let (code, err) = run(dir.path(), &["--trace", h.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("t.csv:2:") && err.contains("arrival_time_us") && err.contains("2^53"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let spec = |name: &str, rate: &str, output: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "aggregate_rate: {rate}\nclients:\n  - id: a\n    arrival: {{process: poisson}}\n    input_distribution: {{type: constant, params: {{value: 100}}}}\n    output_distribution: {output}\n"
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let cases = [
+        (
+            spec("rate.yaml", "1e12", "{type: constant, params: {value: 10}}"),
+            vec!["--horizon-s", "3600"],
+            "rate.yaml: aggregate_rate",
+        ),
+        (
+            spec(
+                "mean.yaml",
+                "10",
+                "{type: exponential, params: {mean: 1e300}}",
+            ),
+            vec!["--num-requests", "10"],
+            "mean.yaml:6:",
+        ),
+        (
+            spec("count.yaml", "10", "{type: constant, params: {value: 10}}"),
+            vec!["--num-requests", "1000000000000"],
+            "num_requests",
+        ),
+        (
+            spec(
+                "horizon.yaml",
+                "10",
+                "{type: constant, params: {value: 10}}",
+            ),
+            vec!["--horizon-s", "1e300"],
+            "horizon",
+        ),
+    ];
+    for (spec, extra, needle) in cases {
+        let mut args = vec!["--workload-spec", spec.to_str().unwrap()];
+        args.extend(extra);
+        let (code, err) = run(dir.path(), &args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}

@@ -189,7 +189,7 @@ pub(crate) fn one_line(s: &str, max: usize) -> String {
 }
 
 /// A transport error and its causes on one line.
-pub fn describe(e: &reqwest::Error) -> String {
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = String::new();
     let mut cur: Option<&dyn std::error::Error> = Some(e);
     while let Some(err) = cur {

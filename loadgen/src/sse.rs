@@ -99,10 +99,39 @@ pub async fn read_stream(
     clock: &RunClock,
     cap: &mut Capture,
 ) -> Result<(), Failure> {
-    let mut events = resp.bytes_stream().eventsource();
+    read_events(resp.bytes_stream(), || clock.now_us(), cap).await
+}
+
+/// Parses a whole SSE body arriving in `pieces` (as the network splits
+/// it), every chunk at time 0: what [`read_stream`] makes of it. For
+/// tests and the fuzzing harness.
+///
+/// # Errors
+/// As [`read_stream`].
+pub fn parse_sse(pieces: &[&[u8]], cap: &mut Capture) -> Result<(), Failure> {
+    let stream = futures::stream::iter(
+        pieces
+            .iter()
+            .map(|p| Ok::<Vec<u8>, std::io::Error>(p.to_vec())),
+    );
+    futures::executor::block_on(read_events(stream, || 0, cap))
+}
+
+/// The events of an SSE byte stream into `cap`, each timed by `now`.
+async fn read_events<S, B, E>(
+    stream: S,
+    now: impl Fn() -> i64,
+    cap: &mut Capture,
+) -> Result<(), Failure>
+where
+    S: futures::Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: std::error::Error + 'static,
+{
+    let mut events = stream.eventsource();
     let mut done = false;
     while let Some(ev) = events.next().await {
-        let now = clock.now_us();
+        let now = now();
         let ev = match ev {
             Ok(ev) => ev,
             Err(EventStreamError::Transport(e)) => {

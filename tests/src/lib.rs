@@ -6,3 +6,5 @@
 //! in the `blis-loop` crate (`loop/`); `golden-outputs.sh` writes every
 //! deterministic output of the README's examples for byte-for-byte checks
 //! of a refactor.
+
+pub mod fuzz;

@@ -285,10 +285,18 @@ impl LengthSampler {
     /// # Errors
     /// As [`Sampler::from_spec`].
     pub fn new(spec: &DistSpec, base_dir: &Path, default_min: u32) -> Result<Self> {
+        let max = spec.params.max.map_or(f64::from(u32::MAX), |m| m.0);
+        // A `max` below the default minimum wins (the spec's own `min` was
+        // checked against it).
+        let min = spec
+            .params
+            .min
+            .map_or(f64::from(default_min), |m| m.0)
+            .min(max);
         Ok(Self {
             sampler: Sampler::from_spec(spec, base_dir)?,
-            min: spec.params.min.map_or(f64::from(default_min), |m| m.0),
-            max: spec.params.max.map_or(f64::from(u32::MAX), |m| m.0),
+            min,
+            max,
         })
     }
 

@@ -746,7 +746,10 @@ impl ServeGenStream {
             if len <= 0.0 {
                 continue;
             }
-            let n = stochastic_round(w.rate * self.scale * len, &mut self.rng_arrival) as usize;
+            // (At most the requests a run may plan: a scaled-up window
+            // could ask for more.)
+            let n = stochastic_round(w.rate * self.scale * len, &mut self.rng_arrival)
+                .min(MAX_PLANNED_REQUESTS) as usize;
             if n == 0 {
                 continue;
             }

@@ -230,6 +230,14 @@ impl StepsWriter {
     }
 }
 
+/// Instances a step table may name (0 to 65535).
+pub const MAX_INSTANCES: u32 = 1 << 16;
+/// Steps a step table may hold per file, and the highest step index: 2^27
+/// (134 million; a 100,000-request replay on 16 instances takes about 10^6).
+pub const MAX_STEPS: u64 = 1 << 27;
+/// Chunks an ITL companion in step form may expand to: 2^28.
+pub const MAX_CHUNKS: u64 = 1 << 28;
+
 /// Reads a step table.
 ///
 /// # Errors
@@ -244,15 +252,20 @@ pub fn read_steps(path: &Path) -> Result<Vec<StepBatch>> {
 /// # Errors
 /// As [`read_steps`].
 pub fn read_steps_from<R: Read>(input: R, path: &Path) -> Result<Vec<StepBatch>> {
+    let mut total = 0u64;
     read_rows(input, path, &STEP_COLUMNS, |cx, idx| {
         let need = |i: usize| -> Result<i64> {
             cx.int_by_name::<i64>(idx[i], STEP_COLUMNS[i])?
                 .ok_or_else(|| cx.err_named(idx[i], STEP_COLUMNS[i], "missing value"))
         };
         let instance = u32::try_from(need(0)?)
-            .map_err(|_| cx.err_named(idx[0], "instance", "out of range"))?;
+            .ok()
+            .filter(|i| *i < MAX_INSTANCES)
+            .ok_or_else(|| cx.err_named(idx[0], "instance", "out of range (0 to 65535)"))?;
         let first_step = u64::try_from(need(1)?)
-            .map_err(|_| cx.err_named(idx[1], "first_step", "out of range"))?;
+            .ok()
+            .filter(|s| *s < MAX_STEPS)
+            .ok_or_else(|| cx.err_named(idx[1], "first_step", "out of range (0 to 2^27)"))?;
         let mut ends = vec![need(2)?];
         for part in cx.text(idx[3]).split_whitespace() {
             let bad = || cx.err_named(idx[3], "gaps_us", &format!("invalid gap {part:?}"));
@@ -261,7 +274,12 @@ pub fn read_steps_from<R: Read>(input: R, path: &Path) -> Result<Vec<StepBatch>>
                 None => (part, 1),
             };
             let g = g.parse::<i64>().map_err(|_| bad())?;
-            if g < 0 || n == 0 || n > 100_000_000 {
+            total += n as u64;
+            if g < 0
+                || n == 0
+                || total > MAX_STEPS
+                || first_step + ends.len() as u64 + n as u64 > MAX_STEPS
+            {
                 return Err(bad());
             }
             for _ in 0..n {
@@ -312,6 +330,17 @@ pub fn read_runs_from<R: Read>(input: R, path: &Path) -> Result<Vec<TokenRun>> {
         if r.first_index == 0 || r.count == 0 {
             return Err(cx.err_named(idx[5], "count", "first_index and count must be ≥ 1"));
         }
+        if r.instance >= MAX_INSTANCES
+            || r.first_step >= MAX_STEPS
+            || u64::from(r.count) > MAX_STEPS
+            || r.first_index.checked_add(r.count).is_none()
+        {
+            return Err(cx.err_named(
+                idx[4],
+                "first_step",
+                "out of range (instances below 65536, steps below 2^27)",
+            ));
+        }
         Ok(r)
     })
 }
@@ -333,7 +362,19 @@ pub fn expand(
         .chain(runs.iter().map(|r| r.instance as usize + 1))
         .max()
         .unwrap_or(0);
-    // Each instance's step end times, by step index.
+    // Each instance's step end times, by step index (the table's gaps
+    // count: at most 2^27 steps in all).
+    let mut sizes = vec![0u64; instances];
+    for s in steps {
+        let e = &mut sizes[s.instance as usize];
+        *e = (*e).max(s.first_step + s.ends.len() as u64);
+    }
+    if sizes.iter().sum::<u64>() > MAX_STEPS {
+        return Err(Error::in_file(
+            path,
+            "its step indices span more than 2^27 steps".to_string(),
+        ));
+    }
     let mut ends: Vec<Vec<i64>> = vec![Vec::new(); instances];
     for s in steps {
         let e = &mut ends[s.instance as usize];
@@ -368,7 +409,13 @@ pub fn expand(
     let mut active: Vec<std::collections::BTreeMap<u64, usize>> =
         vec![std::collections::BTreeMap::new(); instances];
     let total: u64 = runs.iter().map(|r| u64::from(r.count)).sum();
-    let mut out = Vec::with_capacity(total as usize);
+    if total > MAX_CHUNKS {
+        return Err(Error::in_file(
+            path,
+            format!("its runs expand to {total} chunks, more than 2^28"),
+        ));
+    }
+    let mut out = Vec::with_capacity(total.min(1 << 20) as usize);
     for s in steps {
         let inst = s.instance as usize;
         let (s0, s1) = (s.first_step, s.first_step + s.ends.len() as u64);

@@ -14,6 +14,10 @@ use crate::dist::{Empirical, parse_pmf_literal};
 use crate::error::{Error, Location, Result};
 use crate::spec::{ArrivalProcess, Category};
 
+/// The highest rate a ServeGen client's window may record, requests/s
+/// (10^6: production clients are below 10^3).
+pub const MAX_WINDOW_RATE: f64 = 1e6;
+
 /// One 600-second arrival window of a client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceWindow {
@@ -21,7 +25,8 @@ pub struct TraceWindow {
     pub start_s: f64,
     /// Window length, seconds.
     pub duration_s: f64,
-    /// Mean arrival rate, requests/s (0 when inactive).
+    /// Mean arrival rate, requests/s (0 when inactive; at most
+    /// [`MAX_WINDOW_RATE`]).
     pub rate: f64,
     /// Coefficient of variation of inter-arrival times.
     pub cv: f64,
@@ -237,10 +242,26 @@ fn read_trace_windows(path: &Path) -> Result<Vec<TraceWindow>> {
                 ));
             }
         };
+        let rate = num(1, "rate")?;
+        if rate > MAX_WINDOW_RATE {
+            return Err(Error::invalid(
+                Location::at(path, line_no, 2),
+                format!(
+                    "rate: {rate:e} req/s is more than {MAX_WINDOW_RATE:e} (one client of a trace)"
+                ),
+            ));
+        }
+        let start_s = num(0, "start")?;
+        if start_s > 9.0e9 {
+            return Err(Error::invalid(
+                Location::at(path, line_no, 1),
+                format!("start: {start_s:e} s is beyond 285 years"),
+            ));
+        }
         rows.push(TraceWindow {
-            start_s: num(0, "start")?,
+            start_s,
             duration_s: 0.0,
-            rate: num(1, "rate")?,
+            rate,
             cv: num(2, "cv")?,
             family,
             shape: num(4, "shape")?,

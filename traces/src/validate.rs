@@ -182,12 +182,55 @@ fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
             "at least one stage is required".into(),
         );
     }
+    let mut planned = 0.0;
+    let mut span_s = 0.0;
     for (i, s) in ip.load.stages.iter().enumerate() {
         if s.rate.0 < 0.0 || s.duration.0 <= 0.0 {
             return e(
                 &format!("inference_perf.load.stages[{i}]"),
                 "rate must be ≥ 0 and duration > 0".into(),
             );
+        }
+        planned += s.rate.0 * s.duration.0;
+        span_s += s.duration.0;
+    }
+    let max = crate::generate::MAX_PLANNED_REQUESTS;
+    if planned > max as f64 {
+        return e(
+            "inference_perf.load.stages",
+            format!(
+                "the stages plan about {planned:.3e} requests, more than the {max} a run may plan"
+            ),
+        );
+    }
+    if span_s * 1e6 > crate::csvio::MAX_TIME_US as f64 {
+        return e(
+            "inference_perf.load.stages",
+            format!("the stages last {span_s:e} s, beyond 2^53 µs (285 years)"),
+        );
+    }
+    if let Some(sp) = &ip.data.shared_prefix {
+        let prompts = u64::from(sp.num_groups.unwrap_or(10))
+            * u64::from(sp.num_prompts_per_group.unwrap_or(10));
+        if prompts > 10_000_000 {
+            return e(
+                "inference_perf.data.shared_prefix",
+                format!(
+                    "num_groups × num_prompts_per_group is {prompts} distinct prompts, more than 10^7"
+                ),
+            );
+        }
+        for (name, v) in [
+            ("system_prompt_len", sp.system_prompt_len),
+            ("question_len", sp.question_len),
+            ("output_len", sp.output_len),
+        ] {
+            if f64::from(v) > MAX_TOKENS {
+                return e(
+                    &format!("inference_perf.data.shared_prefix.{name}"),
+                    format!("{v} is beyond any model's context: at most 1e9 tokens"),
+                );
+            }
         }
     }
     if let Some(t) = &ip.load.load_type

@@ -122,6 +122,14 @@ impl Endpoint {
         self.api
     }
 
+    /// The path requests go to (`/v1/completions`, `/v1/chat/completions`).
+    pub fn path(&self) -> &'static str {
+        match self.api {
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
+        }
+    }
+
     /// Whether chunks carry running usage (so per-chunk token counts are
     /// known): vLLM's `stream_options.continuous_usage_stats`.
     pub fn per_chunk_tokens(&self) -> bool {

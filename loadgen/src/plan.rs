@@ -22,7 +22,7 @@ pub enum PlanError {
     #[error("{0}")]
     Flag(String),
     /// A trace or import could not be read.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Input {
         /// What was being read.
         what: String,

@@ -661,8 +661,6 @@ struct Server {
     cache: Option<(u64, u64)>,
 }
 
-/// Phase 2: the server, checked and measured (tokens per word, its KV
-/// cache from its metrics).
 /// Whether the process's arguments carry an API key (`--api-key K` or
 /// `--api-key=K`), where `ps` shows it.
 fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
@@ -670,6 +668,8 @@ fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
         .any(|a| a == "--api-key" || a.starts_with("--api-key="))
 }
 
+/// Phase 2: the server, checked and measured (tokens per word, its KV
+/// cache from its metrics).
 async fn connect(args: &RunArgs) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
     let client = crate::http::client().step(|| "building the HTTP client")?;
@@ -693,6 +693,18 @@ async fn connect(args: &RunArgs) -> Result<Server> {
     let tpw =
         probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
     if let Some(f) = &tpw.calibration_failure {
+        // A refusal every request would get: stop before sending any.
+        let path = ep.path();
+        if f.starts_with("http_401") || f.starts_with("http_403") {
+            return Err(CommandError::Usage(format!(
+                "{base}{path} refused a test request ({f}): the server wants an API key (--api-key, or BLIS_API_KEY); nothing was sent"
+            )));
+        }
+        if f.starts_with("http_404") || f.starts_with("http_405") {
+            return Err(CommandError::Usage(format!(
+                "{base}{path} answered a test request with {f}: not an OpenAI-compatible server, or not its base URL (or --api completions|chat is the other one); nothing was sent"
+            )));
+        }
         blis_traces::diag!(
             "warning: a one-token test request to {base} failed ({f}); the run's requests will likely fail the same way"
         );

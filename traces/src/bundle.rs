@@ -149,7 +149,7 @@ impl Trace {
             );
         }
         let data = CompleteLines::open(&paths.data, cut)?;
-        let (records, absent_columns) = if data.is_empty() {
+        let (records, absent_columns) = if cut && data.is_empty() {
             // Killed before the header row reached the disk.
             (Vec::new(), Vec::new())
         } else {
@@ -162,7 +162,7 @@ impl Trace {
             Some(expand(&steps, &runs, &form.timing, &paths.itl)?)
         } else if paths.itl.exists() {
             let f = CompleteLines::open(&paths.itl, cut)?;
-            Some(if f.is_empty() {
+            Some(if cut && f.is_empty() {
                 Vec::new()
             } else {
                 read_chunks_from(f, &paths.itl)?
@@ -172,7 +172,7 @@ impl Trace {
         };
         let metrics = if paths.metrics.exists() {
             let f = CompleteLines::open(&paths.metrics, cut)?;
-            Some(if f.is_empty() {
+            Some(if cut && f.is_empty() {
                 Vec::new()
             } else {
                 read_metrics_from(f, &paths.metrics)?

@@ -101,6 +101,11 @@ pub struct Opts {
     /// Probability of a response without usage.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0.0)]
     pub fault_missing_usage_rate: f64,
+    /// Requests waiting (accepted, not yet running) at most; beyond it a
+    /// request gets HTTP 503 with Retry-After (SGLang's
+    /// --max-queued-requests; vLLM queues without bound). 0: no bound.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_queued_requests: u64,
     /// Keep every completed request's served timings in memory
     /// ([`crate::server::ServedLog`]), for tests that check a client's
     /// measurements against what the server did.
@@ -146,6 +151,7 @@ impl Opts {
                 missing_usage: self.fault_missing_usage_rate,
             },
             record_served: self.record_served,
+            max_queued_requests: self.max_queued_requests,
         }
     }
 }

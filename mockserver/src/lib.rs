@@ -167,6 +167,8 @@ pub struct MockConfig {
     pub api_key: Option<String>,
     /// 503 for this long after start.
     pub startup_delay: Duration,
+    /// Requests waiting at most before 503s (0: no bound).
+    pub max_queued_requests: u64,
     /// Simulated time per wall time (> 1: faster than real time).
     pub time_scale: f64,
     /// The `/metrics` names: vLLM's or SGLang's.
@@ -223,6 +225,7 @@ pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
         cfg.seed,
     );
     state.served = served.clone();
+    state.max_queued = cfg.max_queued_requests;
     let state = Arc::new(state);
     let bind_addr = cfg.addr;
     let bind_error = |source| StartError::Bind {

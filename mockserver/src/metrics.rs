@@ -144,6 +144,11 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Requests running in the engine's latest state.
+    pub fn running(&self) -> u64 {
+        self.lock().snapshot.map_or(0, |s| u64::from(s.running))
+    }
+
     /// The engine's latest state.
     pub fn set_snapshot(&self, s: Snapshot) {
         self.lock().snapshot = Some(s);

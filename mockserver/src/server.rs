@@ -151,6 +151,10 @@ pub struct AppState {
     pub output: OutputDist,
     /// Served timings, when recorded.
     pub served: Option<Arc<ServedLog>>,
+    /// Requests waiting at most (0: no bound): beyond, 503.
+    pub max_queued: u64,
+    /// Requests accepted and not ended (running or waiting).
+    in_flight: Arc<AtomicU64>,
     rng: Mutex<ChaCha8Rng>,
     counter: AtomicU64,
 }
@@ -181,6 +185,8 @@ impl AppState {
             faults,
             output,
             served: None,
+            max_queued: 0,
+            in_flight: Arc::new(AtomicU64::new(0)),
             rng: Mutex::new(rng),
             counter: AtomicU64::new(0),
         }
@@ -335,10 +341,13 @@ struct AbortGuard {
     engine: EngineHandle,
     id: u64,
     done: bool,
+    /// The server's count of requests in flight, less this one at the end.
+    in_flight: Arc<AtomicU64>,
 }
 
 impl Drop for AbortGuard {
     fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
         if !self.done {
             self.engine.abort(self.id);
         }
@@ -355,6 +364,22 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };
+    // A bounded queue: beyond `max_queued` waiting requests, 503 (the
+    // running ones as of the engine's latest state).
+    let in_flight = st.in_flight.fetch_add(1, Ordering::Relaxed);
+    if st.max_queued > 0 && in_flight >= st.metrics.running() + st.max_queued {
+        st.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut r = Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            &format!(
+                "server overloaded: {} requests waiting (--max-queued-requests)",
+                st.max_queued
+            ),
+        );
+        r.retry_after_s = Some(1);
+        return r.into_response();
+    }
     let bs = st.engine_cfg.block_size.max(1);
     let n = st.counter.fetch_add(1, Ordering::Relaxed);
     let key = xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes()) ^ 0x6d6f_636b;
@@ -371,6 +396,7 @@ async fn generate(st: Arc<AppState>, headers: HeaderMap, body: Bytes, chat: bool
         engine: st.engine.clone(),
         id,
         done: false,
+        in_flight: st.in_flight.clone(),
     };
     let resp_id = format!("{}-{n:x}", if chat { "chatcmpl" } else { "cmpl" });
     let x_request_id = st.served.as_ref().and_then(|_| {

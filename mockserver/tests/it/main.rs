@@ -7,3 +7,4 @@
 mod common; // starting servers, small clients
 mod conformance; // OpenAI/vLLM shapes, usage, errors, auth, /metrics
 mod faults; // injected faults at configured rates, server stays up
+mod overload; // a bounded queue, 503s past it, health and metrics answered, 413

@@ -135,13 +135,26 @@ pub fn mooncake(path: &Path) -> Result<Trace> {
                 format!("not a Mooncake request: {e}"),
             )
         })?;
+        let arrival_time_us = row
+            .timestamp
+            .checked_mul(1000)
+            .filter(|t| t.unsigned_abs() <= crate::csvio::MAX_TIME_US as u64)
+            .ok_or_else(|| {
+                Error::invalid(
+                    Location::at(path, i as u64 + 1, 1),
+                    format!(
+                        "timestamp: {} ms is beyond ±2^53 µs (285 years)",
+                        row.timestamp
+                    ),
+                )
+            })?;
         let request = Request {
             request_id: records.len() as u64,
             client_id: client.clone(),
             streaming: true,
             input_tokens: row.input_length,
             output_tokens: row.output_length,
-            arrival_time_us: row.timestamp * 1000,
+            arrival_time_us,
             hash_ids: (!row.hash_ids.is_empty()).then(|| HashIds {
                 block_tokens: 512,
                 ids: row.hash_ids.into(),
@@ -422,7 +435,8 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
     let prompts = shared_prefix.map(|s| {
         let groups = s.num_groups.unwrap_or(10).max(1);
         let per = s.num_prompts_per_group.unwrap_or(10).max(1);
-        (groups * per, per, s.system_prompt_len)
+        // (A product past u32 is a cycle longer than any run.)
+        (groups.saturating_mul(per), per, s.system_prompt_len)
     });
     let cycle = prompts.map_or(1, |(n, _, _)| u64::from(n.max(1)));
     let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
@@ -506,6 +520,35 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
         serde_json::from_str(&read_json(&replay_path)?).map_err(|e| json_err(&replay_path, e))?;
     let truth: Vec<GtTruth> =
         serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))?;
+    // Times the trace can hold (±2^53 µs, durations within a year).
+    let max = crate::csvio::MAX_TIME_US;
+    if let Some(r) = replay
+        .requests
+        .iter()
+        .find(|r| r.arrival_time_us.unsigned_abs() > max as u64)
+    {
+        return Err(Error::in_file(
+            &replay_path,
+            format!(
+                "request {}: arrival_time_us {} is beyond ±2^53 µs",
+                r.index, r.arrival_time_us
+            ),
+        ));
+    }
+    let year_s = 3.2e7;
+    let ok = |s: f64| s.is_finite() && (0.0..=year_s).contains(&s);
+    if let Some(t) = truth
+        .iter()
+        .find(|t| !ok(t.e2e_s) || t.ttft_s.is_some_and(|s| !ok(s)))
+    {
+        return Err(Error::in_file(
+            &truth_path,
+            format!(
+                "request {}: e2e_s {} / ttft_s {:?} must be seconds within [0, 3.2e7]",
+                t.index, t.e2e_s, t.ttft_s
+            ),
+        ));
+    }
     Ok((exp, replay, truth))
 }
 
@@ -583,7 +626,7 @@ impl GtRun {
             input_tokens: input,
             output_tokens: output,
             arrival_time_us: r.arrival_time_us,
-            deadline_us: Some(r.arrival_time_us + self.timeout_us),
+            deadline_us: Some(r.arrival_time_us.saturating_add(self.timeout_us)),
             ..Request::default()
         };
         if let Some((n, per, system)) = self.prompts {

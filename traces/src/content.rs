@@ -225,7 +225,7 @@ pub fn sequence_segments(r: &Request, input_len: u32, output_len: u32, out: &mut
         }))
     };
     match (out.last_mut(), body_key) {
-        (Some(last), Some(k)) if last.key == k => last.len += output_len,
+        (Some(last), Some(k)) if last.key == k => last.len = last.len.saturating_add(output_len),
         (_, Some(k)) => out.push(Segment {
             key: k,
             offset: 0,

@@ -98,6 +98,10 @@ fn spec_path(spec: &WorkloadSpec) -> &Path {
     }
 }
 
+/// The most requests one ServeGen window generates (10^7; its arrivals
+/// are drawn at once, 24 bytes each).
+const MAX_WINDOW_REQUESTS: u64 = 10_000_000;
+
 /// The most requests one generation may plan (10^8): more is refused
 /// rather than generated for hours.
 pub const MAX_PLANNED_REQUESTS: u64 = 100_000_000;
@@ -749,7 +753,7 @@ impl ServeGenStream {
             // (At most the requests a run may plan: a scaled-up window
             // could ask for more.)
             let n = stochastic_round(w.rate * self.scale * len, &mut self.rng_arrival)
-                .min(MAX_PLANNED_REQUESTS) as usize;
+                .min(MAX_WINDOW_REQUESTS) as usize;
             if n == 0 {
                 continue;
             }

@@ -15,8 +15,8 @@ use crate::error::{Error, Location, Result};
 use crate::spec::{ArrivalProcess, Category};
 
 /// The highest rate a ServeGen client's window may record, requests/s
-/// (10^6: production clients are below 10^3).
-pub const MAX_WINDOW_RATE: f64 = 1e6;
+/// (10^4: production clients are below 10^3).
+pub const MAX_WINDOW_RATE: f64 = 1e4;
 
 /// One 600-second arrival window of a client.
 #[derive(Debug, Clone, PartialEq)]

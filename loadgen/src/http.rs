@@ -100,11 +100,7 @@ impl Endpoint {
         model: &str,
         api_key: Option<&str>,
     ) -> Result<Self, String> {
-        let path = match api {
-            Api::Completions => "/v1/completions",
-            Api::Chat => "/v1/chat/completions",
-        };
-        let url = format!("{}{path}", base_url.trim_end_matches('/'));
+        let url = format!("{}{}", base_url.trim_end_matches('/'), api_path(api));
         let url =
             reqwest::Url::parse(&url).map_err(|e| format!("invalid server URL {url:?}: {e}"))?;
         Ok(Self {
@@ -124,10 +120,7 @@ impl Endpoint {
 
     /// The path requests go to (`/v1/completions`, `/v1/chat/completions`).
     pub fn path(&self) -> &'static str {
-        match self.api {
-            Api::Completions => "/v1/completions",
-            Api::Chat => "/v1/chat/completions",
-        }
+        api_path(self.api)
     }
 
     /// Whether chunks carry running usage (so per-chunk token counts are
@@ -263,6 +256,14 @@ impl Endpoint {
         } else {
             crate::sse::read_whole(resp, clock, cap).await
         }
+    }
+}
+
+/// The path of `api`'s requests.
+fn api_path(api: Api) -> &'static str {
+    match api {
+        Api::Completions => "/v1/completions",
+        Api::Chat => "/v1/chat/completions",
     }
 }
 

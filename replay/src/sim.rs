@@ -567,6 +567,9 @@ impl<'a> Session<'a> {
 
     #[inline]
     fn handle_event<S: Sink>(&mut self, next: Next, inputs: &mut impl InputSource, sink: &mut S) {
+        // A periodic event: after IDLE_PERIODS of them in a row with
+        // nothing in the system, the next comes just before the next input.
+        let mut skip_to = None;
         if matches!(
             next.source,
             Source::Sample | Source::Refresh | Source::Scale
@@ -576,10 +579,10 @@ impl<'a> Session<'a> {
             } else {
                 self.idle_periods = 0;
             }
+            if self.idle_periods >= IDLE_PERIODS {
+                skip_to = inputs.peek_entry();
+            }
         }
-        let skip_to = (self.idle_periods >= IDLE_PERIODS)
-            .then(|| inputs.peek_entry())
-            .flatten();
         let (now, d) = (next.at, &mut self.d);
         match next.source {
             Source::Scale => {
@@ -966,7 +969,7 @@ impl Driver<'_> {
             priority: input.priority,
             segments: input.segments,
             handoff: None,
-            cancel_seq: input.cancel_at_us.map(|_| 0),
+            cancel_seq: None,
         };
         let streaming = flight.rec.request.streaming;
         let tag = match self.free.pop() {

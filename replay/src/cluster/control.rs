@@ -527,9 +527,16 @@ impl Control {
     /// Requests routed to cluster instance `i` and not finished (of either
     /// pool of a P/D split).
     pub fn in_flight_at(&self, i: usize) -> u32 {
+        let (c, j) = self.routing_of(i);
+        c.in_flight[j]
+    }
+
+    /// The control that routes to cluster instance `i` (a P/D split's
+    /// decode side for a decode instance) and `i`'s index there.
+    pub fn routing_of(&self, i: usize) -> (&Control, usize) {
         match &self.pd {
-            Some(pd) if i >= pd.first_decode() => pd.decode.in_flight[i - pd.first_decode()],
-            _ => self.in_flight[i],
+            Some(pd) if i >= pd.first_decode() => (&pd.decode, i - pd.first_decode()),
+            _ => (self, i),
         }
     }
 
@@ -724,9 +731,9 @@ impl ClusterSummary {
     /// The summary of a finished run.
     pub fn of(bundle: &PolicyBundle, control: &Control, insts: &[Instance]) -> Self {
         let base = control.pool(insts.len()).end;
-        let routed = |i: usize| match &control.pd {
-            Some(pd) if i >= base => pd.decode.routed[i - base],
-            _ => control.routed[i],
+        let routed = |i: usize| {
+            let (c, j) = control.routing_of(i);
+            c.routed[j]
         };
         let instances: Vec<InstanceSummary> = insts
             .iter()

@@ -60,6 +60,24 @@ fn bundle(initial: u32, cfg: AutoscaleConfig, routing: RoutingPolicy) -> PolicyB
     }
 }
 
+/// `threshold` on utilisation alone from 1 up to `max` replicas, evaluated
+/// every second, ready 2 + 0.5 + 1.5 s after a scale-up, no scale-down
+/// within 100 s.
+fn step_scaler(max: u32) -> AutoscaleConfig {
+    AutoscaleConfig {
+        policy: ScalerKind::Threshold,
+        min_replicas: 1,
+        max_replicas: max,
+        interval_s: 1.0,
+        scale_up_queue_depth: 1e9,
+        cooldown_s: 100.0,
+        provisioning_delay_s: 2.0,
+        model_load_s: 0.5,
+        warmup_s: 1.5,
+        ..AutoscaleConfig::default()
+    }
+}
+
 /// A step load: 800 req/s of 2 ms requests for 3 s (one replica serves
 /// 500/s), then 100 req/s on multiples of 10 ms until 8 s.
 fn step_load() -> Vec<Request> {
@@ -78,18 +96,7 @@ fn step_load() -> Vec<Request> {
 
 #[test]
 fn a_step_load_adds_one_replica_that_takes_its_first_request_when_ready() {
-    let cfg = AutoscaleConfig {
-        policy: ScalerKind::Threshold,
-        min_replicas: 1,
-        max_replicas: 4,
-        interval_s: 1.0,
-        scale_up_queue_depth: 1e9,
-        cooldown_s: 100.0,
-        provisioning_delay_s: 2.0,
-        model_load_s: 0.5,
-        warmup_s: 1.5,
-        ..AutoscaleConfig::default()
-    };
+    let cfg = step_scaler(4);
     // One running request fills a replica (utilisation 1).
     let engine = EngineConfig {
         max_num_seqs: 1,
@@ -272,18 +279,7 @@ fn scaling_down_then_up_within_the_cooldown_is_an_oscillation() {
 #[test]
 fn an_autoscaled_decode_pool_adds_a_replica_that_takes_its_first_handoff_when_ready() {
     use blis_replay::cluster::disaggregation::PdConfig;
-    let cfg = AutoscaleConfig {
-        policy: ScalerKind::Threshold,
-        min_replicas: 1,
-        max_replicas: 2,
-        interval_s: 1.0,
-        scale_up_queue_depth: 1e9,
-        cooldown_s: 100.0,
-        provisioning_delay_s: 2.0,
-        model_load_s: 0.5,
-        warmup_s: 1.5,
-        ..AutoscaleConfig::default()
-    };
+    let cfg = step_scaler(2);
     let b = PolicyBundle {
         pd: Some(PdConfig {
             prefill_instances: 1,

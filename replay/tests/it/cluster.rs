@@ -697,10 +697,7 @@ proptest! {
         }
         for (i, inst) in r.insts.iter().enumerate() {
             // P/D: the decode pool's router routed the decode instances'.
-            let (control, j) = match &r.control.pd {
-                Some(pd) if i >= pd.first_decode() => (&pd.decode, i - pd.first_decode()),
-                _ => (&r.control, i),
-            };
+            let (control, j) = r.control.routing_of(i);
             // Every request routed here entered its queue or was dropped,
             // but those whose client gave up on the way (before the
             // routing latency passed, or while a P/D transfer ran).

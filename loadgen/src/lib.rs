@@ -30,6 +30,7 @@ pub mod record;
 pub mod report;
 pub mod response;
 pub mod run;
+pub mod samples;
 pub mod scrape;
 pub mod sse;
 pub mod timer;

@@ -34,32 +34,67 @@ pub enum PlanError {
     Workload(#[from] blis_traces::Error),
 }
 
-/// Loads the workload of `w` as planned trace records and a header
-/// describing where they came from.
+/// A planned workload: generated from a spec (lazily, as often as
+/// needed: the same spec, options and seed give the same requests), or
+/// read from a trace or an import (held in memory, as read).
+#[derive(Debug)]
+pub enum Workload {
+    /// From a workload spec or `--rate`.
+    Generated(GeneratedWorkload),
+    /// From a trace or an import: its requests as planned trace records.
+    Loaded(Vec<TraceRecord>),
+}
+
+/// A workload generated from a spec ([`Generator`]).
+#[derive(Debug, Clone)]
+pub struct GeneratedWorkload {
+    spec: Box<WorkloadSpec>,
+    opts: GenerateOptions,
+}
+
+impl GeneratedWorkload {
+    /// Its planned requests in arrival order, generated as iterated.
+    ///
+    /// # Errors
+    /// As [`Generator::new`]; each item as the generator's.
+    pub fn records(
+        &self,
+    ) -> Result<impl Iterator<Item = Result<TraceRecord, blis_traces::Error>> + use<>, PlanError>
+    {
+        Ok(Generator::new(&self.spec, &self.opts)?.map(|r| r.map(TraceRecord::planned)))
+    }
+}
+
+/// Plans the workload of `w`, with a header describing where it came from.
 ///
 /// # Errors
 /// Unreadable or invalid spec or import.
-pub fn load_workload(
+pub fn plan_workload(
     w: &WorkloadArgs,
     synthetic: &SyntheticArgs,
     opts: &GenerateOptions,
-) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
+) -> Result<(TraceHeader, Workload), PlanError> {
     if let Some(rate) = w.rate {
-        return synthetic_workload(rate, synthetic, opts);
+        let (h, g) = synthetic_workload(rate, synthetic, opts)?;
+        return Ok((h, Workload::Generated(g)));
     }
     if let Some(path) = &w.trace {
-        return replanned_trace(path, opts);
+        let (h, r) = replanned_trace(path, opts)?;
+        return Ok((h, Workload::Loaded(r)));
     }
     if let Some(path) = &w.workload_spec {
         let spec = WorkloadSpec::from_file(path)?;
         let seed = opts.seed.unwrap_or_else(|| spec.seed_or_default());
-        let records = Generator::new(&spec, opts)?
-            .map(|r| r.map(TraceRecord::planned))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Checked here, so that a bad spec fails before anything else.
+        Generator::new(&spec, opts)?;
         let mut header = TraceHeader::new(Mode::Generated);
         header.workload_seed = Some(seed);
         header.workload_spec = Some(path.display().to_string());
-        return Ok((header, records));
+        let g = GeneratedWorkload {
+            spec: Box::new(spec),
+            opts: *opts,
+        };
+        return Ok((header, Workload::Generated(g)));
     }
     if let Some(src) = &w.import {
         let seed = opts.seed.unwrap_or(DEFAULT_SEED);
@@ -75,11 +110,29 @@ pub fn load_workload(
         if let Some(n) = opts.num_requests {
             trace.records.truncate(n as usize);
         }
-        return Ok((trace.header, trace.records));
+        return Ok((trace.header, Workload::Loaded(trace.records)));
     }
     Err(PlanError::Flag(
         "give --workload-spec or --import".to_string(),
     ))
+}
+
+/// Loads the workload of `w` as planned trace records and a header
+/// describing where they came from.
+///
+/// # Errors
+/// Unreadable or invalid spec or import.
+pub fn load_workload(
+    w: &WorkloadArgs,
+    synthetic: &SyntheticArgs,
+    opts: &GenerateOptions,
+) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
+    let (header, workload) = plan_workload(w, synthetic, opts)?;
+    let records = match workload {
+        Workload::Loaded(r) => r,
+        Workload::Generated(g) => g.records()?.collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok((header, records))
 }
 
 /// A Poisson stream at `rate` requests/s with the token lengths of
@@ -92,7 +145,7 @@ fn synthetic_workload(
     rate: f64,
     synthetic: &SyntheticArgs,
     opts: &GenerateOptions,
-) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
+) -> Result<(TraceHeader, GeneratedWorkload), PlanError> {
     if !(rate > 0.0 && rate.is_finite()) {
         return Err(PlanError::Flag(format!(
             "--rate must be a positive number of requests/s, got {rate}"
@@ -110,22 +163,24 @@ fn synthetic_workload(
     );
     let spec = WorkloadSpec::from_yaml_str(&yaml)?;
     let seed = opts.seed.unwrap_or(DEFAULT_SEED);
-    let records = Generator::new(
-        &spec,
-        &GenerateOptions {
-            seed: Some(seed),
-            ..*opts
-        },
-    )?
-    .map(|r| r.map(TraceRecord::planned))
-    .collect::<Result<Vec<_>, _>>()?;
+    let opts = GenerateOptions {
+        seed: Some(seed),
+        ..*opts
+    };
+    Generator::new(&spec, &opts)?;
     let mut header = TraceHeader::new(Mode::Generated);
     header.workload_seed = Some(seed);
     header.workload_spec = Some(format!(
         "synthetic: poisson {rate} req/s, input {}, output {}",
         synthetic.input_tokens, synthetic.output_tokens
     ));
-    Ok((header, records))
+    Ok((
+        header,
+        GeneratedWorkload {
+            spec: Box::new(spec),
+            opts,
+        },
+    ))
 }
 
 /// A recorded trace replanned: its requests in arrival order, cut at the

@@ -3,7 +3,6 @@
 //! are written every few milliseconds and flushed, so a killed run loses at
 //! most the last few milliseconds of rows and an interrupted one nothing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -11,6 +10,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blis_traces::{ChunkRecord, MetricSample, Status, TraceRecord, TraceWriter};
+
+use crate::report::Tally;
+use crate::samples::CountedSamples;
 
 /// A message to the recorder.
 #[derive(Debug)]
@@ -27,11 +29,12 @@ pub enum Msg {
 pub struct Recorded {
     /// The open bundle, for the final header.
     pub writer: TraceWriter,
-    /// Every request row written, in completion order.
-    pub records: Vec<TraceRecord>,
+    /// Every request row written, tallied for the summary (the rows
+    /// themselves are not kept: a run's memory does not grow with them).
+    pub tally: Tally,
     /// Inter-token latencies (µs) of `ok` streamed requests past warm-up,
     /// as value → count.
-    pub itl_us: BTreeMap<i64, u64>,
+    pub itl_us: CountedSamples,
     /// Metric samples written.
     pub metric_rows: u64,
     /// The first write error; rows after it were not written.
@@ -42,13 +45,14 @@ pub struct Recorded {
 /// the run stops sending.
 pub fn spawn(
     writer: TraceWriter,
+    tally: Tally,
     warmup: u64,
     rx: Receiver<Msg>,
     failed: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<Recorded>> {
     std::thread::Builder::new()
         .name("blis-recorder".into())
-        .spawn(move || record(writer, warmup, &rx, &failed))
+        .spawn(move || record(writer, tally, warmup, &rx, &failed))
 }
 
 /// How often the recorder wakes to write what has arrived: a sender never
@@ -56,11 +60,17 @@ pub fn spawn(
 /// killed run loses at most this much.
 const PERIOD: Duration = Duration::from_millis(10);
 
-fn record(writer: TraceWriter, warmup: u64, rx: &Receiver<Msg>, failed: &AtomicBool) -> Recorded {
+fn record(
+    writer: TraceWriter,
+    tally: Tally,
+    warmup: u64,
+    rx: &Receiver<Msg>,
+    failed: &AtomicBool,
+) -> Recorded {
     let mut out = Recorded {
         writer,
-        records: Vec::new(),
-        itl_us: BTreeMap::new(),
+        tally,
+        itl_us: CountedSamples::default(),
         metric_rows: 0,
         error: None,
     };
@@ -105,7 +115,7 @@ fn write(out: &mut Recorded, warmup: u64, msg: Msg) -> blis_traces::Result<()> {
             let id = rec.request.request_id;
             if rec.outcome.status == Some(Status::Ok) && rec.request.streaming && id >= warmup {
                 for w in times.windows(2) {
-                    *out.itl_us.entry(w[1] - w[0]).or_default() += 1;
+                    out.itl_us.push(w[1] - w[0]);
                 }
             }
             let res = if out.error.is_none() {
@@ -123,7 +133,7 @@ fn write(out: &mut Recorded, warmup: u64, msg: Msg) -> blis_traces::Result<()> {
             } else {
                 Ok(())
             };
-            out.records.push(*rec);
+            out.tally.add(&rec);
             res
         }
         Msg::Metrics(samples) => {

@@ -1,5 +1,6 @@
 //! The end-of-run summary: latency percentiles from the raw samples (linear
-//! interpolation, numpy's default), measured both from the actual send and
+//! interpolation, numpy's default; past 16,384 samples of a figure, from a
+//! histogram within 0.1%: [`crate::samples`]), measured both from the actual send and
 //! from the intended send (corrected for coordinated omission), throughput,
 //! goodput under SLOs, errors by kind, send lag, achieved vs requested
 //! rate, and the verdict on whether the client kept up.
@@ -11,32 +12,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 pub use blis_traces::Slo;
-use blis_traces::{Status, TraceRecord, percentile};
+use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
 
 use crate::http::error_label;
+use crate::samples::{CountedSamples, Samples};
 
 /// Latency statistics, ms, with the count and the maximum.
 pub type Stats = blis_traces::LatencyStats;
-
-/// [`Stats`] of raw samples in ms (sorted here); `None` when empty.
-pub fn stats_of(mut v: Vec<f64>) -> Option<Stats> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(Stats::of_sorted(&v))
-}
-
-/// [`Stats`] of counted samples in µs (value → count), reported in ms.
-pub fn stats_of_counts_us(counts: &BTreeMap<i64, u64>) -> Option<Stats> {
-    let n: u64 = counts.values().sum();
-    if n == 0 {
-        return None;
-    }
-    let sorted: Vec<(f64, u64)> = counts.iter().map(|(&k, &c)| (k as f64 / 1e3, c)).collect();
-    Some(Stats::of_counts(&sorted, 1.0))
-}
 
 /// Request counts by outcome.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -154,6 +137,12 @@ pub struct Summary {
     /// `valid`, `failed: ...`, `interrupted: ...` or `client-bound: ...`,
     /// in that order of precedence.
     pub verdict: String,
+    /// The figures (`ttft`, `itl`, `send_lag`, ...) whose percentiles came
+    /// from a histogram (3 significant digits, within 0.1%) because the run
+    /// had more than [`crate::samples::EXACT_SAMPLES`] of them; the others
+    /// are exact. Count, mean and max are always exact.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub percentiles_from_histogram: Vec<String>,
 }
 
 /// Inputs of [`summarize`] besides the rows.
@@ -161,8 +150,6 @@ pub struct Summary {
 pub struct SummaryInputs {
     /// Requests with `request_id` below this are warm-up.
     pub warmup_below_id: u64,
-    /// Warm-up requests.
-    pub warmup: u64,
     /// Unix µs of the schedule's origin.
     pub run_start_unix_us: i64,
     /// Planned rate (open loop).
@@ -192,84 +179,42 @@ pub fn error_kind(r: &TraceRecord) -> String {
     }
 }
 
-/// Summarises a run from its rows and the ITL samples.
-pub fn summarize(
-    records: &[TraceRecord],
-    itl_us: &BTreeMap<i64, u64>,
-    inp: &SummaryInputs,
-) -> Summary {
+/// Summarises a run from its rows and the ITL samples (what [`Tally`]
+/// does row by row during a run).
+pub fn summarize(records: &[TraceRecord], itl_us: &CountedSamples, inp: &SummaryInputs) -> Summary {
     let mut t = Tally::new(inp);
     for r in records {
-        t.add(r, inp);
+        t.add(r);
     }
-    let (cached_prompt_share, warm_cache_warning) = prefix_cache_figures(records);
-    let mut latency = BTreeMap::new();
-    for (k, v) in [
-        ("ttft", std::mem::take(&mut t.ttft)),
-        ("ttft_from_intended", std::mem::take(&mut t.ttft_i)),
-        ("tpot", std::mem::take(&mut t.tpot)),
-        ("e2e", std::mem::take(&mut t.e2e)),
-        ("e2e_from_intended", std::mem::take(&mut t.e2e_i)),
-    ] {
-        if let Some(s) = stats_of(v) {
-            latency.insert(k.to_string(), s);
-        }
-    }
-    if let Some(s) = stats_of_counts_us(itl_us) {
-        latency.insert("itl".to_string(), s);
-    }
-    let (throughput, goodput) = t.throughput(records, inp);
-    let schedule = t.schedule(inp);
-    let client = ClientCost {
-        cpu_time_s: inp.cpu_time_s,
-        cpu_us_per_request: inp
-            .cpu_time_s
-            .filter(|_| t.counts.sent > 0)
-            .map(|s| s * 1e6 / t.counts.sent as f64),
-    };
-    let (error_rate, failed, verdict) = verdict(
-        &t.counts,
-        &t.errors,
-        inp,
-        schedule
-            .client_bound
-            .then(|| schedule.send_lag_p99_ms.unwrap_or(0.0)),
-    );
-    Summary {
-        schema_version: 1,
-        requests: t.counts,
-        errors: t.errors,
-        missing_usage: t.missing_usage,
-        cached_prompt_share,
-        warm_cache_warning,
-        latency_ms: latency,
-        throughput,
-        goodput,
-        schedule,
-        client,
-        interrupted: inp.interrupted,
-        error_rate,
-        max_error_rate: inp.max_error_rate,
-        failed,
-        verdict,
-    }
+    t.summary(itl_us, inp)
 }
 
-/// A run's per-request figures, gathered in one pass over its rows.
+/// A run's per-request figures, gathered in one pass over its rows as
+/// they complete, so that a run keeps no rows in memory: what it keeps
+/// per figure (send lag, TTFT and E2E from the actual and the intended
+/// send, TPOT) is at most [`crate::samples::EXACT_SAMPLES`] exact samples,
+/// then a histogram; everything else is counters.
 #[derive(Debug)]
-struct Tally {
+pub struct Tally {
+    /// Requests with `request_id` below this are warm-up.
+    warmup_below_id: u64,
+    /// Unix µs of the schedule's origin.
+    run_start_unix_us: i64,
+    slo: Option<Slo>,
     counts: Counts,
     errors: BTreeMap<String, u64>,
     missing_usage: u64,
     /// Send lag of every sent request, ms.
-    lags: Vec<f64>,
-    /// Send times, µs.
-    sends: Vec<i64>,
-    ttft: Vec<f64>,
-    ttft_i: Vec<f64>,
-    e2e: Vec<f64>,
-    e2e_i: Vec<f64>,
-    tpot: Vec<f64>,
+    lags: Samples,
+    /// Requests sent, and the first and last send time, µs.
+    sends: u64,
+    first_send: i64,
+    last_send: i64,
+    ttft: Samples,
+    ttft_i: Samples,
+    e2e: Samples,
+    e2e_i: Samples,
+    tpot: Samples,
     /// The measured window past warm-up: first intended send to last
     /// chunk, µs.
     start: i64,
@@ -279,42 +224,65 @@ struct Tally {
     past_warmup: u64,
     /// Requests past warm-up that met every SLO.
     attained: u64,
+    /// `ok` requests past warm-up.
+    ok_past: u64,
+    /// Prompt tokens found in the server's prefix cache, and prompt tokens,
+    /// of the requests whose server reported both.
+    cached_tokens: u64,
+    prompt_tokens: u64,
+    /// The first five sent requests: (send µs, id, most of a fresh prompt
+    /// already cached), kept sorted.
+    first_sent: Vec<(i64, u64, bool)>,
 }
 
 impl Tally {
-    fn new(inp: &SummaryInputs) -> Self {
+    /// An empty tally for a run with `inp`'s warm-up, origin and SLOs.
+    pub fn new(inp: &SummaryInputs) -> Self {
         Self {
-            counts: Counts {
-                warmup: inp.warmup,
-                ..Counts::default()
-            },
+            warmup_below_id: inp.warmup_below_id,
+            run_start_unix_us: inp.run_start_unix_us,
+            slo: inp.slo,
+            counts: Counts::default(),
             errors: BTreeMap::new(),
             missing_usage: 0,
-            lags: Vec::new(),
-            sends: Vec::new(),
-            ttft: Vec::new(),
-            ttft_i: Vec::new(),
-            e2e: Vec::new(),
-            e2e_i: Vec::new(),
-            tpot: Vec::new(),
+            lags: Samples::default(),
+            sends: 0,
+            first_send: i64::MAX,
+            last_send: i64::MIN,
+            ttft: Samples::default(),
+            ttft_i: Samples::default(),
+            e2e: Samples::default(),
+            e2e_i: Samples::default(),
+            tpot: Samples::default(),
             start: i64::MAX,
             end: i64::MIN,
             in_tok: 0,
             out_tok: 0,
             past_warmup: 0,
             attained: 0,
+            ok_past: 0,
+            cached_tokens: 0,
+            prompt_tokens: 0,
+            first_sent: Vec::new(),
         }
     }
 
     /// Counts `r`; its latencies when it is past warm-up and ok.
-    fn add(&mut self, r: &TraceRecord, inp: &SummaryInputs) {
+    pub fn add(&mut self, r: &TraceRecord) {
         let o = &r.outcome;
-        let intended = intended_us(r, inp.run_start_unix_us);
+        let intended = intended_us(r, self.run_start_unix_us);
         self.counts.planned += 1;
+        if let (Some(c), Some(p)) = (o.cached_tokens, o.server_input_tokens) {
+            self.cached_tokens += u64::from(c);
+            self.prompt_tokens += u64::from(p);
+        }
         if let Some(s) = o.send_time_us {
             self.counts.sent += 1;
             self.lags.push(ms(s - intended));
-            self.sends.push(s);
+            self.sends += 1;
+            self.first_send = self.first_send.min(s);
+            self.last_send = self.last_send.max(s);
+            self.note_first_sent(r, s);
         }
         match o.status {
             Some(Status::Ok) => self.counts.ok += 1,
@@ -327,7 +295,8 @@ impl Tally {
         } else if o.error_message.starts_with("warning: no usage") {
             self.missing_usage += 1;
         }
-        if r.request.request_id < inp.warmup_below_id {
+        if r.request.request_id < self.warmup_below_id {
+            self.counts.warmup += 1;
             return;
         }
         self.past_warmup += 1;
@@ -340,10 +309,11 @@ impl Tally {
         let (Some(send), Some(last)) = (o.send_time_us, o.last_chunk_time_us) else {
             return;
         };
+        self.ok_past += 1;
         self.end = self.end.max(last);
         self.in_tok += u64::from(r.effective_input_tokens());
         self.out_tok += u64::from(r.request.output_tokens);
-        if self.add_latencies(r, inp, intended, send, last) {
+        if self.add_latencies(r, intended, send, last) {
             self.attained += 1;
         }
     }
@@ -351,18 +321,11 @@ impl Tally {
     /// An ok request's E2E, TTFT and TPOT (from its send and from its
     /// intended send); whether it met every SLO of `inp` (false without
     /// SLOs). A request not streamed is judged by E2E alone.
-    fn add_latencies(
-        &mut self,
-        r: &TraceRecord,
-        inp: &SummaryInputs,
-        intended: i64,
-        send: i64,
-        last: i64,
-    ) -> bool {
+    fn add_latencies(&mut self, r: &TraceRecord, intended: i64, send: i64, last: i64) -> bool {
         self.e2e.push(ms(last - send));
         self.e2e_i.push(ms(last - intended));
-        let mut met = inp.slo.is_some();
-        let slo = inp.slo.unwrap_or_default();
+        let mut met = self.slo.is_some();
+        let slo = self.slo.unwrap_or_default();
         if let Some(b) = slo.e2e_ms {
             met &= ms(last - intended) <= b;
         }
@@ -386,12 +349,116 @@ impl Tally {
         met
     }
 
+    /// Keeps `r` (sent at `send`) among the first five sent.
+    fn note_first_sent(&mut self, r: &TraceRecord, send: i64) {
+        const KEEP: usize = 5;
+        let key = (send, r.request.request_id);
+        if self.first_sent.len() == KEEP
+            && self.first_sent.last().is_some_and(|l| (l.0, l.1) <= key)
+        {
+            return;
+        }
+        let o = &r.outcome;
+        let warm = r.request.prefix_group.is_empty()
+            && r.request.session_id.is_empty()
+            && matches!((o.cached_tokens, o.server_input_tokens), (Some(c), Some(p)) if p > 0 && 2 * c >= p);
+        let at = self.first_sent.partition_point(|e| (e.0, e.1) < key);
+        self.first_sent
+            .insert(at, (send, r.request.request_id, warm));
+        self.first_sent.truncate(KEEP);
+    }
+
+    /// The run's summary: the tallied rows, the ITL samples (µs → count)
+    /// and the rest of `inp`.
+    pub fn summary(mut self, itl_us: &CountedSamples, inp: &SummaryInputs) -> Summary {
+        let (cached_prompt_share, warm_cache_warning) = self.prefix_cache_figures();
+        let mut latency = BTreeMap::new();
+        let mut from_histogram: Vec<String> = Vec::new();
+        if !self.lags.is_exact() {
+            from_histogram.push("send_lag".into());
+        }
+        if !itl_us.is_exact() {
+            from_histogram.push("itl".into());
+        }
+        for (k, v) in [
+            ("ttft", std::mem::take(&mut self.ttft)),
+            ("ttft_from_intended", std::mem::take(&mut self.ttft_i)),
+            ("tpot", std::mem::take(&mut self.tpot)),
+            ("e2e", std::mem::take(&mut self.e2e)),
+            ("e2e_from_intended", std::mem::take(&mut self.e2e_i)),
+        ] {
+            if !v.is_exact() {
+                from_histogram.push(k.into());
+            }
+            if let Some(s) = v.stats() {
+                latency.insert(k.to_string(), s);
+            }
+        }
+        if let Some(s) = itl_us.stats() {
+            latency.insert("itl".to_string(), s);
+        }
+        from_histogram.sort();
+        let (throughput, goodput) = self.throughput();
+        let schedule = self.schedule(inp);
+        let client = ClientCost {
+            cpu_time_s: inp.cpu_time_s,
+            cpu_us_per_request: inp
+                .cpu_time_s
+                .filter(|_| self.counts.sent > 0)
+                .map(|s| s * 1e6 / self.counts.sent as f64),
+        };
+        let (error_rate, failed, verdict) = verdict(
+            &self.counts,
+            &self.errors,
+            inp,
+            schedule
+                .client_bound
+                .then(|| schedule.send_lag_p99_ms.unwrap_or(0.0)),
+        );
+        Summary {
+            schema_version: 1,
+            requests: self.counts,
+            errors: self.errors,
+            missing_usage: self.missing_usage,
+            cached_prompt_share,
+            warm_cache_warning,
+            latency_ms: latency,
+            throughput,
+            goodput,
+            schedule,
+            client,
+            interrupted: inp.interrupted,
+            error_rate,
+            max_error_rate: inp.max_error_rate,
+            failed,
+            verdict,
+            percentiles_from_histogram: from_histogram,
+        }
+    }
+
+    /// Requests tallied.
+    pub fn rows(&self) -> u64 {
+        self.counts.planned
+    }
+
+    /// The share of the prompt tokens the server found in its prefix cache
+    /// (when it reports them), and a warning when most of the first five
+    /// requests' prompts were already cached (a warm cache from an earlier
+    /// run).
+    fn prefix_cache_figures(&self) -> (Option<f64>, Option<String>) {
+        let cached_prompt_share =
+            (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64);
+        let warm = self.first_sent.iter().filter(|e| e.2).count();
+        let warm_cache_warning = (warm >= 2).then(|| {
+            format!(
+                "{warm} of the first 5 requests found most of their prompt in the server's prefix cache: it held these prompts before the run (an earlier run with the same --seed?); restart the server or change --seed for a cold-cache run"
+            )
+        });
+        (cached_prompt_share, warm_cache_warning)
+    }
+
     /// Throughput over the measured window, and goodput when SLOs are set.
-    fn throughput(
-        &self,
-        records: &[TraceRecord],
-        inp: &SummaryInputs,
-    ) -> (Throughput, Option<Goodput>) {
+    fn throughput(&self) -> (Throughput, Option<Goodput>) {
         let duration_s = if self.end > self.start {
             (self.end - self.start) as f64 / 1e6
         } else {
@@ -404,19 +471,13 @@ impl Tally {
                 0.0
             }
         };
-        let ok_past: u64 = records
-            .iter()
-            .filter(|r| {
-                r.request.request_id >= inp.warmup_below_id && r.outcome.status == Some(Status::Ok)
-            })
-            .count() as u64;
         let throughput = Throughput {
             duration_s,
-            requests_per_s: per_s(ok_past),
+            requests_per_s: per_s(self.ok_past),
             input_tokens_per_s: per_s(self.in_tok),
             output_tokens_per_s: per_s(self.out_tok),
         };
-        let goodput = inp.slo.map(|slo| Goodput {
+        let goodput = self.slo.map(|slo| Goodput {
             slo,
             attained: self.attained,
             attainment: if self.past_warmup > 0 {
@@ -433,20 +494,17 @@ impl Tally {
     /// send lag's percentiles; client-bound when its p99 exceeds
     /// `max_send_lag_ms`.
     fn schedule(&mut self, inp: &SummaryInputs) -> Schedule {
-        let sends = &mut self.sends;
-        sends.sort_unstable();
-        let achieved_rate = (sends.len() >= 2 && sends[sends.len() - 1] > sends[0])
-            .then(|| (sends.len() - 1) as f64 / ((sends[sends.len() - 1] - sends[0]) as f64 / 1e6));
-        let lags = &mut self.lags;
-        lags.sort_by(f64::total_cmp);
-        let lag = |q: f64| (!lags.is_empty()).then(|| percentile(lags, q));
-        let p99 = lag(99.0);
+        let (n, first, last) = (self.sends, self.first_send, self.last_send);
+        let achieved_rate =
+            (n >= 2 && last > first).then(|| (n - 1) as f64 / ((last - first) as f64 / 1e6));
+        let lag = std::mem::take(&mut self.lags).stats();
+        let p99 = lag.as_ref().map(|s| s.p99);
         Schedule {
             requested_rate: inp.requested_rate,
             achieved_rate,
-            send_lag_p50_ms: lag(50.0),
+            send_lag_p50_ms: lag.as_ref().map(|s| s.p50),
             send_lag_p99_ms: p99,
-            send_lag_max_ms: lags.last().copied(),
+            send_lag_max_ms: lag.and_then(|s| s.max),
             max_send_lag_ms: inp.max_send_lag_ms,
             client_bound: p99.is_some_and(|p| p > inp.max_send_lag_ms),
         }
@@ -456,40 +514,6 @@ impl Tally {
 /// µs to ms.
 fn ms(us: i64) -> f64 {
     us as f64 / 1e3
-}
-
-/// The share of the prompt tokens the server found in its prefix cache
-/// (when it reports them), and a warning when most of the first five
-/// requests' prompts were already cached (a warm cache from an earlier run).
-fn prefix_cache_figures(records: &[TraceRecord]) -> (Option<f64>, Option<String>) {
-    let (mut cached, mut prompt) = (0u64, 0u64);
-    for r in records {
-        if let (Some(c), Some(p)) = (r.outcome.cached_tokens, r.outcome.server_input_tokens) {
-            cached += u64::from(c);
-            prompt += u64::from(p);
-        }
-    }
-    let cached_prompt_share = (prompt > 0).then(|| cached as f64 / prompt as f64);
-    let mut by_send: Vec<&TraceRecord> = records
-        .iter()
-        .filter(|r| r.outcome.send_time_us.is_some())
-        .collect();
-    by_send.sort_by_key(|r| r.outcome.send_time_us);
-    let warm = by_send
-        .iter()
-        .take(5)
-        .filter(|r| {
-            r.request.prefix_group.is_empty()
-                && r.request.session_id.is_empty()
-                && matches!((r.outcome.cached_tokens, r.outcome.server_input_tokens), (Some(c), Some(p)) if p > 0 && 2 * c >= p)
-        })
-        .count();
-    let warm_cache_warning = (warm >= 2).then(|| {
-        format!(
-            "{warm} of the first 5 requests found most of their prompt in the server's prefix cache: it held these prompts before the run (an earlier run with the same --seed?); restart the server or change --seed for a cold-cache run"
-        )
-    });
-    (cached_prompt_share, warm_cache_warning)
 }
 
 /// The error rate, whether the run failed, and the verdict: `failed` (more
@@ -626,6 +650,14 @@ impl Summary {
                     );
                 }
             }
+            if !self.percentiles_from_histogram.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "\npercentiles of {} from a histogram (3 significant digits, within 0.1%; more than {} samples); exact ones from the trace: blis-calibrate",
+                    self.percentiles_from_histogram.join(", "),
+                    crate::samples::EXACT_SAMPLES
+                );
+            }
             o.push('\n');
         }
     }
@@ -751,7 +783,7 @@ mod tests {
         ];
         let s = summarize(
             &recs,
-            &BTreeMap::new(),
+            &CountedSamples::default(),
             &SummaryInputs {
                 run_start_unix_us: start,
                 max_send_lag_ms: 0.5,
@@ -781,7 +813,7 @@ mod tests {
         let summary = |recs: &[TraceRecord]| {
             summarize(
                 recs,
-                &BTreeMap::new(),
+                &CountedSamples::default(),
                 &SummaryInputs {
                     max_send_lag_ms: 10.0,
                     ..SummaryInputs::default()
@@ -812,7 +844,7 @@ mod tests {
     fn summary_at(recs: &[TraceRecord], max_error_rate: f64, interrupted: bool) -> Summary {
         summarize(
             recs,
-            &BTreeMap::new(),
+            &CountedSamples::default(),
             &SummaryInputs {
                 max_send_lag_ms: 10.0,
                 max_error_rate,

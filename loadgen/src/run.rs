@@ -36,9 +36,9 @@ use crate::cli::RunArgs;
 use crate::clock::RunClock;
 use crate::http::{Api, ServerType};
 use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
-use crate::plan::load_workload;
+use crate::plan::{GeneratedWorkload, PlanError, Workload, plan_workload};
 use crate::record::{Msg, Recorded};
-use crate::report::{Slo, Summary, SummaryInputs, process_cpu_time_s, summarize};
+use crate::report::{Slo, Summary, SummaryInputs, Tally, process_cpu_time_s};
 use crate::timer::PreciseTimer;
 use crate::{exit_code, probe, prompt, scrape};
 
@@ -139,6 +139,9 @@ struct History {
 
 /// A unit of the schedule: one request, or a session's rounds in order.
 type Unit = Vec<TraceRecord>;
+
+/// A plan's units in order of their first send, held or generated.
+type Units = Box<dyn Iterator<Item = Unit> + Send>;
 
 /// Groups planned rows into units ordered by their first send.
 fn units(records: Vec<TraceRecord>) -> Vec<Unit> {
@@ -533,17 +536,6 @@ fn check_args(args: &RunArgs) -> Result<Option<Slo>> {
         .map_err(CommandError::Usage)
 }
 
-/// The requests with the `n` smallest ids are warm-up: ids below the
-/// returned one.
-fn warmup_threshold(records: &[TraceRecord], n: u64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    let mut ids: Vec<u64> = records.iter().map(|r| r.request.request_id).collect();
-    ids.sort_unstable();
-    ids.get(n as usize).copied().unwrap_or(u64::MAX)
-}
-
 /// `blis-loadgen run`. Returns the process exit code: 0 valid, 3
 /// client-bound with `--strict`, 4 interrupted, 5 failed.
 ///
@@ -582,15 +574,155 @@ pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> Result<i32> {
     })
 }
 
-/// The plan of a run: its requests in send order and what the summary
-/// needs to know of it.
+/// The plan of a run: its requests in send order and what the header and
+/// the summary need to know of it.
 struct Plan {
     header: TraceHeader,
-    records: Vec<TraceRecord>,
+    /// Its units in order of their first send.
+    units: PlannedUnits,
+    /// Facts of the whole plan, gathered before the run.
+    facts: PlanFacts,
     growth: BTreeMap<String, ContextGrowth>,
     warmup: u64,
+}
+
+/// The units of a plan: generated as the run goes (a generated workload
+/// without sessions, so that memory does not grow with the run's length),
+/// or all held (sessions, whose later rounds must be at hand when the
+/// earlier ones end; traces and imports, read whole).
+enum PlannedUnits {
+    Generated(GeneratedWorkload),
+    Held(Vec<Unit>),
+}
+
+impl PlannedUnits {
+    /// The units, in order.
+    fn into_iter(self) -> Units {
+        match self {
+            Self::Held(u) => Box::new(u.into_iter()),
+            Self::Generated(g) => match g.records() {
+                Ok(it) => Box::new(it.map_while(|r| match r {
+                    Ok(r) => Some(vec![r]),
+                    Err(e) => {
+                        // The same generation succeeded when the plan was
+                        // scanned; only a data file changed since can fail.
+                        blis_traces::diag!("error: generating the workload again: {e}");
+                        None
+                    }
+                })),
+                Err(e) => {
+                    blis_traces::diag!("error: generating the workload again: {e}");
+                    Box::new(std::iter::empty())
+                }
+            },
+        }
+    }
+}
+
+/// What a run needs to know of its whole plan before it starts, gathered
+/// in one pass over the planned requests (in arrival order).
+#[derive(Debug)]
+struct PlanFacts {
+    /// Planned requests.
+    count: u64,
+    /// Their ids as ranges ([`blis_traces::header::id_ranges`]).
+    planned_ids: Option<String>,
+    /// The trace's extra columns.
+    extras: Vec<ExtraColumn>,
+    /// Whether any request streams.
+    any_streaming: bool,
+    /// Whether any request belongs to a session.
+    any_session: bool,
+    /// Requests with ids below this are warm-up.
     warmup_below: u64,
+    /// The planned rate (open loop): requests over the arrival span.
     requested_rate: Option<f64>,
+}
+
+impl PlanFacts {
+    /// The facts of `records`; the ids of the `warmup` smallest are warm-up.
+    fn gather(
+        records: impl Iterator<Item = Result<TraceRecord, blis_traces::Error>>,
+        warmup: u64,
+        closed_loop: bool,
+    ) -> Result<Self> {
+        let mut ids: Vec<(u64, u64)> = Vec::new();
+        let mut unsorted_ids: Vec<u64> = Vec::new();
+        let mut count = 0u64;
+        let (mut any_streaming, mut any_session) = (false, false);
+        let (mut first, mut last) = (i64::MAX, i64::MIN);
+        // One row showing each extra column, in order of appearance.
+        let mut shown: Vec<ExtraColumn> = Vec::new();
+        let mut showing: Vec<TraceRecord> = Vec::new();
+        // The warmup + 1 smallest ids (a max-heap).
+        let mut smallest: std::collections::BinaryHeap<u64> = std::collections::BinaryHeap::new();
+        for r in records {
+            let r = r
+                .map_err(PlanError::Workload)
+                .step(|| "planning the workload")?;
+            let id = r.request.request_id;
+            count += 1;
+            any_streaming |= r.request.streaming;
+            any_session |= !r.request.session_id.is_empty();
+            first = first.min(r.request.arrival_time_us);
+            last = last.max(r.request.arrival_time_us);
+            match ids.last_mut() {
+                Some(l) if id == l.1.wrapping_add(1) => l.1 = id,
+                Some(l) if id <= l.1 => unsorted_ids.push(id),
+                _ => ids.push((id, id)),
+            }
+            if warmup > 0 {
+                if (smallest.len() as u64) <= warmup {
+                    smallest.push(id);
+                } else if smallest.peek().is_some_and(|&m| id < m) {
+                    smallest.pop();
+                    smallest.push(id);
+                }
+            }
+            let new: Vec<ExtraColumn> = ExtraColumn::needed_for([&r])
+                .into_iter()
+                .filter(|e| !shown.contains(e))
+                .collect();
+            if !new.is_empty() {
+                shown.extend(new);
+                showing.push(r);
+            }
+        }
+        if count == 0 {
+            return Err(CommandError::Usage("the workload has no requests".into()));
+        }
+        let planned_ids = if unsorted_ids.is_empty() {
+            ranges_of(&ids)
+        } else {
+            let mut all: Vec<u64> = ids.iter().flat_map(|&(a, b)| a..=b).collect();
+            all.extend(unsorted_ids);
+            all.sort_unstable();
+            all.dedup();
+            blis_traces::header::id_ranges(&all)
+        };
+        let warmup_below = if warmup == 0 {
+            0
+        } else if smallest.len() as u64 > warmup {
+            smallest.peek().copied().unwrap_or(u64::MAX)
+        } else {
+            u64::MAX
+        };
+        let requested_rate = if closed_loop || count < 2 {
+            None
+        } else {
+            let span = last - first;
+            (span > 0).then(|| (count - 1) as f64 / (span as f64 / 1e6))
+        };
+        Ok(Self {
+            count,
+            planned_ids,
+            extras: ExtraColumn::needed_for(&showing),
+            any_streaming,
+            any_session,
+            warmup_below,
+            requested_rate,
+        })
+    }
 }
 
 /// Phase 1: the workload, planned and sorted by send time.
@@ -605,16 +737,39 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         },
         num_requests: args.num_requests,
     };
-    let (header, mut records) =
-        load_workload(&args.workload, &args.synthetic, &opts).step(|| "planning the workload")?;
-    for r in &mut records {
-        r.outcome = Default::default();
-        r.other.clear();
-    }
-    records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
-    if records.is_empty() {
-        return Err(CommandError::Usage("the workload has no requests".into()));
-    }
+    let (header, workload) =
+        plan_workload(&args.workload, &args.synthetic, &opts).step(|| "planning the workload")?;
+    let warmup = if args.warmup_requests > 0 {
+        args.warmup_requests
+    } else {
+        header.warm_up_requests
+    };
+    let (facts, units) = match workload {
+        Workload::Loaded(mut records) => {
+            for r in &mut records {
+                r.outcome = Default::default();
+                r.other.clear();
+            }
+            records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
+            let facts = PlanFacts::gather(records.iter().cloned().map(Ok), warmup, closed_loop)?;
+            (facts, PlannedUnits::Held(units(records)))
+        }
+        Workload::Generated(g) => {
+            let it = g.records().step(|| "planning the workload")?;
+            let facts = PlanFacts::gather(it, warmup, closed_loop)?;
+            if facts.any_session {
+                let records = g
+                    .records()
+                    .step(|| "planning the workload")?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(PlanError::Workload)
+                    .step(|| "planning the workload")?;
+                (facts, PlannedUnits::Held(units(records)))
+            } else {
+                (facts, PlannedUnits::Generated(g))
+            }
+        }
+    };
     let growth: BTreeMap<String, ContextGrowth> = match &args.workload.workload_spec {
         Some(p) => WorkloadSpec::from_file(p)?
             .clients
@@ -626,27 +781,34 @@ fn plan(args: &RunArgs) -> Result<Plan> {
             .collect(),
         None => BTreeMap::new(),
     };
-    let warmup = if args.warmup_requests > 0 {
-        args.warmup_requests
-    } else {
-        header.warm_up_requests
-    };
-    let warmup_below = warmup_threshold(&records, warmup);
-    let requested_rate = if closed_loop || records.len() < 2 {
-        None
-    } else {
-        let span =
-            records[records.len() - 1].request.arrival_time_us - records[0].request.arrival_time_us;
-        (span > 0).then(|| (records.len() - 1) as f64 / (span as f64 / 1e6))
-    };
     Ok(Plan {
         header,
-        records,
+        units,
+        facts,
         growth,
         warmup,
-        warmup_below,
-        requested_rate,
     })
+}
+
+/// The id ranges of `ranges` (sorted, disjoint, inclusive) as
+/// [`blis_traces::header::id_ranges`] writes them.
+fn ranges_of(ranges: &[(u64, u64)]) -> Option<String> {
+    if ranges.len() > blis_traces::header::MAX_PLANNED_ID_RANGES {
+        return None;
+    }
+    Some(
+        ranges
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// What the probes found out about the server.
@@ -779,12 +941,9 @@ fn trace_header(
     header.run_start_unix_us = Some(run_start_us);
     // The plan, so that a trace cut off can say what it lacks
     // (`blis-loadgen check`).
-    header.planned_requests = Some(plan.records.len() as u64);
-    let mut ids: Vec<u64> = plan.records.iter().map(|r| r.request.request_id).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    header.planned_ids = blis_traces::header::id_ranges(&ids);
-    let mut extras = ExtraColumn::needed_for(&plan.records);
+    header.planned_requests = Some(plan.facts.count);
+    header.planned_ids = plan.facts.planned_ids.clone();
+    let mut extras = plan.facts.extras.clone();
     for e in [
         ExtraColumn::HttpStatus,
         ExtraColumn::CachedTokens,
@@ -823,7 +982,7 @@ fn spawn_progress(sh: &Arc<Shared>, bar: &indicatif::ProgressBar) -> tokio::task
 fn dispatch(
     args: &RunArgs,
     sh: &Arc<Shared>,
-    units: Vec<Unit>,
+    units: Units,
     done: &tokio::sync::mpsc::Sender<()>,
 ) -> Dispatcher {
     let Some(n) = args.concurrency else {
@@ -833,7 +992,7 @@ fn dispatch(
             done.clone(),
         )));
     };
-    let queue = Arc::new(Mutex::new(VecDeque::from(units)));
+    let queue = Arc::new(Mutex::new(units));
     let deadline = args
         .duration_s
         .map(|s| sh.run_start_us + (s * 1e6).round() as i64);
@@ -854,7 +1013,7 @@ fn dispatch(
                 let unit = queue
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .pop_front();
+                    .next();
                 let Some(unit) = unit else { break };
                 run_unit(sh.clone(), unit, Some(now - sh.run_start_us), None).await;
             }
@@ -931,17 +1090,17 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let clock = RunClock::new();
     // A short lead so that the first sends are not late from set-up.
     let run_start_us = clock.now_us() + 200_000;
-    let any_stream = !args.no_stream && plan.records.iter().any(|r| r.request.streaming);
+    let any_stream = !args.no_stream && plan.facts.any_streaming;
     let scrape_on = server.scrape_on;
     let Recorder {
         mut header,
         tx,
         thread: recorder,
         failed: record_failed,
-    } = start_recorder(args, &plan, &server, run_start_us, any_stream)?;
+    } = start_recorder(args, &plan, &server, run_start_us, any_stream, slo)?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
-    let total = plan.records.len() as u64;
+    let total = plan.facts.count;
     let sh = Arc::new(Shared {
         ep: server.ep,
         clock,
@@ -978,8 +1137,8 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let bar = progress_bar(total);
     let ticker = spawn_progress(&sh, &bar);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let (warmup_below, requested_rate) = (plan.warmup_below, plan.requested_rate);
-    let dispatcher = dispatch(args, &sh, units(plan.records), &done_tx);
+    let (warmup_below, requested_rate) = (plan.facts.warmup_below, plan.facts.requested_rate);
+    let dispatcher = dispatch(args, &sh, plan.units.into_iter(), &done_tx);
     drop(done_tx);
     let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
 
@@ -995,11 +1154,12 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     // Every task has ended; the last references go as they unwind.
     let sh = unwrap_shared(sh).await?;
     drop(sh.tx);
-    let recorded = recorder
+    let mut recorded = recorder
         .join()
         .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
+    let rows = recorded.tally.rows();
     let summary = summarize_run(
-        &recorded,
+        &mut recorded,
         warmup_below,
         requested_rate,
         args,
@@ -1015,14 +1175,21 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         client_bound: Some(summary.schedule.client_bound),
         timeout_s: Some(args.timeout_s),
     });
-    finish_trace(recorded, &header, &scrape_stats, any_stream, scrape_on)?;
+    finish_trace(
+        recorded,
+        rows,
+        &header,
+        &scrape_stats,
+        any_stream,
+        scrape_on,
+    )?;
     Ok(summary)
 }
 
 /// The run's summary from what was recorded: requests below
 /// `warmup_below` are warm-up, `requested_rate` the plan's rate.
 fn summarize_run(
-    recorded: &Recorded,
+    recorded: &mut Recorded,
     warmup_below: u64,
     requested_rate: Option<f64>,
     args: &RunArgs,
@@ -1030,25 +1197,29 @@ fn summarize_run(
     interrupted: bool,
     run_start_us: i64,
 ) -> Summary {
-    summarize(
-        &recorded.records,
+    let inp = summary_inputs(warmup_below, run_start_us, slo);
+    let tally = std::mem::replace(&mut recorded.tally, Tally::new(&inp));
+    tally.summary(
         &recorded.itl_us,
         &SummaryInputs {
-            warmup_below_id: warmup_below,
-            warmup: recorded
-                .records
-                .iter()
-                .filter(|r| r.request.request_id < warmup_below)
-                .count() as u64,
-            run_start_unix_us: run_start_us,
             requested_rate,
             max_send_lag_ms: args.max_send_lag_ms,
-            slo,
             cpu_time_s: process_cpu_time_s(),
             interrupted,
             max_error_rate: args.max_error_rate,
+            ..inp
         },
     )
+}
+
+/// What the tally of a run's rows needs from the start.
+fn summary_inputs(warmup_below: u64, run_start_us: i64, slo: Option<Slo>) -> SummaryInputs {
+    SummaryInputs {
+        warmup_below_id: warmup_below,
+        run_start_unix_us: run_start_us,
+        slo,
+        ..SummaryInputs::default()
+    }
 }
 
 /// The trace being recorded ([`start_recorder`]).
@@ -1071,6 +1242,7 @@ fn start_recorder(
     server: &Server,
     run_start_us: i64,
     any_stream: bool,
+    slo: Option<Slo>,
 ) -> Result<Recorder> {
     let (header, extras) = trace_header(args, plan, server, run_start_us);
     let writer = TraceWriter::create(
@@ -1083,8 +1255,15 @@ fn start_recorder(
     .step(|| format!("creating the trace at {}", args.out.display()))?;
     let (tx, rx) = std::sync::mpsc::channel();
     let record_failed = Arc::new(AtomicBool::new(false));
-    let recorder = crate::record::spawn(writer, plan.warmup_below, rx, record_failed.clone())
-        .step(|| "starting the recorder thread")?;
+    let tally = Tally::new(&summary_inputs(plan.facts.warmup_below, run_start_us, slo));
+    let recorder = crate::record::spawn(
+        writer,
+        tally,
+        plan.facts.warmup_below,
+        rx,
+        record_failed.clone(),
+    )
+    .step(|| "starting the recorder thread")?;
     Ok(Recorder {
         header,
         tx,
@@ -1102,13 +1281,11 @@ async fn end_dispatch(dispatcher: Dispatcher, sh: &Shared, interrupted: bool) {
             let _ = t.await;
         }
         Dispatcher::Closed(queue) => {
-            let left: Vec<Unit> = queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .drain(..)
-                .collect();
             if interrupted {
-                for u in left {
+                let mut queue = queue
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for u in queue.by_ref() {
                     for r in u {
                         sh.not_sent(r, "the run was interrupted before this request");
                     }
@@ -1122,6 +1299,7 @@ async fn end_dispatch(dispatcher: Dispatcher, sh: &Shared, interrupted: bool) {
 /// written reported.
 fn finish_trace(
     recorded: Recorded,
+    rows: u64,
     header: &TraceHeader,
     scrape_stats: &scrape::ScrapeStats,
     any_stream: bool,
@@ -1129,7 +1307,6 @@ fn finish_trace(
 ) -> Result<()> {
     let Recorded {
         writer,
-        records,
         metric_rows,
         error,
         ..
@@ -1151,7 +1328,7 @@ fn finish_trace(
     blis_traces::diag!(
         "wrote {} ({} requests{}{})",
         paths.header.display(),
-        records.len(),
+        rows,
         if any_stream { ", per-chunk times" } else { "" },
         if scrape_on {
             format!(", {metric_rows} metric samples from {attempts} scrapes")
@@ -1164,7 +1341,7 @@ fn finish_trace(
 
 enum Dispatcher {
     Open(tokio::task::JoinHandle<()>),
-    Closed(Arc<Mutex<VecDeque<Unit>>>),
+    Closed(Arc<Mutex<Units>>),
 }
 
 /// How far ahead of its send time a request's body is built, so that a
@@ -1177,14 +1354,10 @@ const PREPARE_MAX: usize = 4096;
 /// ahead of time, sleep (precisely, see [`PreciseTimer`]) until its send
 /// time and start it. Stopping records every unit not yet started as not
 /// sent.
-async fn dispatch_open_loop(
-    sh: Arc<Shared>,
-    units: Vec<Unit>,
-    done: tokio::sync::mpsc::Sender<()>,
-) {
+async fn dispatch_open_loop(sh: Arc<Shared>, units: Units, done: tokio::sync::mpsc::Sender<()>) {
     let timer = PreciseTimer::new();
     let mut stop = sh.stopping.subscribe();
-    let mut pending = units.into_iter().peekable();
+    let mut pending = units.peekable();
     let mut ready: VecDeque<(Unit, Ready)> = VecDeque::new();
     loop {
         let horizon = Instant::now() + PREPARE_AHEAD;
@@ -1305,12 +1478,92 @@ mod tests {
         assert_eq!(u[1][0].request.request_id, 1);
     }
 
+    fn run_args(workload: &[&str]) -> RunArgs {
+        use clap::Parser;
+        let mut v = vec![
+            "blis-loadgen",
+            "run",
+            "--server-url",
+            "http://127.0.0.1:1",
+            "--model",
+            "m",
+            "--out",
+            "unused",
+        ];
+        v.extend(workload);
+        match crate::cli::Opts::parse_from(v).command {
+            crate::cli::Command::Run(a) => *a,
+            _ => unreachable!("a run"),
+        }
+    }
+
+    /// A generated workload without sessions is generated as the run goes
+    /// (its memory does not grow with its length), in the same order and
+    /// with the same facts as when held; one with sessions is held.
+    #[test]
+    fn a_generated_plan_is_streamed_unless_it_has_sessions() {
+        let p = plan(&run_args(&["--rate", "100", "--num-requests", "5000"])).unwrap();
+        assert!(matches!(p.units, PlannedUnits::Generated(_)));
+        assert_eq!(p.facts.count, 5000);
+        assert_eq!(p.facts.planned_ids.as_deref(), Some("0-4999"));
+        let streamed: Vec<TraceRecord> = p.units.into_iter().flatten().collect();
+        let (_, held) = crate::plan::load_workload(
+            &run_args(&["--rate", "100", "--num-requests", "5000"]).workload,
+            &run_args(&["--rate", "100", "--num-requests", "5000"]).synthetic,
+            &GenerateOptions {
+                num_requests: Some(5000),
+                ..GenerateOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(streamed, held);
+        let spec = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/chat-sessions.yaml"
+        );
+        let p = plan(&run_args(&[
+            "--workload-spec",
+            spec,
+            "--num-requests",
+            "200",
+        ]))
+        .unwrap();
+        assert!(matches!(p.units, PlannedUnits::Held(_)));
+        assert_eq!(p.facts.count, 200);
+    }
+
+    fn facts(r: &[TraceRecord], warmup: u64) -> PlanFacts {
+        PlanFacts::gather(r.iter().cloned().map(Ok), warmup, false).unwrap()
+    }
+
     #[test]
     fn warmup_is_the_smallest_ids() {
         let r = vec![rec(5, 0, "", 0), rec(7, 1, "", 0), rec(6, 2, "", 0)];
-        assert_eq!(warmup_threshold(&r, 2), 7);
-        assert_eq!(warmup_threshold(&r, 0), 0);
-        assert_eq!(warmup_threshold(&r, 9), u64::MAX);
+        assert_eq!(facts(&r, 2).warmup_below, 7);
+        assert_eq!(facts(&r, 0).warmup_below, 0);
+        assert_eq!(facts(&r, 3).warmup_below, u64::MAX);
+        assert_eq!(facts(&r, 9).warmup_below, u64::MAX);
+    }
+
+    /// The facts gathered in one pass equal those of the whole plan at
+    /// once: ids as ranges, extra columns in canonical order, the rate.
+    #[test]
+    fn plan_facts_in_one_pass_equal_those_of_the_whole_plan() {
+        let mut r: Vec<TraceRecord> = (0..200u64)
+            .map(|i| rec(i * 7 % 211, i as i64 * 1000, "", 0))
+            .collect();
+        r[3].request.think_time_us = Some(5);
+        r[150].request.content_key = Some(3);
+        r[9].other.push(("z".into(), "1".into()));
+        let f = facts(&r, 0);
+        let mut ids: Vec<u64> = r.iter().map(|x| x.request.request_id).collect();
+        ids.sort_unstable();
+        assert_eq!(f.planned_ids, blis_traces::header::id_ranges(&ids));
+        assert_eq!(f.extras, ExtraColumn::needed_for(&r));
+        assert_eq!(f.count, 200);
+        assert_eq!(f.requested_rate, Some(199.0 / 0.199));
+        let seq: Vec<TraceRecord> = (10..20).map(|i| rec(i, i as i64, "", 0)).collect();
+        assert_eq!(facts(&seq, 0).planned_ids.as_deref(), Some("10-19"));
     }
 
     #[test]

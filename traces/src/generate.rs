@@ -55,7 +55,7 @@ pub fn stream_rng(seed: u64, client: &str, purpose: &str) -> ChaCha8Rng {
 
 /// A source of requests in non-decreasing arrival order (`request_id` is
 /// assigned by the merge).
-trait ClientStream {
+trait ClientStream: Send {
     fn next_request(&mut self) -> Result<Option<Request>>;
 }
 

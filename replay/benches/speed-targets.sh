@@ -11,6 +11,7 @@
 #    on-evict offload at the default threshold;
 # 5. the same as 2. autoscaled from 4 to 16 instances (target-utilization,
 #    replicas ready 30 s after a scale-up);
+# 6. the same as 2. split into 8 prefill + 8 decode instances (issue 16);
 # and the size of the outputs of 2. Prints the median and range of each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,5 +58,8 @@ auto=(run --workload-spec examples/chat-512.yaml --model meta-llama/Llama-3.1-8B
 time_runs "chat-512, 100K, autoscaled 4-16" "$dir/chat-auto" $R "${auto[@]}" \
     --autoscaler target-utilization --autoscaler-min 4 --autoscaler-max 16 \
     --provisioning-delay-s 30 --warmup-s 0
+pd=(run --workload-spec examples/chat-512.yaml --model meta-llama/Llama-3.1-8B-Instruct
+    --num-requests 100000 --routing weighted --architecture pd --prefill-instances 8 --decode-instances 8)
+time_runs "chat-512, 100K, 8 prefill + 8 decode" "$dir/chat-pd" $R "${pd[@]}"
 echo "outputs of chat-512 with default outputs: $(du -cb "$dir"/chat.warm.* | tail -1 | cut -f1) bytes"
 ls -l "$dir"/chat.warm.*

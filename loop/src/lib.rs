@@ -22,10 +22,22 @@ use clap::Parser;
 /// error chain (the binary prints them after it, `: `-separated).
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
-    /// A tool ended without a result (`blis-loadgen exited with code 4`),
+    /// A tool ended without a result (`blis-loadgen exited with code 3`),
     /// or the server offers no model to use.
     #[error("{0}")]
     Failed(String),
+    /// The observation was interrupted (SIGINT/SIGTERM): its trace so far
+    /// is complete up to the interruption; nothing was replayed.
+    #[error(
+        "interrupted while observing the server: the requests it completed are in {0} (`blis-loadgen check` lists the rest); nothing was replayed or compared"
+    )]
+    Interrupted(String),
+    /// The observed run failed: more requests failed than
+    /// `--max-error-rate` allows (its summary above says which).
+    #[error(
+        "the observed run failed (its summary above gives the errors by kind; the trace is {0}); nothing was replayed or compared"
+    )]
+    ObservedRunFailed(String),
     /// A step that failed (`replaying the trace (blis-replay run)`), with
     /// its cause.
     #[error(transparent)]
@@ -259,12 +271,19 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
     let code = blis_loadgen::run(blis_loadgen::Opts::try_parse_from(&args)?, &mut out)
         .step(|| "observing the server (blis-loadgen run)")?;
     log(&String::from_utf8_lossy(&out));
-    if code != 0 {
-        return Err(LoopError::Failed(format!(
+    let header = real.with_extension("yaml");
+    match code {
+        0 => Ok(header),
+        blis_loadgen::exit_code::INTERRUPTED => {
+            Err(LoopError::Interrupted(header.display().to_string()))
+        }
+        blis_loadgen::exit_code::FAILED => {
+            Err(LoopError::ObservedRunFailed(header.display().to_string()))
+        }
+        _ => Err(LoopError::Failed(format!(
             "blis-loadgen exited with code {code}"
-        )));
+        ))),
     }
-    Ok(real.with_extension("yaml"))
 }
 
 /// A real server: fits the latency model's coefficients on the observed

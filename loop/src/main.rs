@@ -15,8 +15,14 @@ fn main() {
             );
         }
         Err(e) => {
+            // Interrupted: 4, as blis-loadgen's interrupted run.
+            let code = if matches!(e, blis_loop::LoopError::Interrupted(_)) {
+                4
+            } else {
+                1
+            };
             blis_traces::diag!("error: {:#}", anyhow::Error::from(e));
-            std::process::exit(1);
+            std::process::exit(code);
         }
     }
 }

@@ -50,6 +50,26 @@ pub enum Command {
         blis-loadgen check out/real.yaml --json\n\n\
         Exit codes: 0 complete; 1 error (unreadable); 6 incomplete (cut off, or planned requests missing).")]
     Check(CheckArgs),
+    /// Join the traces of a sharded run (`run --shard I/N` on N processes or
+    /// machines) into one: rows joined by request id and re-based to one
+    /// clock (each part's measured clock offset), chunks with their rows,
+    /// metric samples kept per part (label `shard`). Refuses parts of
+    /// different plans, repeated or missing parts.
+    #[command(after_help = "Examples:\n  \
+        blis-loadgen merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/run\n  \
+        blis-loadgen merge out/part-*.yaml --out out/run")]
+    Merge(MergeArgs),
+}
+
+/// `blis-loadgen merge`.
+#[derive(Args, Debug, Clone)]
+pub struct MergeArgs {
+    /// The parts: their header YAMLs or prefixes.
+    #[arg(value_name = "PART", required = true, num_args = 1..)]
+    pub parts: Vec<PathBuf>,
+    /// Prefix of the merged trace.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
 }
 
 /// `blis-loadgen check`.
@@ -212,4 +232,43 @@ pub struct RunArgs {
     /// shares this machine, 1 leaves it more CPU.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub client_threads: usize,
+    /// Send only part I of N of the plan (0 ≤ I < N): its units (a request,
+    /// or a session's rounds) I, I + N, I + 2N, ... in send order, so that
+    /// N processes, on N machines, send exactly the one-process schedule
+    /// together. Join their traces with `blis-loadgen merge`.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    pub shard: Option<Shard>,
+    /// Start the schedule at this Unix time, seconds (fractions allowed),
+    /// instead of 0.2 s from now: shards started with the same value start
+    /// together (to their clocks' agreement).
+    #[arg(allow_negative_numbers = true, long, value_name = "UNIX_TIME")]
+    pub start_at: Option<f64>,
+}
+
+/// Part `index` of `count` of a plan (`--shard I/N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// The part, from 0.
+    pub index: u32,
+    /// Parts in all, at least 1.
+    pub count: u32,
+}
+
+impl Shard {
+    /// Whether the unit at `k` (in send order) is this part's.
+    pub fn has(&self, k: usize) -> bool {
+        k % self.count as usize == self.index as usize
+    }
+}
+
+/// Parses `I/N` with 0 ≤ I < N ≤ 10,000.
+fn parse_shard(s: &str) -> Result<Shard, String> {
+    let bad = || format!("--shard wants I/N with 0 <= I < N <= 10000 (e.g. 0/4), got {s:?}");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let index: u32 = i.trim().parse().map_err(|_| bad())?;
+    let count: u32 = n.trim().parse().map_err(|_| bad())?;
+    if count == 0 || count > 10_000 || index >= count {
+        return Err(bad());
+    }
+    Ok(Shard { index, count })
 }

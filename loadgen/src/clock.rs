@@ -69,3 +69,44 @@ mod tests {
         assert!(c.now_us() <= us);
     }
 }
+
+/// This machine's clock minus true time, µs, as its NTP daemon measures
+/// it (`chronyc -c tracking`: its fifth field is the system time's offset
+/// in seconds, positive when the clock is slow), with where the figure
+/// came from or why there is none.
+pub fn ntp_offset_us() -> (Option<i64>, String) {
+    let out = match std::process::Command::new("chronyc")
+        .args(["-c", "tracking"])
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        Ok(_) => return (None, "unknown: chronyc tracking failed".into()),
+        Err(_) => return (None, "unknown: no chronyc on this machine".into()),
+    };
+    match parse_chronyc_tracking(&String::from_utf8_lossy(&out.stdout)) {
+        Some(us) => (Some(us), "chronyc tracking".into()),
+        None => (None, "unknown: chronyc tracking said nothing usable".into()),
+    }
+}
+
+/// The clock's offset (µs, clock minus true time) from `chronyc -c
+/// tracking`'s CSV line.
+fn parse_chronyc_tracking(csv: &str) -> Option<i64> {
+    let slow_s: f64 = csv.lines().next()?.split(',').nth(4)?.trim().parse().ok()?;
+    slow_s
+        .is_finite()
+        .then(|| (-slow_s * 1e6).round() as i64)
+        .filter(|us| us.abs() < 86_400_000_000)
+}
+
+#[cfg(test)]
+mod ntp_tests {
+    #[test]
+    fn chronyc_tracking_gives_the_clock_offset() {
+        let line = "A9FEA9FE,169.254.169.254,3,1732520000.123,-0.000012345,0.000001,0.00002,-3.5,0.01,0.1,0.0001,0.001,64.0,Normal\n";
+        assert_eq!(super::parse_chronyc_tracking(line), Some(12));
+        assert_eq!(super::parse_chronyc_tracking("garbage"), None);
+        assert_eq!(super::parse_chronyc_tracking(""), None);
+    }
+}

@@ -23,6 +23,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod http;
+pub mod merge;
 pub mod plan;
 pub mod probe;
 pub mod prompt;
@@ -103,5 +104,6 @@ pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
         Command::Generate(args) => plan::generate_command(&args, out).map(|()| exit_code::OK),
         Command::Run(args) => run::run_command(&args, out),
         Command::Check(args) => check::check_command(&args, out),
+        Command::Merge(args) => merge::merge_command(&args, out),
     }
 }

@@ -32,7 +32,7 @@ use blis_traces::{
 };
 use tokio::sync::{Semaphore, watch};
 
-use crate::cli::RunArgs;
+use crate::cli::{RunArgs, Shard};
 use crate::clock::RunClock;
 use crate::http::{Api, ServerType};
 use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
@@ -596,8 +596,21 @@ enum PlannedUnits {
 }
 
 impl PlannedUnits {
-    /// The units, in order.
-    fn into_iter(self) -> Units {
+    /// The units, in order; those of `shard` only with one.
+    fn into_iter(self, shard: Option<Shard>) -> Units {
+        let all = self.all_units();
+        match shard {
+            None => all,
+            Some(s) => Box::new(
+                all.enumerate()
+                    .filter(move |(k, _)| s.has(*k))
+                    .map(|(_, u)| u),
+            ),
+        }
+    }
+
+    /// Every unit, in order.
+    fn all_units(self) -> Units {
         match self {
             Self::Held(u) => Box::new(u.into_iter()),
             Self::Generated(g) => match g.records() {
@@ -637,14 +650,19 @@ struct PlanFacts {
     warmup_below: u64,
     /// The planned rate (open loop): requests over the arrival span.
     requested_rate: Option<f64>,
+    /// The whole plan's fingerprint ([`TraceHeader::plan_hash`]).
+    plan_hash: String,
 }
 
 impl PlanFacts {
-    /// The facts of `records`; the ids of the `warmup` smallest are warm-up.
+    /// The facts of a plan given as `(unit, request)` in send order, for
+    /// the part `shard` of it (all of it without one); the ids of the
+    /// `warmup` smallest of the whole plan are warm-up.
     fn gather(
-        records: impl Iterator<Item = Result<TraceRecord, blis_traces::Error>>,
+        items: impl Iterator<Item = Result<(usize, TraceRecord), blis_traces::Error>>,
         warmup: u64,
         closed_loop: bool,
+        shard: Option<Shard>,
     ) -> Result<Self> {
         let mut ids: Vec<(u64, u64)> = Vec::new();
         let mut unsorted_ids: Vec<u64> = Vec::new();
@@ -656,21 +674,16 @@ impl PlanFacts {
         let mut showing: Vec<TraceRecord> = Vec::new();
         // The warmup + 1 smallest ids (a max-heap).
         let mut smallest: std::collections::BinaryHeap<u64> = std::collections::BinaryHeap::new();
-        for r in records {
-            let r = r
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        let mut all = 0u64;
+        for item in items {
+            let (unit, r) = item
                 .map_err(PlanError::Workload)
                 .step(|| "planning the workload")?;
             let id = r.request.request_id;
-            count += 1;
-            any_streaming |= r.request.streaming;
+            all += 1;
             any_session |= !r.request.session_id.is_empty();
-            first = first.min(r.request.arrival_time_us);
-            last = last.max(r.request.arrival_time_us);
-            match ids.last_mut() {
-                Some(l) if id == l.1.wrapping_add(1) => l.1 = id,
-                Some(l) if id <= l.1 => unsorted_ids.push(id),
-                _ => ids.push((id, id)),
-            }
+            hash_request(&mut hash, &r);
             if warmup > 0 {
                 if (smallest.len() as u64) <= warmup {
                     smallest.push(id);
@@ -678,6 +691,18 @@ impl PlanFacts {
                     smallest.pop();
                     smallest.push(id);
                 }
+            }
+            if shard.is_some_and(|s| !s.has(unit)) {
+                continue;
+            }
+            count += 1;
+            any_streaming |= r.request.streaming;
+            first = first.min(r.request.arrival_time_us);
+            last = last.max(r.request.arrival_time_us);
+            match ids.last_mut() {
+                Some(l) if id == l.1.wrapping_add(1) => l.1 = id,
+                Some(l) if id <= l.1 => unsorted_ids.push(id),
+                _ => ids.push((id, id)),
             }
             let new: Vec<ExtraColumn> = ExtraColumn::needed_for([&r])
                 .into_iter()
@@ -688,9 +713,17 @@ impl PlanFacts {
                 showing.push(r);
             }
         }
-        if count == 0 {
+        if all == 0 {
             return Err(CommandError::Usage("the workload has no requests".into()));
         }
+        if count == 0 {
+            return Err(CommandError::Usage(format!(
+                "--shard {}/{}: the workload's {all} requests leave this part none (fewer units than parts)",
+                shard.map_or(0, |s| s.index),
+                shard.map_or(1, |s| s.count)
+            )));
+        }
+        hash.update(&all.to_le_bytes());
         let planned_ids = if unsorted_ids.is_empty() {
             ranges_of(&ids)
         } else {
@@ -721,8 +754,40 @@ impl PlanFacts {
             any_session,
             warmup_below,
             requested_rate,
+            plan_hash: format!("{:016x}", hash.digest()),
         })
     }
+}
+
+/// Feeds what defines a planned request to the plan's hash.
+fn hash_request(h: &mut xxhash_rust::xxh3::Xxh3, r: &TraceRecord) {
+    let q = &r.request;
+    for x in [
+        q.request_id,
+        q.arrival_time_us as u64,
+        u64::from(q.input_tokens),
+        u64::from(q.output_tokens),
+        u64::from(q.round_index),
+        u64::from(q.prefix_length),
+        u64::from(q.streaming),
+        q.think_time_us.map_or(u64::MAX, |t| t as u64),
+    ] {
+        h.update(&x.to_le_bytes());
+    }
+    for t in [&*q.session_id, &*q.client_id, &*q.prefix_group] {
+        h.update(&(t.len() as u64).to_le_bytes());
+        h.update(t.as_bytes());
+    }
+}
+
+/// The requests of held units as `(unit, request)`, for [`PlanFacts::gather`].
+fn indexed(
+    units: &[Unit],
+) -> impl Iterator<Item = Result<(usize, TraceRecord), blis_traces::Error>> + '_ {
+    units
+        .iter()
+        .enumerate()
+        .flat_map(|(k, u)| u.iter().map(move |r| Ok((k, r.clone()))))
 }
 
 /// Phase 1: the workload, planned and sorted by send time.
@@ -744,6 +809,7 @@ fn plan(args: &RunArgs) -> Result<Plan> {
     } else {
         header.warm_up_requests
     };
+    let shard = args.shard;
     let (facts, units) = match workload {
         Workload::Loaded(mut records) => {
             for r in &mut records {
@@ -751,12 +817,18 @@ fn plan(args: &RunArgs) -> Result<Plan> {
                 r.other.clear();
             }
             records.sort_by_key(|r| (r.request.arrival_time_us, r.request.request_id));
-            let facts = PlanFacts::gather(records.iter().cloned().map(Ok), warmup, closed_loop)?;
-            (facts, PlannedUnits::Held(units(records)))
+            let units = units(records);
+            let facts = PlanFacts::gather(indexed(&units), warmup, closed_loop, shard)?;
+            (facts, PlannedUnits::Held(units))
         }
         Workload::Generated(g) => {
             let it = g.records().step(|| "planning the workload")?;
-            let facts = PlanFacts::gather(it, warmup, closed_loop)?;
+            let facts = PlanFacts::gather(
+                it.enumerate().map(|(k, r)| r.map(|r| (k, r))),
+                warmup,
+                closed_loop,
+                shard,
+            )?;
             if facts.any_session {
                 let records = g
                     .records()
@@ -764,7 +836,9 @@ fn plan(args: &RunArgs) -> Result<Plan> {
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(PlanError::Workload)
                     .step(|| "planning the workload")?;
-                (facts, PlannedUnits::Held(units(records)))
+                let units = units(records);
+                let facts = PlanFacts::gather(indexed(&units), warmup, closed_loop, shard)?;
+                (facts, PlannedUnits::Held(units))
             } else {
                 (facts, PlannedUnits::Generated(g))
             }
@@ -809,6 +883,28 @@ fn ranges_of(ranges: &[(u64, u64)]) -> Option<String> {
             .collect::<Vec<_>>()
             .join(","),
     )
+}
+
+/// The schedule's origin, Unix µs: `start_at` (Unix s), which must lie
+/// ahead within a day, or 0.2 s after `now_us`.
+fn start_time_us(start_at: Option<f64>, now_us: i64) -> Result<i64> {
+    let Some(t) = start_at else {
+        return Ok(now_us + 200_000);
+    };
+    let us = t * 1e6;
+    let ahead_s = (us - now_us as f64) / 1e6;
+    if !ahead_s.is_finite() || ahead_s > 86_400.0 {
+        return Err(CommandError::Usage(format!(
+            "--start-at {t}: more than a day ahead (a Unix time in seconds, e.g. $(( $(date +%s) + 10 )))"
+        )));
+    }
+    if ahead_s < 0.05 {
+        return Err(CommandError::Usage(format!(
+            "--start-at {t}: {:.3} s in the past by this machine's clock (start the shards earlier, or check their clocks)",
+            -ahead_s
+        )));
+    }
+    Ok(us.round() as i64)
 }
 
 /// What the probes found out about the server.
@@ -942,6 +1038,16 @@ fn trace_header(
     // The plan, so that a trace cut off can say what it lacks
     // (`blis-loadgen check`).
     header.planned_requests = Some(plan.facts.count);
+    header.plan_hash = Some(plan.facts.plan_hash.clone());
+    header.shard = args.shard.map(|s| {
+        let (clock_offset_us, clock_source) = crate::clock::ntp_offset_us();
+        blis_traces::ShardInfo {
+            index: s.index,
+            count: s.count,
+            clock_offset_us,
+            clock_source: Some(clock_source),
+        }
+    });
     header.planned_ids = plan.facts.planned_ids.clone();
     let mut extras = plan.facts.extras.clone();
     for e in [
@@ -1088,8 +1194,9 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
 
     // The trace, recorded by its own thread.
     let clock = RunClock::new();
-    // A short lead so that the first sends are not late from set-up.
-    let run_start_us = clock.now_us() + 200_000;
+    // A short lead so that the first sends are not late from set-up, or
+    // the agreed start of the shards.
+    let run_start_us = start_time_us(args.start_at, clock.now_us())?;
     let any_stream = !args.no_stream && plan.facts.any_streaming;
     let scrape_on = server.scrape_on;
     let Recorder {
@@ -1138,7 +1245,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let ticker = spawn_progress(&sh, &bar);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let (warmup_below, requested_rate) = (plan.facts.warmup_below, plan.facts.requested_rate);
-    let dispatcher = dispatch(args, &sh, plan.units.into_iter(), &done_tx);
+    let dispatcher = dispatch(args, &sh, plan.units.into_iter(args.shard), &done_tx);
     drop(done_tx);
     let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
 
@@ -1506,7 +1613,7 @@ mod tests {
         assert!(matches!(p.units, PlannedUnits::Generated(_)));
         assert_eq!(p.facts.count, 5000);
         assert_eq!(p.facts.planned_ids.as_deref(), Some("0-4999"));
-        let streamed: Vec<TraceRecord> = p.units.into_iter().flatten().collect();
+        let streamed: Vec<TraceRecord> = p.units.into_iter(None).flatten().collect();
         let (_, held) = crate::plan::load_workload(
             &run_args(&["--rate", "100", "--num-requests", "5000"]).workload,
             &run_args(&["--rate", "100", "--num-requests", "5000"]).synthetic,
@@ -1533,7 +1640,7 @@ mod tests {
     }
 
     fn facts(r: &[TraceRecord], warmup: u64) -> PlanFacts {
-        PlanFacts::gather(r.iter().cloned().map(Ok), warmup, false).unwrap()
+        PlanFacts::gather(r.iter().cloned().enumerate().map(Ok), warmup, false, None).unwrap()
     }
 
     #[test]

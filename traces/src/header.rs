@@ -182,6 +182,32 @@ pub struct TraceHeader {
     /// partly written line, which readers drop with a warning.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub incomplete: bool,
+    /// A fingerprint of the whole planned workload (xxh3-64 of every
+    /// planned request's id, arrival, lengths, session and labels, in
+    /// hex): the parts of one sharded run share it, and
+    /// `blis-loadgen merge` refuses parts whose plans differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_hash: Option<String>,
+    /// Set on one part of a sharded run (`blis-loadgen run --shard i/N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardInfo>,
+}
+
+/// One part of a sharded run: which part, and its machine's clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ShardInfo {
+    /// The part, from 0.
+    pub index: u32,
+    /// Parts in all.
+    pub count: u32,
+    /// This machine's clock minus true (NTP) time when the run started, µs,
+    /// as its time daemon measured it (`chronyc tracking`); absent when
+    /// none could say. The merge subtracts it from the part's times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_us: Option<i64>,
+    /// Where `clock_offset_us` came from, or why it is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_source: Option<String>,
 }
 
 /// The most ranges [`TraceHeader::planned_ids`] lists.
@@ -257,6 +283,8 @@ impl TraceHeader {
             planned_requests: None,
             planned_ids: None,
             incomplete: false,
+            plan_hash: None,
+            shard: None,
         }
     }
 

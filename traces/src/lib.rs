@@ -76,7 +76,9 @@ pub use companions::{ChunkRecord, MetricSample};
 pub use csvio::{BASE_COLUMNS, ExtraColumn, RecordReader, RecordWriter};
 pub use error::{Error, Location, Result};
 pub use generate::{GenerateOptions, Generator, generate};
-pub use header::{Hardware, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, TraceHeader};
+pub use header::{
+    Hardware, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, ShardInfo, TraceHeader,
+};
 pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
 pub use slo::Slo;

@@ -7,3 +7,4 @@ mod faults; // injected faults: every request present with the right status
 mod generate_cli; // `generate`: files, summary, exit codes
 mod modes; // closed loop, max in flight, duration, warm-up, goodput
 mod observe; // a spec observed exactly: rows, chunks, timing vs the mock, metrics
+mod shard; // `--shard I/N` processes merged: the one-process plan exactly

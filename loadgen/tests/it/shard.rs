@@ -237,3 +237,70 @@ fn shard_and_start_flags_are_checked() {
         assert!(err.contains("--shard wants I/N"), "{bad}: {err}");
     }
 }
+
+/// `examples/kubernetes/`: the ConfigMap's workload plans, and the shard
+/// and merge commands of the Jobs, with the values Kubernetes gives them,
+/// are commands `blis-loadgen` accepts. (CI validates the manifests
+/// against the Kubernetes schemas with kubernetes-validate.)
+#[test]
+fn the_kubernetes_example_plans_and_its_commands_parse() {
+    use clap::Parser;
+    #[derive(serde::Deserialize)]
+    struct ConfigMap {
+        data: BTreeMap<String, String>,
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/kubernetes");
+    let cm: ConfigMap =
+        serde_saphyr::from_str(&std::fs::read_to_string(format!("{dir}/configmap.yaml")).unwrap())
+            .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write(tmp.path(), "workload.yaml", &cm.data["workload.yaml"]);
+    let plan = tmp.path().join("plan");
+    let (code, out) = loadgen(&[
+        "generate",
+        "--workload-spec",
+        s(&spec),
+        "--num-requests",
+        "1000",
+        "--out",
+        s(&plan),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{out}");
+    let job = std::fs::read_to_string(format!("{dir}/job.yaml")).unwrap();
+    let command = job
+        .split("- >-")
+        .nth(1)
+        .and_then(|rest| rest.split("env:").next())
+        .unwrap();
+    let shards: u32 = cm.data["shards"].parse().unwrap();
+    assert!(job.contains(&format!("completions: {shards}")));
+    assert!(job.contains(&format!("parallelism: {shards}")));
+    for index in 0..shards {
+        let cmd = command
+            .replace("$SERVER_URL", &cm.data["server_url"])
+            .replace("$MODEL", &cm.data["model"])
+            .replace("$JOB_COMPLETION_INDEX", &index.to_string())
+            .replace("$SHARDS", &cm.data["shards"])
+            .replace("$START_AT", &cm.data["start_at"])
+            .replace('"', "");
+        let argv: Vec<&str> = cmd.split_whitespace().skip(1).collect();
+        assert_eq!(argv[0], "blis-loadgen", "{cmd}");
+        let opts = blis_loadgen::Opts::try_parse_from(&argv).unwrap();
+        let blis_loadgen::cli::Command::Run(run) = opts.command else {
+            panic!("a run: {cmd}")
+        };
+        assert_eq!(run.shard.map(|s| (s.index, s.count)), Some((index, shards)));
+    }
+    let merge = std::fs::read_to_string(format!("{dir}/merge-job.yaml")).unwrap();
+    let line = merge
+        .lines()
+        .find(|l| l.contains("blis-loadgen merge"))
+        .unwrap();
+    let argv: Vec<&str> = line
+        .trim()
+        .trim_start_matches("- exec ")
+        .split_whitespace()
+        .collect();
+    assert!(blis_loadgen::Opts::try_parse_from(&argv).is_ok(), "{line}");
+}

@@ -1062,8 +1062,14 @@ fn trace_header(
     (header, extras)
 }
 
-/// A progress bar kept up to date every 250 ms until aborted.
-fn spawn_progress(sh: &Arc<Shared>, bar: &indicatif::ProgressBar) -> tokio::task::JoinHandle<()> {
+/// A progress bar kept up to date every 250 ms until aborted: requests
+/// done of planned, sent, in flight, failed, the send rate, and TTFT
+/// p50/p99 and send-lag p99 so far (the recorder's live histograms).
+fn spawn_progress(
+    sh: &Arc<Shared>,
+    bar: &indicatif::ProgressBar,
+    live: Arc<crate::record::Live>,
+) -> tokio::task::JoinHandle<()> {
     let (sh, bar) = (sh.clone(), bar.clone());
     tokio::spawn(async move {
         let mut t = tokio::time::interval(Duration::from_millis(250));
@@ -1073,14 +1079,33 @@ fn spawn_progress(sh: &Arc<Shared>, bar: &indicatif::ProgressBar) -> tokio::task
             let elapsed = (sh.clock.now_us() - sh.run_start_us).max(1) as f64 / 1e6;
             let sent = p.sent.load(Ordering::Relaxed);
             bar.set_position(p.done.load(Ordering::Relaxed));
-            bar.set_message(format!(
-                "sent {sent}, in flight {}, not ok {}, {:.1} req/s",
+            bar.set_message(progress_message(
+                sent,
                 p.in_flight.load(Ordering::Relaxed),
                 p.not_ok.load(Ordering::Relaxed),
-                sent as f64 / elapsed
+                sent as f64 / elapsed,
+                &live,
             ));
         }
     })
+}
+
+/// The progress line's message.
+fn progress_message(
+    sent: u64,
+    in_flight: u64,
+    not_ok: u64,
+    rate: f64,
+    live: &crate::record::Live,
+) -> String {
+    use crate::record::Live;
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+    format!(
+        "sent {sent} ({rate:.1} req/s), in flight {in_flight}, failed {not_ok} | TTFT p50 {} p99 {} ms | send lag p99 {} ms",
+        ms(Live::ms(&live.ttft_p50_us)),
+        ms(Live::ms(&live.ttft_p99_us)),
+        ms(Live::ms(&live.lag_p99_us)),
+    )
 }
 
 /// Phase 4: the senders, open loop (each request at its time) or closed
@@ -1204,6 +1229,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         tx,
         thread: recorder,
         failed: record_failed,
+        live,
     } = start_recorder(args, &plan, &server, run_start_us, any_stream, slo)?;
     let (stopping, _) = watch::channel(false);
     let (cancel, _) = watch::channel(false);
@@ -1242,7 +1268,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     });
     drop(tx);
     let bar = progress_bar(total);
-    let ticker = spawn_progress(&sh, &bar);
+    let ticker = spawn_progress(&sh, &bar, live);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let (warmup_below, requested_rate) = (plan.facts.warmup_below, plan.facts.requested_rate);
     let dispatcher = dispatch(args, &sh, plan.units.into_iter(args.shard), &done_tx);
@@ -1339,6 +1365,8 @@ struct Recorder {
     thread: std::thread::JoinHandle<Recorded>,
     /// Set when a write failed.
     failed: Arc<AtomicBool>,
+    /// The figures so far, for the progress line.
+    live: Arc<crate::record::Live>,
 }
 
 /// The trace's header and its recorder thread, writing the files at
@@ -1363,12 +1391,14 @@ fn start_recorder(
     let (tx, rx) = std::sync::mpsc::channel();
     let record_failed = Arc::new(AtomicBool::new(false));
     let tally = Tally::new(&summary_inputs(plan.facts.warmup_below, run_start_us, slo));
+    let live = Arc::new(crate::record::Live::new(run_start_us));
     let recorder = crate::record::spawn(
         writer,
         tally,
         plan.facts.warmup_below,
         rx,
         record_failed.clone(),
+        live.clone(),
     )
     .step(|| "starting the recorder thread")?;
     Ok(Recorder {
@@ -1376,6 +1406,7 @@ fn start_recorder(
         tx,
         thread: recorder,
         failed: record_failed,
+        live,
     })
 }
 

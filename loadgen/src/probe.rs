@@ -273,3 +273,59 @@ mod tests {
         assert_eq!(cache_config(&[]), None);
     }
 }
+
+/// Opens up to `n` connections to the server before the run's clock
+/// starts, so that the first second's sends do not wait for TCP set-up:
+/// `n` concurrent GETs of `/v1/models`, whose connections stay in the
+/// client's pool (idle for up to a minute). Returns how many succeeded;
+/// failures only cost the warm-up.
+pub async fn warm_connections(
+    client: &reqwest::Client,
+    base: &str,
+    api_key: Option<&str>,
+    n: usize,
+) -> usize {
+    let url = format!("{base}/v1/models");
+    let gets = (0..n).map(|_| async {
+        match get(client, &url, api_key).await {
+            Ok(r) => r.bytes().await.is_ok(),
+            Err(_) => false,
+        }
+    });
+    futures::future::join_all(gets)
+        .await
+        .into_iter()
+        .filter(|&ok| ok)
+        .count()
+}
+
+/// Connections to open before a run ([`warm_connections`]): the requests
+/// in flight that 20 ms of the planned rate start (at most 256), the
+/// closed loop's users, or `--max-in-flight` when smaller.
+pub fn connections_to_warm(
+    rate: Option<f64>,
+    concurrency: Option<usize>,
+    max_in_flight: Option<usize>,
+) -> usize {
+    let n = match (concurrency, rate) {
+        (Some(c), _) => c,
+        (None, Some(r)) if r.is_finite() && r > 0.0 => (r * 0.02).ceil() as usize,
+        _ => 1,
+    };
+    n.clamp(1, 256)
+        .min(max_in_flight.unwrap_or(usize::MAX).max(1))
+}
+
+#[cfg(test)]
+mod warm_tests {
+    #[test]
+    fn warm_connections_follow_the_load() {
+        use super::connections_to_warm as c;
+        assert_eq!(c(Some(10_000.0), None, None), 200);
+        assert_eq!(c(Some(100_000.0), None, None), 256);
+        assert_eq!(c(Some(5.0), None, None), 1);
+        assert_eq!(c(None, Some(64), None), 64);
+        assert_eq!(c(Some(10_000.0), None, Some(16)), 16);
+        assert_eq!(c(None, None, None), 1);
+    }
+}

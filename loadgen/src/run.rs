@@ -1217,6 +1217,19 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     let plan = plan(args)?;
     let server = connect(args).await?;
 
+    let warm = probe::connections_to_warm(
+        plan.facts.requested_rate,
+        args.concurrency,
+        args.max_in_flight,
+    );
+    let base = args.server_url.trim_end_matches('/');
+    let opened = probe::warm_connections(&server.client, base, args.api_key.as_deref(), warm).await;
+    if opened < warm {
+        blis_traces::diag!(
+            "warning: {opened} of {warm} connections opened before the run; the first sends may wait for the rest"
+        );
+    }
+
     // The trace, recorded by its own thread.
     let clock = RunClock::new();
     // A short lead so that the first sends are not late from set-up, or

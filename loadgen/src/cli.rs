@@ -59,6 +59,33 @@ pub enum Command {
         blis-loadgen merge out/part-0 out/part-1 out/part-2 out/part-3 --out out/run\n  \
         blis-loadgen merge out/part-*.yaml --out out/run")]
     Merge(MergeArgs),
+    /// Write a recorded trace in a peer's format: `aiperf`, AIPerf's
+    /// per-request `profile_export.jsonl` (what its dashboards and its
+    /// `MetricRecordInfo` model read).
+    #[command(after_help = "Examples:\n  \
+        blis-loadgen export out/real --format aiperf --out out/profile_export.jsonl")]
+    Export(ExportArgs),
+}
+
+/// `blis-loadgen export`.
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// The trace: its header YAML or its prefix.
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+    /// The format.
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// The file to write.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+/// Formats of `blis-loadgen export`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// AIPerf's `profile_export.jsonl` (per-request records).
+    Aiperf,
 }
 
 /// `blis-loadgen merge`.

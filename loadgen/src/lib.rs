@@ -22,6 +22,7 @@
 pub mod check;
 pub mod cli;
 pub mod clock;
+pub mod export;
 pub mod http;
 pub mod merge;
 pub mod plan;
@@ -105,5 +106,6 @@ pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
         Command::Run(args) => run::run_command(&args, out),
         Command::Check(args) => check::check_command(&args, out),
         Command::Merge(args) => merge::merge_command(&args, out),
+        Command::Export(args) => export::export_command(&args, out),
     }
 }

@@ -7,7 +7,7 @@
 #   loadgen/benches/aiperf-export-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build --release -q -p blis-loadgen -p blis-mockserver
+cargo build --release -q  # the whole workspace: the same artifacts as every other build
 bin=target/release
 out=$(mktemp -d)
 trap 'kill $mock 2>/dev/null || true; rm -rf "$out"' EXIT

@@ -246,6 +246,17 @@ pub struct RunArgs {
         value_name = "FRACTION"
     )]
     pub max_error_rate: f64,
+    /// Open loop: stop sending when the client itself falls this far behind
+    /// its schedule, seconds (it cannot keep up: the rest of the plan
+    /// becomes not-sent rows and the verdict `client-bound`, instead of a
+    /// run that takes several times its length); 0 never stops.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        default_value_t = 1.0,
+        value_name = "S"
+    )]
+    pub max_behind_s: f64,
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
     #[arg(allow_negative_numbers = true, long, default_value_t = 5.0)]
     pub grace_s: f64,

@@ -143,6 +143,10 @@ pub struct Summary {
     /// are exact. Count, mean and max are always exact.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub percentiles_from_histogram: Vec<String>,
+    /// Set when the client fell this far behind its schedule (s) and
+    /// stopped sending (`--max-behind-s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_behind_s: Option<f64>,
 }
 
 /// Inputs of [`summarize`] besides the rows.
@@ -433,6 +437,7 @@ impl Tally {
             failed,
             verdict,
             percentiles_from_histogram: from_histogram,
+            stopped_behind_s: None,
         }
     }
 
@@ -600,6 +605,20 @@ fn failed_verdict(
 }
 
 impl Summary {
+    /// The client stopped sending `behind_s` seconds behind its schedule
+    /// (`--max-behind-s`): client-bound, said first unless the run failed
+    /// or was interrupted.
+    pub fn stopped_behind(&mut self, behind_s: f64) {
+        self.schedule.client_bound = true;
+        self.stopped_behind_s = Some(behind_s);
+        if !self.failed && !self.interrupted {
+            self.verdict = format!(
+                "client-bound: the client fell {behind_s:.2} s behind its schedule and stopped sending after {} of {} requests (--max-behind-s); it cannot send this rate from here (more cores, --shard over more machines, or a lower rate)",
+                self.requests.sent, self.requests.planned
+            );
+        }
+    }
+
     /// The summary as Markdown (what `run` prints).
     pub fn to_markdown(&self) -> String {
         let mut o = String::new();

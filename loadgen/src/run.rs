@@ -70,6 +70,11 @@ struct Shared {
     growth: BTreeMap<String, ContextGrowth>,
     xid_prefix: String,
     record_failed: Arc<AtomicBool>,
+    /// `--max-behind-s`, as a duration (`None`: never stop).
+    max_behind: Option<Duration>,
+    /// How far behind (µs) the client was when it stopped sending for it;
+    /// 0 when it did not.
+    stopped_behind_us: AtomicU64,
 }
 
 impl Shared {
@@ -1262,6 +1267,8 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         growth: plan.growth,
         xid_prefix: format!("blis-{:x}", run_start_us),
         record_failed: record_failed.clone(),
+        max_behind: (args.max_behind_s > 0.0).then(|| Duration::from_secs_f64(args.max_behind_s)),
+        stopped_behind_us: AtomicU64::new(0),
     });
 
     // The scraper and the progress bar, beside the senders.
@@ -1304,7 +1311,8 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         .join()
         .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
     let rows = recorded.tally.rows();
-    let summary = summarize_run(
+    let stopped_behind_us = sh.stopped_behind_us.load(Ordering::Relaxed);
+    let mut summary = summarize_run(
         &mut recorded,
         warmup_below,
         requested_rate,
@@ -1313,6 +1321,9 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         interrupted,
         run_start_us,
     );
+    if stopped_behind_us > 0 {
+        summary.stopped_behind(stopped_behind_us as f64 / 1e6);
+    }
     header.load_generator = Some(LoadGeneratorInfo {
         requested_rate: summary.schedule.requested_rate,
         achieved_rate: summary.schedule.achieved_rate,
@@ -1530,13 +1541,25 @@ async fn dispatch_open_loop(sh: Arc<Shared>, units: Units, done: tokio::sync::mp
                 _ = stop.wait_for(|s| *s) => {}
             }
         }
-        if sh.stopping() {
+        let behind = Instant::now().saturating_duration_since(due);
+        let too_far = sh.max_behind.is_some_and(|m| behind > m);
+        if sh.stopping() || too_far {
+            let why = if too_far {
+                sh.stopped_behind_us
+                    .store(behind.as_micros().max(1) as u64, Ordering::Relaxed);
+                format!(
+                    "the client fell {:.2} s behind its schedule and stopped sending (--max-behind-s)",
+                    behind.as_secs_f64()
+                )
+            } else {
+                "the run was interrupted before this request".to_string()
+            };
             let rest = std::iter::once(unit)
                 .chain(ready.drain(..).map(|(u, _)| u))
                 .chain(pending.by_ref());
             for u in rest {
                 for r in u {
-                    sh.not_sent(r, "the run was interrupted before this request");
+                    sh.not_sent(r, &why);
                 }
             }
             break;

@@ -192,3 +192,51 @@ fn a_recorded_trace_is_sent_again_with_the_server_counts_as_plan() {
         assert_eq!(r.outcome.status, Some(Status::Ok));
     }
 }
+
+/// A rate the client cannot send (a million requests a second): it stops
+/// once it is `--max-behind-s` behind, records the rest as not sent, and
+/// says client-bound at once instead of taking several times the run.
+#[test]
+fn a_client_that_falls_behind_stops_and_says_client_bound() {
+    let _g = serial();
+    let mock = Mock::start(&["--time-scale", "1000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("behind");
+    let (code, stdout) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "1000000",
+        "--num-requests",
+        "50000",
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "2",
+        "--max-behind-s",
+        "0.05",
+        "--scrape-interval-ms",
+        "0",
+        "--strict",
+        "--json",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(code, 3, "client-bound with --strict: {}", v["verdict"]);
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("client-bound: the client fell"),
+        "{verdict}"
+    );
+    assert!(v["stopped_behind_s"].as_f64().unwrap() > 0.05);
+    let sent = v["requests"]["sent"].as_u64().unwrap();
+    assert!(sent < 50_000, "stopped early: {sent} sent");
+    assert_eq!(v["errors"]["not_sent"].as_u64(), Some(50_000 - sent));
+    let t = blis_traces::Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 50_000, "every planned request is a row");
+}

@@ -46,9 +46,29 @@ fn read_part(path: &std::path::Path) -> Result<Part> {
             path.display()
         )));
     }
-    if h.run_start_unix_us.is_none() {
+    if h.run_start_unix_us
+        .is_none_or(|t| t.unsigned_abs() > 1 << 53)
+    {
         return Err(CommandError::Usage(format!(
-            "{}: its header has no run_start_unix_us",
+            "{}: its header has no run_start_unix_us within ±2^53 µs",
+            path.display()
+        )));
+    }
+    if shard.count == 0 || shard.index >= shard.count {
+        return Err(CommandError::Usage(format!(
+            "{}: shard {}/{} is not a part (0 <= index < count)",
+            path.display(),
+            shard.index,
+            shard.count
+        )));
+    }
+    // Times in a trace are within ±2^53 µs (the reader checks); an offset
+    // of more than a day is a broken clock, not one to correct for.
+    if let Some(o) = shard.clock_offset_us
+        && o.unsigned_abs() > 86_400_000_000
+    {
+        return Err(CommandError::Usage(format!(
+            "{}: shard.clock_offset_us {o} is more than a day: its clock cannot be re-based",
             path.display()
         )));
     }
@@ -261,23 +281,40 @@ pub fn merge_command(args: &cli::MergeArgs, out: &mut dyn Write) -> Result<i32> 
     Ok(crate::exit_code::OK)
 }
 
-/// The union of the parts' planned ids, as ranges; `None` when a part
-/// does not list them or they take too many ranges.
+/// The union of the parts' planned ids, as ranges (merged as ranges,
+/// never expanded); `None` when a part does not list them or they take
+/// too many ranges.
 fn merged_planned_ids(parts: &[Part]) -> Option<String> {
-    let mut all: Vec<u64> = Vec::new();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
     for p in parts {
-        let ranges = blis_traces::header::parse_id_ranges(p.trace.header.planned_ids.as_deref()?)?;
-        for (a, b) in ranges {
-            // Bounded by the part's planned requests.
-            if b - a > p.trace.header.planned_requests.unwrap_or(0) {
-                return None;
-            }
-            all.extend(a..=b);
+        ranges.extend(blis_traces::header::parse_id_ranges(
+            p.trace.header.planned_ids.as_deref()?,
+        )?);
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in ranges {
+        match merged.last_mut() {
+            Some(l) if a <= l.1.saturating_add(1) => l.1 = l.1.max(b),
+            _ => merged.push((a, b)),
         }
     }
-    all.sort_unstable();
-    all.dedup();
-    blis_traces::header::id_ranges(&all)
+    if merged.len() > blis_traces::header::MAX_PLANNED_ID_RANGES {
+        return None;
+    }
+    Some(
+        merged
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// The merged run's schedule figures, from its rows (as one process's run

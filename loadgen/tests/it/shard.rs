@@ -304,3 +304,44 @@ fn the_kubernetes_example_plans_and_its_commands_parse() {
         .collect();
     assert!(blis_loadgen::Opts::try_parse_from(&argv).is_ok(), "{line}");
 }
+
+/// Hostile part headers are refused with one line, never an overflow: a
+/// part index out of range, a clock offset of centuries, a start at the
+/// end of time.
+#[test]
+fn merge_refuses_hostile_part_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = |name: &str, shard: &str, start: &str| {
+        let h = format!(
+            "trace_version: 3\ntime_unit: microseconds\nmode: real\nrun_start_unix_us: {start}\nplan_hash: \"00ff\"\nshard: {shard}\ndata_file: {name}.csv\n"
+        );
+        write(dir.path(), &format!("{name}.yaml"), &h);
+        write(
+            dir.path(),
+            &format!("{name}.csv"),
+            "request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,streaming,input_tokens,output_tokens,text_tokens,image_tokens,audio_tokens,video_tokens,reason_ratio,model,deadline_us,server_input_tokens,arrival_time_us,send_time_us,first_chunk_time_us,last_chunk_time_us,num_chunks,status,error_message,finish_reason\n",
+        );
+        dir.path().join(format!("{name}.yaml"))
+    };
+    let ok1 = good("a", "{index: 1, count: 2}", "1700000000000000");
+    for (shard, start, want) in [
+        ("{index: 0, count: 0}", "1700000000000000", "is not a part"),
+        ("{index: 3, count: 2}", "1700000000000000", "is not a part"),
+        (
+            "{index: 0, count: 2, clock_offset_us: 9223372036854775807}",
+            "1700000000000000",
+            "more than a day",
+        ),
+        (
+            "{index: 0, count: 2}",
+            "-9223372036854775808",
+            "within ±2^53",
+        ),
+    ] {
+        let bad = good("b", shard, start);
+        let err = loadgen(&["merge", s(&bad), s(&ok1), "--out", s(&dir.path().join("m"))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{shard} {start}: {err}");
+    }
+}

@@ -111,6 +111,14 @@ pub struct Opts {
     /// measurements against what the server did.
     #[arg(long, hide = true)]
     pub record_served: bool,
+    /// Write every completed request's timings as a JSON line to FILE (the
+    /// truth a client's measurements are compared with): `x_request_id`,
+    /// `received_unix_us` (its handler started), `first_token_unix_us` and
+    /// `last_token_unix_us` (their chunks handed to the connection),
+    /// `output_tokens`, `chunks`. Buffered; written out when the server
+    /// stops (SIGINT/SIGTERM).
+    #[arg(long, value_name = "FILE")]
+    pub served_log: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -151,6 +159,7 @@ impl Opts {
                 missing_usage: self.fault_missing_usage_rate,
             },
             record_served: self.record_served,
+            served_log: self.served_log.clone(),
             max_queued_requests: self.max_queued_requests,
         }
     }

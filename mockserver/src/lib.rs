@@ -97,11 +97,17 @@ impl RunningServer {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(());
         let _ = self.join.await;
+        if let Some(s) = &self.served {
+            s.flush();
+        }
     }
 
     /// Waits until the server stops (after a shutdown signal).
     pub async fn wait(self) {
         let _ = self.join.await;
+        if let Some(s) = &self.served {
+            s.flush();
+        }
     }
 
     /// Stops on SIGINT or SIGTERM.
@@ -183,6 +189,8 @@ pub struct MockConfig {
     pub faults: FaultConfig,
     /// Keep a log of what was served (for tests).
     pub record_served: bool,
+    /// Write what was served as JSON lines here (`--served-log`).
+    pub served_log: Option<std::path::PathBuf>,
 }
 
 /// Starts the server `cfg` describes on the current tokio runtime.
@@ -210,9 +218,15 @@ pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
     let clock = Arc::new(Clock::new(cfg.time_scale));
     let instance = blis_replay::Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let engine = EngineHandle::start(instance, clock, metrics.clone());
-    let served = cfg
-        .record_served
-        .then(|| Arc::new(server::ServedLog::default()));
+    let log_file = match &cfg.served_log {
+        Some(p) => Some(
+            std::fs::File::create(p)
+                .map_err(|e| StartError::Settings(format!("--served-log {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    let served = (cfg.record_served || log_file.is_some())
+        .then(|| Arc::new(server::ServedLog::new(cfg.record_served, log_file)));
     let mut state = AppState::new(
         cfg.model.clone(),
         cfg.api_key.clone(),

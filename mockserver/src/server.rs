@@ -108,25 +108,69 @@ pub struct Served {
     pub received_unix_us: i64,
 }
 
-/// Served timings of completed requests (kept only with
-/// `--record-served`).
+/// Served timings of completed requests: kept in memory (tests,
+/// `--record-served`) and/or written as JSON lines (`--served-log FILE`),
+/// the server's truth against which a client's measurements are judged.
 #[derive(Debug, Default)]
-pub struct ServedLog(Mutex<Vec<Served>>);
+pub struct ServedLog {
+    entries: Option<Mutex<Vec<Served>>>,
+    file: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
+}
 
 impl ServedLog {
-    fn push(&self, s: Served) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(s);
+    /// A log kept in memory (`keep`) and/or written to `file`.
+    pub fn new(keep: bool, file: Option<std::fs::File>) -> Self {
+        Self {
+            entries: keep.then(|| Mutex::new(Vec::new())),
+            file: file.map(|f| Mutex::new(std::io::BufWriter::new(f))),
+        }
     }
 
-    /// Everything recorded so far, in completion order.
+    fn push(&self, s: Served) {
+        if let Some(f) = &self.file {
+            use std::io::Write;
+            let line = format!(
+                "{{\"x_request_id\":{},\"received_unix_us\":{},\"first_token_unix_us\":{},\"last_token_unix_us\":{},\"output_tokens\":{},\"chunks\":{}}}\n",
+                s.x_request_id
+                    .as_deref()
+                    .map_or("null".to_string(), |x| format!("{x:?}")),
+                s.received_unix_us,
+                s.received_unix_us + s.ttft_us,
+                s.received_unix_us + s.e2e_us,
+                s.output_tokens,
+                s.chunks
+            );
+            // A full disk loses log lines, never the serving.
+            let _ = f
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .write_all(line.as_bytes());
+        }
+        if let Some(v) = &self.entries {
+            v.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(s);
+        }
+    }
+
+    /// Writes what is buffered to the file.
+    pub fn flush(&self) {
+        if let Some(f) = &self.file {
+            use std::io::Write;
+            let _ = f
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .flush();
+        }
+    }
+
+    /// Everything kept so far, in completion order (empty when not kept).
     pub fn entries(&self) -> Vec<Served> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.entries.as_ref().map_or_else(Vec::new, |v| {
+            v.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        })
     }
 }
 

@@ -275,3 +275,74 @@ fn whole_responses_and_completions_are_recorded() {
         );
     }
 }
+
+/// `blis-mockserver --served-log`: the server's own record of when it
+/// wrote each request's first and last token, one JSON line per request,
+/// joined to the client's rows by `x-request-id` (the truth a client's
+/// TTFT and E2E are judged by). The client sees each token after the
+/// server wrote it, and soon after on one host.
+#[test]
+fn the_served_log_is_the_truth_the_client_is_measured_against() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("served.jsonl");
+    let mock = Mock::start(&["--time-scale", "10", "--served-log", s(&log)]);
+    let out = dir.path().join("run");
+    let (code, _) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "40",
+        "--num-requests",
+        "60",
+        "--input-tokens",
+        "100",
+        "--output-tokens",
+        "10",
+        "--scrape-interval-ms",
+        "0",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    assert_eq!(code, 0);
+    drop(mock); // stops, writing the log out
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The run's 60 requests (its one-token test request has no x-request-id
+    // of the run's form).
+    let by_xid: std::collections::BTreeMap<&str, &Value> = lines
+        .iter()
+        .filter_map(|v| Some((v["x_request_id"].as_str()?, v)))
+        .collect();
+    let mut late = Vec::new();
+    for r in &t.records {
+        let v = by_xid[r.outcome.x_request_id.as_deref().unwrap()];
+        assert_eq!(
+            v["output_tokens"].as_u64(),
+            Some(u64::from(r.request.output_tokens))
+        );
+        let first = v["first_token_unix_us"].as_i64().unwrap();
+        let last = v["last_token_unix_us"].as_i64().unwrap();
+        let seen_first = r.outcome.first_chunk_time_us.unwrap();
+        let seen_last = r.outcome.last_chunk_time_us.unwrap();
+        // One host, one wall clock: seen after written (1 ms of slack for
+        // the two clocks' readings).
+        assert!(seen_first >= first - 1_000, "{seen_first} < {first}");
+        assert!(seen_last >= last - 1_000, "{seen_last} < {last}");
+        late.push(seen_first - first);
+    }
+    late.sort_unstable();
+    assert!(
+        late[late.len() / 2] < 20_000,
+        "median {} µs",
+        late[late.len() / 2]
+    );
+}

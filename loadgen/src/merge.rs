@@ -231,8 +231,7 @@ pub fn merge_command(args: &cli::MergeArgs, out: &mut dyn Write) -> Result<i32> 
         .collect();
     chunks.sort_by_key(|c| (order.get(&c.request_id).copied(), c.chunk_index));
     metrics.sort_by_key(|m| m.timestamp_us);
-    let mut ids: Vec<u64> = owner.keys().copied().collect();
-    ids.dedup();
+    let ids: Vec<u64> = owner.keys().copied().collect();
     header.planned_ids = merged_planned_ids(&parts).or_else(|| {
         (header.planned_requests == Some(ids.len() as u64))
             .then(|| blis_traces::header::id_ranges(&ids))
@@ -299,22 +298,7 @@ fn merged_planned_ids(parts: &[Part]) -> Option<String> {
             _ => merged.push((a, b)),
         }
     }
-    if merged.len() > blis_traces::header::MAX_PLANNED_ID_RANGES {
-        return None;
-    }
-    Some(
-        merged
-            .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(","),
-    )
+    blis_traces::header::format_id_ranges(&merged)
 }
 
 /// The merged run's schedule figures, from its rows (as one process's run

@@ -168,6 +168,9 @@ pub struct SummaryInputs {
     pub interrupted: bool,
     /// The error rate above which the run failed, in [0, 1].
     pub max_error_rate: f64,
+    /// How far behind its schedule (s) the client was when it stopped
+    /// sending (`--max-behind-s`); `None` when it did not.
+    pub stopped_behind_s: Option<f64>,
 }
 
 /// The intended send time of a row, Unix µs.
@@ -437,7 +440,7 @@ impl Tally {
             failed,
             verdict,
             percentiles_from_histogram: from_histogram,
-            stopped_behind_s: None,
+            stopped_behind_s: inp.stopped_behind_s,
         }
     }
 
@@ -511,7 +514,8 @@ impl Tally {
             send_lag_p99_ms: p99,
             send_lag_max_ms: lag.and_then(|s| s.max),
             max_send_lag_ms: inp.max_send_lag_ms,
-            client_bound: p99.is_some_and(|p| p > inp.max_send_lag_ms),
+            client_bound: p99.is_some_and(|p| p > inp.max_send_lag_ms)
+                || inp.stopped_behind_s.is_some(),
         }
     }
 }
@@ -542,6 +546,11 @@ fn verdict(
             "interrupted: {} of {} requests completed; the rest are recorded as cancelled",
             counts.ok + counts.error + counts.timeout,
             counts.planned
+        )
+    } else if let Some(behind_s) = inp.stopped_behind_s {
+        format!(
+            "client-bound: the client fell {behind_s:.2} s behind its schedule and stopped sending after {} of {} requests (--max-behind-s); it cannot send this rate from here (more cores, --shard over more machines, or a lower rate)",
+            counts.sent, counts.planned
         )
     } else if let Some(p99) = client_bound_p99 {
         format!(
@@ -605,20 +614,6 @@ fn failed_verdict(
 }
 
 impl Summary {
-    /// The client stopped sending `behind_s` seconds behind its schedule
-    /// (`--max-behind-s`): client-bound, said first unless the run failed
-    /// or was interrupted.
-    pub fn stopped_behind(&mut self, behind_s: f64) {
-        self.schedule.client_bound = true;
-        self.stopped_behind_s = Some(behind_s);
-        if !self.failed && !self.interrupted {
-            self.verdict = format!(
-                "client-bound: the client fell {behind_s:.2} s behind its schedule and stopped sending after {} of {} requests (--max-behind-s); it cannot send this rate from here (more cores, --shard over more machines, or a lower rate)",
-                self.requests.sent, self.requests.planned
-            );
-        }
-    }
-
     /// The summary as Markdown (what `run` prints).
     pub fn to_markdown(&self) -> String {
         let mut o = String::new();

@@ -663,8 +663,8 @@ impl PlanFacts {
     /// The facts of a plan given as `(unit, request)` in send order, for
     /// the part `shard` of it (all of it without one); the ids of the
     /// `warmup` smallest of the whole plan are warm-up.
-    fn gather(
-        items: impl Iterator<Item = Result<(usize, TraceRecord), blis_traces::Error>>,
+    fn gather<R: std::borrow::Borrow<TraceRecord>>(
+        items: impl Iterator<Item = Result<(usize, R), blis_traces::Error>>,
         warmup: u64,
         closed_loop: bool,
         shard: Option<Shard>,
@@ -685,10 +685,11 @@ impl PlanFacts {
             let (unit, r) = item
                 .map_err(PlanError::Workload)
                 .step(|| "planning the workload")?;
+            let r: &TraceRecord = r.borrow();
             let id = r.request.request_id;
             all += 1;
             any_session |= !r.request.session_id.is_empty();
-            hash_request(&mut hash, &r);
+            hash_request(&mut hash, r);
             if warmup > 0 {
                 if (smallest.len() as u64) <= warmup {
                     smallest.push(id);
@@ -709,13 +710,13 @@ impl PlanFacts {
                 Some(l) if id <= l.1 => unsorted_ids.push(id),
                 _ => ids.push((id, id)),
             }
-            let new: Vec<ExtraColumn> = ExtraColumn::needed_for([&r])
+            let new: Vec<ExtraColumn> = ExtraColumn::needed_for([r])
                 .into_iter()
                 .filter(|e| !shown.contains(e))
                 .collect();
             if !new.is_empty() {
                 shown.extend(new);
-                showing.push(r);
+                showing.push(r.clone());
             }
         }
         if all == 0 {
@@ -730,7 +731,7 @@ impl PlanFacts {
         }
         hash.update(&all.to_le_bytes());
         let planned_ids = if unsorted_ids.is_empty() {
-            ranges_of(&ids)
+            blis_traces::header::format_id_ranges(&ids)
         } else {
             let mut all: Vec<u64> = ids.iter().flat_map(|&(a, b)| a..=b).collect();
             all.extend(unsorted_ids);
@@ -788,11 +789,11 @@ fn hash_request(h: &mut xxhash_rust::xxh3::Xxh3, r: &TraceRecord) {
 /// The requests of held units as `(unit, request)`, for [`PlanFacts::gather`].
 fn indexed(
     units: &[Unit],
-) -> impl Iterator<Item = Result<(usize, TraceRecord), blis_traces::Error>> + '_ {
+) -> impl Iterator<Item = Result<(usize, &TraceRecord), blis_traces::Error>> + '_ {
     units
         .iter()
         .enumerate()
-        .flat_map(|(k, u)| u.iter().map(move |r| Ok((k, r.clone()))))
+        .flat_map(|(k, u)| u.iter().map(move |r| Ok((k, r))))
 }
 
 /// Phase 1: the workload, planned and sorted by send time.
@@ -867,27 +868,6 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         growth,
         warmup,
     })
-}
-
-/// The id ranges of `ranges` (sorted, disjoint, inclusive) as
-/// [`blis_traces::header::id_ranges`] writes them.
-fn ranges_of(ranges: &[(u64, u64)]) -> Option<String> {
-    if ranges.len() > blis_traces::header::MAX_PLANNED_ID_RANGES {
-        return None;
-    }
-    Some(
-        ranges
-            .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(","),
-    )
 }
 
 /// The schedule's origin, Unix µs: `start_at` (Unix s), which must lie
@@ -1312,18 +1292,18 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
     let rows = recorded.tally.rows();
     let stopped_behind_us = sh.stopped_behind_us.load(Ordering::Relaxed);
-    let mut summary = summarize_run(
+    let summary = summarize_run(
         &mut recorded,
-        warmup_below,
-        requested_rate,
+        RunEnd {
+            warmup_below,
+            requested_rate,
+            slo,
+            interrupted,
+            run_start_us,
+            stopped_behind_s: (stopped_behind_us > 0).then(|| stopped_behind_us as f64 / 1e6),
+        },
         args,
-        slo,
-        interrupted,
-        run_start_us,
     );
-    if stopped_behind_us > 0 {
-        summary.stopped_behind(stopped_behind_us as f64 / 1e6);
-    }
     header.load_generator = Some(LoadGeneratorInfo {
         requested_rate: summary.schedule.requested_rate,
         achieved_rate: summary.schedule.achieved_rate,
@@ -1343,27 +1323,32 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
     Ok(summary)
 }
 
-/// The run's summary from what was recorded: requests below
-/// `warmup_below` are warm-up, `requested_rate` the plan's rate.
-fn summarize_run(
-    recorded: &mut Recorded,
+/// How a run went, for its summary.
+struct RunEnd {
+    /// Requests with ids below this are warm-up.
     warmup_below: u64,
+    /// The plan's rate.
     requested_rate: Option<f64>,
-    args: &RunArgs,
     slo: Option<Slo>,
     interrupted: bool,
     run_start_us: i64,
-) -> Summary {
-    let inp = summary_inputs(warmup_below, run_start_us, slo);
+    /// How far behind the client stopped sending, s.
+    stopped_behind_s: Option<f64>,
+}
+
+/// The run's summary from what was recorded.
+fn summarize_run(recorded: &mut Recorded, end: RunEnd, args: &RunArgs) -> Summary {
+    let inp = summary_inputs(end.warmup_below, end.run_start_us, end.slo);
     let tally = std::mem::replace(&mut recorded.tally, Tally::new(&inp));
     tally.summary(
         &recorded.itl_us,
         &SummaryInputs {
-            requested_rate,
+            requested_rate: end.requested_rate,
             max_send_lag_ms: args.max_send_lag_ms,
             cpu_time_s: process_cpu_time_s(),
-            interrupted,
+            interrupted: end.interrupted,
             max_error_rate: args.max_error_rate,
+            stopped_behind_s: end.stopped_behind_s,
             ..inp
         },
     )
@@ -1707,7 +1692,7 @@ mod tests {
     }
 
     fn facts(r: &[TraceRecord], warmup: u64) -> PlanFacts {
-        PlanFacts::gather(r.iter().cloned().enumerate().map(Ok), warmup, false, None).unwrap()
+        PlanFacts::gather(r.iter().enumerate().map(Ok), warmup, false, None).unwrap()
     }
 
     #[test]

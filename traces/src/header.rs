@@ -216,24 +216,35 @@ pub const MAX_PLANNED_ID_RANGES: usize = 64;
 /// `ids` (sorted, no repeats) as ranges (`0-2999`, `4,7-9`), or `None`
 /// when they take more than [`MAX_PLANNED_ID_RANGES`].
 pub fn id_ranges(ids: &[u64]) -> Option<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ids.len() {
-        let mut j = i;
-        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
-            j += 1;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for &id in ids {
+        match ranges.last_mut() {
+            Some(l) if id == l.1.wrapping_add(1) => l.1 = id,
+            _ => ranges.push((id, id)),
         }
-        if out.len() == MAX_PLANNED_ID_RANGES {
-            return None;
-        }
-        out.push(if i == j {
-            ids[i].to_string()
-        } else {
-            format!("{}-{}", ids[i], ids[j])
-        });
-        i = j + 1;
     }
-    Some(out.join(","))
+    format_id_ranges(&ranges)
+}
+
+/// Inclusive `ranges` (sorted, disjoint) as [`id_ranges`] writes them, or
+/// `None` when there are more than [`MAX_PLANNED_ID_RANGES`].
+pub fn format_id_ranges(ranges: &[(u64, u64)]) -> Option<String> {
+    if ranges.len() > MAX_PLANNED_ID_RANGES {
+        return None;
+    }
+    Some(
+        ranges
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// The ids of a [`TraceHeader::planned_ids`] string, as inclusive ranges;

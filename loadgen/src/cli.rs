@@ -125,8 +125,8 @@ pub struct WorkloadArgs {
     /// The requests of a trace (its planned arrivals and lengths).
     #[arg(long, value_name = "H.yaml")]
     pub trace: Option<PathBuf>,
-    /// A synthetic Poisson workload at this many requests/s (with
-    /// --num-requests or --duration-s, --input-tokens, --output-tokens).
+    /// A synthetic workload at this many requests/s (with --num-requests
+    /// or --duration-s, --input-tokens, --output-tokens, --arrival).
     #[arg(allow_negative_numbers = true, long, value_name = "R")]
     pub rate: Option<f64>,
 }
@@ -140,6 +140,29 @@ pub struct SyntheticArgs {
     /// Output tokens: same forms as --input-tokens.
     #[arg(allow_negative_numbers = true, long, default_value = "128")]
     pub output_tokens: String,
+    /// Inter-arrival gaps of a --rate workload.
+    #[arg(long, value_enum, default_value_t = Arrival::Poisson)]
+    pub arrival: Arrival,
+}
+
+/// Inter-arrival gaps of a synthetic `--rate` workload.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Exponential gaps (a Poisson process), as `vllm bench serve` by default.
+    Poisson,
+    /// Every gap 1/rate: a fixed schedule, as `oha -q` and guidellm's
+    /// `constant` profile.
+    Constant,
+}
+
+impl Arrival {
+    /// The workload spec's name of this process.
+    pub fn spec_name(self) -> &'static str {
+        match self {
+            Arrival::Poisson => "poisson",
+            Arrival::Constant => "constant",
+        }
+    }
 }
 
 /// `generate` options.

@@ -135,8 +135,8 @@ pub fn load_workload(
     Ok((header, records))
 }
 
-/// A Poisson stream at `rate` requests/s with the token lengths of
-/// `--input-tokens` and `--output-tokens`.
+/// A stream at `rate` requests/s, Poisson or constant (`--arrival`), with
+/// the token lengths of `--input-tokens` and `--output-tokens`.
 ///
 /// # Errors
 /// A rate that is not a positive number, no request count or duration,
@@ -157,7 +157,8 @@ fn synthetic_workload(
         ));
     }
     let yaml = format!(
-        "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: poisson}}\n    input_distribution: {}\n    output_distribution: {}\n",
+        "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: {}}}\n    input_distribution: {}\n    output_distribution: {}\n",
+        synthetic.arrival.spec_name(),
         dist_yaml("--input-tokens", &synthetic.input_tokens)?,
         dist_yaml("--output-tokens", &synthetic.output_tokens)?
     );
@@ -171,8 +172,10 @@ fn synthetic_workload(
     let mut header = TraceHeader::new(Mode::Generated);
     header.workload_seed = Some(seed);
     header.workload_spec = Some(format!(
-        "synthetic: poisson {rate} req/s, input {}, output {}",
-        synthetic.input_tokens, synthetic.output_tokens
+        "synthetic: {} {rate} req/s, input {}, output {}",
+        synthetic.arrival.spec_name(),
+        synthetic.input_tokens,
+        synthetic.output_tokens
     ));
     Ok((
         header,

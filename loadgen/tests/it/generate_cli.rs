@@ -197,3 +197,33 @@ fn usage_errors_exit_2() {
     let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
     assert!(stderr.contains("unknown import kind"), "{stderr}");
 }
+
+#[test]
+fn a_constant_rate_spaces_every_request_one_gap_apart() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |arrival: &str, name: &str| {
+        let out = dir.path().join(name);
+        loadgen()
+            .args(["generate", "--rate", "200", "--num-requests", "50"])
+            .args(["--arrival", arrival, "--input-tokens", "16", "--out"])
+            .arg(&out)
+            .assert()
+            .success();
+        let t = Trace::read(&out.with_extension("yaml")).unwrap();
+        let gaps: Vec<i64> = t
+            .records
+            .windows(2)
+            .map(|w| w[1].request.arrival_time_us - w[0].request.arrival_time_us)
+            .collect();
+        (t.header.workload_spec.unwrap_or_default(), gaps)
+    };
+    let (what, gaps) = plan("constant", "c");
+    assert!(what.starts_with("synthetic: constant 200 req/s"), "{what}");
+    assert_eq!(gaps.len(), 49);
+    assert!(gaps.iter().all(|&g| g == 5_000), "{gaps:?}");
+    // The default stays Poisson: gaps vary.
+    let (what, gaps) = plan("poisson", "p");
+    assert!(what.starts_with("synthetic: poisson"), "{what}");
+    assert!(gaps.iter().any(|&g| g != 5_000), "{gaps:?}");
+}

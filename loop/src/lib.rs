@@ -29,7 +29,7 @@ pub enum LoopError {
     /// The observation was interrupted (SIGINT/SIGTERM): its trace so far
     /// is complete up to the interruption; nothing was replayed.
     #[error(
-        "interrupted while observing the server: the requests it completed are in {0} (`blis-loadgen check` lists the rest); nothing was replayed or compared"
+        "interrupted while observing the server: the requests it completed are in {0}, the rest recorded there as cancelled; nothing was replayed or compared"
     )]
     Interrupted(String),
     /// The observed run failed: more requests failed than

@@ -75,6 +75,17 @@ fn ctrl_c_while_observing_keeps_the_trace_and_says_so() {
         "the requests completed before the interruption are kept"
     );
     assert!(
+        last.contains("the rest recorded there as cancelled"),
+        "{text}"
+    );
+    assert!(
+        t.records.iter().all(|r| r.outcome.status.is_some())
+            && t.records
+                .iter()
+                .any(|r| r.outcome.status == Some(blis_traces::Status::Cancelled)),
+        "every planned request has its row, those not completed cancelled"
+    );
+    assert!(
         !out.join("report.html").exists(),
         "nothing was replayed or compared"
     );

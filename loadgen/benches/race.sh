@@ -24,7 +24,12 @@ env_dir=${RACE_ENV:-target/race-env}
 out=${RACE_OUT:-target/race}
 mkdir -p "$env_dir"
 py311=${PYTHON311:-python3}
-py312=${PYTHON312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}
+py312=${PYTHON312:-}
+if [ -z "$py312" ]; then  # pyenv's shims exist for versions that are not active: try each
+  for c in "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python python3.12 python3.13; do
+    if "$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then py312=$c; break; fi
+  done
+fi
 
 AIPERF=aiperf==0.13.0
 GUIDELLM=guidellm==0.8.1
@@ -48,7 +53,7 @@ venv() {  # venv NAME PYTHON PACKAGE
 }
 venv aiperf "$py311" "$AIPERF" aiperf
 venv guidellm "$py311" "$GUIDELLM" guidellm
-if [ -x "$py312" ]; then
+if [ -n "$py312" ]; then
   venv iperf "$py312" "$INFERENCE_PERF" inference-perf
 else
   echo "left out: inference-perf needs Python >= 3.12 (none found; set PYTHON312)" >&2
@@ -59,7 +64,7 @@ if [ -x "$env_dir/oha/bin/oha" ] ||
 else
   echo "left out: $OHA did not build (see $env_dir/oha.log)" >&2
 fi
-if [ -x "$py312" ]; then
+if [ -n "$py312" ]; then
   venv vllm "$py312" "$VLLM" vllm-bench
 fi
 

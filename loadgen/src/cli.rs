@@ -254,7 +254,8 @@ pub struct RunArgs {
     /// Scrape interval, ms (0: no scraping).
     #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
     pub scrape_interval_ms: u64,
-    /// Client-bound when the p99 send lag exceeds this, ms.
+    /// Client-bound when the p99 send lag exceeds this, ms. An open loop
+    /// this far behind starts a request only when one ends.
     #[arg(allow_negative_numbers = true, long, default_value_t = 10.0)]
     pub max_send_lag_ms: f64,
     /// Exit with code 3 when the run was client-bound.

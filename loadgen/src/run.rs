@@ -75,6 +75,10 @@ struct Shared {
     /// How far behind (µs) the client was when it stopped sending for it;
     /// 0 when it did not.
     stopped_behind_us: AtomicU64,
+    /// `--max-send-lag-ms`: behind its schedule by more than this, the
+    /// open-loop dispatcher holds the units it has started (see
+    /// [`BehindCap`]).
+    behind_after: Duration,
 }
 
 impl Shared {
@@ -1165,7 +1169,7 @@ async fn wait_for_end(
             // future must not be polled again.
             let finished = tokio::select! {
                 () = &mut all_done => true,
-                () = tokio::time::sleep(Duration::from_secs_f64(args.grace_s)) => false,
+                () = tokio::time::sleep(saturating_secs(args.grace_s)) => false,
                 () = signals.recv() => false,
             };
             sh.cancel.send_replace(true);
@@ -1238,7 +1242,7 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         run_start_us,
         tokens_per_word: server.tokens_per_word,
         no_stream: args.no_stream,
-        timeout: Duration::from_secs_f64(args.timeout_s),
+        timeout: saturating_secs(args.timeout_s),
         tx: tx.clone(),
         sem: args.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
         stopping,
@@ -1247,8 +1251,9 @@ async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
         growth: plan.growth,
         xid_prefix: format!("blis-{:x}", run_start_us),
         record_failed: record_failed.clone(),
-        max_behind: (args.max_behind_s > 0.0).then(|| Duration::from_secs_f64(args.max_behind_s)),
+        max_behind: (args.max_behind_s > 0.0).then(|| saturating_secs(args.max_behind_s)),
         stopped_behind_us: AtomicU64::new(0),
+        behind_after: saturating_secs(args.max_send_lag_ms / 1e3),
     });
 
     // The scraper and the progress bar, beside the senders.
@@ -1497,15 +1502,80 @@ const PREPARE_AHEAD: Duration = Duration::from_millis(20);
 /// Bodies built ahead at most.
 const PREPARE_MAX: usize = 4096;
 
+/// A number of seconds from the command line as a duration: one past
+/// what a `Duration` holds (`--max-behind-s inf`) is forever, not a panic.
+fn saturating_secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(if s > 0.0 {
+        Duration::MAX
+    } else {
+        Duration::ZERO
+    })
+}
+
+/// Units started at least, however few were running when the client fell
+/// behind (a floor for a run that was nearly idle).
+const BEHIND_CAP_MIN: u64 = 256;
+
+/// Graceful degradation of an open loop the client cannot keep up with.
+///
+/// Once the dispatcher is more than `--max-send-lag-ms` behind its
+/// schedule, starting more units only adds tasks and connections that the
+/// saturated client cannot serve: memory grows with the rate and the
+/// requests already started are answered later still. So the number of
+/// units started and not finished is held at what it was when the client
+/// fell behind (with a quarter more, and at least [`BEHIND_CAP_MIN`]): a
+/// new one starts when one ends, on the connections already pooled. The
+/// lag of the held sends is recorded as usual, and `--max-behind-s` stops
+/// the run. Back on schedule, the hold is lifted.
+#[derive(Debug, Default)]
+struct BehindCap {
+    /// Units started and not finished.
+    live: Arc<AtomicU64>,
+    /// The hold, while behind.
+    cap: Option<u64>,
+}
+
+impl BehindCap {
+    /// Waits, while the client is behind `due` by more than `after`, until
+    /// fewer units than the hold are live. Returns early when `stopping`
+    /// says so or the client falls `max_behind` behind.
+    async fn admit(
+        &mut self,
+        due: Instant,
+        after: Duration,
+        max_behind: Option<Duration>,
+        stopping: impl Fn() -> bool,
+    ) {
+        loop {
+            let behind = Instant::now().saturating_duration_since(due);
+            if behind <= after {
+                self.cap = None;
+                return;
+            }
+            let live = self.live.load(Ordering::Relaxed);
+            let cap = *self
+                .cap
+                .get_or_insert_with(|| (live + live / 4).max(BEHIND_CAP_MIN));
+            if live < cap || stopping() || max_behind.is_some_and(|m| behind > m) {
+                return;
+            }
+            // Behind already: a millisecond more is recorded as lag.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
 /// The open-loop schedule: for each unit in order, build its first body
 /// ahead of time, sleep (precisely, see [`PreciseTimer`]) until its send
 /// time and start it. Stopping records every unit not yet started as not
-/// sent.
+/// sent. A client that falls behind holds what it has started
+/// ([`BehindCap`]).
 async fn dispatch_open_loop(sh: Arc<Shared>, units: Units, done: tokio::sync::mpsc::Sender<()>) {
     let timer = PreciseTimer::new();
     let mut stop = sh.stopping.subscribe();
     let mut pending = units.peekable();
     let mut ready: VecDeque<(Unit, Ready)> = VecDeque::new();
+    let mut hold = BehindCap::default();
     loop {
         let horizon = Instant::now() + PREPARE_AHEAD;
         while ready.len() < PREPARE_MAX
@@ -1526,6 +1596,8 @@ async fn dispatch_open_loop(sh: Arc<Shared>, units: Units, done: tokio::sync::mp
                 _ = stop.wait_for(|s| *s) => {}
             }
         }
+        hold.admit(due, sh.behind_after, sh.max_behind, || sh.stopping())
+            .await;
         let behind = Instant::now().saturating_duration_since(due);
         let too_far = sh.max_behind.is_some_and(|m| behind > m);
         if sh.stopping() || too_far {
@@ -1549,9 +1621,11 @@ async fn dispatch_open_loop(sh: Arc<Shared>, units: Units, done: tokio::sync::mp
             }
             break;
         }
-        let (sh, done) = (sh.clone(), done.clone());
+        let (sh, done, live) = (sh.clone(), done.clone(), hold.live.clone());
+        live.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             run_unit(sh, unit, None, Some(first)).await;
+            live.fetch_sub(1, Ordering::Relaxed);
             drop(done);
         });
     }
@@ -1582,6 +1656,60 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_past_what_a_duration_holds_are_forever_not_a_panic() {
+        assert_eq!(saturating_secs(f64::INFINITY), Duration::MAX);
+        assert_eq!(saturating_secs(1e300), Duration::MAX);
+        assert_eq!(saturating_secs(1.5), Duration::from_millis(1_500));
+        assert_eq!(saturating_secs(0.0), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_client_behind_its_schedule_starts_a_unit_only_when_one_ends() {
+        let after = Duration::from_millis(10);
+        let never = Duration::from_secs(60);
+        let mut hold = BehindCap::default();
+        // On schedule (due ahead): no hold, however many are live.
+        hold.live.store(5_000, Ordering::Relaxed);
+        let ahead = Instant::now() + never;
+        hold.admit(ahead, after, None, || false).await;
+        assert_eq!(hold.cap, None);
+        // 50 ms behind with 1,000 live: held at 1,250.
+        hold.live.store(1_000, Ordering::Relaxed);
+        let due = Instant::now() - Duration::from_millis(50);
+        hold.admit(due, after, None, || false).await;
+        assert_eq!(hold.cap, Some(1_250));
+        hold.live.store(1_250, Ordering::Relaxed);
+        let live = hold.live.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            live.fetch_sub(1, Ordering::Relaxed);
+        });
+        let t = Instant::now();
+        hold.admit(due, after, None, || false).await;
+        assert!(
+            t.elapsed() >= Duration::from_millis(30),
+            "waited for a unit to end"
+        );
+        // The hold stays while behind.
+        assert_eq!(hold.cap, Some(1_250));
+        // Stopping, or too far behind, never waits (nothing would end).
+        hold.live.store(10_000, Ordering::Relaxed);
+        tokio::time::timeout(never, hold.admit(due, after, None, || true))
+            .await
+            .expect("stopping does not wait");
+        let too_far = Some(Duration::from_millis(40));
+        tokio::time::timeout(never, hold.admit(due, after, too_far, || false))
+            .await
+            .expect("past --max-behind-s does not wait");
+        // A nearly idle client is held at the floor; on schedule, lifted.
+        let mut idle = BehindCap::default();
+        idle.admit(due, after, None, || false).await;
+        assert_eq!(idle.cap, Some(BEHIND_CAP_MIN));
+        idle.admit(ahead, after, None, || false).await;
+        assert_eq!(idle.cap, None);
+    }
 
     #[test]
     fn a_key_given_on_the_command_line_is_noticed() {

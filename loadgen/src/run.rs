@@ -1658,6 +1658,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_progress_line_says_sent_rate_in_flight_failed_ttft_and_lag() {
+        let live = crate::record::Live::new(0);
+        assert_eq!(
+            progress_message(0, 0, 0, 0.0, &live),
+            "sent 0 (0.0 req/s), in flight 0, failed 0 | TTFT p50 - p99 - ms | send lag p99 - ms",
+            "no figure before the first request"
+        );
+        live.ttft_p50_us.store(33_500, Ordering::Relaxed);
+        live.ttft_p99_us.store(47_730, Ordering::Relaxed);
+        live.lag_p99_us.store(3_300, Ordering::Relaxed);
+        assert_eq!(
+            progress_message(178, 18, 2, 20.24, &live),
+            "sent 178 (20.2 req/s), in flight 18, failed 2 | TTFT p50 33.5 p99 47.7 ms | send lag p99 3.3 ms"
+        );
+    }
+
+    #[test]
     fn seconds_past_what_a_duration_holds_are_forever_not_a_panic() {
         assert_eq!(saturating_secs(f64::INFINITY), Duration::MAX);
         assert_eq!(saturating_secs(1e300), Duration::MAX);

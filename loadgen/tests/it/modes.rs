@@ -240,3 +240,53 @@ fn a_client_that_falls_behind_stops_and_says_client_bound() {
     let t = blis_traces::Trace::read(&out.with_extension("yaml")).unwrap();
     assert_eq!(t.records.len(), 50_000, "every planned request is a row");
 }
+
+/// A client behind its schedule (a million requests a second, and a
+/// `--max-send-lag-ms` of 1 µs so that every send but the first counts as
+/// late) starts a request only when one ends: at most 256 in flight
+/// instead of the whole plan at once, and every request still sent and
+/// answered when `--max-behind-s 0` never stops it.
+#[test]
+fn a_client_behind_its_schedule_holds_what_it_has_in_flight() {
+    let _g = serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("held");
+    let (code, stdout) = loadgen(&[
+        "run",
+        "--server-url",
+        &mock.url,
+        "--model",
+        MODEL,
+        "--rate",
+        "1000000",
+        "--num-requests",
+        "600",
+        "--input-tokens",
+        "8",
+        "--output-tokens",
+        "40",
+        "--max-send-lag-ms",
+        "0.001",
+        "--max-behind-s",
+        "0",
+        "--scrape-interval-ms",
+        "0",
+        "--json",
+        "--out",
+        s(&out),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["schedule"]["client_bound"], true);
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 600);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+    let overlap = max_overlap(&t.records);
+    assert!(overlap <= 256, "held at 256 in flight, saw {overlap}");
+}

@@ -34,7 +34,8 @@ pub struct Opts {
     /// /health answers 503 for this long after start.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub startup_delay_ms: u64,
-    /// Simulated seconds per wall second (2: twice as fast as real time).
+    /// Simulated seconds per wall second (2: twice as fast as real time),
+    /// 0.000001 to 1000000.
     #[arg(allow_negative_numbers = true, long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Metric names: vllm or sglang.

@@ -72,9 +72,13 @@ impl Clock {
         (at.saturating_duration_since(self.start).as_secs_f64() * 1e6 * self.scale) as i64
     }
 
-    /// The wall instant of simulated time `t_us`.
+    /// The wall instant of simulated time `t_us`, at most a century after
+    /// the start (a `--time-scale` of 1e-300 puts every token there rather
+    /// than past what an `Instant` holds).
     pub fn wall(&self, t_us: i64) -> Instant {
-        self.start + Duration::from_secs_f64((t_us.max(0) as f64) / 1e6 / self.scale)
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+        let secs = (t_us.max(0) as f64) / 1e6 / self.scale;
+        self.start + Duration::try_from_secs_f64(secs).map_or(CENTURY, |d| d.min(CENTURY))
     }
 
     /// The time scale.
@@ -519,4 +523,22 @@ fn submit(session: &mut Session<'_>, h: &mut Handlers<'_>, id: u64, s: Submissio
     input.priority = Some(s.priority);
     input.segments = Some(s.segments);
     session.submit(stamp, input, h);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_scale_too_small_for_an_instant_waits_a_century_not_a_panic() {
+        let c = Clock::new(1e-300);
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        assert_eq!(c.wall(1_000_000) - c.start, century);
+        assert_eq!(c.wall(0), c.start);
+        let real = Clock::new(1.0);
+        assert_eq!(
+            real.wall(1_500_000) - real.start,
+            Duration::from_millis(1_500)
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Request and response shapes as vLLM's OpenAI server has them.
 
 use blis_traces::prom;
+use clap::Parser;
 use serde_json::{Value, json};
 
 use crate::common::{MODEL, client, server, stream};
@@ -371,4 +372,38 @@ fn the_binary_binds_loopback_by_default_and_says_so() {
     let _ = child.wait();
     assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
     assert!(note.contains("loopback only"), "{note}");
+}
+
+/// A time scale whose clock would overflow (or never show a token) is a
+/// settings error naming the flag, not an engine that panics on the first
+/// request.
+#[tokio::test]
+async fn a_time_scale_out_of_range_is_refused_at_start() {
+    for bad in ["1e300", "1e-300", "0", "-1", "NaN", "inf"] {
+        let opts = blis_mockserver::Opts::parse_from([
+            "blis-mockserver",
+            "--port",
+            "0",
+            "--time-scale",
+            bad,
+        ]);
+        let err = match blis_mockserver::start(&opts.config()).await {
+            Ok(_) => panic!("--time-scale {bad} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("--time-scale must be between"), "{bad}: {err}");
+    }
+    for good in ["0.000001", "1000000"] {
+        let opts = blis_mockserver::Opts::parse_from([
+            "blis-mockserver",
+            "--port",
+            "0",
+            "--time-scale",
+            good,
+        ]);
+        assert!(
+            blis_mockserver::start(&opts.config()).await.is_ok(),
+            "{good}"
+        );
+    }
 }

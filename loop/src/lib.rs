@@ -149,12 +149,31 @@ async fn first_model(url: &str) -> Result<String> {
         .ok_or_else(|| LoopError::Failed(format!("{models} lists no model; give --model")))
 }
 
+/// What a loop derives from its observed trace in `--out`: an earlier
+/// loop's are removed before observing, so that an interrupted or failed
+/// run never leaves a new real trace beside an old prediction or report.
+const DERIVED: [&str; 10] = [
+    "coefficients.yaml",
+    "sim.yaml",
+    "sim.csv",
+    "sim.itl.csv",
+    "sim.metrics.csv",
+    "sim.steps.csv",
+    "sim.summary.json",
+    "report.md",
+    "report.json",
+    "report.html",
+];
+
 /// Runs the loop; `log` receives progress lines.
 ///
 /// # Errors
 /// Any step's failure, naming the step.
 pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     std::fs::create_dir_all(&o.out).step(|| format!("creating {}", o.out.display()))?;
+    for name in DERIVED {
+        let _ = std::fs::remove_file(o.out.join(name));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -296,7 +315,6 @@ fn fit_coefficients(
     log: &mut dyn FnMut(&str),
 ) -> Result<Vec<String>> {
     let coeffs = o.out.join("coefficients.yaml");
-    let _ = std::fs::remove_file(&coeffs);
     let latency = o.latency_model.kind().name();
     log(&format!(
         "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 fn ctrl_c_while_observing_keeps_the_trace_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("loop");
+    // An earlier loop's prediction and report, and a file of the user's.
+    std::fs::create_dir_all(&out).unwrap();
+    for f in ["report.html", "sim.yaml", "notes.txt"] {
+        std::fs::write(out.join(f), "earlier").unwrap();
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_blis-loop"))
         .args(["--out", out.to_str().unwrap(), "--duration-s", "60"])
         .stdout(Stdio::piped())
@@ -86,7 +91,8 @@ fn ctrl_c_while_observing_keeps_the_trace_and_says_so() {
         "every planned request has its row, those not completed cancelled"
     );
     assert!(
-        !out.join("report.html").exists(),
-        "nothing was replayed or compared"
+        !out.join("report.html").exists() && !out.join("sim.yaml").exists(),
+        "nothing was replayed or compared, and no earlier report stays beside the new trace"
     );
+    assert!(out.join("notes.txt").exists(), "other files are left alone");
 }

@@ -120,6 +120,18 @@ pub struct BenchmarkReport {
     pub skipped: Vec<(String, String)>,
 }
 
+/// What a trained-physics fit of the benchmark leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Folds {
+    /// Leave-one-run-out: each run predicted by a fit on every other run.
+    #[default]
+    Run,
+    /// Leave-one-model-out: each run predicted by a fit on the runs of
+    /// every other model.
+    Model,
+}
+
 /// What to benchmark.
 #[derive(Debug, Clone)]
 pub struct BenchmarkOptions {
@@ -131,6 +143,8 @@ pub struct BenchmarkOptions {
     /// vLLM's `--async-scheduling` for the replays (None: trained-physics
     /// on, as it is fitted; the others the trace header's, else off).
     pub async_scheduling: Option<bool>,
+    /// What a trained-physics fit leaves out (without `fit_on`).
+    pub folds: Folds,
 }
 
 /// The server arguments a run is replayed with.
@@ -161,7 +175,7 @@ pub fn benchmark(
         None => Vec::new(),
     };
     let pool: &[(RunDir, JointRun)] = if fit_on.is_some() { &pool } else { &targets };
-    let protocol = protocol(o.latency, fit_on.is_some());
+    let protocol = protocol(o.latency, fit_on.is_some(), o.folds);
     let mut fits = Fits {
         pool,
         fit_on: fit_on.is_some(),
@@ -207,8 +221,11 @@ pub fn benchmark(
 }
 
 /// How the runs are predicted, in words, for the report.
-fn protocol(latency: LatencyKind, fit_on: bool) -> String {
+fn protocol(latency: LatencyKind, fit_on: bool, folds: Folds) -> String {
     match (latency, fit_on) {
+        (LatencyKind::TrainedPhysics, false) if folds == Folds::Model => {
+            "leave-one-model-out: each run predicted by one joint fit on the runs of every other model of the folder"
+        }
         (LatencyKind::TrainedPhysics, false) => {
             "leave-one-run-out: each run predicted by one joint fit on every other run of the folder (all models)"
         }
@@ -250,14 +267,25 @@ impl Fits<'_> {
         jr: &JointRun,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Predictor, String> {
+        let by_model = !self.fit_on && self.o.folds == Folds::Model;
         let train: Vec<&JointRun> = self
             .pool
             .iter()
-            .filter(|(r, _)| r.path != run.path)
+            .filter(|(r, _)| {
+                if by_model {
+                    r.model != run.model
+                } else {
+                    r.path != run.path
+                }
+            })
             .map(|(_, j)| j)
             .collect();
         if train.is_empty() {
-            return Err("no other run to fit on".into());
+            return Err(if by_model {
+                format!("no run of another model than {} to fit on", run.model)
+            } else {
+                "no other run to fit on".into()
+            });
         }
         let key: Vec<String> = train.iter().map(|r| r.name.clone()).collect();
         let row = match self.physics.get(&key) {
@@ -266,7 +294,13 @@ impl Fits<'_> {
                 progress(&format!(
                     "fitting trained-physics on {} runs (all but {})",
                     train.len(),
-                    if self.fit_on { "none" } else { &run.name }
+                    if self.fit_on {
+                        "none"
+                    } else if by_model {
+                        &run.model
+                    } else {
+                        &run.name
+                    }
                 ));
                 let f = fit_joint(&train, &self.o.joint, &mut |l| progress(&format!("  {l}")))
                     .map_err(|e| format!("fit failed: {e}"))?;

@@ -35,6 +35,7 @@ pub enum Command {
     /// (leave-one-run-out) or on another folder's runs.
     #[command(after_help = "Examples:\n  \
         blis-calibrate benchmark ../shared/vllm-ground-truth/train --out docs/accuracy\n  \
+        blis-calibrate benchmark ../shared/vllm-ground-truth/train --folds model --out docs/accuracy-models\n  \
         blis-calibrate benchmark runs/test --fit-on runs/train --out out/accuracy\n  \
         blis-calibrate benchmark ../shared/vllm-ground-truth/train --latency-model blis-physics --out out/blis\n\n\
         Writes PREFIX.md (the table) and PREFIX.json ({\"latency_model\", \"summary\", \"runs\": [...]}, times in ms).")]
@@ -69,6 +70,12 @@ pub struct BenchmarkArgs {
     /// trained-physics, as it is fitted; else the trace header's, else off).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub async_scheduling: Option<bool>,
+    /// What a trained-physics fit leaves out: `run` (each run predicted by
+    /// a fit on every other run, of every model) or `model` (each run
+    /// predicted by a fit on the runs of every *other* model: how a model
+    /// never fitted is predicted).
+    #[arg(long, value_enum, default_value = "run")]
+    pub folds: crate::benchmark::Folds,
 }
 
 /// How a trained-physics joint fit runs (`fit` and `benchmark`).

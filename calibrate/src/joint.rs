@@ -286,7 +286,7 @@ pub const FLOOR: [f64; TERMS] = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.
 /// below its floor 4.3%. The prefill GEMM term is fitted on TTFT in the
 /// second stage.
 pub const FREE: [bool; TERMS] = [
-    false, true, false, false, true, true, true, false, true, true, false, false,
+    false, true, false, false, true, false, true, false, true, true, false, false,
 ];
 
 /// Physically plausible starting coefficients (weights read at ~90% of
@@ -802,7 +802,9 @@ pub fn stage1(
     }
     // The free terms that some row varies; the others keep their start
     // (e.g. the expert term without an MoE run), fixed ones their floor.
-    let cols: Vec<usize> = (0..TERMS).filter(|&i| FREE[i] && g[i][i] > 0.0).collect();
+    let cols: Vec<usize> = (0..TERMS)
+        .filter(|&i| FREE[i] && !STAGE2_TERMS.contains(&TERM_NAMES[i]) && g[i][i] > 0.0)
+        .collect();
     let gs: Vec<Vec<f64>> = cols
         .iter()
         .map(|&i| cols.iter().map(|&j| g[i][j]).collect())

@@ -495,7 +495,27 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> Result<()> {
             _ => 300,
         }))?,
         async_scheduling: a.async_scheduling,
+        folds: a.folds,
     };
+    if a.folds == crate::benchmark::Folds::Model {
+        if latency != LatencyKind::TrainedPhysics {
+            return Err(CommandError::Usage(format!(
+                "--folds model needs --latency-model trained-physics ({} is {})",
+                latency.name(),
+                if latency == LatencyKind::Blackbox {
+                    "fitted per model, so it has nothing to predict a model it never saw"
+                } else {
+                    "not fitted"
+                }
+            )));
+        }
+        if a.fit_on.is_some() {
+            return Err(CommandError::Usage(
+                "--folds model and --fit-on exclude each other (--fit-on fits once on its folder)"
+                    .into(),
+            ));
+        }
+    }
     let r = crate::benchmark::benchmark(&a.dir, a.fit_on.as_deref(), &o, &mut |l| {
         blis_traces::diag!("{l}")
     })

@@ -758,7 +758,8 @@ pub fn nnls(g: &[Vec<f64>], c: &[f64]) -> Vec<f64> {
 
 /// Stage 1: the decode-interval regression over `runs` (each weighted
 /// alike), starting from the prefix-cache hits of a replay with `start`.
-/// Terms no run informs keep `start`'s value.
+/// Terms no run informs (the routed-expert term without an MoE run)
+/// stay at their physical floor: nothing held out leaks in through a prior.
 pub fn stage1(
     runs: &[&JointRun],
     start: &PhysicsCoefficients,
@@ -800,8 +801,8 @@ pub fn stage1(
     if used == 0 {
         return *start;
     }
-    // The free terms that some row varies; the others keep their start
-    // (e.g. the expert term without an MoE run), fixed ones their floor.
+    // The free terms that some row varies; the others (e.g. the expert
+    // term without an MoE run) and the fixed ones stay at their floor.
     let cols: Vec<usize> = (0..TERMS)
         .filter(|&i| FREE[i] && !STAGE2_TERMS.contains(&TERM_NAMES[i]) && g[i][i] > 0.0)
         .collect();
@@ -813,7 +814,7 @@ pub fn stage1(
     let beta = nnls(&gs, &cs);
     let mut out = *start;
     for i in 0..TERMS {
-        out.beta[i] = if FREE[i] {
+        out.beta[i] = if STAGE2_TERMS.contains(&TERM_NAMES[i]) {
             start.beta[i].max(FLOOR[i])
         } else {
             FLOOR[i]

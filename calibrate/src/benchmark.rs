@@ -66,6 +66,8 @@ pub struct RunResult {
     pub requests: u64,
     /// Completed (`ok`) requests, real / predicted.
     pub completed: [u64; 2],
+    /// Requests that ran past the client's timeout, real / predicted.
+    pub timed_out: [u64; 2],
     /// TTFT, each side over its own completed requests.
     pub ttft: MeanP99,
     /// E2E, each side over its own completed requests.
@@ -102,6 +104,10 @@ pub struct Summary {
     pub e2e_mape: f64,
     /// Runs predicted saturated that are not, or the reverse.
     pub saturation_mismatches: usize,
+    /// Of the runs saturated in reality: the largest |sim − real| / real
+    /// of their completed-request counts, % (the capacity a user plans
+    /// with; NaN when none is saturated).
+    pub saturated_completed_max: f64,
 }
 
 /// The benchmark's result.
@@ -398,6 +404,7 @@ fn result_of(
         workload: workload_of(&run.name),
         requests: real.requests,
         completed: [real.completed, sim.completed],
+        timed_out: [timeouts(&jr.trace().records), timeouts(sim_records)],
         ttft: MeanP99 {
             real_mean: real.ttft_mean,
             sim_mean: sim.ttft_mean,
@@ -419,6 +426,14 @@ fn result_of(
         fitted_on,
         coefficients,
     }
+}
+
+/// Requests whose status is `timeout` (the client gave up on them).
+fn timeouts(records: &[TraceRecord]) -> u64 {
+    records
+        .iter()
+        .filter(|r| r.outcome.status == Some(Status::Timeout))
+        .count() as u64
 }
 
 /// Per-request E2E MAPE (%) over the requests completed on both sides.
@@ -476,6 +491,11 @@ pub fn summarise(runs: &[RunResult]) -> Summary {
             .iter()
             .filter(|r| r.saturated[0] != r.saturated[1])
             .count(),
+        saturated_completed_max: runs
+            .iter()
+            .filter(|r| r.saturated[0])
+            .map(|r| rel(r.completed[0] as f64, r.completed[1] as f64))
+            .fold(f64::NAN, f64::max),
     }
 }
 
@@ -498,9 +518,9 @@ impl BenchmarkReport {
         );
         let _ = writeln!(
             o,
-            "| model | workload | ok real / sim | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim | E2E MAPE |"
+            "| model | workload | ok real / sim | timed out real / sim | TTFT mean real / sim | TTFT p99 real / sim | E2E mean real / sim | E2E p99 real / sim | ITL mean real / sim | E2E MAPE |"
         );
-        let _ = writeln!(o, "|---|---|---:|---|---|---|---|---|---:|");
+        let _ = writeln!(o, "|---|---|---:|---:|---|---|---|---|---|---:|");
         // "real / sim (relative error)" with `d` decimals.
         let cell =
             |real: f64, sim: f64, d: usize| format!("{real:.d$} / {sim:.d$} ({})", pct(real, sim));
@@ -508,13 +528,15 @@ impl BenchmarkReport {
             let sat = |s: bool| if s { " (saturated)" } else { "" };
             let _ = writeln!(
                 o,
-                "| {} | {} | {}{} / {}{} | {} | {} | {} | {} | {} | {:.1}% |",
+                "| {} | {} | {}{} / {}{} | {} / {} | {} | {} | {} | {} | {} | {:.1}% |",
                 r.model,
                 r.workload,
                 r.completed[0],
                 sat(r.saturated[0]),
                 r.completed[1],
                 sat(r.saturated[1]),
+                r.timed_out[0],
+                r.timed_out[1],
                 cell(r.ttft.real_mean, r.ttft.sim_mean, 1),
                 cell(r.ttft.real_p99, r.ttft.sim_p99, 1),
                 cell(r.e2e.real_mean, r.e2e.sim_mean, 0),
@@ -536,6 +558,13 @@ impl BenchmarkReport {
             s.e2e_mape,
             s.saturation_mismatches
         );
+        if s.saturated_completed_max.is_finite() {
+            let _ = writeln!(
+                o,
+                "Completed requests of the runs saturated in reality: largest |sim − real| / real {:.1}%.",
+                s.saturated_completed_max
+            );
+        }
         let _ = writeln!(
             o,
             "\nTimes in ms, each side over its own completed requests (ITL per generated token, (E2E − TTFT) / (output − 1)); saturated: mean TTFT above {:.0} s; E2E MAPE per request over requests completed on both sides.",

@@ -496,7 +496,9 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
         dt: 5_000.0,
         n: ((hi - lo) / 5_000.0).ceil() as usize + 2,
     };
-    let cum = decode_terms_on_grid(&iv, &grid, &run.basis);
+    let e = &run.base.engine;
+    let capacity = f64::from(e.total_kv_blocks) * f64::from(e.block_size);
+    let (cum, over) = decode_terms_on_grid(&iv, &grid, &run.basis, capacity);
     let (pf, pf_cum) = prefill_terms(&iv, &run.basis);
     let mut rows = Vec::new();
     // The first requests meet an engine still warming up.
@@ -505,7 +507,10 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
             continue;
         }
         let (ka, kb) = (grid.cell(v.first), grid.cell(v.last));
-        if kb <= ka + 1 {
+        // Where the rebuilt batch holds more tokens than the KV cache, some
+        // of those requests were preempted, not decoding: the rebuild is
+        // not the batch that ran.
+        if kb <= ka + 1 || over[kb] > over[ka] {
             continue;
         }
         let span = (kb - ka) as f64 * grid.dt;
@@ -588,12 +593,14 @@ impl Grid {
 /// The decode batch on `grid`: D(t) and C(t) = A(t) + t·B(t), from
 /// difference arrays of each interval's count, context offset and rate;
 /// returns the cumulative integral of its physics terms (µs·term) at each
-/// cell boundary.
+/// cell boundary, and the cumulative count of cells whose batch holds more
+/// than `capacity` KV tokens (0: unknown).
 fn decode_terms_on_grid(
     iv: &[(f64, Interval)],
     grid: &Grid,
     basis: &PhysicsBasis,
-) -> Vec<[f64; TERMS]> {
+    capacity: f64,
+) -> (Vec<[f64; TERMS]>, Vec<u32>) {
     let n = grid.n;
     let (mut dd, mut da, mut db) = (vec![0.0; n + 1], vec![0.0; n + 1], vec![0.0; n + 1]);
     for (_, v) in iv {
@@ -607,6 +614,7 @@ fn decode_terms_on_grid(
         db[b] -= 1.0 / itl;
     }
     let mut cum = vec![[0.0; TERMS]; n + 1];
+    let mut over = vec![0u32; n + 1];
     let (mut d, mut a, mut b) = (0.0f64, 0.0f64, 0.0f64);
     let mut shape = BatchShape::default();
     let mut x = [0.0; TERMS];
@@ -618,6 +626,8 @@ fn decode_terms_on_grid(
         shape.clear();
         shape.decode_count = d.round().max(0.0) as u32;
         shape.decode_context_sum = (a + t * b).max(0.0).round() as u64;
+        let held = shape.decode_context_sum as f64 + f64::from(shape.decode_count);
+        over[k + 1] = over[k] + u32::from(capacity > 0.0 && held > capacity);
         if shape.decode_count > 0 {
             basis.terms(&shape, &mut x);
         } else {
@@ -629,7 +639,7 @@ fn decode_terms_on_grid(
         }
         cum[k + 1] = next;
     }
-    cum
+    (cum, over)
 }
 
 /// Prefill events at their first token, in time order, and the

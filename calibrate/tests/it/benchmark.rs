@@ -156,3 +156,96 @@ fn benchmark_fit_on_uses_the_other_folder() {
     .unwrap_err();
     assert!(e.to_string().contains("could be predicted"), "{e}");
 }
+
+/// `--folds model`: each run is predicted by a fit on the runs of the
+/// *other* models only (never its own model's other run), the timed-out
+/// counts are in the table, and the fold kinds that make no sense are
+/// refused with a one-line reason.
+#[test]
+fn benchmark_folds_by_model_fit_on_the_other_models_only() {
+    if !gt(SEVEN_B_CODEGEN).exists() {
+        eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        return;
+    }
+    const ROLEPLAY: &str = "20260218-155500-codellama-34b-tp2-roleplay";
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    for r in [SEVEN_B_CODEGEN, SEVEN_B_REASONING, ROLEPLAY] {
+        std::os::unix::fs::symlink(gt(r), runs.join(r)).unwrap();
+    }
+    let out = dir.path().join("acc");
+    let printed = calibrate(&[
+        "benchmark",
+        runs.to_str().unwrap(),
+        "--folds",
+        "model",
+        "--out",
+        out.to_str().unwrap(),
+        "--budget-evals",
+        "4",
+    ])
+    .unwrap();
+    assert!(printed.contains("leave-one-model-out"), "{printed}");
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
+            .unwrap();
+    let fitted = |name: &str| -> Vec<String> {
+        let r = j["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap();
+        r["fitted_on"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    // Both 7B runs: fitted on the 34B run alone, not on each other.
+    assert_eq!(fitted(SEVEN_B_CODEGEN), [ROLEPLAY]);
+    assert_eq!(fitted(SEVEN_B_REASONING), [ROLEPLAY]);
+    assert_eq!(fitted(ROLEPLAY), [SEVEN_B_CODEGEN, SEVEN_B_REASONING]);
+    // The reasoning run's 4,068 client timeouts are counted, real side
+    // from the run; none in codegen.
+    let reasoning = j["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == SEVEN_B_REASONING)
+        .unwrap();
+    assert_eq!(reasoning["timed_out"][0], 4068);
+    assert_eq!(
+        reasoning["timed_out"][1].as_u64().unwrap() + reasoning["completed"][1].as_u64().unwrap(),
+        4800
+    );
+    assert!(
+        j["summary"]["saturated_completed_max"].as_f64().unwrap() >= 0.0,
+        "{}",
+        j["summary"]
+    );
+    let md = std::fs::read_to_string(out.with_extension("md")).unwrap();
+    assert!(md.contains("| 732 (saturated) / "), "{md}");
+    assert!(md.contains("| 4068 / "), "{md}");
+
+    // Blackbox is fitted per model and --fit-on fits once: both refused.
+    for extra in [
+        &["--latency-model", "blackbox"][..],
+        &["--fit-on", runs.to_str().unwrap()][..],
+    ] {
+        let mut args = vec![
+            "benchmark",
+            runs.to_str().unwrap(),
+            "--folds",
+            "model",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let e = calibrate(&args).unwrap_err().to_string();
+        assert!(e.contains("--folds model"), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+}

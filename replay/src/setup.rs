@@ -170,17 +170,7 @@ pub fn estimate_kv_blocks(
 ) -> u32 {
     let mem = hw.memory_gib * 1024.0 * 1024.0 * 1024.0 * f64::from(tp) * util;
     let a = arch;
-    let d = f64::from(a.hidden);
-    let moe_layers = f64::from(a.layers - a.dense_layers);
-    let params = a.attention_params_per_layer() * f64::from(a.layers)
-        + a.mlp_matrices() * d * f64::from(a.intermediate) * f64::from(a.dense_layers)
-        + a.mlp_matrices()
-            * d
-            * f64::from(a.expert_intermediate)
-            * f64::from(a.experts + a.shared_experts)
-            * moe_layers
-        + 2.0 * d * f64::from(a.vocab);
-    let free = (mem - params * a.weight_bytes) * 0.95;
+    let free = (mem - a.resident_weight_bytes()) * 0.95;
     let per_block = a.kv_bytes_per_token() * f64::from(block_size);
     if free <= 0.0 || per_block <= 0.0 {
         0
@@ -284,6 +274,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         None if needs_arch => Some(find_model(None, None)?),
         None => None,
     };
+    if let Some(a) = arch.as_ref().filter(|_| needs_arch) {
+        prov.extend(crate::latency::hf_config::approximations(a));
+    }
     let hw = Hardware::from_json(&hardware_text, &gpu);
     // The GPU, for the latency models that need it.
     let hardware = || hw.clone().map_err(ReplayError::from);

@@ -55,6 +55,19 @@ pub enum ArchError {
         /// The config.
         name: String,
     },
+    /// A field that changes the architecture in a way the latency models
+    /// do not understand.
+    #[error(
+        "{name}: `{field}`: {why}; the latency models would mispredict this model (see docs/architectures.md)"
+    )]
+    NotUnderstood {
+        /// The config.
+        name: String,
+        /// The field.
+        field: String,
+        /// What is not understood.
+        why: String,
+    },
 }
 
 /// A GPU description (`hardware_config.json`) that cannot be found or used.
@@ -149,191 +162,137 @@ pub const BUNDLED_MODELS: &[(&str, &str)] = &[
 /// The bundled `hardware_config.json`.
 pub const BUNDLED_HARDWARE: &str = include_str!("../../../model-configs/hardware_config.json");
 
-/// What the roofline model needs of a transformer.
+/// A transformer's architecture as the latency models see it, read from a
+/// Hugging Face `config.json` by [`crate::latency::hf_config`] (each
+/// field's Hugging Face meaning is documented there and in
+/// `docs/architectures.md`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelArch {
     /// Folder or file it came from (for reports).
     pub name: String,
-    /// Decoder layers.
+    /// Decoder layers (`num_hidden_layers`; multi-token-prediction layers
+    /// not included).
     pub layers: u32,
     /// Hidden size d.
     pub hidden: u32,
     /// Attention (query) heads.
     pub heads: u32,
-    /// Key/value heads (GQA).
+    /// Key/value heads (GQA; the query heads for MLA, whose cache is the
+    /// latent instead).
     pub kv_heads: u32,
-    /// Per-head dimension.
+    /// Per-head dimension of standard attention.
     pub head_dim: u32,
-    /// Dense MLP intermediate size.
+    /// Intermediate size of a dense layer's MLP (Llama-4:
+    /// `intermediate_size_mlp`).
     pub intermediate: u32,
     /// Vocabulary size.
     pub vocab: u32,
-    /// Routed experts (0 for dense models).
+    /// Routed experts of an MoE layer (0 for dense models).
     pub experts: u32,
     /// Experts each token is routed to.
     pub experts_per_token: u32,
-    /// Shared (always active) experts.
+    /// Shared (always active) experts of an MoE layer.
     pub shared_experts: u32,
-    /// Intermediate size of one expert.
+    /// Intermediate size of one routed expert.
     pub expert_intermediate: u32,
-    /// Layers with a dense MLP in an MoE model (first_k_dense_replace, or
-    /// the non-MoE layers of an interleaved model).
+    /// Intermediate size of one shared expert.
+    pub shared_expert_intermediate: u32,
+    /// Layers whose MLP is dense: `layers` minus the MoE layers.
     pub dense_layers: u32,
+    /// Multi-head latent attention (DeepSeek-V2/V3, GLM-5), if used.
+    pub mla: Option<Mla>,
     /// Multi-head latent attention: compressed KV width per token and layer
     /// (`kv_lora_rank + qk_rope_head_dim`); 0 for standard attention.
     pub mla_kv_width: u32,
-    /// Bytes per weight (2 for BF16/FP16, 1 for FP8 checkpoints).
+    /// Bytes per weight of the MLPs and experts (2 for BF16/FP16, 1 for
+    /// FP8 or INT8, 0.5 for 4-bit).
     pub weight_bytes: f64,
-    /// Bytes per KV-cache element (2: FP16/BF16 KV).
+    /// Bytes per weight of the attention projections (and routers).
+    pub attn_weight_bytes: f64,
+    /// Bytes per weight of the LM head.
+    pub lm_head_bytes: f64,
+    /// Whether the MLP/expert GEMMs run at the FP8 (8-bit) peak: 8-bit
+    /// weights with 8-bit activations.
+    pub mlp_fp8_compute: bool,
+    /// Whether the attention projections run at the FP8 peak.
+    pub attn_fp8_compute: bool,
+    /// Bytes per KV-cache element (2: FP16/BF16 KV; 1 for an 8-bit
+    /// `kv_cache_scheme`).
     pub kv_bytes: f64,
     /// Whether the MLP is gated (SwiGLU: three matrices) rather than two.
     pub gated_mlp: bool,
+    /// Whether the LM head shares the input embedding (`tie_word_embeddings`).
+    pub tied_embeddings: bool,
+    /// Attention limited to a window of recent tokens on some layers
+    /// (sliding window, or Llama-4's chunked attention).
+    pub window: Option<AttentionWindow>,
+    /// Sparse attention: each query attends to at most this many selected
+    /// tokens (GLM-5 / DeepSeek-V3.2's `index_topk`), with a lightning
+    /// indexer of `index_n_heads × index_head_dim` over the whole context.
+    pub sparse_topk: Option<SparseAttention>,
+    /// Multi-token-prediction layers (`num_nextn_predict_layers`): weights
+    /// that run only with speculative decoding, which the simulator does
+    /// not model; not counted in the step.
+    pub mtp_layers: u32,
     /// The context length vLLM derives from the config (its default
     /// `max_model_len`), tokens; `None` when the config gives none.
     pub max_context: Option<u32>,
 }
 
-/// The context length vLLM derives from a Hugging Face config (vLLM's
-/// `_get_and_verify_max_len`, `vllm/config.py`): the smallest of the
-/// length keys present, times the RoPE scaling factor unless the scaling
-/// type keeps the length (`su`, `longrope`, `llama3`, `dynamic`); a `yarn`
-/// scaling multiplies its `original_max_position_embeddings`.
-fn derived_max_len(c: &Value) -> Option<u32> {
-    const KEYS: [&str; 8] = [
-        "max_position_embeddings",
-        "n_positions",
-        "max_seq_len",
-        "seq_length",
-        "model_max_length",
-        "max_sequence_length",
-        "max_seq_length",
-        "seq_len",
-    ];
-    let mut len = KEYS
-        .iter()
-        .filter_map(|k| c.get(*k).and_then(Value::as_f64))
-        .filter(|v| v.is_finite() && *v >= 1.0)
-        .fold(None::<f64>, |m, v| Some(m.map_or(v, |m| m.min(v))))?;
-    if let Some(rs) = c.get("rope_scaling").filter(|v| v.is_object()) {
-        let kind = rs
-            .get("rope_type")
-            .or_else(|| rs.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let factor = rs.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
-        if !matches!(kind, "su" | "longrope" | "llama3" | "dynamic")
-            && factor.is_finite()
-            && factor >= 1.0
-        {
-            if kind == "yarn"
-                && let Some(o) = rs
-                    .get("original_max_position_embeddings")
-                    .and_then(Value::as_f64)
-            {
-                len = o;
-            }
-            len *= factor;
-        }
-    }
-    Some(len.min(f64::from(u32::MAX)) as u32)
+/// Multi-head latent attention's dimensions (DeepSeek-V2, arXiv:2405.04434).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mla {
+    /// Rank of the query compression (0: queries projected directly).
+    pub q_lora_rank: u32,
+    /// Rank of the joint KV compression: the latent cached per token.
+    pub kv_lora_rank: u32,
+    /// Per-head query/key width without rotary embedding.
+    pub qk_nope_head_dim: u32,
+    /// Per-head query/key width with rotary embedding (one shared rotary
+    /// key is cached per token).
+    pub qk_rope_head_dim: u32,
+    /// Per-head value width.
+    pub v_head_dim: u32,
+}
+
+/// Attention over a window of recent tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionWindow {
+    /// Window, tokens.
+    pub tokens: u32,
+    /// Layers that use it (the others attend to the whole context).
+    pub layers: u32,
+    /// Llama-4's chunked attention (the context restarts every `tokens`)
+    /// rather than a sliding window.
+    pub chunked: bool,
+}
+
+/// A sparse-attention indexer (DeepSeek-V3.2 / GLM-5 "DSA").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SparseAttention {
+    /// Tokens each query attends to at most.
+    pub topk: u32,
+    /// Indexer heads.
+    pub index_heads: u32,
+    /// Indexer head width.
+    pub index_head_dim: u32,
 }
 
 impl ModelArch {
     /// Parses a Hugging Face `config.json` (multimodal configs use their
-    /// `text_config`).
+    /// `text_config`); see [`crate::latency::hf_config`].
     ///
     /// # Errors
-    /// Missing or non-numeric architecture fields, naming them.
+    /// Missing or non-numeric architecture fields, and fields that change
+    /// the architecture in a way this model does not understand, naming
+    /// them.
     pub fn from_hf_json(name: &str, text: &str) -> Result<Self, ArchError> {
-        let root: Value = serde_json::from_str(text).map_err(|error| ArchError::Json {
-            name: name.to_string(),
-            error,
-        })?;
-        let c = root
-            .get("text_config")
-            .filter(|v| v.is_object())
-            .unwrap_or(&root);
-        let get = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as u32);
-        let need = |k: &str| {
-            get(k).ok_or_else(|| ArchError::Missing {
-                name: name.to_string(),
-                field: k.to_string(),
-            })
-        };
-        let layers = need("num_hidden_layers")?;
-        let hidden = need("hidden_size")?;
-        let heads = need("num_attention_heads")?;
-        if heads == 0 || layers == 0 || hidden == 0 {
-            return Err(ArchError::Empty {
-                name: name.to_string(),
-            });
-        }
-        let kv_heads = get("num_key_value_heads").unwrap_or(heads);
-        let head_dim = get("head_dim").unwrap_or(hidden / heads);
-        let intermediate = get("intermediate_size").unwrap_or(4 * hidden);
-        let experts = get("num_local_experts")
-            .or_else(|| get("n_routed_experts"))
-            .or_else(|| get("num_experts"))
-            .unwrap_or(0);
-        let experts = if experts > 1 { experts } else { 0 };
-        let experts_per_token = if experts > 0 {
-            get("num_experts_per_tok").unwrap_or(1).max(1)
-        } else {
-            0
-        };
-        let expert_intermediate = get("moe_intermediate_size").unwrap_or(intermediate);
-        let dense_layers = if experts == 0 {
-            layers
-        } else if let Some(k) = get("first_k_dense_replace") {
-            k.min(layers)
-        } else if let Some(step) = get("interleave_moe_layer_step").filter(|s| *s > 0) {
-            layers - layers / (step + 1)
-        } else {
-            0
-        };
-        let mla_kv_width = match get("kv_lora_rank") {
-            Some(r) if r > 0 => r + get("qk_rope_head_dim").unwrap_or(0),
-            _ => 0,
-        };
-        let quantized =
-            root.get("quantization_config").is_some() || c.get("quantization_config").is_some();
-        let fp8 = quantized && {
-            let q = root
-                .get("quantization_config")
-                .or_else(|| c.get("quantization_config"));
-            let s = q.map(Value::to_string).unwrap_or_default().to_lowercase();
-            s.contains("fp8")
-                || s.contains("float8")
-                || s.contains("e4m3")
-                || s.contains("\"num_bits\":8")
-        };
-        let act = c
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or("silu");
-        Ok(Self {
-            name: name.to_string(),
-            layers,
-            hidden,
-            heads,
-            kv_heads: kv_heads.max(1),
-            head_dim,
-            intermediate,
-            vocab: get("vocab_size").unwrap_or(32000),
-            experts,
-            experts_per_token,
-            shared_experts: get("n_shared_experts").unwrap_or(0),
-            expert_intermediate,
-            dense_layers,
-            mla_kv_width,
-            weight_bytes: if fp8 { 1.0 } else { 2.0 },
-            kv_bytes: 2.0,
-            gated_mlp: matches!(
-                act,
-                "silu" | "swiglu" | "gelu_pytorch_tanh" | "geglu" | "gelu"
-            ) || experts > 0,
-            max_context: derived_max_len(c),
-        })
+        crate::latency::hf_config::parse(name, text)
+    }
+
+    /// MoE layers.
+    pub fn moe_layers(&self) -> u32 {
+        self.layers - self.dense_layers
     }
 
     /// KV-cache bytes per token (all layers).
@@ -346,12 +305,59 @@ impl ModelArch {
         per_layer * f64::from(self.layers) * self.kv_bytes
     }
 
-    /// Parameters of one layer's attention (Q, K, V, O projections).
+    /// Parameters of one layer's attention (Q, K, V, O projections; for
+    /// MLA the query and KV compressions and expansions; a sparse-attention
+    /// indexer's projections).
     pub fn attention_params_per_layer(&self) -> f64 {
         let d = f64::from(self.hidden);
-        let q = f64::from(self.heads) * f64::from(self.head_dim);
-        let kv = f64::from(self.kv_heads) * f64::from(self.head_dim);
-        d * q + 2.0 * d * kv + q * d
+        let h = f64::from(self.heads);
+        let mut p = match &self.mla {
+            Some(m) => {
+                let qk = f64::from(m.qk_nope_head_dim + m.qk_rope_head_dim);
+                let q = if m.q_lora_rank > 0 {
+                    let r = f64::from(m.q_lora_rank);
+                    d * r + r * h * qk
+                } else {
+                    d * h * qk
+                };
+                let kv_a = d * f64::from(m.kv_lora_rank + m.qk_rope_head_dim);
+                let kv_b =
+                    f64::from(m.kv_lora_rank) * h * f64::from(m.qk_nope_head_dim + m.v_head_dim);
+                let o = h * f64::from(m.v_head_dim) * d;
+                q + kv_a + kv_b + o
+            }
+            None => {
+                let q = h * f64::from(self.head_dim);
+                let kv = f64::from(self.kv_heads) * f64::from(self.head_dim);
+                d * q + 2.0 * d * kv + q * d
+            }
+        };
+        if let Some(s) = &self.sparse_topk {
+            // Indexer: queries from the query latent (or the hidden state),
+            // one key, per-head weights.
+            let q_in = self
+                .mla
+                .filter(|m| m.q_lora_rank > 0)
+                .map_or(d, |m| f64::from(m.q_lora_rank));
+            let (ih, idim) = (f64::from(s.index_heads), f64::from(s.index_head_dim));
+            p += q_in * ih * idim + d * idim + d * ih;
+        }
+        p
+    }
+
+    /// Attention FLOPs per token of context attended, all layers: 4·H·d_h
+    /// per layer for standard attention (QKᵀ and PV); for MLA the absorbed
+    /// form vLLM decodes with, 2·H·(kv_lora_rank + qk_rope) + 2·H·kv_lora_rank.
+    pub fn attention_flops_per_context_token(&self) -> f64 {
+        let h = f64::from(self.heads);
+        let per_layer = match &self.mla {
+            Some(m) => {
+                2.0 * h * f64::from(m.kv_lora_rank + m.qk_rope_head_dim)
+                    + 2.0 * h * f64::from(m.kv_lora_rank)
+            }
+            None => 4.0 * h * f64::from(self.head_dim),
+        };
+        per_layer * f64::from(self.layers)
     }
 
     /// Matrices per MLP (3 for gated, 2 otherwise).
@@ -364,9 +370,17 @@ impl ModelArch {
         self.mlp_matrices() * f64::from(self.hidden) * f64::from(self.intermediate)
     }
 
-    /// Parameters of one expert (routed or shared) of an MoE layer.
+    /// Parameters of one routed expert of an MoE layer.
     pub fn expert_params(&self) -> f64 {
         self.mlp_matrices() * f64::from(self.hidden) * f64::from(self.expert_intermediate)
+    }
+
+    /// Parameters of an MoE layer's shared experts together.
+    pub fn shared_expert_params(&self) -> f64 {
+        self.mlp_matrices()
+            * f64::from(self.hidden)
+            * f64::from(self.shared_expert_intermediate)
+            * f64::from(self.shared_experts)
     }
 
     /// Parameters every step reads whatever its tokens: attention, dense
@@ -374,12 +388,41 @@ impl ModelArch {
     /// (everything but the routed experts).
     pub fn static_weight_params(&self) -> f64 {
         let d = f64::from(self.hidden);
-        let moe_layers = f64::from(self.layers - self.dense_layers);
+        let moe_layers = f64::from(self.moe_layers());
         self.attention_params_per_layer() * f64::from(self.layers)
             + self.dense_mlp_params() * f64::from(self.dense_layers)
-            + (self.expert_params() * f64::from(self.shared_experts) + d * f64::from(self.experts))
-                * moe_layers
+            + (self.shared_expert_params() + d * f64::from(self.experts)) * moe_layers
             + d * f64::from(self.vocab)
+    }
+
+    /// Bytes of [`Self::static_weight_params`], each part at its own
+    /// precision (attention and routers, MLPs and shared experts, LM head).
+    pub fn static_weight_bytes(&self) -> f64 {
+        let d = f64::from(self.hidden);
+        let moe_layers = f64::from(self.moe_layers());
+        (self.attention_params_per_layer() * f64::from(self.layers)
+            + d * f64::from(self.experts) * moe_layers)
+            * self.attn_weight_bytes
+            + (self.dense_mlp_params() * f64::from(self.dense_layers)
+                + self.shared_expert_params() * moe_layers)
+                * self.weight_bytes
+            + d * f64::from(self.vocab) * self.lm_head_bytes
+    }
+
+    /// Bytes of every weight held in GPU memory (the embedding table too,
+    /// unless tied to the LM head), for the KV-cache estimate.
+    pub fn resident_weight_bytes(&self) -> f64 {
+        let embed = if self.tied_embeddings {
+            0.0
+        } else {
+            f64::from(self.hidden) * f64::from(self.vocab) * self.lm_head_bytes
+        };
+        self.static_weight_bytes()
+            + self.expert_params()
+                * f64::from(self.experts)
+                * f64::from(self.moe_layers())
+                * self.weight_bytes
+            + embed
     }
 }
 
@@ -545,8 +588,10 @@ mod tests {
         assert_eq!(l.kv_bytes_per_token(), 524_288.0);
         let m = find_model(Some("mistralai/Mixtral-8x7B-v0.1"), None).unwrap();
         assert_eq!((m.experts, m.experts_per_token, m.dense_layers), (8, 2, 0));
+        // interleave_moe_layer_step 1: every layer is MoE (HF
+        // Llama4TextConfig: moe_layers = range(step - 1, 48, step)).
         let s = find_model(Some("llama-4-scout-17b-16e-instruct-fp8-dynamic"), None).unwrap();
-        assert_eq!((s.experts, s.dense_layers, s.weight_bytes), (16, 24, 1.0));
+        assert_eq!((s.experts, s.dense_layers, s.weight_bytes), (16, 0, 1.0));
         let d = find_model(Some("deepseek-v2-lite"), None).unwrap();
         assert_eq!(
             (d.mla_kv_width, d.dense_layers, d.shared_experts),

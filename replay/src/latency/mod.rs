@@ -10,6 +10,7 @@
 pub mod arch;
 pub mod blackbox;
 pub mod coefficients;
+pub mod hf_config;
 pub mod physics;
 pub mod roofline;
 pub mod shape;

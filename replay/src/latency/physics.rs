@@ -106,9 +106,10 @@ pub struct PhysicsBasis {
     tp: f64,
     hidden: f64,
     moe_layers: f64,
-    /// FLOPs per token of the linear layers but the routed experts (2·P).
+    /// FLOPs per token of the linear layers but the routed experts (2·P),
+    /// at the 16-bit peak (8-bit GEMMs count for their share of it).
     linear_flops: f64,
-    /// FLOPs per token of its routed experts (2·P_e).
+    /// FLOPs per token of its routed experts (2·P_e), the same way.
     expert_flops: f64,
     /// FLOPs of the logits of one sequence (2·d·V).
     logits_flops: f64,
@@ -135,29 +136,40 @@ impl PhysicsBasis {
         let a = arch;
         let d = f64::from(a.hidden);
         let layers = f64::from(a.layers);
-        let dense_layers = f64::from(a.dense_layers);
-        let moe_layers = layers - dense_layers;
+        let moe_layers = f64::from(a.moe_layers());
         let expert = a.expert_params();
         let routed = expert * f64::from(a.experts_per_token);
+        // FLOPs are counted at the 16-bit peak; a part whose GEMMs run at
+        // the 8-bit peak counts for its share of it.
+        let peak = hw.tflops_peak;
+        let at = |fp8: bool| {
+            if fp8 && hw.tflops_fp8 > 0.0 {
+                peak / hw.tflops_fp8
+            } else {
+                1.0
+            }
+        };
+        let (attn_scale, mlp_scale) = (at(a.attn_fp8_compute), at(a.mlp_fp8_compute));
         // Every parameter a token multiplies but the routed experts' (the
         // LM head's are the logits, counted per sequence).
-        let static_params = a.static_weight_params();
-        let linear_params = static_params - d * f64::from(a.vocab);
-        let peak = hw.peak_tflops(a.weight_bytes);
+        let attn_params =
+            a.attention_params_per_layer() * layers + d * f64::from(a.experts) * moe_layers;
+        let mlp_params = a.dense_mlp_params() * f64::from(a.dense_layers)
+            + a.shared_expert_params() * moe_layers;
         Self {
             layers,
             tp: f64::from(tp.max(1)),
             hidden: d,
             moe_layers: if a.experts > 0 { moe_layers } else { 0.0 },
-            linear_flops: 2.0 * linear_params,
+            linear_flops: 2.0 * (attn_params * attn_scale + mlp_params * mlp_scale),
             expert_flops: if a.experts > 0 {
-                2.0 * routed * moe_layers
+                2.0 * routed * moe_layers * mlp_scale
             } else {
                 0.0
             },
             logits_flops: 2.0 * d * f64::from(a.vocab),
-            attn_flops: 4.0 * f64::from(a.heads) * f64::from(a.head_dim) * layers,
-            static_weight_bytes: static_params * a.weight_bytes,
+            attn_flops: a.attention_flops_per_context_token(),
+            static_weight_bytes: a.static_weight_bytes(),
             expert_bytes: expert * a.weight_bytes,
             experts: f64::from(a.experts),
             experts_per_token: f64::from(a.experts_per_token),

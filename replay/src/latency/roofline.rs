@@ -75,21 +75,22 @@ impl Roofline {
         let dense_layers = f64::from(a.dense_layers);
         let moe_layers = layers - dense_layers;
         let expert_params = a.expert_params();
-        let active_moe_params = expert_params * f64::from(a.experts_per_token + a.shared_experts)
+        let active_moe_params = expert_params * f64::from(a.experts_per_token)
+            + a.shared_expert_params()
             + d * f64::from(a.experts);
         let linear_params_per_token = a.attention_params_per_layer() * layers
             + a.dense_mlp_params() * dense_layers
             + active_moe_params * moe_layers;
-        let static_weight_params = a.static_weight_params();
-        let peak = hw.peak_tflops(a.weight_bytes) * 1e12;
+        let peak = if a.mlp_fp8_compute {
+            hw.peak_tflops(1.0)
+        } else {
+            hw.tflops_peak
+        } * 1e12;
         Self {
             linear_flops_per_token: 2.0 * linear_params_per_token,
             logits_flops: 2.0 * d * f64::from(a.vocab),
-            attn_core_flops_per_ctx_token: 4.0
-                * f64::from(a.heads)
-                * f64::from(a.head_dim)
-                * layers,
-            static_weight_bytes: static_weight_params * a.weight_bytes,
+            attn_core_flops_per_ctx_token: a.attention_flops_per_context_token(),
+            static_weight_bytes: a.static_weight_bytes(),
             moe_layer_expert_bytes: expert_params * a.weight_bytes,
             moe_layers,
             peak_flops: peak,

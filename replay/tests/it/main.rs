@@ -1,5 +1,6 @@
 //! Integration tests of `blis-replay`: one binary, one module per concern.
 
+mod architectures; // docs/architectures.md is the table the code reads
 mod autoscale; // autoscaling: scale-ups, readiness, drains, cost
 mod behaviour; // known answers: timings, batching limits, caching, preemption, policies
 mod bounded; // absurd but parseable inputs: refused, or served in bounded time

@@ -838,7 +838,11 @@ impl ClientStream for ServeGenStream {
 /// constant (exactly rate × duration requests, exponential gaps rescaled to
 /// the stage, as inference-perf's `ConstantLoadTimer`) or Poisson load, and
 /// shared-prefix prompts (groups × prompts per group, shuffled once and sent
-/// in a repeating cycle).
+/// in a repeating cycle). With `enable_multi_turn_chat`, BLIS's meaning:
+/// each (group, prompt) pair of each stage is one closed-loop session
+/// starting at a Poisson arrival of rate `rate / sessions`, whose rounds
+/// (the stage's `rate × duration` requests shared evenly, fixed-length
+/// inputs) follow each response after `sessions / rate` seconds.
 struct InferencePerfStream {
     labels: Labels,
     queue: VecDeque<i64>,
@@ -847,18 +851,64 @@ struct InferencePerfStream {
     system_len: u32,
     question_len: u32,
     output_len: u32,
+    /// Multi-turn rounds, planned, in arrival order (instead of `queue`).
+    rounds: VecDeque<Request>,
 }
 
 impl InferencePerfStream {
     fn new(ip: &InferencePerfSpec, seed: u64, horizon: Option<i64>) -> Self {
         let id = "inference-perf";
         let mut rng = stream_rng(seed, id, "arrival");
-        let poisson = ip.load.load_type.as_deref() == Some("poisson");
+        let poisson = ip.load_type() == Some("poisson");
+        let sp = ip.shared_prefix().cloned().unwrap_or_default();
+        let groups = sp.num_groups.unwrap_or(10).max(1);
+        let per = sp.num_prompts_per_group.unwrap_or(10).max(1);
+        let labels = Labels {
+            client_id: Arc::from(id),
+            tenant_id: empty_str(),
+            slo_class: empty_str(),
+            model: empty_str(),
+            prefix_group: empty_str(),
+            prefix_length: sp.system_prompt_len,
+            streaming: ip.api.as_ref().and_then(|a| a.streaming).unwrap_or(true),
+            timeout_us: None,
+        };
         let mut queue = VecDeque::new();
+        let mut rounds = Vec::new();
         let mut stage_start = 0.0f64;
-        for s in &ip.load.stages {
+        for (si, s) in ip.stages().iter().enumerate() {
             let (rate, dur) = (s.rate.0, s.duration.0 * 1e6);
-            if rate > 0.0 {
+            if rate > 0.0 && sp.enable_multi_turn_chat {
+                let sessions = u64::from(groups) * u64::from(per);
+                let total = (rate * s.duration.0) as u64;
+                let think_us = (sessions as f64 / rate * 1e6) as i64;
+                let start =
+                    ArrivalSampler::new(ArrivalProcess::Poisson, rate / sessions as f64, None)
+                        .expect("positive rate");
+                for k in 0..sessions {
+                    let n = total / sessions + u64::from(k < total % sessions);
+                    let t0 = stage_start + start.sample(&mut rng);
+                    let (g, u) = ((k / u64::from(per)) as u32, (k % u64::from(per)) as u32);
+                    let session: Arc<str> = Arc::from(format!("{id}-s{si}-g{g}-u{u}"));
+                    for r in 0..n {
+                        let mut q = labels.request(t0 as i64 + r as i64 * think_us);
+                        if sp.system_prompt_len > 0 {
+                            q.prefix_group = Arc::from(format!("ip-group-{g}"));
+                        }
+                        q.session_id = session.clone();
+                        q.round_index = r as u32;
+                        if r > 0 {
+                            q.think_time_us = Some(think_us);
+                        }
+                        q.input_tokens = (sp.system_prompt_len + sp.question_len).max(1);
+                        q.output_tokens = sp.output_len.max(1);
+                        q.content_key = Some(xxh3_64(
+                            format!("inference-perf/{g}/{u}/stage{si}/round{r}").as_bytes(),
+                        ));
+                        rounds.push(q);
+                    }
+                }
+            } else if rate > 0.0 {
                 let exp = ArrivalSampler::new(ArrivalProcess::Poisson, rate, None)
                     .expect("positive rate");
                 if poisson {
@@ -886,10 +936,10 @@ impl InferencePerfStream {
         }
         if let Some(h) = horizon {
             queue.retain(|t| *t < h);
+            rounds.retain(|r| r.arrival_time_us < h);
         }
-        let sp = ip.data.shared_prefix.unwrap_or_default();
-        let groups = sp.num_groups.unwrap_or(10).max(1);
-        let per = sp.num_prompts_per_group.unwrap_or(10).max(1);
+        // A stable sort keeps each session's rounds in order at equal times.
+        rounds.sort_by_key(|r| r.arrival_time_us);
         let mut prompts: Vec<(u32, u32)> = (0..groups)
             .flat_map(|g| (0..per).map(move |q| (g, q)))
             .collect();
@@ -899,28 +949,23 @@ impl InferencePerfStream {
             prompts.swap(i, j);
         }
         Self {
-            labels: Labels {
-                client_id: Arc::from(id),
-                tenant_id: empty_str(),
-                slo_class: empty_str(),
-                model: empty_str(),
-                prefix_group: empty_str(),
-                prefix_length: sp.system_prompt_len,
-                streaming: ip.api.and_then(|a| a.streaming).unwrap_or(true),
-                timeout_us: None,
-            },
+            labels,
             queue,
             prompts,
             next_prompt: 0,
             system_len: sp.system_prompt_len,
             question_len: sp.question_len,
             output_len: sp.output_len,
+            rounds: rounds.into(),
         }
     }
 }
 
 impl ClientStream for InferencePerfStream {
     fn next_request(&mut self) -> Result<Option<Request>> {
+        if let Some(r) = self.rounds.pop_front() {
+            return Ok(Some(r));
+        }
         let Some(t) = self.queue.pop_front() else {
             return Ok(None);
         };

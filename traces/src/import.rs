@@ -258,11 +258,16 @@ pub fn azure(path: &Path) -> Result<Trace> {
 }
 
 /// An inference-perf profile or config: only `load`, `data` and `api` are
-/// read; other keys are ignored.
+/// read; other top-level keys (`server`, `tokenizer`, `report`, …) are the
+/// client's own settings.
 #[derive(Deserialize)]
 struct InferencePerfFile {
-    #[serde(flatten)]
-    spec: InferencePerfSpec,
+    #[serde(default)]
+    load: Option<crate::spec::InferencePerfLoad>,
+    #[serde(default)]
+    data: crate::spec::InferencePerfData,
+    #[serde(default)]
+    api: Option<crate::spec::InferencePerfApi>,
 }
 
 /// Expands an inference-perf profile (JSON or YAML) with `seed`.
@@ -275,7 +280,12 @@ pub fn inference_perf(path: &Path, seed: u64) -> Result<Trace> {
         serde_saphyr::from_str(&text).map_err(|e| yaml_error(path, &text, &e))?;
     let spec = WorkloadSpec {
         seed: Some(seed),
-        inference_perf: Some(file.spec),
+        inference_perf: Some(InferencePerfSpec {
+            load: file.load,
+            data: file.data,
+            api: file.api,
+            ..InferencePerfSpec::default()
+        }),
         ..WorkloadSpec::default()
     };
     spec.validate().map_err(|(f, m)| {
@@ -432,7 +442,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
     // inference-perf sent `groups × prompts` distinct prompts in a repeating
     // cycle; which prompt a request carried is not recorded, so request i is
     // given prompt i mod N (the same reuse distance as the real cycle).
-    let prompts = shared_prefix.map(|s| {
+    let prompts = shared_prefix.as_ref().map(|s| {
         let groups = s.num_groups.unwrap_or(10).max(1);
         let per = s.num_prompts_per_group.unwrap_or(10).max(1);
         // (A product past u32 is a cycle longer than any run.)
@@ -465,7 +475,10 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             replay.model_id.as_str()
         }),
         timeout_us: (gt_request_timeout_s(dir)? * 1e6).round() as i64,
-        output_len: shared_prefix.map(|s| s.output_len).filter(|n| *n > 0),
+        output_len: shared_prefix
+            .as_ref()
+            .map(|s| s.output_len)
+            .filter(|n| *n > 0),
         prompts,
         planned: PlannedInputs::new(&replay.requests, cycle),
         exp_name,

@@ -431,17 +431,63 @@ pub struct ServeGenDataSpec {
     pub streaming: Option<bool>,
 }
 
-/// Clients from an inference-perf profile (its `load` and `data` sections).
+/// Keys of an inference-perf section that are not read, by value (JSON).
+pub type OtherKeys = std::collections::BTreeMap<String, serde_json::Value>;
+
+/// Clients from an inference-perf profile, in either of its two forms:
+///
+/// - inference-perf's own: `load: {type, stages}`, `data: {type,
+///   shared_prefix}`, `api: {streaming}`;
+/// - BLIS's (`inference_perf:` in a BLIS workload spec, `sim/workload/
+///   inference_perf.go`): `stages` and `shared_prefix` directly under it.
+///
+/// Keys neither form defines, or that they define but this generator does
+/// not implement (`question_distribution`, a non-null `request_timeout`, …),
+/// are refused by [`WorkloadSpec::validate`], naming them.
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
 pub struct InferencePerfSpec {
-    /// Load shape.
-    pub load: InferencePerfLoad,
-    /// Data (prompt) shape.
+    /// Load shape (inference-perf's form).
+    #[serde(default)]
+    pub load: Option<InferencePerfLoad>,
+    /// Data (prompt) shape (inference-perf's form).
     #[serde(default)]
     pub data: InferencePerfData,
     /// API settings (only `streaming` is used).
     #[serde(default)]
     pub api: Option<InferencePerfApi>,
+    /// Stages (BLIS's form).
+    #[serde(default)]
+    pub stages: Option<Vec<InferencePerfStage>>,
+    /// Shared-prefix prompts (BLIS's form).
+    #[serde(default)]
+    pub shared_prefix: Option<InferencePerfSharedPrefix>,
+    /// Any other key (refused by validation).
+    #[serde(flatten)]
+    pub other: OtherKeys,
+}
+
+impl InferencePerfSpec {
+    /// The stages, from either form (empty when neither gives any).
+    pub fn stages(&self) -> &[InferencePerfStage] {
+        match (&self.stages, &self.load) {
+            (Some(s), _) => s,
+            (None, Some(l)) => &l.stages,
+            (None, None) => &[],
+        }
+    }
+
+    /// The load type (`constant` unless inference-perf's form says
+    /// `poisson`).
+    pub fn load_type(&self) -> Option<&str> {
+        self.load.as_ref().and_then(|l| l.load_type.as_deref())
+    }
+
+    /// The shared-prefix settings, from either form.
+    pub fn shared_prefix(&self) -> Option<&InferencePerfSharedPrefix> {
+        self.shared_prefix
+            .as_ref()
+            .or(self.data.shared_prefix.as_ref())
+    }
 }
 
 /// inference-perf `load`.
@@ -452,31 +498,43 @@ pub struct InferencePerfLoad {
     #[serde(default, rename = "type")]
     pub load_type: Option<String>,
     /// Stages run one after another.
+    #[serde(default)]
     pub stages: Vec<InferencePerfStage>,
+    /// Any other key: the client's own settings (`num_workers`,
+    /// `interval`, …) are accepted, the rest refused by validation.
+    #[serde(flatten)]
+    pub other: OtherKeys,
 }
 
 /// One inference-perf load stage.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
 pub struct InferencePerfStage {
     /// Requests per second.
     pub rate: Finite,
     /// Seconds.
     pub duration: Finite,
+    /// Any other key (`concurrency_level`, `num_requests`: refused unless
+    /// null).
+    #[serde(flatten)]
+    pub other: OtherKeys,
 }
 
 /// inference-perf `data`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Default)]
 pub struct InferencePerfData {
-    /// `shared_prefix` (others are not modelled).
+    /// `shared_prefix` (the only one modelled).
     #[serde(default, rename = "type")]
     pub data_type: Option<String>,
     /// Shared-prefix prompt shape.
     #[serde(default)]
     pub shared_prefix: Option<InferencePerfSharedPrefix>,
+    /// Any other key (refused unless null).
+    #[serde(flatten)]
+    pub other: OtherKeys,
 }
 
 /// inference-perf `data.shared_prefix`, with its old and new key names.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
 pub struct InferencePerfSharedPrefix {
     /// Distinct prefixes.
     #[serde(default, alias = "num_unique_system_prompts")]
@@ -493,14 +551,28 @@ pub struct InferencePerfSharedPrefix {
     /// `max_tokens` of each request.
     #[serde(default)]
     pub output_len: u32,
+    /// Multi-turn chat, with BLIS's meaning: each (prefix, user) pair is one
+    /// closed-loop session whose rounds (fixed-length inputs, no context
+    /// carried over) follow each response after `groups × prompts / rate`
+    /// seconds of think time, the stage's requests shared evenly among the
+    /// sessions (`computeReasoningSpec` in BLIS's `inference_perf.go`).
+    #[serde(default)]
+    pub enable_multi_turn_chat: bool,
+    /// Any other key (`question_distribution`, `output_distribution`:
+    /// refused unless null).
+    #[serde(flatten)]
+    pub other: OtherKeys,
 }
 
 /// inference-perf `api`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
 pub struct InferencePerfApi {
     /// Streamed responses.
     #[serde(default)]
     pub streaming: Option<bool>,
+    /// Any other key (`type`, `headers`: accepted).
+    #[serde(flatten)]
+    pub other: OtherKeys,
 }
 
 /// SLO class names accepted (BLIS v2) and the v1 names mapped onto them.

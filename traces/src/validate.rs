@@ -173,23 +173,95 @@ fn validate_servegen(sg: &crate::spec::ServeGenDataSpec) -> Check {
     Ok(())
 }
 
-/// An inference-perf config: stages with rates and durations, a known load type.
+/// Keys of `other` that are not in `accepted` and not null (those in
+/// `if_null`) are refused, naming `prefix.key`.
+fn refuse_other(
+    other: &crate::spec::OtherKeys,
+    prefix: &str,
+    accepted: &[&str],
+    if_null: &[&str],
+) -> Check {
+    for (k, v) in other {
+        if accepted.contains(&k.as_str()) || (if_null.contains(&k.as_str()) && v.is_null()) {
+            continue;
+        }
+        let why = if if_null.contains(&k.as_str()) {
+            format!("{k} = {v} is not implemented (only null is accepted)")
+        } else {
+            format!("unknown field {k:?}")
+        };
+        return Err((format!("{prefix}.{k}"), why));
+    }
+    Ok(())
+}
+
+/// An inference-perf config (either form): stages with rates and
+/// durations, a known load type, shared-prefix data; no key that is not
+/// implemented.
 fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
     let e = |f: &str, m: String| Err((f.to_string(), m));
-    if ip.load.stages.is_empty() {
+    refuse_other(&ip.other, "inference_perf", &[], &[])?;
+    if ip.stages.is_some() && ip.load.is_some() {
         return e(
-            "inference_perf.load.stages",
-            "at least one stage is required".into(),
+            "inference_perf.stages",
+            "give the stages either as `stages` (BLIS's form) or as `load.stages`, not both".into(),
         );
+    }
+    if ip.shared_prefix.is_some() && ip.data.shared_prefix.is_some() {
+        return e(
+            "inference_perf.shared_prefix",
+            "give it either as `shared_prefix` (BLIS's form) or as `data.shared_prefix`, not both"
+                .into(),
+        );
+    }
+    let stages_field = if ip.stages.is_some() {
+        "inference_perf.stages"
+    } else {
+        "inference_perf.load.stages"
+    };
+    if let Some(l) = &ip.load {
+        refuse_other(
+            &l.other,
+            "inference_perf.load",
+            &[
+                "interval",
+                "num_workers",
+                "worker_max_concurrency",
+                "worker_max_tcp_connections",
+                "circuit_breakers",
+                "base_seed",
+            ],
+            &["request_timeout", "sweep", "trace"],
+        )?;
+    }
+    refuse_other(
+        &ip.data.other,
+        "inference_perf.data",
+        &[],
+        &["path", "input_distribution", "output_distribution", "trace"],
+    )?;
+    if let Some(t) = &ip.data.data_type
+        && t != "shared_prefix"
+    {
+        return e(
+            "inference_perf.data.type",
+            format!("{t:?} is not modelled (only shared_prefix)"),
+        );
+    }
+    if let Some(a) = &ip.api {
+        refuse_other(&a.other, "inference_perf.api", &["type", "headers"], &[])?;
+    }
+    let stages = ip.stages();
+    if stages.is_empty() {
+        return e(stages_field, "at least one stage is required".into());
     }
     let mut planned = 0.0;
     let mut span_s = 0.0;
-    for (i, s) in ip.load.stages.iter().enumerate() {
+    for (i, s) in stages.iter().enumerate() {
+        let f = format!("{stages_field}[{i}]");
+        refuse_other(&s.other, &f, &[], &["concurrency_level", "num_requests"])?;
         if s.rate.0 < 0.0 || s.duration.0 <= 0.0 {
-            return e(
-                &format!("inference_perf.load.stages[{i}]"),
-                "rate must be ≥ 0 and duration > 0".into(),
-            );
+            return e(&f, "rate must be ≥ 0 and duration > 0".into());
         }
         planned += s.rate.0 * s.duration.0;
         span_s += s.duration.0;
@@ -197,7 +269,7 @@ fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
     let max = crate::generate::MAX_PLANNED_REQUESTS;
     if planned > max as f64 {
         return e(
-            "inference_perf.load.stages",
+            stages_field,
             format!(
                 "the stages plan about {planned:.3e} requests, more than the {max} a run may plan"
             ),
@@ -205,16 +277,35 @@ fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
     }
     if span_s * 1e6 > crate::csvio::MAX_TIME_US as f64 {
         return e(
-            "inference_perf.load.stages",
+            stages_field,
             format!("the stages last {span_s:e} s, beyond 2^53 µs (285 years)"),
         );
     }
-    if let Some(sp) = &ip.data.shared_prefix {
+    if let Some(sp) = ip.shared_prefix() {
+        let f = if ip.shared_prefix.is_some() {
+            "inference_perf.shared_prefix"
+        } else {
+            "inference_perf.data.shared_prefix"
+        };
+        refuse_other(
+            &sp.other,
+            f,
+            &[],
+            &["question_distribution", "output_distribution"],
+        )?;
+        for (name, v) in [
+            ("num_groups", sp.num_groups),
+            ("num_prompts_per_group", sp.num_prompts_per_group),
+        ] {
+            if v == Some(0) {
+                return e(&format!("{f}.{name}"), "must be at least 1".into());
+            }
+        }
         let prompts = u64::from(sp.num_groups.unwrap_or(10))
             * u64::from(sp.num_prompts_per_group.unwrap_or(10));
         if prompts > 10_000_000 {
             return e(
-                "inference_perf.data.shared_prefix",
+                f,
                 format!(
                     "num_groups × num_prompts_per_group is {prompts} distinct prompts, more than 10^7"
                 ),
@@ -227,14 +318,24 @@ fn validate_inference_perf(ip: &crate::spec::InferencePerfSpec) -> Check {
         ] {
             if f64::from(v) > MAX_TOKENS {
                 return e(
-                    &format!("inference_perf.data.shared_prefix.{name}"),
+                    &format!("{f}.{name}"),
                     format!("{v} is beyond any model's context: at most 1e9 tokens"),
                 );
             }
         }
+        if sp.enable_multi_turn_chat {
+            for (i, s) in stages.iter().enumerate() {
+                if s.rate.0 > 0.0 && (s.rate.0 * s.duration.0) < 1.0 {
+                    return e(
+                        &format!("{stages_field}[{i}]"),
+                        "rate × duration plans no request for the multi-turn sessions".into(),
+                    );
+                }
+            }
+        }
     }
-    if let Some(t) = &ip.load.load_type
-        && !matches!(t.as_str(), "constant" | "poisson")
+    if let Some(t) = ip.load_type()
+        && !matches!(t, "constant" | "poisson")
     {
         return e(
             "inference_perf.load.type",

@@ -855,3 +855,63 @@ fn an_autoscaled_run_reports_its_replicas_cost_and_scale_events() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// BLIS's `inference_perf:` form (stages and shared_prefix directly under
+/// it) replays, with and without `enable_multi_turn_chat`; with it, each
+/// session's rounds are closed-loop: sent the think time after the previous
+/// round's last token.
+#[test]
+fn blis_inference_perf_specs_replay_in_both_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    for multi_turn in [false, true] {
+        let spec = dir.path().join(format!("ip-{multi_turn}.yaml"));
+        std::fs::write(
+            &spec,
+            format!(
+                "version: \"2\"\nseed: 7\ninference_perf:\n  stages:\n    - {{rate: 4, duration: 10}}\n  shared_prefix:\n    num_unique_system_prompts: 2\n    num_users_per_system_prompt: 2\n    system_prompt_len: 64\n    question_len: 32\n    output_len: 16\n    enable_multi_turn_chat: {multi_turn}\n"
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join(format!("pred-{multi_turn}"));
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(&spec)
+            .args(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--out"])
+            .arg(&out)
+            .assert()
+            .success();
+        let t = Trace::read(&out.with_extension("yaml")).unwrap();
+        assert_eq!(t.records.len(), 40, "rate 4 × 10 s");
+        assert!(
+            t.records
+                .iter()
+                .all(|r| r.outcome.status == Some(Status::Ok))
+        );
+        let sessions: std::collections::BTreeSet<&str> =
+            t.records.iter().map(|r| &*r.request.session_id).collect();
+        if !multi_turn {
+            assert_eq!(sessions.into_iter().collect::<Vec<_>>(), [""]);
+            continue;
+        }
+        // 4 sessions of 10 rounds, think time 4 sessions / 4 req/s = 1 s.
+        assert_eq!(sessions.len(), 4);
+        for s in sessions {
+            let mut rounds: Vec<_> = t
+                .records
+                .iter()
+                .filter(|r| &*r.request.session_id == s)
+                .collect();
+            rounds.sort_by_key(|r| r.request.round_index);
+            assert_eq!(rounds.len(), 10);
+            for w in rounds.windows(2) {
+                let done = w[0].outcome.last_chunk_time_us.unwrap();
+                assert_eq!(
+                    w[1].outcome.send_time_us,
+                    Some(done + 1_000_000),
+                    "{s} round {}",
+                    w[1].request.round_index
+                );
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Integration tests of `blis-traces`: one binary, one module per concern.
 
 mod blis_compat; // BLIS's files read as they are; written back in BLIS's column order
+mod blis_specs; // BLIS's inference_perf form and its multi-turn chat; unimplemented fields refused
 mod common; // paths to the shared data
 mod cut_off; // a killed writer's bundle: partial last lines dropped, check
 mod errors; // malformed input: one line naming file:line and the field, no panic

@@ -250,15 +250,55 @@ pub async fn tokens_per_word(
     }
 }
 
+/// The KV-cache settings a vLLM server exports (`vllm:cache_config_info`,
+/// whose labels are its `CacheConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Tokens per KV block.
+    pub block_size: u64,
+    /// GPU KV blocks.
+    pub num_gpu_blocks: u64,
+    /// `--enable-prefix-caching` (label `enable_prefix_caching`, `True`/`False`).
+    pub enable_prefix_caching: Option<bool>,
+}
+
 /// KV cache settings from a vLLM `/metrics` body
-/// (`vllm:cache_config_info{block_size, num_gpu_blocks}`).
-pub fn cache_config(samples: &[blis_traces::prom::Sample]) -> Option<(u64, u64)> {
+/// (`vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching}`).
+pub fn cache_config(samples: &[blis_traces::prom::Sample]) -> Option<CacheConfig> {
     let s = samples
         .iter()
         .find(|s| s.name == "vllm:cache_config_info")?;
-    let bs = s.label("block_size")?.parse().ok()?;
-    let blocks = s.label("num_gpu_blocks")?.parse().ok()?;
-    Some((bs, blocks))
+    let block_size = s.label("block_size")?.parse().ok()?;
+    let num_gpu_blocks = s.label("num_gpu_blocks")?.parse().ok()?;
+    let enable_prefix_caching = match s.label("enable_prefix_caching") {
+        Some(v) if v.eq_ignore_ascii_case("true") => Some(true),
+        Some(v) if v.eq_ignore_ascii_case("false") => Some(false),
+        _ => None,
+    };
+    Some(CacheConfig {
+        block_size,
+        num_gpu_blocks,
+        enable_prefix_caching,
+    })
+}
+
+/// The server's version from `GET /version` (vLLM answers
+/// `{"version": "0.15.1"}`); `None` when it has no such endpoint or the
+/// answer is not that.
+pub async fn server_version(
+    client: &reqwest::Client,
+    base: &str,
+    api_key: Option<&str>,
+) -> Option<String> {
+    let r = get(client, &format!("{base}/version"), api_key)
+        .await
+        .ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    let v: Value = r.json().await.ok()?;
+    let s = v.get("version")?.as_str()?.trim();
+    (!s.is_empty() && s.len() <= 64).then(|| s.to_string())
 }
 
 #[cfg(test)]
@@ -269,8 +309,21 @@ mod tests {
     fn cache_config_is_read_from_vllm_metrics() {
         let text = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"29205\"} 1.0\n";
         let s = blis_traces::prom::parse(text).unwrap();
-        assert_eq!(cache_config(&s), Some((16, 29205)));
+        assert_eq!(
+            cache_config(&s),
+            Some(CacheConfig {
+                block_size: 16,
+                num_gpu_blocks: 29205,
+                enable_prefix_caching: None
+            })
+        );
         assert_eq!(cache_config(&[]), None);
+        let text = "vllm:cache_config_info{block_size=\"32\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",num_gpu_blocks=\"7\"} 1.0\n";
+        let s = blis_traces::prom::parse(text).unwrap();
+        assert_eq!(
+            cache_config(&s).and_then(|c| c.enable_prefix_caching),
+            Some(false)
+        );
     }
 }
 

@@ -904,8 +904,10 @@ struct Server {
     tokens_per_word: f64,
     metrics_url: String,
     scrape_on: bool,
-    /// KV cache (block size, blocks) from its metrics.
-    cache: Option<(u64, u64)>,
+    /// KV cache settings from its metrics.
+    cache: Option<probe::CacheConfig>,
+    /// Its version (`GET /version`).
+    version: Option<String>,
 }
 
 /// Whether the process's arguments carry an API key (`--api-key K` or
@@ -978,15 +980,20 @@ async fn connect(args: &RunArgs) -> Result<Server> {
             }
         }
     }
+    let version = probe::server_version(&client, &base, args.api_key.as_deref()).await;
     blis_traces::diag!(
-        "server {base}: model {}, round trip {}, {:.3} tokens per word ({}){}",
+        "server {base}: model {}{}, round trip {}, {:.3} tokens per word ({}){}",
         args.model,
+        version
+            .as_deref()
+            .map_or(String::new(), |v| format!(", version {v}")),
         info.rtt_ms
             .map_or("unknown".into(), |r| format!("{r:.2} ms")),
         tpw.value,
         tpw.source,
-        cache.map_or(String::new(), |(bs, n)| format!(
-            ", KV cache {n} blocks of {bs} tokens"
+        cache.map_or(String::new(), |c| format!(
+            ", KV cache {} blocks of {} tokens",
+            c.num_gpu_blocks, c.block_size
         ))
     );
     Ok(Server {
@@ -997,6 +1004,7 @@ async fn connect(args: &RunArgs) -> Result<Server> {
         metrics_url,
         scrape_on,
         cache,
+        version,
     })
 }
 
@@ -1015,8 +1023,10 @@ fn trace_header(
     header.server = Some(ServerConfig {
         server_type: Some(server_type_name(args.server_type).to_string()),
         model: Some(args.model.clone()),
-        block_size: server.cache.and_then(|c| u32::try_from(c.0).ok()),
-        total_kv_blocks: server.cache.map(|c| c.1),
+        block_size: server.cache.and_then(|c| u32::try_from(c.block_size).ok()),
+        total_kv_blocks: server.cache.map(|c| c.num_gpu_blocks),
+        enable_prefix_caching: server.cache.and_then(|c| c.enable_prefix_caching),
+        version: server.version.clone(),
         max_model_len: server.info.max_model_len,
         ..ServerConfig::default()
     });

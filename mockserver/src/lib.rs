@@ -215,8 +215,11 @@ pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
     };
     let resolved = resolve(&args, None)?;
     let metrics = Arc::new(
-        Metrics::new(&cfg.model, cfg.metrics_style)
-            .with_cache_config(resolved.engine.block_size, resolved.engine.total_kv_blocks),
+        Metrics::new(&cfg.model, cfg.metrics_style).with_cache_config(
+            resolved.engine.block_size,
+            resolved.engine.total_kv_blocks,
+            resolved.engine.prefix_caching,
+        ),
     );
     let clock = Arc::new(Clock::new(cfg.time_scale));
     let instance = blis_replay::Instance::new(resolved.engine.clone(), resolved.latency.clone());

@@ -94,7 +94,7 @@ pub struct Metrics {
     inner: Mutex<Inner>,
     model: String,
     style: MetricsStyle,
-    cache: Option<(u32, u32)>,
+    cache: Option<(u32, u32, bool)>,
 }
 
 /// Fault kinds counted in `blis_mock_faults_total{kind}`.
@@ -133,8 +133,13 @@ impl Metrics {
     /// Also exposes vLLM's `vllm:cache_config_info` gauge (value 1, the
     /// settings as labels `block_size` and `num_gpu_blocks`), which clients
     /// read to learn the KV cache size.
-    pub fn with_cache_config(mut self, block_size: u32, num_gpu_blocks: u32) -> Self {
-        self.cache = Some((block_size, num_gpu_blocks));
+    pub fn with_cache_config(
+        mut self,
+        block_size: u32,
+        num_gpu_blocks: u32,
+        prefix_caching: bool,
+    ) -> Self {
+        self.cache = Some((block_size, num_gpu_blocks, prefix_caching));
         self
     }
 
@@ -215,10 +220,11 @@ impl Metrics {
         };
         match self.style {
             MetricsStyle::Vllm => {
-                if let Some((bs, blocks)) = self.cache {
+                if let Some((bs, blocks, pc)) = self.cache {
+                    let pc = if pc { "True" } else { "False" };
                     let _ = writeln!(
                         o,
-                        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{bs}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{blocks}\"}} 1.0"
+                        "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{bs}\",cache_dtype=\"auto\",enable_prefix_caching=\"{pc}\",num_gpu_blocks=\"{blocks}\"}} 1.0"
                     );
                 }
                 gauge(&mut o, "vllm:num_requests_running", f64::from(s.running));

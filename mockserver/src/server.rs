@@ -260,6 +260,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/health", get(health))
+        .route("/version", get(version))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -298,6 +299,15 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
     }
+}
+
+/// `GET /version`, as vLLM answers it; the mock names itself, so that no
+/// one mistakes its trace for a vLLM release's.
+async fn version() -> Response {
+    axum::Json(serde_json::json!({
+        "version": concat!("blis-mockserver ", env!("CARGO_PKG_VERSION"))
+    }))
+    .into_response()
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {

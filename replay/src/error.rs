@@ -66,6 +66,17 @@ pub enum SettingsError {
     /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
     #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
     ZeroLimits,
+    /// Chunked prefill off with a token budget below `max_model_len`: a
+    /// long prompt could never be scheduled (vLLM refuses to start so).
+    #[error(
+        "with chunked prefill off, max_num_batched_tokens ({max_num_batched_tokens}) must be at least max_model_len ({max_model_len}; 0: unlimited): a longer prompt could never run, and vLLM refuses to start so"
+    )]
+    ChunkedPrefillBudget {
+        /// The step's token budget.
+        max_num_batched_tokens: u32,
+        /// The longest request.
+        max_model_len: u32,
+    },
     /// `--client-timeout-s` is not a positive number of seconds.
     #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
     ClientTimeout(f64),

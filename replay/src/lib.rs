@@ -60,6 +60,7 @@ pub mod engine;
 pub mod error;
 pub mod latency;
 pub mod output;
+pub mod server_defaults;
 pub mod setup;
 pub mod sim;
 

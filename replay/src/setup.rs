@@ -59,8 +59,13 @@ pub struct ServerArgs {
     pub prefix_caching: bool,
     /// Fast-forward.
     pub fast_forward: bool,
-    /// vLLM's `--async-scheduling` (None: the trace header's, else off).
+    /// vLLM's `--async-scheduling` (None: the trace header's, else the
+    /// default of the vLLM version it names, else the coefficients row's,
+    /// else off).
     pub async_scheduling: Option<bool>,
+    /// vLLM's `--enable-chunked-prefill` (None: the trace header's, else
+    /// on, as vLLM V1).
+    pub chunked_prefill: Option<bool>,
     /// A CPU tier under the GPU KV cache (None: GPU only).
     pub kv_tier: Option<CpuTierSettings>,
 }
@@ -149,6 +154,9 @@ impl Resolved {
                 max_model_len: (e.max_model_len > 0).then_some(u64::from(e.max_model_len)),
                 total_kv_blocks: Some(u64::from(e.total_kv_blocks)),
                 async_scheduling: e.async_scheduling.then_some(true),
+                enable_prefix_caching: Some(e.prefix_caching),
+                enable_chunked_prefill: Some(e.chunked_prefill),
+                ..ServerConfig::default()
             },
             HeaderHardware {
                 gpu: Some(self.gpu.clone()),
@@ -255,8 +263,16 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             args.model_config.as_deref(),
         )
     });
+    let bundled = args.coefficient_rows.is_none() && args.coefficients.is_none();
     let kind = args.latency.unwrap_or_else(|| {
-        default_latency_kind(&coefs, &model, &gpu, tp, matches!(found, Some(Ok(_))))
+        let arch_known = matches!(found, Some(Ok(_)));
+        let k = default_latency_kind(&coefs, &model, &gpu, tp, arch_known, bundled);
+        prov.push(format!(
+            "latency model {} ({})",
+            k.name(),
+            default_latency_reason(k, bundled, arch_known)
+        ));
+        k
     });
     let hardware_text = match &args.hardware_config {
         Some(p) => std::fs::read_to_string(p).map_err(|e| ReplayError::Io {
@@ -321,19 +337,30 @@ fn default_latency_kind(
     gpu: &str,
     tp: u32,
     arch: bool,
+    bundled: bool,
 ) -> LatencyKind {
-    if model.is_empty() {
-        LatencyKind::Roofline
-    } else if coefs.find(model, gpu, tp, LatencyKind::Blackbox).is_some() {
-        LatencyKind::Blackbox
-    } else if arch
+    let physics = arch
         && coefs
             .find(model, gpu, tp, LatencyKind::TrainedPhysics)
-            .is_some()
-    {
+            .is_some();
+    let blackbox = !model.is_empty() && coefs.find(model, gpu, tp, LatencyKind::Blackbox).is_some();
+    if blackbox && !(bundled && physics) {
+        LatencyKind::Blackbox
+    } else if physics {
         LatencyKind::TrainedPhysics
     } else {
         LatencyKind::Roofline
+    }
+}
+
+/// Why [`default_latency_kind`] chose `k`, for the run's settings.
+fn default_latency_reason(k: LatencyKind, bundled: bool, arch: bool) -> &'static str {
+    match (k, bundled) {
+        (LatencyKind::Blackbox, false) => "default: a blackbox row for this model, GPU and TP in your coefficients file",
+        (LatencyKind::Blackbox, true) => "default: the bundled blackbox row; no model config for trained-physics",
+        (LatencyKind::TrainedPhysics, _) => "default: the model's config is known and a trained-physics row covers the GPU (validated on real vLLM runs of models it was not fitted on; docs/accuracy-models.md)",
+        _ if !arch => "default: no coefficients and no model config for the physics models",
+        _ => "default: no coefficients row for this GPU",
     }
 }
 
@@ -496,9 +523,16 @@ fn engine_config(
         Some(16),
     )
     .unwrap_or(16) as u32;
+    // A row's KV cache size is a measurement of the server (vLLM's log),
+    // whichever latency model the row is for.
     let row_blocks = coefs
         .find(model, gpu, tp, kind)
-        .and_then(|r| r.total_kv_blocks);
+        .and_then(|r| r.total_kv_blocks)
+        .or_else(|| {
+            coefs
+                .find(model, gpu, tp, LatencyKind::Blackbox)
+                .and_then(|r| r.total_kv_blocks)
+        });
     let util = args
         .gpu_memory_utilization
         .or_else(|| hs.and_then(|s| s.gpu_memory_utilization))
@@ -519,6 +553,82 @@ fn engine_config(
     if total_kv_blocks == 0 {
         return Err(SettingsError::NoKvBlocks.into());
     }
+    use crate::server_defaults::{resolve_bool, vllm_version};
+    let version = vllm_version(hs);
+    if let Some(v) = version.filter(|v| !v.v1_engine()) {
+        prov.push(format!(
+            "vLLM {v} ran the V0 engine (V1 is the default from v0.8.0); simulated with V1's scheduler"
+        ));
+    }
+    let chunked_prefill = resolve_bool(
+        prov,
+        "enable_chunked_prefill",
+        args.chunked_prefill,
+        hs.and_then(|s| s.enable_chunked_prefill),
+        version.map(|v| (v, true, "V1 chunks every prefill")),
+        (true, "vLLM V1's default"),
+    );
+    let prefix_caching = resolve_bool(
+        prov,
+        "enable_prefix_caching",
+        (!args.prefix_caching).then_some(false),
+        hs.and_then(|s| s.enable_prefix_caching),
+        version.map(|v| (v, v.v1_engine(), "on in V1")),
+        (true, "vLLM V1's default"),
+    );
+    let async_scheduling = match (
+        args.async_scheduling,
+        hs.and_then(|s| s.async_scheduling),
+        version,
+        row_async,
+    ) {
+        (None, None, None, Some(r)) => {
+            prov.push(format!(
+                "async_scheduling={r} (the coefficients row, fitted so; the trace names no vLLM version)"
+            ));
+            r
+        }
+        _ => resolve_bool(
+            prov,
+            "async_scheduling",
+            args.async_scheduling,
+            hs.and_then(|s| s.async_scheduling),
+            version.map(|v| {
+                (
+                    v,
+                    v.async_scheduling_default(),
+                    "on by default from v0.14.0",
+                )
+            }),
+            (false, "no vLLM version recorded"),
+        ),
+    };
+    let max_model_len = match pick(
+        prov,
+        "max_model_len",
+        args.max_model_len.map(u64::from),
+        hs.and_then(|s| s.max_model_len),
+        None,
+    ) {
+        Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+        None => match arch.and_then(|a| a.max_context) {
+            Some(c) => {
+                prov.push(format!("max_model_len={c} (model config)"));
+                c
+            }
+            None => {
+                prov.push("max_model_len=0 (unlimited: no model config)".into());
+                0
+            }
+        },
+    };
+    // vLLM without chunked prefill schedules whole prompts, so its token
+    // budget defaults to at least max_model_len (SchedulerConfig).
+    let budget_default = if chunked_prefill {
+        2048
+    } else {
+        max_model_len.max(2048)
+    };
     let engine = EngineConfig {
         max_num_seqs: pick(
             prov,
@@ -533,42 +643,21 @@ fn engine_config(
             "max_num_batched_tokens",
             args.max_num_batched_tokens.map(u64::from),
             hs.and_then(|s| s.max_num_batched_tokens).map(u64::from),
-            Some(2048),
+            Some(u64::from(budget_default)),
         )
-        .unwrap_or(2048) as u32,
+        .unwrap_or(u64::from(budget_default)) as u32,
         long_prefill_token_threshold: args.long_prefill_token_threshold.unwrap_or(0),
         block_size,
         total_kv_blocks,
         // As vLLM: the flag, else the context length the model's config
         // gives (`max_position_embeddings` and RoPE scaling), else
         // unlimited (0).
-        max_model_len: match pick(
-            prov,
-            "max_model_len",
-            args.max_model_len.map(u64::from),
-            hs.and_then(|s| s.max_model_len),
-            None,
-        ) {
-            Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
-            None => match arch.and_then(|a| a.max_context) {
-                Some(c) => {
-                    prov.push(format!("max_model_len={c} (model config)"));
-                    c
-                }
-                None => {
-                    prov.push("max_model_len=0 (unlimited: no model config)".into());
-                    0
-                }
-            },
-        },
+        max_model_len,
         scheduler: args.scheduler,
-        prefix_caching: args.prefix_caching,
+        prefix_caching,
+        chunked_prefill,
         fast_forward: args.fast_forward,
-        async_scheduling: args
-            .async_scheduling
-            .or_else(|| hs.and_then(|s| s.async_scheduling))
-            .or(row_async)
-            .unwrap_or(false),
+        async_scheduling,
         cpu_tier: args
             .kv_tier
             .as_ref()
@@ -576,8 +665,115 @@ fn engine_config(
             .map(|t| cpu_tier_config(t, arch, block_size, prov))
             .transpose()?,
     };
+    if !engine.chunked_prefill
+        && (engine.max_model_len == 0 || engine.max_num_batched_tokens < engine.max_model_len)
+    {
+        return Err(SettingsError::ChunkedPrefillBudget {
+            max_num_batched_tokens: engine.max_num_batched_tokens,
+            max_model_len: engine.max_model_len,
+        }
+        .into());
+    }
     if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
         return Err(SettingsError::ZeroLimits.into());
     }
     Ok(engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blis_traces::{Mode, TraceHeader};
+
+    fn header(server: ServerConfig) -> TraceHeader {
+        let mut h = TraceHeader::new(Mode::Real);
+        h.server = Some(ServerConfig {
+            server_type: Some("vllm".into()),
+            model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
+            ..server
+        });
+        h
+    }
+
+    fn args() -> ServerArgs {
+        ServerArgs {
+            latency: Some(LatencyKind::Roofline),
+            prefix_caching: true,
+            ..ServerArgs::default()
+        }
+    }
+
+    fn said(r: &Resolved, what: &str) -> String {
+        r.provenance
+            .iter()
+            .find(|p| p.starts_with(what))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {what} in {:?}", r.provenance))
+    }
+
+    /// The vLLM version a trace header names decides async scheduling
+    /// (on by default from v0.14.0); the header's own flags win over it, a
+    /// flag over both; without a version the run says what it assumed.
+    #[test]
+    fn the_recorded_vllm_version_and_flags_decide_the_engine_defaults() {
+        let v = |s: &str| ServerConfig {
+            version: Some(s.into()),
+            ..ServerConfig::default()
+        };
+        let r = resolve(&args(), Some(&header(v("0.15.1")))).unwrap();
+        assert!(r.engine.async_scheduling);
+        assert!(said(&r, "async_scheduling=").contains("vLLM 0.15.1's default"));
+        assert!(r.engine.chunked_prefill && r.engine.prefix_caching);
+        let r = resolve(&args(), Some(&header(v("v0.11.0")))).unwrap();
+        assert!(!r.engine.async_scheduling);
+        // The header's flags win over the version's defaults.
+        let h = header(ServerConfig {
+            version: Some("0.15.1".into()),
+            async_scheduling: Some(false),
+            enable_prefix_caching: Some(false),
+            ..ServerConfig::default()
+        });
+        let r = resolve(&args(), Some(&h)).unwrap();
+        assert!(!r.engine.async_scheduling && !r.engine.prefix_caching);
+        assert_eq!(
+            said(&r, "enable_prefix_caching="),
+            "enable_prefix_caching=false (trace header)"
+        );
+        // A flag wins over the header.
+        let mut a = args();
+        a.async_scheduling = Some(true);
+        assert!(resolve(&a, Some(&h)).unwrap().engine.async_scheduling);
+        // Nothing recorded: assumed, and said so.
+        let r = resolve(&args(), Some(&header(ServerConfig::default()))).unwrap();
+        assert!(!r.engine.async_scheduling);
+        assert!(said(&r, "async_scheduling=").contains("assumed"));
+        assert!(said(&r, "enable_chunked_prefill=").contains("assumed"));
+        // A version from before the V1 engine is named as such.
+        let r = resolve(&args(), Some(&header(v("0.6.3")))).unwrap();
+        assert!(r.provenance.iter().any(|p| p.contains("V0 engine")));
+        // Another server's version is not read as vLLM's.
+        let mut h = header(v("0.5.2"));
+        h.server.as_mut().unwrap().server_type = Some("sglang".into());
+        assert!(
+            said(&resolve(&args(), Some(&h)).unwrap(), "async_scheduling=").contains("assumed")
+        );
+    }
+
+    /// Chunked prefill off: the token budget defaults to max_model_len, as
+    /// vLLM's; a budget below it is refused (a long prompt could never run).
+    #[test]
+    fn chunked_prefill_off_needs_a_budget_of_max_model_len() {
+        let h = header(ServerConfig {
+            enable_chunked_prefill: Some(false),
+            max_model_len: Some(8192),
+            ..ServerConfig::default()
+        });
+        let r = resolve(&args(), Some(&h)).unwrap();
+        assert!(!r.engine.chunked_prefill);
+        assert_eq!(r.engine.max_num_batched_tokens, 8192);
+        let mut a = args();
+        a.max_num_batched_tokens = Some(2048);
+        let e = resolve(&a, Some(&h)).unwrap_err().to_string();
+        assert!(e.contains("max_num_batched_tokens (2048)"), "{e}");
+    }
 }

@@ -66,6 +66,16 @@ pub struct ServerConfig {
     /// runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub async_scheduling: Option<bool>,
+    /// The server's version as it reports it (vLLM's `GET /version`, e.g.
+    /// `0.15.1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// vLLM's `--enable-prefix-caching` (from `vllm:cache_config_info`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_prefix_caching: Option<bool>,
+    /// vLLM's `--enable-chunked-prefill`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_chunked_prefill: Option<bool>,
 }
 
 /// Accelerators the server ran on.

@@ -700,7 +700,8 @@ fn gt_header(exp: &GtExpConfig, replay: &GtReplay) -> TraceHeader {
         gpu_memory_utilization: None,
         max_model_len: exp.max_model_len,
         total_kv_blocks: replay.config.kv_blocks_total_gpu,
-        async_scheduling: None,
+        // The runs record no vLLM version or flags beyond these.
+        ..ServerConfig::default()
     });
     header.hardware = Some(Hardware {
         gpu: Some("H100".into()),

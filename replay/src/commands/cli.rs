@@ -85,9 +85,16 @@ pub struct EngineFlags {
     #[arg(allow_negative_numbers = true, long)]
     pub max_model_len: Option<u32>,
     /// vLLM's --async-scheduling: a request arriving during a step joins
-    /// the step after the next one (default: the trace header's, else off).
+    /// the step after the next one (default: the trace header's, else the
+    /// default of the vLLM version it names (on from v0.14.0), else the
+    /// coefficients row's, else off).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub async_scheduling: Option<bool>,
+    /// vLLM's --enable-chunked-prefill: a prompt is computed a chunk per
+    /// step within the token budget; false: whole prompts only (default:
+    /// the trace header's, else on, as vLLM V1).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_chunked_prefill: Option<bool>,
 }
 
 impl EngineFlags {
@@ -102,6 +109,7 @@ impl EngineFlags {
             .or(a.long_prefill_token_threshold);
         a.max_model_len = self.max_model_len.or(a.max_model_len);
         a.async_scheduling = self.async_scheduling.or(a.async_scheduling);
+        a.chunked_prefill = self.enable_chunked_prefill.or(a.chunked_prefill);
     }
 }
 

@@ -276,14 +276,30 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
     );
     let _ = writeln!(
         o,
-        "max_num_seqs {} · max_num_batched_tokens {} · block_size {} · total_kv_blocks {} · scheduler {} · prefix caching {}\n",
+        "max_num_seqs {} · max_num_batched_tokens {} · block_size {} · total_kv_blocks {} · scheduler {} · prefix caching {} · chunked prefill {} · async scheduling {}\n",
         e.max_num_seqs,
         e.max_num_batched_tokens,
         e.block_size,
         e.total_kv_blocks,
         e.scheduler,
-        if e.prefix_caching { "on" } else { "off" }
+        if e.prefix_caching { "on" } else { "off" },
+        if e.chunked_prefill { "on" } else { "off" },
+        if e.async_scheduling { "on" } else { "off" }
     );
+    // What was not given by a flag or the trace header: defaults, the
+    // version's defaults, assumptions and approximations.
+    let inferred: Vec<&String> = r
+        .provenance
+        .iter()
+        .filter(|p| !p.ends_with("(flag)") && !p.ends_with("(trace header)"))
+        .collect();
+    if !inferred.is_empty() {
+        let _ = writeln!(o, "not given by a flag or the trace header:");
+        for p in inferred {
+            let _ = writeln!(o, "- {p}");
+        }
+        let _ = writeln!(o);
+    }
     let c = &s.requests;
     let _ = writeln!(
         o,

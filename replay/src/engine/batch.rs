@@ -312,7 +312,19 @@ impl Instance {
             let a = self.slots[slot as usize].as_ref().expect("live slot");
             let hit_tokens = (gpu_hits + reloads) * bs;
             let mut n = num_tokens - hit_tokens;
-            if self.cfg.long_prefill_token_threshold > 0 {
+            if !self.cfg.chunked_prefill {
+                // Without chunked prefill the whole uncached prompt runs in
+                // one step: the request waits for a step with room for it.
+                // (A prompt beyond the whole budget, which vLLM's settings
+                // check refuses, is chunked rather than never run.)
+                let never_fits = n > self.cfg.max_num_batched_tokens;
+                if n > *budget && !(never_fits && scheduled.is_empty()) {
+                    if reloads > 0 {
+                        self.kv.unpin_all();
+                    }
+                    break;
+                }
+            } else if self.cfg.long_prefill_token_threshold > 0 {
                 n = n.min(self.cfg.long_prefill_token_threshold);
             }
             n = n.min(*budget);

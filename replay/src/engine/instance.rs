@@ -57,6 +57,12 @@ pub struct EngineConfig {
     pub scheduler: SchedulerPolicy,
     /// Automatic prefix caching (vLLM V1 default: on).
     pub prefix_caching: bool,
+    /// Chunked prefill (vLLM V1 default: on): a prompt may be computed over
+    /// several steps, a chunk per step within the token budget. Off, a
+    /// waiting request is admitted only when its whole uncached prompt fits
+    /// in the step's remaining budget, and `long_prefill_token_threshold`
+    /// does not apply.
+    pub chunked_prefill: bool,
     /// Execute runs of identical decode steps as one event.
     pub fast_forward: bool,
     /// `--async-scheduling`: the scheduler forms step k+1 while step k
@@ -81,6 +87,7 @@ impl Default for EngineConfig {
             max_model_len: 0,
             scheduler: SchedulerPolicy::Fcfs,
             prefix_caching: true,
+            chunked_prefill: true,
             fast_forward: true,
             async_scheduling: false,
             cpu_tier: None,

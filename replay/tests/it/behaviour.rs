@@ -54,6 +54,40 @@ fn long_prompts_are_chunked_by_the_token_budget_and_the_threshold() {
     assert_eq!(ttft(&r[0]), 5 * (1000 + 10_000));
 }
 
+/// Chunked prefill off (`--enable-chunked-prefill false`): a prompt runs
+/// whole in one step, so a second prompt that would only partly fit waits
+/// for the next step instead of taking the rest of the budget.
+#[test]
+fn without_chunked_prefill_a_prompt_runs_whole_or_waits() {
+    let reqs = || vec![req(0, 0, 3000, 2), req(1, 0, 3000, 2)];
+    let budget = EngineConfig {
+        max_num_batched_tokens: 4096,
+        ..cfg()
+    };
+    // Chunked: step 1 = 3000 + 1096 tokens, step 2 = 1 decode + 1904.
+    let (_, r) = run(budget.clone(), simple_model(), reqs());
+    assert_eq!(ttft(&r[0]), 1000 + 40_960);
+    assert_eq!(ttft(&r[1]), 1000 + 40_960 + 1000 + 19_040 + 100);
+    // Whole prompts: step 1 = 3000, step 2 = 1 decode + 3000.
+    let off = EngineConfig {
+        chunked_prefill: false,
+        ..budget
+    };
+    let (_, r) = run(off.clone(), simple_model(), reqs());
+    assert_eq!(ttft(&r[0]), 1000 + 30_000);
+    assert_eq!(ttft(&r[1]), 1000 + 30_000 + 1000 + 30_000 + 100);
+    // The threshold applies to chunks only.
+    let (_, r) = run(
+        EngineConfig {
+            long_prefill_token_threshold: 500,
+            ..off
+        },
+        simple_model(),
+        vec![req(0, 0, 3000, 1)],
+    );
+    assert_eq!(ttft(&r[0]), 1000 + 30_000);
+}
+
 #[test]
 fn the_token_budget_is_shared_running_first() {
     let (_, r) = run(

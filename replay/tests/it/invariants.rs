@@ -140,6 +140,7 @@ proptest! {
         threshold in prop_oneof![Just(0u32), 1u32..512],
         sched in 0u8..4,
         prefix_caching in any::<bool>(),
+        chunked_prefill in any::<bool>(),
         fast_forward in any::<bool>(),
         async_scheduling in any::<bool>(),
         tier in proptest::option::of((1u32..300, 0.0f64..1.0, 0i64..5000, any::<bool>())),
@@ -158,6 +159,7 @@ proptest! {
             max_model_len: 0,
             scheduler,
             prefix_caching,
+            chunked_prefill,
             fast_forward,
             async_scheduling,
             cpu_tier: tier.map(|(cpu_blocks, offload_threshold, window, eager)| CpuTierConfig {

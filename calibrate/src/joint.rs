@@ -114,6 +114,11 @@ impl Default for JointOptions {
 /// 6.4%.
 pub const STAGE2_TERMS: [&str; 1] = ["prefill_compute"];
 
+/// Strength of the ridge that holds a stage-2 term near its starting value
+/// in stage 1, per run: the weight of a run whose prefill work is 1% of its
+/// decode steps (relative terms squared, 0.01²).
+pub const STAGE2_RIDGE: f64 = 1e-4;
+
 /// Replays of every run allowed to stage 2 by default (about a minute for
 /// the 8 ground-truth runs on 2 cores).
 pub const DEFAULT_BUDGET: u64 = 40;
@@ -784,6 +789,7 @@ pub fn stage1(
         c.sort_unstable();
         c
     });
+    let fixed = FLOOR;
     let mut g = vec![vec![0.0; TERMS]; TERMS];
     let mut c = [0.0; TERMS];
     let mut used = 0;
@@ -797,7 +803,7 @@ pub fn stage1(
         for (x, y) in &rows {
             // What the floors already explain is taken off the target; the
             // rest is regressed on β − floor ≥ 0, relative to the target.
-            let base: f64 = x.iter().zip(FLOOR).map(|(x, f)| x * f).sum();
+            let base: f64 = x.iter().zip(&fixed).map(|(x, f)| x * f).sum();
             let rest = (y - base) / y;
             for i in 0..TERMS {
                 let xi = x[i] / y;
@@ -811,11 +817,20 @@ pub fn stage1(
     if used == 0 {
         return *start;
     }
+    // The stage-2 terms (prefill compute) enter with a ridge toward
+    // `start`'s value: prefill chunks inside decode intervals inform them
+    // only where prompts are not cached; a run whose prefills are a
+    // percent of its steps outweighs the ridge.
+    let ridge = STAGE2_RIDGE * f64::from(used);
+    for i in 0..TERMS {
+        if FREE[i] && STAGE2_TERMS.contains(&TERM_NAMES[i]) && g[i][i] > 0.0 {
+            g[i][i] += ridge;
+            c[i] += ridge * (start.beta[i] - FLOOR[i]).max(0.0);
+        }
+    }
     // The free terms that some row varies; the others (e.g. the expert
     // term without an MoE run) and the fixed ones stay at their floor.
-    let cols: Vec<usize> = (0..TERMS)
-        .filter(|&i| FREE[i] && !STAGE2_TERMS.contains(&TERM_NAMES[i]) && g[i][i] > 0.0)
-        .collect();
+    let cols: Vec<usize> = (0..TERMS).filter(|&i| FREE[i] && g[i][i] > 0.0).collect();
     let gs: Vec<Vec<f64>> = cols
         .iter()
         .map(|&i| cols.iter().map(|&j| g[i][j]).collect())
@@ -924,7 +939,49 @@ pub fn fit_joint(
     }
     let s1 = stage1(runs, &PRIOR, threads);
     progress(&format!("stage 1 (decode intervals): {}", describe(&s1)));
-    let (problem, mut best_u) = Stage2::around(runs, &s1, o);
+    let (mut fitted, loss1, mut evals) = stage2(runs, &s1, o, budget, progress)?;
+    // Prefill chunks share steps with decodes: when the replays moved a
+    // stage-2 term far from what stage 1 assumed, the decode intervals are
+    // regressed again with it, and stage 2 refines from there.
+    let moved = (0..TERMS).any(|i| {
+        STAGE2_TERMS.contains(&TERM_NAMES[i])
+            && (fitted.beta[i] - s1.beta[i]).abs() > 0.1 * s1.beta[i].max(1e-9)
+    });
+    if moved {
+        let again = stage1(runs, &fitted, threads);
+        progress(&format!(
+            "stage 1 again, with the replays' prefill: {}",
+            describe(&again)
+        ));
+        let (f, _, e) = stage2(runs, &again, o, budget.div_ceil(2), progress)?;
+        fitted = f;
+        evals += e;
+    }
+    let sims = predict_all(runs, &fitted, threads);
+    Ok(JointFit {
+        runs: runs.iter().map(|r| r.name.clone()).collect(),
+        stage1: s1,
+        fitted,
+        loss: [loss1, loss(runs, &sims, o.overloaded_weight)],
+        evaluations: evals,
+        per_run: runs
+            .iter()
+            .zip(sims)
+            .map(|(r, s)| (r.name.clone(), r.real, s))
+            .collect(),
+    })
+}
+
+/// Stage 2 from stage 1's `s1` with at most `budget` replays of every run:
+/// the coefficients, the loss at `s1`, and the replays made.
+fn stage2(
+    runs: &[&JointRun],
+    s1: &PhysicsCoefficients,
+    o: &JointOptions,
+    budget: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(PhysicsCoefficients, f64, u64), FitError> {
+    let (problem, mut best_u) = Stage2::around(runs, s1, o);
     let n_terms = problem.terms.len();
     let mut best = problem.cost(&best_u).unwrap_or(f64::INFINITY);
     let loss1 = best;
@@ -974,20 +1031,53 @@ pub fn fit_joint(
         step = (step * 0.6).max(0.05);
         grid = &[0.0, 0.6, 0.8, 0.9, 1.1, 1.25, 1.6];
     }
-    let fitted = problem.coefficients(&best_u);
-    let sims = predict_all(runs, &fitted, threads);
-    Ok(JointFit {
-        runs: runs.iter().map(|r| r.name.clone()).collect(),
-        stage1: s1,
-        fitted,
-        loss: [loss1, loss(runs, &sims, o.overloaded_weight)],
-        evaluations: problem.evals.get(),
-        per_run: runs
+    host_shift(&problem, &mut best_u, &mut best, progress);
+    Ok((problem.coefficients(&best_u), loss1, problem.evals.get()))
+}
+
+/// The queueing delay and the output hop add once to every TTFT and E2E,
+/// so their sum is set by the mean TTFT: a closing Newton step moves the
+/// queueing delay by the mean of (real − predicted) mean TTFT over the runs
+/// that are not overloaded, while the loss improves (at most 3 steps; the
+/// searches' grids are coarse in it).
+fn host_shift(
+    problem: &Stage2<'_>,
+    best_u: &mut [f64],
+    best: &mut f64,
+    progress: &mut dyn FnMut(&str),
+) {
+    let n = problem.terms.len();
+    for _ in 0..3 {
+        let c = problem.coefficients(best_u);
+        let sims = predict_all(problem.runs, &c, problem.threads);
+        let d: Vec<f64> = problem
+            .runs
             .iter()
-            .zip(sims)
-            .map(|(r, s)| (r.name.clone(), r.real, s))
-            .collect(),
-    })
+            .zip(&sims)
+            .filter(|(r, s)| !r.real.overloaded() && s.completed > 0 && s.ttft_mean.is_finite())
+            .map(|(r, s)| (r.real.ttft_mean - s.ttft_mean) * 1e3)
+            .collect();
+        if d.is_empty() {
+            return;
+        }
+        let shift = d.iter().sum::<f64>() / d.len() as f64;
+        let queue = (c.host[0] + shift).max(0.0);
+        if (queue - c.host[0]).abs() < 1.0 {
+            return;
+        }
+        let mut u = best_u.to_vec();
+        u[n] = queue / problem.scale[n];
+        let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+        if l >= *best {
+            return;
+        }
+        progress(&format!(
+            "host shift: queueing delay {:.0} → {queue:.0} µs, loss {l:.4}",
+            c.host[0]
+        ));
+        best_u.copy_from_slice(&u);
+        *best = l;
+    }
 }
 
 impl<'a> Stage2<'a> {

@@ -356,9 +356,15 @@ fn default_latency_kind(
 /// Why [`default_latency_kind`] chose `k`, for the run's settings.
 fn default_latency_reason(k: LatencyKind, bundled: bool, arch: bool) -> &'static str {
     match (k, bundled) {
-        (LatencyKind::Blackbox, false) => "default: a blackbox row for this model, GPU and TP in your coefficients file",
-        (LatencyKind::Blackbox, true) => "default: the bundled blackbox row; no model config for trained-physics",
-        (LatencyKind::TrainedPhysics, _) => "default: the model's config is known and a trained-physics row covers the GPU (validated on real vLLM runs of models it was not fitted on; docs/accuracy-models.md)",
+        (LatencyKind::Blackbox, false) => {
+            "default: a blackbox row for this model, GPU and TP in your coefficients file"
+        }
+        (LatencyKind::Blackbox, true) => {
+            "default: the bundled blackbox row; no model config for trained-physics"
+        }
+        (LatencyKind::TrainedPhysics, _) => {
+            "default: the model's config is known and a trained-physics row covers the GPU (validated on real vLLM runs of models it was not fitted on; docs/accuracy-models.md)"
+        }
         _ if !arch => "default: no coefficients and no model config for the physics models",
         _ => "default: no coefficients row for this GPU",
     }

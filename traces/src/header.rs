@@ -419,6 +419,9 @@ mod tests {
             max_model_len: Some(4096),
             total_kv_blocks: Some(7462),
             async_scheduling: None,
+            version: Some("0.15.1".into()),
+            enable_prefix_caching: Some(true),
+            enable_chunked_prefill: Some(false),
         });
         h.hardware = Some(Hardware {
             gpu: Some("H100".into()),

@@ -203,6 +203,9 @@ pub fn benchmark(
             },
             LatencyKind::TrainedPhysics => fits.physics(run, jr, progress),
             LatencyKind::Blackbox => fits.blackbox(run, &mut skipped, progress),
+            LatencyKind::StepTable => Err(
+                "step-table is fitted per server from its own streamed tokens; benchmark blackbox or trained-physics".into(),
+            ),
         };
         let (model, fitted_on, row) = match predictor {
             Ok(p) => p,
@@ -246,6 +249,7 @@ fn protocol(latency: LatencyKind, fit_on: bool, folds: Folds) -> String {
         }
         (LatencyKind::BlisPhysics, _) => "BLIS's published global coefficients, nothing fitted",
         (LatencyKind::Roofline, _) => "analytical roofline, nothing fitted",
+        (LatencyKind::StepTable, _) => "step-table (not benchmarked)",
     }
     .to_string()
 }

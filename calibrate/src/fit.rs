@@ -37,6 +37,7 @@ use argmin::solver::neldermead::NelderMead;
 use blis_replay::api::replay_trace_in_memory;
 use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
 use blis_replay::latency::roofline::{Roofline, RooflineParams};
+use blis_replay::latency::step_table::{self, StepTable};
 use blis_replay::latency::{Blackbox, Model};
 use blis_replay::setup::{Resolved, ServerArgs, resolve};
 use blis_traces::{Status, Trace, TraceRecord};
@@ -327,6 +328,9 @@ fn part_errors(
 /// What a fitted parameter is, with its unit (the fit table's second
 /// column).
 pub fn parameter_meaning(name: &str) -> &'static str {
+    if name.starts_with("decode_") {
+        return "step time with this many requests decoding (µs/step)";
+    }
     match name {
         "alpha0" => "queueing delay per request (µs)",
         "alpha1" => "queueing delay per input token (µs/token)",
@@ -338,6 +342,8 @@ pub fn parameter_meaning(name: &str) -> &'static str {
         "mfu_decode" => "model FLOPs utilisation in decode (fraction)",
         "overhead_us" => "fixed overhead per step (µs)",
         "allreduce_latency_us" => "latency of one tensor-parallel all-reduce, two per layer (µs)",
+        "prompt_token" => "step time per prompt token computed (µs/token)",
+        "context_token" => "step time per token of context attended (µs/token)",
         _ => "",
     }
 }
@@ -346,11 +352,15 @@ pub fn parameter_meaning(name: &str) -> &'static str {
 enum Space {
     Blackbox,
     Roofline(Box<Roofline>),
+    /// A step table with entries for 0 to `slots` decoding requests.
+    StepTable {
+        slots: usize,
+    },
 }
 
 impl Space {
-    fn names(&self) -> &'static [&'static str] {
-        match self {
+    fn names(&self) -> Vec<String> {
+        let fixed: &[&str] = match self {
             Space::Blackbox => &["alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2"],
             Space::Roofline(_) => &[
                 "mfu_prefill",
@@ -361,6 +371,26 @@ impl Space {
                 "alpha1",
                 "alpha2",
             ],
+            Space::StepTable { slots } => {
+                let mut v: Vec<String> = ["alpha0", "alpha1", "alpha2"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend((0..=*slots).map(step_table::decode_key));
+                v.extend(["prompt_token".to_string(), "context_token".to_string()]);
+                return v;
+            }
+        };
+        fixed.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The step table of parameters `theta` (a step-table space).
+    fn table(slots: usize, theta: &[f64]) -> StepTable {
+        StepTable {
+            alpha: [theta[0], theta[1], theta[2]],
+            decode_us: theta[3..4 + slots].to_vec(),
+            prompt_token_us: theta[4 + slots],
+            context_token_us: theta[5 + slots],
         }
     }
 
@@ -382,6 +412,7 @@ impl Space {
                     alpha: [theta[4], theta[5], theta[6]],
                 },
             ))),
+            Space::StepTable { slots } => Model::StepTable(Box::new(Self::table(*slots, theta))),
         }
     }
 
@@ -408,6 +439,17 @@ impl Space {
                     ],
                 )
             }
+            Model::StepTable(t) => {
+                let mut v = t.alpha.to_vec();
+                v.extend(&t.decode_us);
+                v.extend([t.prompt_token_us, t.context_token_us]);
+                (
+                    Space::StepTable {
+                        slots: t.decode_us.len().saturating_sub(1),
+                    },
+                    v,
+                )
+            }
             Model::TrainedPhysics(_) | Model::BlisPhysics(_) => return None,
         })
     }
@@ -417,6 +459,14 @@ impl Space {
         match self {
             Space::Blackbox => [5000.0, 1.0, 10.0, 5000.0, 10.0, 100.0][i],
             Space::Roofline(_) => [0.5, 0.5, 2000.0, 10.0, 5000.0, 1.0, 10.0][i],
+            Space::StepTable { slots } => match i {
+                0 => 5000.0,
+                1 => 1.0,
+                2 => 100.0,
+                i if i <= 3 + slots => 2000.0,
+                i if i == 4 + slots => 10.0,
+                _ => 0.01,
+            },
         }
     }
 }
@@ -553,7 +603,7 @@ pub struct FitResult {
     /// `blackbox` or `roofline`.
     pub latency_model: &'static str,
     /// Parameter names.
-    pub names: Vec<&'static str>,
+    pub names: Vec<String>,
     /// Starting values.
     pub start: Vec<f64>,
     /// Fitted values.
@@ -634,8 +684,36 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
         evals: Cell::new(0),
     };
     let start_theta = problem.theta(&u0);
-    let (best_u, best) = starting_point(&problem, traces, &u0);
-    let (problem, best_u) = refine(problem, budget, best_u, best)?;
+    let (problem, best_u) = match space {
+        // A step table's entries come from the thousands of steps the
+        // trace's token times show; replays only set what steps cannot:
+        // the host delays and the prefill cost (few prefills are seen in
+        // steps of their own). Letting replays move every entry overfits
+        // the table to a few dozen requests.
+        Space::StepTable { slots } => match crate::step_fit::step_start(
+            traces.iter().map(|t| (&t.trace, &t.fit_ids, t.rtt_ms)),
+            slots,
+        ) {
+            Some(theta) => {
+                let u: Vec<f64> = theta
+                    .iter()
+                    .zip(&problem.scale)
+                    .map(|(v, s)| v / s)
+                    .collect();
+                let best = problem.cost(&u).unwrap_or(f64::INFINITY);
+                refine_subset(problem, &[0, 2, 4 + slots], budget, u, best)?
+            }
+            None => {
+                return Err(FitError::Options(
+                    "a step-table fit recovers the server's steps from its streamed tokens: the trace needs its per-chunk companion (PREFIX.itl.csv) and at least 20 steps".into(),
+                ));
+            }
+        },
+        _ => {
+            let (best_u, best) = starting_point(&problem, traces, &u0);
+            refine(problem, budget, best_u, best)?
+        }
+    };
     let problem = &problem;
     let evaluations = problem.evals.get();
     let fitted = problem.theta(&best_u);
@@ -656,8 +734,9 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
         latency_model: match space {
             Space::Blackbox => "blackbox",
             Space::Roofline(_) => "roofline",
+            Space::StepTable { .. } => "step-table",
         },
-        names: space.names().to_vec(),
+        names: space.names(),
         start: start_theta,
         fitted,
         loss,
@@ -685,9 +764,15 @@ fn starting_point(problem: &Problem<'_>, traces: &[FitTrace], u0: &[f64]) -> (Ve
             best_u = u;
         }
     }
-    if matches!(problem.space, Space::Blackbox)
-        && let Some(m) = moment_start(traces)
-    {
+    let data_start = match problem.space {
+        Space::Blackbox => moment_start(traces),
+        Space::StepTable { slots } => crate::step_fit::step_start(
+            traces.iter().map(|t| (&t.trace, &t.fit_ids, t.rtt_ms)),
+            *slots,
+        ),
+        Space::Roofline(_) => None,
+    };
+    if let Some(m) = data_start {
         let u: Vec<f64> = m.iter().zip(&problem.scale).map(|(v, s)| v / s).collect();
         let l = problem.cost(&u).unwrap_or(f64::INFINITY);
         if l < best {
@@ -767,6 +852,93 @@ fn refine<'a>(
     Ok((problem, best_u))
 }
 
+/// The loss as a function of the coordinates `free` of `base` (the others
+/// held).
+struct Subset<'p, 'a> {
+    problem: &'p Problem<'a>,
+    base: Vec<f64>,
+    free: Vec<usize>,
+}
+
+impl CostFunction for Subset<'_, '_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+    fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
+        let mut u = self.base.clone();
+        for (k, &i) in self.free.iter().enumerate() {
+            u[i] = v[k];
+        }
+        self.problem.cost(&u)
+    }
+}
+
+/// [`refine`] over the coordinates `free` only: coordinate sweeps of each,
+/// then Nelder–Mead over them together, while a round improves the loss.
+fn refine_subset<'a>(
+    problem: Problem<'a>,
+    free: &[usize],
+    budget: u64,
+    mut best_u: Vec<f64>,
+    mut best: f64,
+) -> Result<(Problem<'a>, Vec<f64>), FitError> {
+    let mut grid: &[f64] = &[0.0, 0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0];
+    let mut step = 0.5;
+    while problem.evals.get() < budget {
+        let round_start = best;
+        coordinate_sweep(
+            free.iter().copied(),
+            grid,
+            0.1,
+            &|u| problem.cost(&u.to_vec()).unwrap_or(f64::INFINITY),
+            &|| problem.evals.get() < budget,
+            &mut best_u,
+            &mut best,
+        );
+        if problem.evals.get() >= budget {
+            break;
+        }
+        let start: Vec<f64> = free.iter().map(|&i| best_u[i]).collect();
+        let mut simplex = vec![start.clone()];
+        for k in 0..free.len() {
+            let mut v = start.clone();
+            v[k] = if v[k].abs() > 1e-9 {
+                v[k] * (1.0 + step)
+            } else {
+                step
+            };
+            simplex.push(v);
+        }
+        let sub = Subset {
+            problem: &problem,
+            base: best_u.clone(),
+            free: free.to_vec(),
+        };
+        let solver = NelderMead::new(simplex)
+            .with_sd_tolerance(1e-7)
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        let left = budget - problem.evals.get();
+        let res = Executor::new(sub, solver)
+            .configure(|s| s.max_iters(left))
+            .run()
+            .map_err(|e| FitError::Optimiser(e.to_string()))?;
+        let cost = res.state().get_best_cost();
+        if let Some(v) = res.state().get_best_param().cloned()
+            && cost < best
+        {
+            best = cost;
+            for (k, &i) in free.iter().enumerate() {
+                best_u[i] = v[k];
+            }
+        }
+        if best >= round_start * (1.0 - 1e-4) {
+            break;
+        }
+        step = (step * 0.6).max(0.05);
+        grid = &[0.0, 0.5, 0.7, 0.85, 0.95, 1.05, 1.15, 1.4, 2.0];
+    }
+    Ok((problem, best_u))
+}
+
 /// Each trace's errors before and after the fit, on its fitted and its
 /// held-out requests.
 fn trace_fits(traces: &[FitTrace], m0: &Model, m1: &Model) -> Vec<TraceFit> {
@@ -793,6 +965,7 @@ fn trace_fits(traces: &[FitTrace], m0: &Model, m1: &Model) -> Vec<TraceFit> {
 /// GPU and TP.
 fn fitted_row(space: &Space, base: &Resolved, fitted: &[f64], source: String) -> CoefficientRow {
     match space {
+        Space::StepTable { slots } => step_table_row(*slots, base, fitted, source),
         Space::Blackbox => CoefficientRow {
             model: base.model.clone(),
             gpu: base.gpu.clone(),
@@ -825,6 +998,27 @@ fn fitted_row(space: &Space, base: &Resolved, fitted: &[f64], source: String) ->
             total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
             source: Some(source),
         },
+    }
+}
+
+/// The step-table row of `fitted` (a step-table space of `slots`).
+fn step_table_row(slots: usize, base: &Resolved, fitted: &[f64], source: String) -> CoefficientRow {
+    let t = Space::table(slots, fitted);
+    CoefficientRow {
+        model: base.model.clone(),
+        gpu: base.gpu.clone(),
+        tensor_parallel: base.tp,
+        latency_model: LatencyKind::StepTable,
+        alpha: t.alpha,
+        beta: None,
+        mfu_prefill: None,
+        mfu_decode: None,
+        overhead_us: None,
+        allreduce_latency_us: None,
+        terms: Some(t.terms()),
+        async_scheduling: Some(base.engine.async_scheduling),
+        total_kv_blocks: Some(u64::from(base.engine.total_kv_blocks)),
+        source: Some(source),
     }
 }
 
@@ -891,6 +1085,38 @@ pub fn server_args(
             allreduce_latency_us: None,
             terms: None,
             async_scheduling: None,
+            total_kv_blocks: None,
+            source: Some("generic starting point".into()),
+        });
+    }
+    if kind == LatencyKind::StepTable && rows.find(&model_name, &gpu, tp, kind).is_none() {
+        // One entry per request count up to the server's slots; the fit
+        // starts from the trace's own step times.
+        let slots = header
+            .server
+            .as_ref()
+            .and_then(|s| s.max_num_seqs)
+            .unwrap_or(4)
+            .clamp(1, 256) as usize;
+        let t = StepTable {
+            decode_us: (0..=slots).map(|i| 1000.0 + 500.0 * i as f64).collect(),
+            prompt_token_us: 10.0,
+            context_token_us: 0.0,
+            alpha: [1000.0, 0.0, 0.0],
+        };
+        rows.rows.push(CoefficientRow {
+            model: model_name.clone(),
+            gpu: gpu.clone(),
+            tensor_parallel: tp,
+            latency_model: LatencyKind::StepTable,
+            alpha: t.alpha,
+            beta: None,
+            mfu_prefill: None,
+            mfu_decode: None,
+            overhead_us: None,
+            allreduce_latency_us: None,
+            terms: Some(t.terms()),
+            async_scheduling: Some(false),
             total_kv_blocks: None,
             source: Some("generic starting point".into()),
         });

@@ -38,6 +38,7 @@ pub mod run;
 pub mod runs;
 pub mod saturation;
 pub mod stats;
+pub mod step_fit;
 pub mod timeseries;
 
 pub use cli::{Command, Opts};

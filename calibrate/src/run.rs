@@ -218,7 +218,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
         LatencyKind::BlisPhysics => {
             return Err(CommandError::Usage("blis-physics has BLIS's published coefficients and nothing to fit; fit trained-physics (--latency-model trained-physics)".into()));
         }
-        LatencyKind::Blackbox | LatencyKind::Roofline => {}
+        LatencyKind::Blackbox | LatencyKind::Roofline | LatencyKind::StepTable => {}
     }
     if a.runs.is_some() {
         return Err(CommandError::Usage(format!(

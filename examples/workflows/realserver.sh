@@ -7,10 +7,12 @@
 #      workload again, and compare the two real traces (the floor for any
 #      prediction).
 #   examples/workflows/realserver.sh [OUT] [PORT]
-#   LATENCY_MODEL=trained-physics examples/workflows/realserver.sh   (the
-#   physics terms of the model's config.json on this CPU's measured FLOP
-#   rate and bandwidth, examples/realserver/; blackbox by default: it
-#   predicts this server better, see the README)
+#   LATENCY_MODEL=blackbox|trained-physics examples/workflows/realserver.sh
+#   (step-table by default: this server's own step time per number of
+#   decoding slots, fitted from its streamed tokens, the llama.cpp engine
+#   profile's latency model; trained-physics uses the physics terms of the
+#   model's config.json on this CPU's measured FLOP rate and bandwidth,
+#   examples/realserver/; see the README)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source examples/workflows/bin.sh
@@ -18,7 +20,7 @@ OUT="${1:-out/realserver}"
 PORT="${2:-8097}"
 RS=../shared/realserver
 SETTINGS="--max-num-seqs 4 --max-num-batched-tokens 2048 --block-size 16 --total-kv-blocks 2048 --max-model-len 8192"
-LATENCY_MODEL="${LATENCY_MODEL:-blackbox}"
+LATENCY_MODEL="${LATENCY_MODEL:-step-table}"
 if [ "$LATENCY_MODEL" = trained-physics ]; then
     SETTINGS="$SETTINGS --model-config examples/realserver/random-llama.json --hardware-config examples/realserver/cpu-hardware.json --hardware CPU --async-scheduling false"
 fi

@@ -282,6 +282,43 @@ pub fn cache_config(samples: &[blis_traces::prom::Sample]) -> Option<CacheConfig
     })
 }
 
+/// What llama.cpp's `llama-server` says of itself (`GET /props`): its
+/// parallel slots, each slot's context and its build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlamaCppProps {
+    /// `total_slots` (`-np`): requests served at once.
+    pub slots: u32,
+    /// `default_generation_settings.n_ctx`: tokens of context per slot.
+    pub n_ctx: Option<u64>,
+    /// `build_info` (e.g. `b6134-abc1234`).
+    pub build: Option<String>,
+}
+
+/// llama.cpp's `GET /props`; `None` from any other server.
+pub async fn llamacpp_props(
+    client: &reqwest::Client,
+    base: &str,
+    api_key: Option<&str>,
+) -> Option<LlamaCppProps> {
+    let r = get(client, &format!("{base}/props"), api_key).await.ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    let v: Value = r.json().await.ok()?;
+    let slots = u32::try_from(v.get("total_slots")?.as_u64()?).ok()?;
+    Some(LlamaCppProps {
+        slots,
+        n_ctx: v
+            .pointer("/default_generation_settings/n_ctx")
+            .and_then(Value::as_u64),
+        build: v
+            .get("build_info")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty() && s.len() <= 64)
+            .map(str::to_string),
+    })
+}
+
 /// The server's version from `GET /version` (vLLM answers
 /// `{"version": "0.15.1"}`); `None` when it has no such endpoint or the
 /// answer is not that.

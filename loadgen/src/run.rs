@@ -908,6 +908,8 @@ struct Server {
     cache: Option<probe::CacheConfig>,
     /// Its version (`GET /version`).
     version: Option<String>,
+    /// llama.cpp's slots and context (`GET /props`).
+    props: Option<probe::LlamaCppProps>,
 }
 
 /// Whether the process's arguments carry an API key (`--api-key K` or
@@ -980,7 +982,15 @@ async fn connect(args: &RunArgs) -> Result<Server> {
             }
         }
     }
-    let version = probe::server_version(&client, &base, args.api_key.as_deref()).await;
+    let props = if args.server_type == ServerType::Llamacpp {
+        probe::llamacpp_props(&client, &base, args.api_key.as_deref()).await
+    } else {
+        None
+    };
+    let version = match probe::server_version(&client, &base, args.api_key.as_deref()).await {
+        Some(v) => Some(v),
+        None => props.as_ref().and_then(|p| p.build.clone()),
+    };
     blis_traces::diag!(
         "server {base}: model {}{}, round trip {}, {:.3} tokens per word ({}){}",
         args.model,
@@ -1005,6 +1015,7 @@ async fn connect(args: &RunArgs) -> Result<Server> {
         scrape_on,
         cache,
         version,
+        props,
     })
 }
 
@@ -1027,7 +1038,11 @@ fn trace_header(
         total_kv_blocks: server.cache.map(|c| c.num_gpu_blocks),
         enable_prefix_caching: server.cache.and_then(|c| c.enable_prefix_caching),
         version: server.version.clone(),
-        max_model_len: server.info.max_model_len,
+        max_model_len: server
+            .info
+            .max_model_len
+            .or_else(|| server.props.as_ref().and_then(|p| p.n_ctx)),
+        max_num_seqs: server.props.as_ref().map(|p| p.slots),
         ..ServerConfig::default()
     });
     header.network = Some(NetworkInfo {

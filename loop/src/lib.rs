@@ -99,12 +99,15 @@ pub struct LoopOpts {
     /// (0: fit and compare everything).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0.3)]
     pub holdout_fraction: f64,
-    /// The latency model fitted to a real server: blackbox (α/β of this
-    /// server) or trained-physics (physics terms of the model's config.json
-    /// and the hardware in --replay-args, e.g. "--model-config C.json
-    /// --hardware-config H.json --hardware CPU").
-    #[arg(long, value_enum, default_value = "blackbox")]
-    pub latency_model: blis_replay::commands::cli::LatencyChoice,
+    /// The latency model fitted to a real server: step-table (this
+    /// server's own step time per number of decoding requests, from its
+    /// streamed tokens; the default for --server-type llamacpp), blackbox
+    /// (α/β of this server; the default otherwise) or trained-physics
+    /// (physics terms of the model's config.json and the hardware in
+    /// --replay-args, e.g. "--model-config C.json --hardware-config H.json
+    /// --hardware CPU").
+    #[arg(long, value_enum)]
+    pub latency_model: Option<blis_replay::commands::cli::LatencyChoice>,
 }
 
 /// What the loop produced.
@@ -305,6 +308,19 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
     }
 }
 
+/// The latency model fitted to a real server: the flag's, else step-table
+/// for llama.cpp (its CPU step time saturates with the batch), else
+/// blackbox.
+pub fn latency_choice(o: &LoopOpts) -> blis_replay::commands::cli::LatencyChoice {
+    use blis_replay::commands::cli::LatencyChoice;
+    o.latency_model
+        .unwrap_or(if blis_replay::setup::is_llamacpp(Some(&o.server_type)) {
+            LatencyChoice::StepTable
+        } else {
+            LatencyChoice::Blackbox
+        })
+}
+
 /// A real server: fits the latency model's coefficients on the observed
 /// trace `real_h` (`blis-calibrate fit`, holding out the last requests);
 /// returns the replay's flags that use them.
@@ -315,7 +331,7 @@ fn fit_coefficients(
     log: &mut dyn FnMut(&str),
 ) -> Result<Vec<String>> {
     let coeffs = o.out.join("coefficients.yaml");
-    let latency = o.latency_model.kind().name();
+    let latency = latency_choice(o).kind().name();
     log(&format!(
         "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
     ));

@@ -1,16 +1,18 @@
 //! The loop against a real inference server: llama.cpp's `llama-server`
 //! with a tiny random-weight model on this CPU (`../shared/realserver`).
 //! It observes 120 s of ServeGen's m-large clients at 0.6 req/s with
-//! `blis-loadgen` (streaming, Prometheus scraping on), fits blackbox
-//! coefficients on the first 70% of the trace with `blis-calibrate fit`,
-//! replays the whole trace with `blis-replay` using them and the server's
-//! settings (4 slots as `max_num_seqs`, its 2048-token batch as the token
-//! budget, 8192 tokens per slot), and compares the held-out 30%.
+//! `blis-loadgen --server-type llamacpp` (streaming, Prometheus scraping
+//! on; the server's 4 slots and 8192 tokens per slot read from its
+//! `/props`), fits the llama.cpp engine profile's step table on the first
+//! 70% of the trace with `blis-calibrate fit --latency-model step-table`,
+//! replays the whole trace with `blis-replay --server-type llamacpp`, and
+//! compares the held-out 30%. No engine setting is given by hand.
 //!
 //! Thresholds come from measurement on the 2-vCPU machine (README, "How
-//! accurate is it"): over five runs, held-out E2E MAPE 18.7–40.1%, against
-//! the server's own run-to-run spread of 15–17.5% E2E MAPE between two runs
-//! of the same workload; the assertion leaves room: E2E MAPE ≤ 60%.
+//! accurate is it"): over four runs, held-out E2E MAPE 14.1–20.3% with the
+//! step table, against the server's own run-to-run spread of 13.7–21.2%
+//! E2E MAPE between two runs of the same workload; the assertion leaves
+//! room for a busy CI machine: E2E MAPE ≤ 45%.
 //!
 //! TTFT is judged on its distribution, not on the real median: the 21
 //! held-out TTFTs are bimodal (a lone prefill of 20–50 ms, or a wait for a
@@ -29,7 +31,7 @@ use std::process::Command;
 use blis_loop::{LoopOpts, run_loop};
 use clap::Parser;
 
-const E2E_MAPE_MAX: f64 = 60.0;
+const E2E_MAPE_MAX: f64 = 45.0;
 /// How far outside the real TTFT interquartile range the predicted median
 /// may lie, as a factor.
 const TTFT_IQR_SLACK: f64 = 1.5;
@@ -114,8 +116,6 @@ fn the_loop_predicts_a_real_llama_cpp_server() {
         dir.path().to_str().unwrap(),
         "--holdout-fraction",
         "0.3",
-        "--replay-args",
-        "--max-num-seqs 4 --max-num-batched-tokens 2048 --block-size 16 --total-kv-blocks 2048 --max-model-len 8192",
     ]);
     let r = run_loop(&o, &mut |l| eprintln!("{}", l.trim_end())).unwrap();
     eprintln!("{}", r.markdown);
@@ -131,8 +131,13 @@ fn the_loop_predicts_a_real_llama_cpp_server() {
     eprintln!(
         "held-out requests {n}: E2E MAPE {e2e_mape:.1}% (≤ {E2E_MAPE_MAX}%), predicted TTFT p50 {sim_ttft_p50:.1} ms (real p25–p75 widened: {lo:.1}–{hi:.1} ms)"
     );
-    // The whole workload was served, and only the held-out part compared.
+    // The whole workload was served, and only the held-out part compared;
+    // the server's slots and context came from its /props.
     let real = blis_traces::Trace::read(&r.real).unwrap();
+    let s = real.header.server.as_ref().unwrap();
+    assert_eq!((s.max_num_seqs, s.max_model_len), (Some(4), Some(8192)));
+    let coeffs = std::fs::read_to_string(r.real.with_file_name("coefficients.yaml")).unwrap();
+    assert!(coeffs.contains("latency_model: step-table"), "{coeffs}");
     assert!(
         real.records.len() >= 60,
         "{} requests observed",

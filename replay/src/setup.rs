@@ -23,6 +23,10 @@ pub use crate::error::SettingsError;
 pub struct ServerArgs {
     /// Model id.
     pub model: Option<String>,
+    /// The serving engine whose behaviour to simulate: `vllm` (default),
+    /// `sglang`, `openai`, or `llamacpp` (llama.cpp's slots; see
+    /// [`is_llamacpp`]); None: the trace header's.
+    pub server_type: Option<String>,
     /// Latency model (None: blackbox if a coefficients row exists, else
     /// roofline).
     pub latency: Option<LatencyKind>,
@@ -206,6 +210,17 @@ fn pick(
     v
 }
 
+/// Whether a server type names llama.cpp (`llamacpp`, `llama.cpp`,
+/// `llama-cpp`, case-insensitive).
+pub fn is_llamacpp(server_type: Option<&str>) -> bool {
+    server_type.is_some_and(|t| {
+        matches!(
+            t.to_ascii_lowercase().as_str(),
+            "llamacpp" | "llama.cpp" | "llama-cpp" | "llama_cpp"
+        )
+    })
+}
+
 /// The models of the bundled blackbox coefficients, sorted, once each.
 fn bundled_coefficient_models() -> Vec<String> {
     let mut m: Vec<String> = CoefficientsFile::bundled()
@@ -264,9 +279,27 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         )
     });
     let bundled = args.coefficient_rows.is_none() && args.coefficients.is_none();
+    let llamacpp = is_llamacpp(
+        args.server_type
+            .as_deref()
+            .or(hs.and_then(|s| s.server_type.as_deref())),
+    );
+    if llamacpp {
+        prov.push(
+            "engine profile llamacpp: parallel slots (max_num_seqs), prompts computed in n_batch chunks, no async scheduling, each slot's context its own KV".into(),
+        );
+    }
     let kind = args.latency.unwrap_or_else(|| {
         let arch_known = matches!(found, Some(Ok(_)));
-        let k = default_latency_kind(&coefs, &model, &gpu, tp, arch_known, bundled);
+        let k = if llamacpp
+            && coefs
+                .find(&model, &gpu, tp, LatencyKind::StepTable)
+                .is_some()
+        {
+            LatencyKind::StepTable
+        } else {
+            default_latency_kind(&coefs, &model, &gpu, tp, arch_known, bundled)
+        };
         prov.push(format!(
             "latency model {} ({})",
             k.name(),
@@ -281,7 +314,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         })?,
         None => crate::latency::arch::BUNDLED_HARDWARE.to_string(),
     };
-    let needs_arch = kind != LatencyKind::Blackbox;
+    let needs_arch = !matches!(kind, LatencyKind::Blackbox | LatencyKind::StepTable);
     let arch = match found {
         Some(Ok(a)) => Some(a),
         Some(Err(e)) if needs_arch => return Err(e.into()),
@@ -308,6 +341,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     )?;
     let engine = engine_config(
         args,
+        llamacpp,
         hs,
         &coefs,
         (&model, &gpu, tp, kind),
@@ -428,6 +462,28 @@ fn latency_model(
             ));
             Model::BlisPhysics(Box::new(BlisPhysics::published(&arch, &hw, tp)))
         }
+        LatencyKind::StepTable => {
+            let row = coefs
+                .find(model, gpu, tp, LatencyKind::StepTable)
+                .ok_or_else(|| CoefficientsError::NoStepTableRow {
+                    model: model.to_string(),
+                    gpu: gpu.to_string(),
+                    tp,
+                })?;
+            let index = coefs.rows.iter().position(|r| r == row).unwrap_or(0);
+            let t = crate::latency::step_table::StepTable::from_terms(
+                &row.terms.clone().unwrap_or_default(),
+                row.alpha,
+            )
+            .map_err(|why| CoefficientsError::BadStepTable { row: index, why })?;
+            prov.push(format!(
+                "step-table of {} decoding-request counts ({})",
+                t.decode_us.len(),
+                row.source.as_deref().unwrap_or("coefficients file")
+            ));
+            row_async = row.async_scheduling;
+            Model::StepTable(Box::new(t))
+        }
     };
     Ok((latency, row_async))
 }
@@ -513,6 +569,7 @@ fn trained_physics_model(
 #[allow(clippy::too_many_arguments)]
 fn engine_config(
     args: &ServerArgs,
+    llamacpp: bool,
     hs: Option<&ServerConfig>,
     coefs: &CoefficientsFile,
     (model, gpu, tp, kind): (&str, &str, u32, LatencyKind),
@@ -547,7 +604,24 @@ fn engine_config(
         (Some(a), Some(h)) => Some(u64::from(estimate_kv_blocks(a, h, tp, util, block_size))),
         _ => None,
     };
-    let kv_default = row_blocks.or(estimated);
+    // llama.cpp: each slot holds its own context of max_model_len tokens.
+    let slots_kv = if llamacpp {
+        let slots = args
+            .max_num_seqs
+            .map(u64::from)
+            .or(hs.and_then(|s| s.max_num_seqs).map(u64::from));
+        let ctx = args
+            .max_model_len
+            .map(u64::from)
+            .or(hs.and_then(|s| s.max_model_len));
+        match (slots, ctx) {
+            (Some(n), Some(c)) if n > 0 && c > 0 => Some(n * c.div_ceil(u64::from(block_size))),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let kv_default = slots_kv.or(row_blocks).or(estimated);
     let total_kv_blocks = pick(
         prov,
         "total_kv_blocks",
@@ -606,7 +680,11 @@ fn engine_config(
                     "on by default from v0.14.0",
                 )
             }),
-            (false, "no vLLM version recorded"),
+            if llamacpp {
+                (false, "llama.cpp steps its slots synchronously")
+            } else {
+                (false, "no vLLM version recorded")
+            },
         ),
     };
     let max_model_len = match pick(

@@ -60,6 +60,13 @@ pub enum Command {
 /// `blis-calibrate fit`.
 #[derive(Args, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineFlags {
+    /// The serving engine to simulate: vllm, sglang and openai share vLLM's
+    /// scheduler; llamacpp is llama.cpp's llama-server (parallel slots
+    /// from max_num_seqs, each with its own context, prompts in n_batch
+    /// chunks, no async scheduling; a step-table row of the server by
+    /// default). Default: the trace header's, else vllm.
+    #[arg(long, value_enum)]
+    pub server_type: Option<ServerKind>,
     /// Running requests at most (vLLM --max-num-seqs).
     #[arg(allow_negative_numbers = true, long, alias = "max-num-running-reqs")]
     pub max_num_seqs: Option<u32>,
@@ -97,6 +104,31 @@ pub struct EngineFlags {
     pub enable_chunked_prefill: Option<bool>,
 }
 
+/// The serving engines `--server-type` names.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// vLLM.
+    Vllm,
+    /// SGLang (simulated with vLLM's scheduler).
+    Sglang,
+    /// llama.cpp's llama-server.
+    Llamacpp,
+    /// Any other OpenAI-compatible server (simulated as vLLM).
+    Openai,
+}
+
+impl ServerKind {
+    /// The name written in trace headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Vllm => "vllm",
+            ServerKind::Sglang => "sglang",
+            ServerKind::Llamacpp => "llamacpp",
+            ServerKind::Openai => "openai",
+        }
+    }
+}
+
 impl EngineFlags {
     /// Sets the limits given here on `a`, keeping its others.
     pub fn apply(&self, a: &mut crate::setup::ServerArgs) {
@@ -110,6 +142,9 @@ impl EngineFlags {
         a.max_model_len = self.max_model_len.or(a.max_model_len);
         a.async_scheduling = self.async_scheduling.or(a.async_scheduling);
         a.chunked_prefill = self.enable_chunked_prefill.or(a.chunked_prefill);
+        if let Some(k) = self.server_type {
+            a.server_type = Some(k.name().to_string());
+        }
     }
 }
 
@@ -333,6 +368,9 @@ pub enum LatencyChoice {
     TrainedPhysics,
     /// BLIS's trained-physics formula with its published coefficients.
     BlisPhysics,
+    /// One server's measured step time per number of decoding requests
+    /// (fitted from its own trace; llama.cpp on a CPU).
+    StepTable,
 }
 
 impl LatencyChoice {
@@ -344,6 +382,7 @@ impl LatencyChoice {
             LatencyChoice::Roofline => K::Roofline,
             LatencyChoice::TrainedPhysics => K::TrainedPhysics,
             LatencyChoice::BlisPhysics => K::BlisPhysics,
+            LatencyChoice::StepTable => K::StepTable,
         }
     }
 }

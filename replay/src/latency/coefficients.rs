@@ -99,6 +99,26 @@ pub enum CoefficientsError {
         /// The GPU.
         gpu: String,
     },
+    /// No step-table row for the model, GPU and TP.
+    #[error(
+        "no step-table coefficients for model {model:?} on {gpu} TP{tp}; fit them from a trace of the server (blis-calibrate fit --latency-model step-table) and give --coefficients"
+    )]
+    NoStepTableRow {
+        /// The model.
+        model: String,
+        /// The GPU (or CPU).
+        gpu: String,
+        /// Tensor parallelism.
+        tp: u32,
+    },
+    /// A step-table row that cannot be used.
+    #[error("coefficients row {row}: {why}")]
+    BadStepTable {
+        /// The row's index.
+        row: usize,
+        /// Why.
+        why: String,
+    },
     /// The file could not be serialized.
     #[error("serializing coefficients: {0}")]
     Serialize(String),
@@ -137,6 +157,9 @@ pub enum LatencyKind {
     TrainedPhysics,
     /// BLIS's trained-physics formula with its published coefficients.
     BlisPhysics,
+    /// One server's measured step time per number of decoding requests
+    /// ([`crate::latency::step_table`]).
+    StepTable,
 }
 
 impl LatencyKind {
@@ -147,6 +170,7 @@ impl LatencyKind {
             LatencyKind::Roofline => "roofline",
             LatencyKind::TrainedPhysics => "trained-physics",
             LatencyKind::BlisPhysics => "blis-physics",
+            LatencyKind::StepTable => "step-table",
         }
     }
 }
@@ -242,6 +266,15 @@ impl CoefficientsFile {
                 });
             }
             if let Some(t) = &r.terms {
+                if r.latency_model == LatencyKind::StepTable {
+                    crate::latency::step_table::StepTable::from_terms(t, r.alpha).map_err(
+                        |why| CoefficientsError::BadStepTable {
+                            row: i,
+                            why: format!("{name}: {why}"),
+                        },
+                    )?;
+                    continue;
+                }
                 for (k, v) in t {
                     if !crate::latency::physics::TERM_NAMES.contains(&k.as_str()) {
                         return Err(CoefficientsError::UnknownTerm {

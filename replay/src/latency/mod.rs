@@ -14,6 +14,7 @@ pub mod hf_config;
 pub mod physics;
 pub mod roofline;
 pub mod shape;
+pub mod step_table;
 
 pub use blackbox::Blackbox;
 pub use shape::{BatchShape, LatencyModel, PrefillChunk};
@@ -32,6 +33,8 @@ pub enum Model {
     TrainedPhysics(Box<TrainedPhysics>),
     /// BLIS's trained-physics formula with its published coefficients.
     BlisPhysics(Box<BlisPhysics>),
+    /// One server's measured step-time table.
+    StepTable(Box<step_table::StepTable>),
 }
 
 impl Model {
@@ -41,6 +44,7 @@ impl Model {
             Model::Roofline(m) => m.as_ref(),
             Model::TrainedPhysics(m) => m.as_ref(),
             Model::BlisPhysics(m) => m.as_ref(),
+            Model::StepTable(m) => m.as_ref(),
         }
     }
 }

@@ -1,0 +1,370 @@
+//! The data-driven start of a step-table fit
+//! ([`blis_replay::latency::step_table`]): a server's steps recovered from
+//! the times of its streamed tokens, and their durations regressed on the
+//! table's terms.
+//!
+//! An engine that streams one token per decoding request at the end of
+//! every step (llama.cpp's `llama-server`, vLLM without multi-step) sends
+//! the tokens of one step together: sorted by time, the tokens of all
+//! requests fall into groups separated by the step time, with gaps inside
+//! a group of the HTTP path's jitter only. A group is one step's end; its
+//! tokens after a request's first are the step's decoding requests, its
+//! first tokens the prefills it finished. The time from one group to the
+//! next is a step's duration wherever the engine was busy in between: some
+//! request of the group also sent a token in the group before (it kept
+//! decoding), or each prefill of the group was sent before the group
+//! before.
+//!
+//! ```text
+//! duration_k ≈ decode_us[D_k] + prompt_token_us · P_k + context_token_us · C_k
+//! ```
+//!
+//! with `D_k` the decoding requests, `P_k` the uncached prompt tokens of the
+//! prefills finished in step k and `C_k` the context they attend (each
+//! decoding request's prompt and tokens so far; each prefill's causal
+//! context), fitted by non-negative least squares on relative errors.
+//! Entries no step measured are interpolated between their neighbours (or
+//! continued from the last slope). The queueing delay is the median of
+//! (TTFT − network round trip − predicted prefill step) over requests that
+//! met an idle engine.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use blis_traces::{Status, Trace};
+
+use crate::joint::nnls;
+
+/// One recovered step: its duration (µs) and terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// Requests decoding.
+    pub decoding: usize,
+    /// Uncached prompt tokens of the prefills it finished.
+    pub prompt_tokens: f64,
+    /// Context attended.
+    pub context_tokens: f64,
+    /// Duration, µs.
+    pub duration_us: f64,
+}
+
+/// A token event: time (µs), request, position in its stream.
+type Event = (i64, u64, u32);
+
+/// The steps of `trace` that ended before its first request outside
+/// `fit_ids` was sent (so that nothing held out informs the fit), and the
+/// TTFT samples (µs, less the round trip) of requests that met an idle
+/// engine, with their uncached prompt tokens.
+pub fn recover_steps(
+    trace: &Trace,
+    fit_ids: &BTreeSet<u64>,
+    rtt_ms: f64,
+) -> (Vec<Step>, Vec<(f64, f64)>) {
+    let Some(chunks) = &trace.chunks else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut info: BTreeMap<u64, (i64, i64, f64, f64)> = BTreeMap::new();
+    let mut cutoff = i64::MAX;
+    for r in &trace.records {
+        let o = &r.outcome;
+        let id = r.request.request_id;
+        if !fit_ids.contains(&id) {
+            if let Some(s) = o.send_time_us {
+                cutoff = cutoff.min(s);
+            }
+            continue;
+        }
+        let (Some(s), Some(l)) = (o.send_time_us, o.last_chunk_time_us) else {
+            continue;
+        };
+        if o.status != Some(Status::Ok) {
+            continue;
+        }
+        let input = f64::from(r.effective_input_tokens());
+        let cached = f64::from(o.cached_tokens.unwrap_or(0))
+            .min(input - 1.0)
+            .max(0.0);
+        info.insert(id, (s, l, input, input - cached));
+    }
+    let mut events: Vec<Event> = chunks
+        .iter()
+        .filter(|c| info.contains_key(&c.request_id) && c.timestamp_us < cutoff)
+        .map(|c| (c.timestamp_us, c.request_id, c.chunk_index))
+        .collect();
+    events.sort_unstable();
+    if events.len() < 20 {
+        return (Vec::new(), Vec::new());
+    }
+    // A request's own inter-token gaps are at least a step: half of their
+    // 1st percentile separates steps from the jitter within one (tens to
+    // hundreds of µs on the HTTP path).
+    let mut own: Vec<i64> = Vec::new();
+    let mut last_of: BTreeMap<u64, i64> = BTreeMap::new();
+    for &(t, id, _) in &events {
+        if let Some(p) = last_of.insert(id, t) {
+            own.push(t - p);
+        }
+    }
+    own.sort_unstable();
+    let eps = own.get(own.len() / 100).map_or(300, |m| (m / 2).max(100));
+    let mut groups: Vec<Vec<Event>> = Vec::new();
+    for e in events {
+        match groups.last_mut() {
+            Some(g) if e.0 - g.last().expect("non-empty").0 <= eps => g.push(e),
+            _ => groups.push(vec![e]),
+        }
+    }
+    let mut steps = Vec::new();
+    let mut idle_ttft = Vec::new();
+    for k in 1..groups.len() {
+        let (prev, g) = (&groups[k - 1], &groups[k]);
+        let t_prev = prev.last().expect("non-empty").0;
+        let t = g.last().expect("non-empty").0;
+        let prev_ids: BTreeSet<u64> = prev.iter().map(|e| e.1).collect();
+        let kept_decoding = g.iter().any(|e| e.2 > 0 && prev_ids.contains(&e.1));
+        let prefills_waited = g
+            .iter()
+            .filter(|e| e.2 == 0)
+            .all(|e| info.get(&e.1).is_some_and(|i| i.0 < t_prev));
+        let busy = if g.iter().any(|e| e.2 == 0) {
+            prefills_waited && (kept_decoding || g.iter().all(|e| e.2 == 0))
+        } else {
+            kept_decoding
+        };
+        if !busy {
+            // A prefill that met an idle engine: its TTFT is the queueing
+            // delay, one prefill step and the hop.
+            if g.iter().all(|e| e.2 == 0)
+                && let [e] = g.as_slice()
+                && let Some(i) = info.get(&e.1)
+                && i.0 >= t_prev
+            {
+                idle_ttft.push(((e.0 - i.0) as f64 - rtt_ms * 1e3, i.3));
+            }
+            continue;
+        }
+        let mut s = Step {
+            decoding: 0,
+            prompt_tokens: 0.0,
+            context_tokens: 0.0,
+            duration_us: (t - t_prev) as f64,
+        };
+        for e in g {
+            let Some(i) = info.get(&e.1) else { continue };
+            if e.2 == 0 {
+                let (n, before) = (i.3, i.2 - i.3);
+                s.prompt_tokens += n;
+                s.context_tokens += n * before + n * (n + 1.0) / 2.0;
+            } else {
+                s.decoding += 1;
+                s.context_tokens += i.2 + f64::from(e.2);
+            }
+        }
+        steps.push(s);
+    }
+    (steps, idle_ttft)
+}
+
+/// The starting parameters of a step-table fit with entries for 0 to
+/// `slots` decoding requests, in the fit's order (α0, α1, α2, decode_0 …
+/// decode_slots, prompt_token, context_token); `None` when the traces have
+/// no streamed tokens to recover steps from.
+pub fn step_start<'a>(
+    traces: impl Iterator<Item = (&'a Trace, &'a BTreeSet<u64>, f64)>,
+    slots: usize,
+) -> Option<Vec<f64>> {
+    let mut steps = Vec::new();
+    let mut idle = Vec::new();
+    for (t, ids, rtt) in traces {
+        let (s, i) = recover_steps(t, ids, rtt);
+        steps.extend(s);
+        idle.extend(i);
+    }
+    if steps.len() < 20 {
+        return None;
+    }
+    let n = slots + 1;
+    let cols = n + 2;
+    let mut g = vec![vec![0.0; cols]; cols];
+    let mut c = vec![0.0; cols];
+    let mut seen = vec![false; n];
+    for s in &steps {
+        let d = s.decoding.min(slots);
+        seen[d] = true;
+        let mut x = vec![0.0; cols];
+        x[d] = 1.0;
+        x[n] = s.prompt_tokens;
+        x[n + 1] = s.context_tokens;
+        // Absolute errors: the table must give the mean step time, which
+        // is what adds up along a request (relative errors would pull it
+        // toward the many short steps of a skewed distribution).
+        let y = s.duration_us;
+        for i in 0..cols {
+            if x[i] == 0.0 {
+                continue;
+            }
+            c[i] += x[i] * y;
+            for j in 0..cols {
+                g[i][j] += x[i] * x[j];
+            }
+        }
+    }
+    let beta = nnls(&g, &c);
+    let mut table: Vec<Option<f64>> = (0..n).map(|i| seen[i].then_some(beta[i])).collect();
+    fill_gaps(&mut table);
+    let decode: Vec<f64> = table.into_iter().map(|v| v.unwrap_or(0.0)).collect();
+    let (prompt, context) = (beta[n], beta[n + 1]);
+    let mut host: Vec<f64> = idle
+        .iter()
+        .map(|(ttft, p)| ttft - decode[0] - prompt * p - context * p * (p + 1.0) / 2.0)
+        .collect();
+    host.sort_by(f64::total_cmp);
+    let alpha0 = host.get(host.len() / 2).copied().unwrap_or(0.0).max(0.0);
+    let mut theta = vec![alpha0, 0.0, 0.0];
+    theta.extend(decode);
+    theta.extend([prompt, context]);
+    Some(theta)
+}
+
+/// Fills the entries no step measured: between two measured ones linearly,
+/// past the last with its slope, before the first with the first's value
+/// less the first measured slope (at least 0).
+fn fill_gaps(t: &mut [Option<f64>]) {
+    let known: Vec<usize> = (0..t.len()).filter(|&i| t[i].is_some()).collect();
+    let Some(&first) = known.first() else {
+        return;
+    };
+    let at = |t: &[Option<f64>], i: usize| t[i].expect("known");
+    let slope_first = known
+        .get(1)
+        .map_or(0.0, |&j| (at(t, j) - at(t, first)) / (j - first) as f64);
+    for i in 0..first {
+        t[i] = Some((at(t, first) - slope_first * (first - i) as f64).max(0.0));
+    }
+    for w in known.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        for i in a + 1..b {
+            let f = (i - a) as f64 / (b - a) as f64;
+            t[i] = Some(at(t, a) + f * (at(t, b) - at(t, a)));
+        }
+    }
+    let last = *known.last().expect("non-empty");
+    let slope_last = if known.len() >= 2 {
+        let p = known[known.len() - 2];
+        ((at(t, last) - at(t, p)) / (last - p) as f64).max(0.0)
+    } else {
+        0.0
+    };
+    for i in last + 1..t.len() {
+        t[i] = Some(at(t, last) + slope_last * (i - last) as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blis_traces::{ChunkRecord, Mode, Outcome, Request, TraceHeader, TraceRecord};
+
+    #[test]
+    fn gaps_are_filled_between_and_beyond_the_measured_entries() {
+        let mut t = vec![None, Some(2.0), None, Some(4.0), None];
+        fill_gaps(&mut t);
+        assert_eq!(
+            t,
+            vec![Some(1.0), Some(2.0), Some(3.0), Some(4.0), Some(5.0)]
+        );
+    }
+
+    /// A synthetic server with steps of 1000 + 700·D µs (D decoding
+    /// requests, at most 4) and 2 µs per prompt token: four requests
+    /// overlapping; the recovered steps give the table back.
+    #[test]
+    fn steps_recovered_from_token_times_give_the_table_back() {
+        let table = [1000.0, 1700.0, 2400.0, 3100.0, 3800.0];
+        // Requests: (send µs, prompt tokens, output tokens).
+        let reqs = [
+            (0i64, 100u32, 40u32),
+            (500, 200, 60),
+            (30_000, 50, 50),
+            (31_000, 300, 80),
+        ];
+        // Event-driven engine: a step runs every running request.
+        let mut records = Vec::new();
+        let mut chunks = Vec::new();
+        let mut state: Vec<(usize, u32)> = Vec::new(); // (request, tokens sent)
+        let mut waiting: Vec<usize> = Vec::new();
+        let mut t = 0i64;
+        let mut next = 0;
+        let mut done = 0;
+        let mut last = vec![0i64; reqs.len()];
+        while done < reqs.len() {
+            while next < reqs.len() && reqs[next].0 <= t {
+                waiting.push(next);
+                next += 1;
+            }
+            if state.is_empty() && waiting.is_empty() {
+                t = reqs[next].0;
+                continue;
+            }
+            let d = state.len();
+            let p: u32 = waiting.iter().map(|&i| reqs[i].1).sum();
+            t += (table[d] + 2.0 * f64::from(p)) as i64;
+            for (i, n) in state.iter_mut() {
+                chunks.push((t, *i, *n));
+                *n += 1;
+            }
+            for &i in &waiting {
+                chunks.push((t, i, 0));
+                state.push((i, 1));
+            }
+            waiting.clear();
+            state.retain(|&(i, n)| {
+                if n >= reqs[i].2 {
+                    last[i] = t;
+                    done += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        for (i, (s, input, output)) in reqs.iter().enumerate() {
+            let mut r = TraceRecord::planned(Request {
+                request_id: i as u64,
+                input_tokens: *input,
+                output_tokens: *output,
+                streaming: true,
+                ..Request::default()
+            });
+            r.outcome = Outcome {
+                send_time_us: Some(*s),
+                first_chunk_time_us: chunks.iter().find(|c| c.1 == i).map(|c| c.0),
+                last_chunk_time_us: Some(last[i]),
+                status: Some(Status::Ok),
+                ..Outcome::default()
+            };
+            records.push(r);
+        }
+        let mut trace = Trace::new(TraceHeader::new(Mode::Real), records);
+        trace.chunks = Some(
+            chunks
+                .iter()
+                .map(|&(t, i, n)| ChunkRecord {
+                    request_id: i as u64,
+                    chunk_index: n,
+                    timestamp_us: t,
+                    tokens: None,
+                })
+                .collect(),
+        );
+        let ids: BTreeSet<u64> = (0..4).collect();
+        let theta = step_start(std::iter::once((&trace, &ids, 0.0)), 4).unwrap();
+        for (d, want) in table.iter().enumerate().skip(1) {
+            let got = theta[3 + d];
+            assert!(
+                (got - want).abs() < 0.02 * want,
+                "decode_{d}: {got} vs {want}"
+            );
+        }
+        assert!((theta[8] - 2.0).abs() < 0.2, "prompt token {}", theta[8]);
+    }
+}

@@ -33,6 +33,7 @@ pub mod fit;
 pub mod html;
 pub mod joint;
 pub mod metrics;
+pub mod nnls;
 pub mod pairs;
 pub mod run;
 pub mod runs;

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use blis_traces::{Status, Trace};
 
-use crate::joint::nnls;
+use crate::nnls::nnls;
 
 /// One recovered step: its duration (µs) and terms.
 #[derive(Debug, Clone, Copy, PartialEq)]

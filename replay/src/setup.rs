@@ -10,8 +10,9 @@ use crate::engine::instance::EngineConfig;
 use crate::engine::kv_tier::{CpuTierConfig, CpuTierSettings};
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::{ReplayError, Result};
-use crate::latency::arch::{Hardware, ModelArch, find_model};
+use crate::latency::arch::{Hardware, ModelArch};
 use crate::latency::coefficients::{CoefficientsError, CoefficientsFile, LatencyKind};
+use crate::latency::hf_config::find_model;
 use crate::latency::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedPhysics};
 use crate::latency::roofline::{Roofline, RooflineParams};
 use crate::latency::{Blackbox, Model};
@@ -397,7 +398,7 @@ fn default_latency_reason(k: LatencyKind, bundled: bool, arch: bool) -> &'static
             "default: the bundled blackbox row; no model config for trained-physics"
         }
         (LatencyKind::TrainedPhysics, _) => {
-            "default: the model's config is known and a trained-physics row covers the GPU (validated on real vLLM runs of models it was not fitted on; docs/accuracy-models.md)"
+            "default: the model's config is known and a trained-physics row covers the GPU (validated on real vLLM runs of models it was not fitted on; docs/trained-physics.md)"
         }
         _ if !arch => "default: no coefficients and no model config for the physics models",
         _ => "default: no coefficients row for this GPU",

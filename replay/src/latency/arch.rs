@@ -4,7 +4,7 @@
 //! The configs of `model-configs/` (copied from inference-sim, Apache-2.0)
 //! are compiled into the binary; `--model-config DIR_OR_FILE` reads others.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -279,17 +279,6 @@ pub struct SparseAttention {
 }
 
 impl ModelArch {
-    /// Parses a Hugging Face `config.json` (multimodal configs use their
-    /// `text_config`); see [`crate::latency::hf_config`].
-    ///
-    /// # Errors
-    /// Missing or non-numeric architecture fields, and fields that change
-    /// the architecture in a way this model does not understand, naming
-    /// them.
-    pub fn from_hf_json(name: &str, text: &str) -> Result<Self, ArchError> {
-        crate::latency::hf_config::parse(name, text)
-    }
-
     /// MoE layers.
     pub fn moe_layers(&self) -> u32 {
         self.layers - self.dense_layers
@@ -524,86 +513,9 @@ pub fn model_key(model: &str) -> String {
         .to_lowercase()
 }
 
-/// Finds a model architecture: `config` (a folder with `config.json`, or the
-/// file itself) when given, else the bundled config whose folder name
-/// matches `model` (its last path segment, lower-cased; a trailing `-hf` or
-/// `-instruct` is tolerated).
-///
-/// # Errors
-/// An unreadable or malformed config; an unknown model (listing the bundled
-/// ones).
-pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArch, ArchError> {
-    if let Some(p) = config {
-        let file: PathBuf = if p.is_dir() {
-            p.join("config.json")
-        } else {
-            p.to_path_buf()
-        };
-        let text = std::fs::read_to_string(&file).map_err(|error| ArchError::Read {
-            path: file.clone(),
-            error,
-        })?;
-        return ModelArch::from_hf_json(&file.display().to_string(), &text);
-    }
-    let model = model.ok_or(ArchError::NoModel)?;
-    let key = model_key(model);
-    let candidates = [
-        key.clone(),
-        format!("{key}-hf"),
-        key.trim_end_matches("-hf").to_string(),
-        format!("{key}-instruct"),
-    ];
-    for c in &candidates {
-        if let Some((name, text)) = BUNDLED_MODELS.iter().find(|(n, _)| n == c) {
-            return ModelArch::from_hf_json(name, text);
-        }
-    }
-    Err(ArchError::NotBundled {
-        model: model.to_string(),
-        key,
-        known: BUNDLED_MODELS.iter().map(|(n, _)| n.to_string()).collect(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_bundled_config_parses() {
-        for (name, text) in BUNDLED_MODELS {
-            let a = ModelArch::from_hf_json(name, text).unwrap();
-            assert!(a.kv_bytes_per_token() > 0.0, "{name}");
-        }
-    }
-
-    #[test]
-    fn architectures_are_read_as_documented() {
-        let l = find_model(Some("meta-llama/Llama-2-7b-hf"), None).unwrap();
-        assert_eq!(
-            (l.layers, l.hidden, l.heads, l.kv_heads, l.head_dim),
-            (32, 4096, 32, 32, 128)
-        );
-        // 2 (K,V) × 32 heads × 128 × 32 layers × 2 bytes = 512 KiB per token.
-        assert_eq!(l.kv_bytes_per_token(), 524_288.0);
-        let m = find_model(Some("mistralai/Mixtral-8x7B-v0.1"), None).unwrap();
-        assert_eq!((m.experts, m.experts_per_token, m.dense_layers), (8, 2, 0));
-        // interleave_moe_layer_step 1: every layer is MoE (HF
-        // Llama4TextConfig: moe_layers = range(step - 1, 48, step)).
-        let s = find_model(Some("llama-4-scout-17b-16e-instruct-fp8-dynamic"), None).unwrap();
-        assert_eq!((s.experts, s.dense_layers, s.weight_bytes), (16, 0, 1.0));
-        let d = find_model(Some("deepseek-v2-lite"), None).unwrap();
-        assert_eq!(
-            (d.mla_kv_width, d.dense_layers, d.shared_experts),
-            (576, 1, 2)
-        );
-        assert!(
-            find_model(Some("gpt-9"), None)
-                .unwrap_err()
-                .to_string()
-                .contains("Bundled:")
-        );
-    }
 
     #[test]
     fn hardware_is_read_and_unknown_names_listed() {

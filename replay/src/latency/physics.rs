@@ -27,15 +27,23 @@
 //! x_moe_layer         = MoE layers              routing, permutation
 //! ```
 //!
-//! All terms except the counts are in µs at the hardware's peak. `P` is the
+//! All terms except the counts are in µs at the hardware's peak; the KV
+//! term's coefficient is fixed at 1 by the fit (KV bytes read at peak
+//! bandwidth), the attention kernel's excess being per query head (the
+//! attention term), which is what carries across head layouts
+//! (`docs/trained-physics.md`). FLOPs are counted at the 16-bit peak, an
+//! 8-bit GEMM (FP8 weights and activations) for its share of the 8-bit
+//! peak; weight bytes per part at its own precision (a compressed-tensors
+//! checkpoint may keep attention in 16 bits). `P` is the
 //! parameters a token multiplies outside the routed experts (attention, the
 //! dense MLPs, shared experts, the router), `P_e` those of the `k` routed
 //! experts a token goes through (their grouped GEMMs run far below peak at
-//! decode batch sizes, so they get their own coefficient), `a = 4·H·d_h·L`
-//! the attention FLOPs per token of
-//! context, `K` the KV bytes per token (GQA and MLA aware), and `W` the
-//! weight bytes: every dense weight plus, for MoE layers, the experts the
-//! step's tokens are expected to touch, `E·(1 − (1 − k/E)^tokens)`.
+//! decode batch sizes, so they get their own coefficient), `a` the
+//! attention FLOPs per token of context (`4·H·d_h·L`; for MLA vLLM's
+//! absorbed form, [`ModelArch::attention_flops_per_context_token`]), `K`
+//! the KV bytes per token (GQA and MLA aware), and `W` the weight bytes:
+//! every dense weight plus, for MoE layers, the experts the step's tokens
+//! are expected to touch, `E·(1 − (1 − k/E)^tokens)`.
 //!
 //! Sources: the basis follows BLIS's trained-physics model
 //! (`sim/latency/trained_physics_model.go`, and its blog post "How BLIS
@@ -478,7 +486,7 @@ impl LatencyModel for BlisPhysics {
 mod tests {
     use super::*;
     use crate::latency::PrefillChunk;
-    use crate::latency::arch::find_model;
+    use crate::latency::hf_config::find_model;
 
     /// H100 of the bundled table: 989.5 TFLOP/s, 3.35 TB/s, NVLink 450
     /// GB/s, in FLOP/µs and bytes/µs.

@@ -179,7 +179,7 @@ impl LatencyModel for Roofline {
 mod tests {
     use super::*;
     use crate::latency::PrefillChunk;
-    use crate::latency::arch::find_model;
+    use crate::latency::hf_config::find_model;
 
     fn llama7b() -> Roofline {
         Roofline::new(

@@ -27,7 +27,13 @@ fn a_spec_replays_to_a_readable_trace_summary_and_time_series() {
         .assert()
         .success();
     let stdout = String::from_utf8(assert.get_output().stdout.clone()).unwrap();
-    assert!(stdout.contains("blackbox latency model"), "{stdout}");
+    // Llama-3.1-8B's config is bundled: trained-physics by default, and the
+    // run says why.
+    assert!(stdout.contains("trained-physics latency model"), "{stdout}");
+    assert!(
+        stdout.contains("latency model trained-physics (default: the model's config is known"),
+        "{stdout}"
+    );
     assert!(stdout.contains("| TTFT |"), "{stdout}");
     let t = Trace::read(&out.with_extension("yaml")).unwrap();
     assert_eq!(t.header.mode, Mode::Replayed);

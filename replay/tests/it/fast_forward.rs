@@ -35,7 +35,7 @@ fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample
 }
 
 fn roofline() -> Model {
-    let arch = blis_replay::latency::arch::find_model(Some("llama-2-7b-hf"), None).unwrap();
+    let arch = blis_replay::latency::hf_config::find_model(Some("llama-2-7b-hf"), None).unwrap();
     let hw = blis_replay::latency::arch::Hardware::bundled("H100").unwrap();
     Model::Roofline(Box::new(Roofline::new(arch, hw, 1)))
 }

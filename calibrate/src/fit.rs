@@ -701,7 +701,7 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
                     .map(|(v, s)| v / s)
                     .collect();
                 let best = problem.cost(&u).unwrap_or(f64::INFINITY);
-                refine_subset(problem, &[0, 2, 4 + slots], budget, u, best)?
+                refine(problem, &[0, 2, 4 + slots], budget, u, best)?
             }
             None => {
                 return Err(FitError::Options(
@@ -711,7 +711,8 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
         },
         _ => {
             let (best_u, best) = starting_point(&problem, traces, &u0);
-            refine(problem, budget, best_u, best)?
+            let all: Vec<usize> = (0..u0.len()).collect();
+            refine(problem, &all, budget, best_u, best)?
         }
     };
     let problem = &problem;
@@ -783,84 +784,19 @@ fn starting_point(problem: &Problem<'_>, traces: &[FitTrace], u0: &[f64]) -> (Ve
     (best_u, best)
 }
 
-/// Refines `best_u` (loss `best`) within `budget` replays: rounds of (a)
-/// each coefficient alone on a multiplicative grid (and 0), which moves the
-/// ones a common factor or a stalled simplex cannot, and (b) Nelder–Mead
-/// refining them together from the best point with a fresh simplex, while
-/// a round still improves the loss: one simplex easily stalls in the
-/// valleys of a discrete scheduler's loss surface. Returns the problem
-/// (with its evaluation count) and the best point.
-fn refine<'a>(
-    problem: Problem<'a>,
-    budget: u64,
-    mut best_u: Vec<f64>,
-    mut best: f64,
-) -> Result<(Problem<'a>, Vec<f64>), FitError> {
-    let mut step = 0.5;
-    let mut problem = problem;
-    let mut grid: &[f64] = &[0.0, 0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0];
-    while problem.evals.get() < budget {
-        let round_start = best;
-        coordinate_sweep(
-            0..best_u.len(),
-            grid,
-            0.1,
-            &|u| problem.cost(&u.to_vec()).unwrap_or(f64::INFINITY),
-            &|| problem.evals.get() < budget,
-            &mut best_u,
-            &mut best,
-        );
-        if problem.evals.get() >= budget {
-            break;
-        }
-        let mut simplex = vec![best_u.clone()];
-        for i in 0..best_u.len() {
-            let mut v = best_u.clone();
-            v[i] = if v[i].abs() > 1e-9 {
-                v[i] * (1.0 + step)
-            } else {
-                step
-            };
-            simplex.push(v);
-        }
-        let solver = NelderMead::new(simplex)
-            .with_sd_tolerance(1e-7)
-            .map_err(|e| FitError::Optimiser(e.to_string()))?;
-        let left = budget - problem.evals.get();
-        let res = Executor::new(problem, solver)
-            .configure(|s| s.max_iters(left))
-            .run()
-            .map_err(|e| FitError::Optimiser(e.to_string()))?;
-        let cost = res.state().get_best_cost();
-        let u = res.state().get_best_param().cloned();
-        problem = res
-            .problem
-            .problem
-            .expect("the executor returns its problem");
-        if let Some(u) = u
-            && cost < best
-        {
-            best = cost;
-            best_u = u;
-        }
-        if best >= round_start * (1.0 - 1e-4) {
-            break;
-        }
-        step = (step * 0.6).max(0.05);
-        grid = &[0.0, 0.5, 0.7, 0.85, 0.95, 1.05, 1.15, 1.4, 2.0];
-    }
-    Ok((problem, best_u))
+/// A cost as a function of the coordinates `free` of `base` only (the
+/// others held): a simplex over a subset of the parameters. Shared by
+/// [`fit`] and the joint fit.
+pub(crate) struct Restricted<'c, C> {
+    pub(crate) inner: &'c C,
+    pub(crate) base: Vec<f64>,
+    pub(crate) free: Vec<usize>,
 }
 
-/// The loss as a function of the coordinates `free` of `base` (the others
-/// held).
-struct Subset<'p, 'a> {
-    problem: &'p Problem<'a>,
-    base: Vec<f64>,
-    free: Vec<usize>,
-}
-
-impl CostFunction for Subset<'_, '_> {
+impl<C> CostFunction for Restricted<'_, C>
+where
+    C: CostFunction<Param = Vec<f64>, Output = f64>,
+{
     type Param = Vec<f64>;
     type Output = f64;
     fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
@@ -868,13 +804,19 @@ impl CostFunction for Subset<'_, '_> {
         for (k, &i) in self.free.iter().enumerate() {
             u[i] = v[k];
         }
-        self.problem.cost(&u)
+        self.inner.cost(&u)
     }
 }
 
-/// [`refine`] over the coordinates `free` only: coordinate sweeps of each,
-/// then Nelder–Mead over them together, while a round improves the loss.
-fn refine_subset<'a>(
+/// Refines `best_u` (loss `best`) within `budget` replays, moving only the
+/// coordinates `free`: rounds of (a) each coordinate alone on a
+/// multiplicative grid (and 0), which moves the ones a common factor or a
+/// stalled simplex cannot, and (b) Nelder–Mead refining them together from
+/// the best point with a fresh simplex, while a round still improves the
+/// loss: one simplex easily stalls in the valleys of a discrete
+/// scheduler's loss surface. Returns the problem (with its evaluation
+/// count) and the best point.
+fn refine<'a>(
     problem: Problem<'a>,
     free: &[usize],
     budget: u64,
@@ -908,8 +850,8 @@ fn refine_subset<'a>(
             };
             simplex.push(v);
         }
-        let sub = Subset {
-            problem: &problem,
+        let sub = Restricted {
+            inner: &problem,
             base: best_u.clone(),
             free: free.to_vec(),
         };

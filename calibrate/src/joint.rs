@@ -815,13 +815,13 @@ impl Stage2<'_> {
         }
     }
 
-    fn loss_of(&self, c: &PhysicsCoefficients) -> f64 {
+    /// One replay of every run with `c` (counted): the optimiser's cost
+    /// (a loss that is not finite counts as 1e9) and the predictions.
+    fn evaluate(&self, c: &PhysicsCoefficients) -> (f64, Vec<RunStats>) {
         self.evals.set(self.evals.get() + 1);
-        loss(
-            self.runs,
-            &predict_all(self.runs, c, self.threads),
-            self.overloaded_weight,
-        )
+        let sims = predict_all(self.runs, c, self.threads);
+        let l = loss(self.runs, &sims, self.overloaded_weight);
+        (if l.is_finite() { l } else { 1e9 }, sims)
     }
 }
 
@@ -830,8 +830,7 @@ impl CostFunction for Stage2<'_> {
     type Output = f64;
 
     fn cost(&self, u: &Vec<f64>) -> Result<f64, argmin::core::Error> {
-        let l = self.loss_of(&self.coefficients(u));
-        Ok(if l.is_finite() { l } else { 1e9 })
+        Ok(self.evaluate(&self.coefficients(u)).0)
     }
 }
 
@@ -961,9 +960,10 @@ fn host_shift(
     progress: &mut dyn FnMut(&str),
 ) {
     let n = problem.terms.len();
+    // The predictions at the best point, then those of each step taken.
+    let mut sims = predict_all(problem.runs, &problem.coefficients(best_u), problem.threads);
     for _ in 0..3 {
         let c = problem.coefficients(best_u);
-        let sims = predict_all(problem.runs, &c, problem.threads);
         let d: Vec<f64> = problem
             .runs
             .iter()
@@ -981,10 +981,11 @@ fn host_shift(
         }
         let mut u = best_u.to_vec();
         u[n] = queue / problem.scale[n];
-        let l = problem.cost(&u).unwrap_or(f64::INFINITY);
+        let (l, at_u) = problem.evaluate(&problem.coefficients(&u));
         if l >= *best {
             return;
         }
+        sims = at_u;
         progress(&format!(
             "host shift: queueing delay {:.0} → {queue:.0} µs, loss {l:.4}",
             c.host[0]
@@ -1038,26 +1039,6 @@ impl<'a> Stage2<'a> {
     }
 }
 
-/// Stage 2's cost as a function of its parameters that are not 0 (the
-/// others held at `base`).
-struct ActiveParams<'p, 'a> {
-    p: &'p Stage2<'a>,
-    base: Vec<f64>,
-    active: Vec<usize>,
-}
-
-impl CostFunction for ActiveParams<'_, '_> {
-    type Param = Vec<f64>;
-    type Output = f64;
-    fn cost(&self, v: &Vec<f64>) -> Result<f64, argmin::core::Error> {
-        let mut u = self.base.clone();
-        for (k, &i) in self.active.iter().enumerate() {
-            u[i] = v[k];
-        }
-        self.p.cost(&u)
-    }
-}
-
 /// One Nelder–Mead search on the parameters of `best_u` that are not 0,
 /// from a simplex of relative size `step`, with at most about `left`
 /// replays; keeps its result in `best_u`/`best` when it is better.
@@ -1076,10 +1057,10 @@ fn nelder_mead_round(
         v[k] *= 1.0 + step;
         simplex.push(v);
     }
-    let sub = ActiveParams {
-        p: problem,
+    let sub = crate::fit::Restricted {
+        inner: problem,
         base,
-        active: active.clone(),
+        free: active.clone(),
     };
     let solver = NelderMead::new(simplex)
         .with_sd_tolerance(1e-6)

@@ -10,6 +10,27 @@ fn gt(run: &str) -> PathBuf {
         .join(run)
 }
 
+/// A folder `name` in `dir` holding the ground-truth runs `runs`
+/// (symbolic links).
+fn folder(dir: &Path, name: &str, runs: &[&str]) -> PathBuf {
+    let f = dir.join(name);
+    std::fs::create_dir_all(&f).unwrap();
+    for r in runs {
+        std::os::unix::fs::symlink(gt(r), f.join(r)).unwrap();
+    }
+    f
+}
+
+/// The run named `name` in a benchmark's JSON.
+fn run_of<'j>(j: &'j Value, name: &str) -> &'j Value {
+    j["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap()
+}
+
 const SEVEN_B_CODEGEN: &str = "20260217-155451-llama-2-7b-tp1-codegen";
 const SEVEN_B_REASONING: &str = "20260217-170634-llama-2-7b-tp1-reasoning";
 
@@ -24,11 +45,8 @@ fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let runs = dir.path().join("runs");
+    let runs = folder(dir.path(), "runs", &[SEVEN_B_CODEGEN, SEVEN_B_REASONING]);
     std::fs::create_dir_all(runs.join("not-a-run")).unwrap();
-    for r in [SEVEN_B_CODEGEN, SEVEN_B_REASONING] {
-        std::os::unix::fs::symlink(gt(r), runs.join(r)).unwrap();
-    }
     let out = dir.path().join("acc");
     let printed = calibrate(&[
         "benchmark",
@@ -120,11 +138,8 @@ fn benchmark_fit_on_uses_the_other_folder() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (test, train) = (dir.path().join("test"), dir.path().join("train"));
-    std::fs::create_dir_all(&test).unwrap();
-    std::fs::create_dir_all(&train).unwrap();
-    std::os::unix::fs::symlink(gt(SEVEN_B_REASONING), test.join(SEVEN_B_REASONING)).unwrap();
-    std::os::unix::fs::symlink(gt(SEVEN_B_CODEGEN), train.join(SEVEN_B_CODEGEN)).unwrap();
+    let test = folder(dir.path(), "test", &[SEVEN_B_REASONING]);
+    let train = folder(dir.path(), "train", &[SEVEN_B_CODEGEN]);
     let out = dir.path().join("acc");
     calibrate(&[
         "benchmark",
@@ -169,11 +184,11 @@ fn benchmark_folds_by_model_fit_on_the_other_models_only() {
     }
     const ROLEPLAY: &str = "20260218-155500-codellama-34b-tp2-roleplay";
     let dir = tempfile::tempdir().unwrap();
-    let runs = dir.path().join("runs");
-    std::fs::create_dir_all(&runs).unwrap();
-    for r in [SEVEN_B_CODEGEN, SEVEN_B_REASONING, ROLEPLAY] {
-        std::os::unix::fs::symlink(gt(r), runs.join(r)).unwrap();
-    }
+    let runs = folder(
+        dir.path(),
+        "runs",
+        &[SEVEN_B_CODEGEN, SEVEN_B_REASONING, ROLEPLAY],
+    );
     let out = dir.path().join("acc");
     let printed = calibrate(&[
         "benchmark",
@@ -191,13 +206,7 @@ fn benchmark_folds_by_model_fit_on_the_other_models_only() {
         serde_json::from_str(&std::fs::read_to_string(out.with_extension("json")).unwrap())
             .unwrap();
     let fitted = |name: &str| -> Vec<String> {
-        let r = j["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap();
-        r["fitted_on"]
+        run_of(&j, name)["fitted_on"]
             .as_array()
             .unwrap()
             .iter()
@@ -210,12 +219,7 @@ fn benchmark_folds_by_model_fit_on_the_other_models_only() {
     assert_eq!(fitted(ROLEPLAY), [SEVEN_B_CODEGEN, SEVEN_B_REASONING]);
     // The reasoning run's 4,068 client timeouts are counted, real side
     // from the run; none in codegen.
-    let reasoning = j["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == SEVEN_B_REASONING)
-        .unwrap();
+    let reasoning = run_of(&j, SEVEN_B_REASONING);
     assert_eq!(reasoning["timed_out"][0], 4068);
     assert_eq!(
         reasoning["timed_out"][1].as_u64().unwrap() + reasoning["completed"][1].as_u64().unwrap(),

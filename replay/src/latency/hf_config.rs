@@ -306,7 +306,7 @@ fn ignored_parts(list: &[Value]) -> (bool, bool, bool) {
             head = true;
         } else if s.contains("mlp")
             || s.contains("expert")
-            || s.contains("feed_forward") && !s.contains("router")
+            || (s.contains("feed_forward") && !s.contains("router"))
         {
             mlp = true;
         }
@@ -965,38 +965,22 @@ mod tests {
                 v,
             )
         };
-        assert_eq!(
-            row(&m("codellama-34b-instruct-hf")),
-            dense(48, 22016, 8.0, 128.0, 32000)
-        );
-        assert_eq!(
-            row(&m("llama-2-70b-hf")),
-            dense(80, 28672, 8.0, 128.0, 32000)
-        );
-        assert_eq!(
-            row(&m("llama-2-7b-hf")),
-            dense(32, 11008, 32.0, 128.0, 32000)
-        );
-        assert_eq!(
-            row(&m("llama-3.1-70b-instruct")),
-            dense(80, 28672, 8.0, 128.0, 128256)
-        );
-        assert_eq!(
-            row(&m("llama-3.1-8b-instruct")),
-            dense(32, 14336, 8.0, 128.0, 128256)
-        );
-        // head_dim 128 given, not hidden / heads = 160.
-        assert_eq!(
-            row(&m("mistral-nemo-instruct-2407")),
-            dense(40, 14336, 8.0, 128.0, 131072)
-        );
-        // 3584 / 28 heads = 128.
-        assert_eq!(
-            row(&m("qwen2.5-7b-instruct")),
-            dense(28, 18944, 4.0, 128.0, 152064)
-        );
-        assert_eq!(row(&m("qwen3-14b")), dense(40, 17408, 8.0, 128.0, 151936));
-        assert_eq!(row(&m("yi-34b")), dense(60, 20480, 8.0, 128.0, 64000));
+        // (config, layers, MLP size, KV heads, head dim, vocabulary).
+        for (name, l, i, kvh, hd, v) in [
+            ("codellama-34b-instruct-hf", 48, 22016, 8.0, 128.0, 32000),
+            ("llama-2-70b-hf", 80, 28672, 8.0, 128.0, 32000),
+            ("llama-2-7b-hf", 32, 11008, 32.0, 128.0, 32000),
+            ("llama-3.1-70b-instruct", 80, 28672, 8.0, 128.0, 128256),
+            ("llama-3.1-8b-instruct", 32, 14336, 8.0, 128.0, 128256),
+            // head_dim 128 given, not hidden / heads = 160.
+            ("mistral-nemo-instruct-2407", 40, 14336, 8.0, 128.0, 131072),
+            // 3584 / 28 heads = 128.
+            ("qwen2.5-7b-instruct", 28, 18944, 4.0, 128.0, 152064),
+            ("qwen3-14b", 40, 17408, 8.0, 128.0, 151936),
+            ("yi-34b", 60, 20480, 8.0, 128.0, 64000),
+        ] {
+            assert_eq!(row(&m(name)), dense(l, i, kvh, hd, v), "{name}");
+        }
         // Mixtral: every layer MoE, 8 experts of 14336, 2 per token.
         assert_eq!(
             row(&m("mixtral-8x7b-v0.1")),

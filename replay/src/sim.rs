@@ -203,6 +203,9 @@ const CANCEL: u8 = 3;
 
 mod autoscale;
 mod pd;
+mod step_clock;
+
+use step_clock::StepClock;
 
 #[derive(Debug)]
 struct Flight {
@@ -408,6 +411,7 @@ impl<'a> Session<'a> {
             inst.set_private_blocks(private);
         }
         let d = Driver {
+            clock: StepClock::new(instances.len()),
             insts: instances,
             control,
             events: BinaryHeap::new(),
@@ -509,19 +513,13 @@ impl<'a> Session<'a> {
     /// deferred ones and come first among them). `None` when nothing is
     /// left (samples and refreshes only continue while something is).
     #[inline]
-    fn next_event(&self, inputs: &mut impl InputSource) -> Option<Next> {
+    fn next_event(&mut self, inputs: &mut impl InputSource) -> Option<Next> {
+        self.d.update_clock();
         let d = &self.d;
         let t_input = inputs.peek_entry();
         let t_event = d.events.peek().map(|Reverse((t, c, _, _))| (*t, *c));
         // The earliest instance step; the lowest index on ties.
-        let mut step_at: Option<(i64, usize)> = None;
-        for (i, inst) in d.insts.iter().enumerate() {
-            if let Some(t) = inst.next_time()
-                && step_at.is_none_or(|(b, _)| t < b)
-            {
-                step_at = Some((t, i));
-            }
-        }
+        let step_at = d.clock.earliest();
         let t_step = step_at.map(|(t, _)| t);
         let busy = t_input.is_some() || d.events.len() > d.stale_events || t_step.is_some();
         let t_sample = self.next_sample.filter(|_| busy);
@@ -699,6 +697,7 @@ impl<'a> Session<'a> {
         }
         if d.ids.take().is_some() {
             d.control.pause_private_blocks();
+            d.clock.touch_all();
             for inst in d.insts.iter_mut() {
                 inst.pause_private_blocks();
             }
@@ -748,7 +747,10 @@ fn cut_short(
 }
 
 struct Driver<'a> {
+    /// The instances; changed only through [`Driver::inst_mut`] (or with
+    /// [`StepClock::touch_all`]), so that the step clock sees every change.
     insts: &'a mut [Instance],
+    clock: StepClock,
     control: &'a mut Control,
     snaps: Vec<Snapshot>,
     /// Flow control's saturation thresholds (queue depth, KV usage).
@@ -858,6 +860,7 @@ impl Driver<'_> {
     fn share_private_blocks(&mut self) {
         if self.ids.take().is_some() {
             self.control.set_private_blocks(false);
+            self.clock.touch_all();
             for inst in self.insts.iter_mut() {
                 inst.set_private_blocks(false);
             }
@@ -1000,7 +1003,24 @@ impl Driver<'_> {
     fn idle(&self) -> bool {
         self.events.len() == self.stale_events
             && self.gateway.is_empty()
-            && self.insts.iter().all(|i| i.next_time().is_none())
+            && if self.clock.is_current() {
+                self.clock.earliest().is_none()
+            } else {
+                self.insts.iter().all(|i| i.next_time().is_none())
+            }
+    }
+
+    /// Instance `i`, to change: its next step time is read again before
+    /// the next event is chosen ([`StepClock`]).
+    fn inst_mut(&mut self, i: usize) -> &mut Instance {
+        self.clock.touch(i);
+        &mut self.insts[i]
+    }
+
+    /// Brings the step clock up to date with the instances changed since.
+    fn update_clock(&mut self) {
+        let insts = &*self.insts;
+        self.clock.update(|i| insts[i].next_time());
     }
 
     /// Ends a request's flight: its tag is free, its instance has one
@@ -1086,9 +1106,9 @@ impl Driver<'_> {
         }
         self.sync(inst, now, sink);
         let entered = if prefill_only {
-            self.insts[inst].enqueue_prefill(now, req)
+            self.inst_mut(inst).enqueue_prefill(now, req)
         } else {
-            self.insts[inst].enqueue(now, req)
+            self.inst_mut(inst).enqueue(now, req)
         };
         if let Err(why) = entered {
             let f = self.take_flight(tag);
@@ -1125,7 +1145,7 @@ impl Driver<'_> {
         let id = f.rec.request.request_id;
         let inst = f.inst as usize;
         self.sync(inst, now, sink);
-        let Some(aborted) = self.insts[inst].abort(id) else {
+        let Some(aborted) = self.inst_mut(inst).abort(id) else {
             return;
         };
         let generated = aborted.generated;
@@ -1158,7 +1178,7 @@ impl Driver<'_> {
         } else {
             now
         };
-        if self.insts[inst].split_at(at, &mut report) {
+        if self.inst_mut(inst).split_at(at, &mut report) {
             self.deliver(inst, &report, sink);
         }
         self.report = report;
@@ -1166,7 +1186,7 @@ impl Driver<'_> {
 
     fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
-        self.insts[inst].step(now, limit.max(now), &mut report);
+        self.inst_mut(inst).step(now, limit.max(now), &mut report);
         self.deliver(inst, &report, sink);
         self.report = report;
         if self

@@ -393,6 +393,20 @@ impl Control {
                 self.record(rec, now, 0, &[1.0]);
             }
             0
+        } else if let Some(c) = self
+            .decisions
+            .is_none()
+            .then_some(())
+            .filter(|()| self.autoscale.is_none() && !self.unavailable.iter().any(|&u| u))
+            .and_then(|()| self.router.round_robin(insts.len()))
+        {
+            // Round-robin reads no instance: no signals to refresh, no
+            // views to build (a cluster's routing stays O(1) per request).
+            if !self.private_blocks {
+                self.router.index_all_private();
+            }
+            self.hashes.clear();
+            c
         } else {
             if self.refresh_us == 0 || self.snaps.len() != insts.len() {
                 self.refresh(now, insts);

@@ -230,6 +230,18 @@ impl Router {
         &self.policy
     }
 
+    /// Round-robin's choice among `n` instances none of which is masked,
+    /// without reading them (the same choice as [`Router::route_private`]
+    /// makes, without its scores); `None` for any other policy.
+    pub fn round_robin(&mut self, n: usize) -> Option<usize> {
+        if !matches!(self.policy, RoutingPolicy::RoundRobin) || n == 0 {
+            return None;
+        }
+        let c = self.next_rr % n;
+        self.next_rr = (c + 1) % n;
+        Some(c)
+    }
+
     /// Puts the private blocks of every prefix index into its hash index
     /// (see [`PrefixIndex::index_all_private`]).
     pub fn index_all_private(&mut self) {

@@ -38,6 +38,7 @@ impl Driver<'_> {
         }
         let mut drain = Vec::new();
         let gateway = self.gateway.len();
+        self.clock.touch_all();
         self.control
             .autoscale_tick(now, self.insts, gateway, &mut drain);
         self.control.sync_decode_mask();
@@ -109,7 +110,7 @@ impl Driver<'_> {
     fn cut_off<S: Sink>(&mut self, now: i64, i: usize, sink: &mut S) {
         self.sync(i, now, sink);
         for (tag, id) in self.enqueued_on(i) {
-            let Some(aborted) = self.insts[i].abort(id) else {
+            let Some(aborted) = self.inst_mut(i).abort(id) else {
                 continue;
             };
             let f = self.take_flight(tag);
@@ -135,7 +136,7 @@ impl Driver<'_> {
         self.sync(i, now, sink);
         for (tag, id) in self.enqueued_on(i) {
             if self.insts[i].waits_untouched(id) {
-                self.insts[i].abort(id);
+                self.inst_mut(i).abort(id);
                 self.reroute(now, tag, sink);
             }
         }
@@ -195,7 +196,7 @@ impl Driver<'_> {
                 if let Some(a) = self.control.autoscale.as_deref_mut() {
                     a.released(i, now);
                 }
-                self.insts[i].restart_cold();
+                self.inst_mut(i).restart_cold();
                 self.control.forget(i);
             }
         }

@@ -148,12 +148,13 @@ impl Driver<'_> {
         let f = self.flights[tag as usize].as_mut().expect("live flight");
         let d = f.inst as usize;
         let h = f.handoff.clone().expect("handed off");
+        self.clock.touch(d);
         match self.insts[d].admit_transferred(now, req, h.first_token_us, h.cached_tokens) {
             Ok(()) => {
                 if let Some(h) = &mut f.handoff {
                     h.admitted = true;
                 }
-                let released = self.insts[h.prefill as usize].release_held(now, tag);
+                let released = self.inst_mut(h.prefill as usize).release_held(now, tag);
                 debug_assert!(released, "the prefill instance held the blocks");
                 let pd = self.control.pd.as_mut().expect("P/D");
                 pd.counters.handoff_us += (now - h.started_us) as u64;
@@ -165,7 +166,7 @@ impl Driver<'_> {
             }
             Err(HandoffError::NoRoom) => false,
             Err(HandoffError::Dropped(why)) => {
-                self.insts[h.prefill as usize].release_held(now, tag);
+                self.inst_mut(h.prefill as usize).release_held(now, tag);
                 let f = self.take_flight(tag);
                 self.round_done(&f.rec, now);
                 sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
@@ -218,7 +219,7 @@ impl Driver<'_> {
         let f = self.flights[tag as usize].as_ref().expect("live flight");
         let h = f.handoff.clone().expect("handed off");
         let (id, d) = (f.rec.request.request_id, f.inst as usize);
-        self.insts[h.prefill as usize].release_held(now, tag);
+        self.inst_mut(h.prefill as usize).release_held(now, tag);
         if let Some(q) = self.transfer_queues.get_mut(d) {
             q.retain(|&t| t != tag);
         }

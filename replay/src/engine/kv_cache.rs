@@ -60,8 +60,18 @@ pub struct KvCache {
     /// `log2(block_size)` when it is a power of two (vLLM's are): the
     /// divisions by the block size on every step become shifts.
     block_shift: Option<u32>,
+    /// The blocks handed out so far (`[0, fresh_next)`); the others have
+    /// never been used and are not materialised.
     blocks: Vec<Block>,
     content: Vec<Content>,
+    /// All blocks.
+    total_blocks: u32,
+    /// Blocks `[fresh_next, total_blocks)` have never been taken: they are
+    /// the head of the free queue, in order, ahead of every entry of
+    /// `queue` (at the start every block is queued in id order and a freed
+    /// block goes to the tail, so the never-used ones always come first).
+    /// Kept implicit, an instance costs memory for the blocks it uses only.
+    fresh_next: u32,
     /// The free queue, least recently freed first: (block, generation)
     /// entries, stale ones skipped and compacted away (a block taken out
     /// of the middle by a prefix-cache hit leaves its entry behind).
@@ -112,22 +122,12 @@ impl KvCache {
                 .max(1)
                 .is_power_of_two()
                 .then(|| block_size.max(1).trailing_zeros()),
-            blocks: vec![
-                Block {
-                    ref_flags: 0,
-                    queued: 0,
-                };
-                total_blocks as usize
-            ],
-            content: vec![
-                Content {
-                    hash_bits: 0,
-                    child: NIL,
-                };
-                total_blocks as usize
-            ],
-            queue: VecDeque::with_capacity(total_blocks as usize),
-            free_count: 0,
+            blocks: Vec::new(),
+            content: Vec::new(),
+            total_blocks,
+            fresh_next: 0,
+            queue: VecDeque::new(),
+            free_count: total_blocks,
             cached: HashIndex::new(if prefix_caching { total_blocks } else { 0 }),
             chains: FxHashMap::default(),
             has_private: false,
@@ -138,9 +138,8 @@ impl KvCache {
             evict_offload_above: u32::MAX,
             clock: 0,
         };
-        for b in 0..total_blocks {
-            c.push_tail(b);
-        }
+        c.blocks.reserve(total_blocks.min(1024) as usize);
+        c.content.reserve(total_blocks.min(1024) as usize);
         c
     }
 
@@ -151,7 +150,7 @@ impl KvCache {
 
     /// All blocks.
     pub fn total(&self) -> u32 {
-        self.blocks.len() as u32
+        self.total_blocks
     }
 
     /// Blocks in the free queue (including freed blocks still holding cached
@@ -167,7 +166,7 @@ impl KvCache {
 
     /// Fraction of blocks in use, vLLM's `kv_cache_usage_perc` (0..1).
     pub fn usage(&self) -> f64 {
-        if self.blocks.is_empty() {
+        if self.total_blocks == 0 {
             0.0
         } else {
             f64::from(self.used()) / f64::from(self.total())
@@ -243,10 +242,7 @@ impl KvCache {
         if cpu.config().policy != OffloadPolicy::Eager {
             return;
         }
-        let (total, used) = (
-            self.blocks.len() as u32,
-            self.blocks.len() as u32 - self.free_count,
-        );
+        let (total, used) = (self.total_blocks, self.total_blocks - self.free_count);
         if !self.prefix_caching
             || f64::from(used) <= cpu.config().offload_threshold * f64::from(total)
         {
@@ -585,7 +581,7 @@ impl KvCache {
         if !self.has_private {
             return;
         }
-        for b in 0..self.total() {
+        for b in 0..self.fresh_next {
             self.index_private(b);
         }
         self.has_private = false;
@@ -627,7 +623,7 @@ impl KvCache {
         blk.queued = blk.queued.wrapping_add(1);
         self.queue.push_back((b, blk.queued));
         self.free_count += 1;
-        if self.queue.len() > 2 * self.free_count as usize + self.blocks.len() / 8 + 64 {
+        if self.queue.len() > 2 * self.free_count as usize + self.total_blocks as usize / 8 + 64 {
             let blocks = &self.blocks;
             self.queue.retain(|&(b, g)| blocks[b as usize].queued == g);
             self.offload_scan = 0;
@@ -644,6 +640,23 @@ impl KvCache {
     /// Takes the head of the free queue (there is one: checked by
     /// [`KvCache::can_allocate`]), skipping stale entries.
     fn pop_head(&mut self, on_evict: bool) -> u32 {
+        if self.fresh_next < self.total_blocks {
+            // A never-used block: it holds nothing to evict. (Its entry
+            // generation is what queueing it at the start and taking it
+            // now would have left.)
+            let b = self.fresh_next;
+            self.fresh_next += 1;
+            self.blocks.push(Block {
+                ref_flags: 0,
+                queued: 2,
+            });
+            self.content.push(Content {
+                hash_bits: 0,
+                child: NIL,
+            });
+            self.free_count -= 1;
+            return b;
+        }
         loop {
             let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
             self.offload_scan = self.offload_scan.saturating_sub(1);
@@ -667,7 +680,18 @@ impl KvCache {
     /// free-queue consistency, and that cached hashes point at blocks holding
     /// them.
     pub fn check(&self) -> Result<(), String> {
-        let mut in_list = 0u32;
+        if self.blocks.len() != self.fresh_next as usize
+            || self.content.len() != self.fresh_next as usize
+            || self.fresh_next > self.total_blocks
+        {
+            return Err(format!(
+                "{} blocks materialised but {} handed out of {}",
+                self.blocks.len(),
+                self.fresh_next,
+                self.total_blocks
+            ));
+        }
+        let mut in_list = self.total_blocks - self.fresh_next;
         let mut seen = vec![false; self.blocks.len()];
         for &(b, g) in &self.queue {
             let blk = &self.blocks[b as usize];
@@ -695,7 +719,7 @@ impl KvCache {
             ));
         }
         let mut hashed = 0usize;
-        for i in 0..self.total() {
+        for i in 0..self.fresh_next {
             if let Some(h) = self.indexed_hash(i) {
                 hashed += 1;
                 if self.lookup(h) != Some(i) {
@@ -712,14 +736,17 @@ impl KvCache {
             ));
         }
         for (tag, b) in self.cached.entries() {
-            match (b < self.total()).then(|| self.indexed_hash(b)).flatten() {
+            match (b < self.fresh_next)
+                .then(|| self.indexed_hash(b))
+                .flatten()
+            {
                 Some(h) if h & 0xFFFF_FFFF_0000_0000 == tag => {}
                 _ => return Err(format!("index entry for block {b} is stale")),
             }
         }
         if let Some(cpu) = &self.cpu {
             cpu.check()?;
-            for b in 0..self.total() {
+            for b in 0..self.fresh_next {
                 let blk = &self.blocks[b as usize];
                 let h = self.content[b as usize].hash_bits;
                 if blk.is_hashed() && cpu.contains(h) {

@@ -9,7 +9,11 @@
 //! - `cluster_100k_16_weighted`: 100K requests of
 //!   `examples/policy_search/shared-prefixes.yaml` over 16 instances with
 //!   weighted routing (prefix-affinity:3, queue-depth:2, kv-utilization:2;
-//!   target ≤ 1 s).
+//!   target ≤ 1 s);
+//! - `step_time/*`: one step's time from each latency model (Qwen2.5-7B on
+//!   an H100), for a decode-only batch of 128 requests and for a mixed
+//!   batch (the same plus two prefill chunks): the cost of the model
+//!   itself, apart from what its step times do to the batches.
 
 use std::path::PathBuf;
 
@@ -20,7 +24,7 @@ use blis_replay::cluster::routing::{RoutingPolicy, default_scorers};
 use blis_replay::output::Collector;
 use blis_replay::setup::{ServerArgs, resolve};
 use blis_replay::sim::{Input, SimOptions};
-use blis_replay::{Instance, SchedulerPolicy, replay, replay_cluster};
+use blis_replay::{Instance, LatencyModel, SchedulerPolicy, replay, replay_cluster};
 use blis_traces::{GenerateOptions, Generator, TraceRecord, WorkloadSpec};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
@@ -153,5 +157,52 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+fn step_time(c: &mut Criterion) {
+    use blis_replay::latency::coefficients::LatencyKind;
+    use blis_replay::latency::{BatchShape, PrefillChunk};
+    let mut g = c.benchmark_group("step_time");
+    let decode = BatchShape {
+        prefill: Vec::new(),
+        decode_count: 128,
+        decode_context_sum: 128 * 1000,
+    };
+    let mixed = BatchShape {
+        prefill: vec![
+            PrefillChunk {
+                computed_before: 0,
+                new_tokens: 512,
+            },
+            PrefillChunk {
+                computed_before: 1024,
+                new_tokens: 256,
+            },
+        ],
+        ..decode.clone()
+    };
+    for (name, kind) in [
+        ("blackbox", LatencyKind::Blackbox),
+        ("roofline", LatencyKind::Roofline),
+        ("trained-physics", LatencyKind::TrainedPhysics),
+        ("blis-physics", LatencyKind::BlisPhysics),
+    ] {
+        let args = ServerArgs {
+            model: Some("qwen/qwen2.5-7b-instruct".into()),
+            hardware: Some("H100".into()),
+            latency: Some(kind),
+            ..server(None, None)
+        };
+        let Ok(resolved) = resolve(&args, None) else {
+            continue; // (no bundled row of this kind for the model)
+        };
+        let m = resolved.latency;
+        for (shape_name, shape) in [("decode128", &decode), ("mixed", &mixed)] {
+            g.bench_function(format!("{name}/{shape_name}"), |b| {
+                b.iter(|| m.step_time_us(std::hint::black_box(shape)))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, step_time);
 criterion_main!(benches);

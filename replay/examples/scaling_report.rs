@@ -87,7 +87,7 @@ fn human(n: u64) -> String {
 
 fn markdown(cases: &Cases, note: &str) -> String {
     let mut md = String::from(
-        "# How the replay scales\n\nWall time and peak resident memory of `blis-replay run` through the CLI with default outputs (trace, per-token ITL, metrics, summary) on the bench race workload (Poisson arrivals, Gaussian 512±256 prompt and output tokens) at 22 req/s per instance, so that every instance carries the same load whatever the cluster size; Qwen2.5-7B on an H100, TP 1, 61,048 KV blocks per instance, round-robin routing. The plot: `scaling.svg`.\n\n",
+        "# How the replay scales\n\nWall time and peak resident memory of `blis-replay run` through the CLI with default outputs (trace, per-token ITL, metrics, summary) on the bench race workload (Poisson arrivals, Gaussian 512±256 prompt and output tokens) at 22 req/s per instance, so that every instance carries the same load whatever the cluster size; Qwen2.5-7B on an H100, TP 1, 61,048 KV blocks per instance, round-robin routing.\n\n![wall time against requests, log-log](scaling.svg)\n\n",
     );
     if !note.is_empty() {
         let _ = writeln!(md, "{note}\n");
@@ -201,18 +201,34 @@ fn plot(cases: &Cases, path: &str) -> Result<()> {
             .or_default()
             .push((k.1 as f64, median(t)));
     }
-    for (idx, ((model, inst), pts)) in series.iter().enumerate() {
+    // One colour per cluster size; the first latency model solid, the
+    // others dashed.
+    let mut sizes: Vec<u64> = series.keys().map(|k| k.1).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let first_model = series.keys().next().map(|k| k.0.clone()).unwrap_or_default();
+    for ((model, inst), pts) in &series {
+        let idx = sizes.iter().position(|s| s == inst).unwrap_or(0);
         let color = Palette99::pick(idx).to_rgba();
-        let dashed = model != "roofline";
+        let solid = *model == first_model;
         let label = format!(
             "{model}, {inst} instance{}",
             if *inst == 1 { "" } else { "s" }
         );
-        let style = color.stroke_width(if dashed { 1 } else { 2 });
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), style))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        let style = color.stroke_width(2);
+        if solid {
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), style))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        } else {
+            chart
+                .draw_series(DashedLineSeries::new(pts.iter().copied(), 6, 4, style))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 6, y)], style)
+                });
+        }
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
     chart

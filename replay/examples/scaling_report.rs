@@ -206,7 +206,11 @@ fn plot(cases: &Cases, path: &str) -> Result<()> {
     let mut sizes: Vec<u64> = series.keys().map(|k| k.1).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let first_model = series.keys().next().map(|k| k.0.clone()).unwrap_or_default();
+    let first_model = series
+        .keys()
+        .next()
+        .map(|k| k.0.clone())
+        .unwrap_or_default();
     for ((model, inst), pts) in &series {
         let idx = sizes.iter().position(|s| s == inst).unwrap_or(0);
         let color = Palette99::pick(idx).to_rgba();
@@ -225,9 +229,7 @@ fn plot(cases: &Cases, path: &str) -> Result<()> {
             chart
                 .draw_series(DashedLineSeries::new(pts.iter().copied(), 6, 4, style))?
                 .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 6, y)], style)
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], style));
         }
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }

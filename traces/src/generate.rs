@@ -637,6 +637,31 @@ fn stochastic_round(x: f64, rng: &mut ChaCha8Rng) -> u64 {
     f as u64 + u64::from(frac > 0.0 && rng.random::<f64>() < frac)
 }
 
+/// `path` with `.` and `name/..` components folded away, without touching
+/// the file system (the folder may not exist), for error messages a user
+/// can read.
+fn lexically_normal(path: &Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
+                    out.pop();
+                } else if !matches!(
+                    out.components().next_back(),
+                    Some(Component::RootDir | Component::Prefix(_))
+                ) {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// One ServeGen chunk as a client.
 struct ServeGenStream {
     client: Arc<ServeGenClient>,
@@ -660,15 +685,40 @@ fn servegen_clients(
     seed: u64,
     horizon: Option<i64>,
 ) -> Result<Vec<Box<dyn ClientStream>>> {
-    let dir = if sg.path.is_absolute() {
+    let dir = lexically_normal(&if sg.path.is_absolute() {
         sg.path.clone()
     } else {
         base.join(&sg.path)
-    };
+    });
+    if !dir.is_dir() {
+        return Err(Error::in_file(
+            &dir,
+            format!(
+                "servegen_data.path {:?}: no such folder (a relative path is read from the spec's folder{}; ServeGen's data: https://github.com/alibaba/ServeGen, data/)",
+                sg.path.display().to_string(),
+                if base.as_os_str().is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", lexically_normal(base).display())
+                }
+            ),
+        ));
+    }
     let clients = servegen::load(&dir, sg.chunks.as_deref())?;
     let start = sg.span_start_s.map_or(0.0, |v| v.0);
     let data_end = clients.iter().map(|c| c.end_s()).fold(0.0, f64::max);
-    let mut end = sg.span_end_s.map_or(data_end, |v| v.0.min(data_end));
+    if let Some(want) = sg.span_end_s
+        && want.0 > data_end
+    {
+        return Err(Error::in_file(
+            &dir,
+            format!(
+                "servegen_data.span_end_s is {} s but the data ends at {data_end} s (its last window)",
+                want.0
+            ),
+        ));
+    }
+    let mut end = sg.span_end_s.map_or(data_end, |v| v.0);
     if let Some(h) = horizon {
         end = end.min(start + h as f64 / 1e6);
     }

@@ -151,3 +151,64 @@ fn multimodal_and_reasoning_data_generate_their_fields() {
     let mean = reqs.iter().map(|r| r.reason_ratio).sum::<f64>() / reqs.len() as f64;
     assert!(mean > 0.05, "reasoning share {mean}");
 }
+
+/// The excerpt shipped in `examples/data/servegen` (the first window of the
+/// six m-large clients) generates the same requests as the full data for a
+/// span within that window, so a clone without `../shared` runs the main
+/// job's workload unchanged.
+#[test]
+fn the_shipped_excerpt_generates_what_the_full_data_does_in_its_window() {
+    let excerpt = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/data/servegen/language/m-large");
+    let with = |dir: &std::path::Path| {
+        let spec = WorkloadSpec::from_yaml_str(&format!(
+            "seed: 42\nservegen_data:\n  path: {}\n  span_start_s: 0\n  span_end_s: 600\n  aggregate_rate: 6\n",
+            dir.display()
+        ))
+        .unwrap();
+        generate(&spec, &GenerateOptions::default()).unwrap()
+    };
+    let (full, cut) = (with(&m_large()), with(&excerpt));
+    assert!(full.len() > 3000, "{} requests", full.len());
+    assert_eq!(full, cut);
+}
+
+/// A missing data folder names the field and the folder as the user would
+/// write it (no `a/../b`), and a span past the data's end is refused rather
+/// than silently cut short.
+#[test]
+fn a_missing_folder_and_a_span_past_the_data_are_clear_errors() {
+    let dir = crate::common::tempdir();
+    let spec_path = dir.path().join("w.yaml");
+    std::fs::write(
+        &spec_path,
+        "servegen_data:\n  path: ../nowhere/../missing/m-large\n  span_end_s: 60\n",
+    )
+    .unwrap();
+    let spec = WorkloadSpec::from_file(&spec_path).unwrap();
+    let err = generate(&spec, &GenerateOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("servegen_data.path"), "{err}");
+    assert!(err.contains("no such folder"), "{err}");
+    let folder = dir.path().parent().unwrap().join("missing/m-large");
+    assert!(
+        err.starts_with(&format!("{}: ", folder.display())),
+        "not normalised: {err}"
+    );
+
+    let excerpt = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/data/servegen/language/m-large");
+    let spec = WorkloadSpec::from_yaml_str(&format!(
+        "servegen_data:\n  path: {}\n  span_end_s: 1800\n",
+        excerpt.display()
+    ))
+    .unwrap();
+    let err = generate(&spec, &GenerateOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("span_end_s is 1800 s but the data ends at 600 s"),
+        "{err}"
+    );
+}

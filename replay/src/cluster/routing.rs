@@ -145,6 +145,23 @@ impl RoutingPolicy {
             Self::Weighted { .. } => "weighted",
         }
     }
+
+    /// The policy as the command line writes it: its name, and a weighted
+    /// policy's scorers with their weights (`weighted
+    /// (prefix-affinity:3, queue-depth:2)`).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Weighted { scorers } => format!(
+                "weighted ({})",
+                scorers
+                    .iter()
+                    .map(|(s, w)| format!("{}:{w}", s.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            other => other.name().to_string(),
+        }
+    }
 }
 
 /// What the router sees of one instance.

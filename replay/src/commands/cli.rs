@@ -519,7 +519,8 @@ impl ClusterArgs {
         if let Some(name) = &a.decode_routing {
             p.decode_routing = routing_policy(name).map_err(|_| {
                 CommandError::Usage(format!(
-                    "--decode-routing: unknown policy {name:?} (round-robin, least-loaded, weighted, always-busiest)"
+                    "--decode-routing: unknown policy {name:?} (round-robin, least-loaded, weighted, always-busiest){}",
+                    scorer_hint(name)
                 ))
             })?;
         }
@@ -757,8 +758,19 @@ fn routing_policy(name: &str) -> Result<RoutingPolicy> {
         },
         other => {
             return Err(CommandError::Usage(format!(
-                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest)"
+                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest){}",
+                scorer_hint(other)
             )));
         }
     })
+}
+
+/// When `name` is a scorer rather than a policy: how to route by it.
+fn scorer_hint(name: &str) -> String {
+    match routing::Scorer::parse(name) {
+        Ok(_) => format!(
+            "; {name:?} is a scorer of the weighted policy: --routing weighted --routing-scorers {name}:3,queue-depth:2 (scorers: prefix-affinity, precise-prefix-cache, no-hit-lru, queue-depth, kv-utilization, load-balance)"
+        ),
+        Err(_) => String::new(),
+    }
 }

@@ -257,6 +257,91 @@ fn progress(len: Option<u64>) -> ProgressBar {
     bar
 }
 
+/// The cluster lines of a summary: instances, admission and routing
+/// policies, requests routed to each instance, and a warning when an
+/// instance got none or more than twice the mean (with the likely cause
+/// when the router has no load-spreading scorer).
+fn render_cluster(c: &crate::cluster::control::ClusterSummary) -> String {
+    use crate::cluster::routing::{RoutingPolicy, Scorer};
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let routed: Vec<u64> = c.instances.iter().map(|i| i.routed).collect();
+    let total: u64 = routed.iter().sum();
+    let mean = total as f64 / routed.len().max(1) as f64;
+    let shown = if routed.len() <= 16 {
+        format!("{routed:?}")
+    } else {
+        let (lo, hi) = (
+            routed.iter().min().copied().unwrap_or(0),
+            routed.iter().max().copied().unwrap_or(0),
+        );
+        format!("{lo}–{hi} per instance")
+    };
+    let _ = writeln!(
+        o,
+        "cluster: {} instances · admission {} · routing {} · requests routed {shown}{}",
+        c.num_instances,
+        c.admission.name(),
+        c.routing.describe(),
+        if c.rejected > 0 {
+            format!(" · {} rejected by admission", c.rejected)
+        } else {
+            String::new()
+        }
+    );
+    if total == 0 {
+        return o;
+    }
+    let idle: Vec<usize> = c
+        .instances
+        .iter()
+        .filter(|i| i.routed == 0)
+        .map(|i| i.index)
+        .collect();
+    let spreads = match &c.routing {
+        RoutingPolicy::Weighted { scorers } => scorers.iter().any(|(s, w)| {
+            *w > 0.0
+                && matches!(
+                    s,
+                    Scorer::QueueDepth
+                        | Scorer::KvUtilization
+                        | Scorer::LoadBalance
+                        | Scorer::NoHitLru
+                )
+        }),
+        _ => true,
+    };
+    let hint = if spreads {
+        String::new()
+    } else {
+        " (the routing has no scorer that spreads load: prefix-affinity alone keeps sending requests where their prefix went first; add queue-depth or kv-utilization, e.g. --routing-scorers prefix-affinity:3,queue-depth:2)".to_string()
+    };
+    if !idle.is_empty() {
+        let _ = writeln!(
+            o,
+            "warning: {} of {} instances got no request (instance{} {}){hint}",
+            idle.len(),
+            c.num_instances,
+            if idle.len() == 1 { "" } else { "s" },
+            idle.iter()
+                .take(8)
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+                + if idle.len() > 8 { ", …" } else { "" }
+        );
+    } else if let Some((i, &max)) = routed.iter().enumerate().max_by_key(|(_, r)| **r)
+        && max as f64 > 2.0 * mean
+    {
+        let _ = writeln!(
+            o,
+            "warning: instance {i} got {:.1}× the mean number of requests{hint}",
+            max as f64 / mean
+        );
+    }
+    o
+}
+
 /// A one-screen Markdown rendering of a summary.
 pub fn render_summary(s: &Summary, r: &Resolved) -> String {
     use std::fmt::Write as _;
@@ -353,6 +438,9 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         s.steps,
         s.fast_forwarded_steps
     );
+    if let Some(c) = s.cluster.as_ref().filter(|c| c.num_instances > 1) {
+        o.push_str(&render_cluster(c));
+    }
     if let Some(pd) = s.cluster.as_ref().and_then(|c| c.pd.as_ref()) {
         let _ = writeln!(
             o,

@@ -921,3 +921,67 @@ fn blis_inference_perf_specs_replay_in_both_forms() {
         }
     }
 }
+
+/// A cluster run says what ran: instances, admission, routing with its
+/// scorers and the requests routed to each instance; it warns when an
+/// instance got nothing and says why when no scorer spreads load; a
+/// scorer given as a policy is refused with how to use it.
+#[test]
+fn a_cluster_run_says_how_it_routed_and_warns_about_idle_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/chat-service.yaml");
+    let run = |extra: &[&str], out: &str| {
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(&spec)
+            .args([
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--num-requests",
+                "160",
+                "--num-instances",
+                "4",
+            ])
+            .args(extra)
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .assert()
+    };
+    let only_affinity = run(
+        &[
+            "--routing",
+            "weighted",
+            "--routing-scorers",
+            "prefix-affinity:1",
+        ],
+        "a",
+    )
+    .success();
+    let text = String::from_utf8_lossy(&only_affinity.get_output().stdout).into_owned();
+    assert!(
+        text.contains(
+            "cluster: 4 instances · admission always-admit · routing weighted (prefix-affinity:1) · requests routed [160, 0, 0, 0]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: 3 of 4 instances got no request (instances 1, 2, 3)")
+            && text.contains("no scorer that spreads load"),
+        "{text}"
+    );
+    let spread = run(&["--routing", "weighted"], "b").success();
+    let text = String::from_utf8_lossy(&spread.get_output().stdout).into_owned();
+    assert!(
+        text.contains("routing weighted (prefix-affinity:3, queue-depth:2, kv-utilization:2)"),
+        "{text}"
+    );
+    assert!(!text.contains("warning:"), "{text}");
+    let refused = run(&["--routing", "prefix-affinity"], "c").failure();
+    let err = String::from_utf8_lossy(&refused.get_output().stderr).into_owned();
+    assert!(
+        err.contains("is a scorer of the weighted policy: --routing weighted --routing-scorers prefix-affinity:3"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

@@ -137,6 +137,11 @@ pub struct CompareArgs {
     /// Also write a self-contained HTML report with plots.
     #[arg(long)]
     pub html: bool,
+    /// What the real side is, stated at the top of the report (e.g. "the
+    /// bundled mock server, whose timing is this simulator's: a plumbing
+    /// check, not accuracy").
+    #[arg(long, value_name = "TEXT")]
+    pub real_label: Option<String>,
     /// Bootstrap resamples.
     #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
     pub resamples: usize,

@@ -35,6 +35,8 @@ pub struct CompareOptions {
     pub seed: u64,
     /// Threads for the bootstrap (the result does not depend on it).
     pub threads: usize,
+    /// What the real side is ([`SideInfo::label`]).
+    pub real_label: Option<String>,
 }
 
 impl Default for CompareOptions {
@@ -46,6 +48,7 @@ impl Default for CompareOptions {
             resamples: 1000,
             seed: 42,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            real_label: None,
         }
     }
 }
@@ -59,6 +62,11 @@ pub struct SideInfo {
     pub mode: String,
     /// Rows.
     pub requests: u64,
+    /// What this side is, when the caller said (`--real-label`): e.g.
+    /// that the "real" side is a mock server whose timing is the
+    /// simulator's, so agreement is a plumbing check, not accuracy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// Settings as applied.
@@ -369,11 +377,13 @@ pub fn compare(
             path: real_path.to_string(),
             mode: format!("{:?}", real.header.mode).to_lowercase(),
             requests: real.records.len() as u64,
+            label: o.real_label.clone(),
         },
         sim: SideInfo {
             path: sim_path.to_string(),
             mode: format!("{:?}", sim.header.mode).to_lowercase(),
             requests: sim.records.len() as u64,
+            label: None,
         },
         settings: Applied {
             warmup,
@@ -640,6 +650,9 @@ impl Report {
             self.settings.rtt_ms,
             self.settings.resamples
         );
+        if let Some(label) = &self.real.label {
+            let _ = writeln!(o, "> **The real side is {label}.**\n");
+        }
         let s = &self.saturation;
         if !s.agree {
             let _ = writeln!(

@@ -143,6 +143,7 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
         slo,
         resamples: a.resamples,
         seed: a.seed,
+        real_label: a.real_label.clone(),
         ..CompareOptions::default()
     };
     if a.threads > 0 {

@@ -386,6 +386,12 @@ fn compare(
         s(&report),
         "--html".into(),
     ];
+    if on_mock {
+        cmp.extend([
+            "--real-label".into(),
+            "the bundled mock server (blis-mockserver), whose timing is this simulator run in real time: agreement here checks the plumbing of observe → replay → compare (HTTP, streaming, scheduling, the trace), not the simulator's accuracy against a real engine".into(),
+        ]);
+    }
     if !on_mock && o.holdout_fraction > 0.0 {
         // Judge the prediction on the requests the fit did not see: the
         // fit's split (by arrival, the first 1 − h fitted) is by request id

@@ -53,6 +53,22 @@ fn the_mock_loop_reproduces_e2e_and_ttft() {
         !r.markdown.contains("Both sides are saturated") && !r.markdown.contains("WARNING"),
         "the report opens without a saturation note"
     );
+    // The report says its real side is the mock: a plumbing check.
+    assert!(
+        r.markdown
+            .contains("> **The real side is the bundled mock server (blis-mockserver)")
+            && r.markdown.contains("not the simulator's accuracy"),
+        "the report names the mock as its real side"
+    );
+    assert!(
+        r.report_json["real"]["label"]
+            .as_str()
+            .is_some_and(|l| l.contains("plumbing")),
+        "{}",
+        r.report_json["real"]
+    );
+    let html = std::fs::read_to_string(r.report.with_extension("html")).unwrap();
+    assert!(html.contains("The real side is the bundled mock server"));
     let m = &r.report_json["metrics"];
     let rel = |metric: &str, s: &str| m[metric]["errors"][s]["relative"].as_f64().unwrap();
     let e2e_mape = m["e2e"]["mape"].as_f64().unwrap();

@@ -186,6 +186,11 @@ pub struct GenerateArgs {
     /// Stop after this many requests (overrides the spec's num_requests).
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
+    /// A workload spec's total rate, requests/s (replaces its
+    /// `aggregate_rate`, or a ServeGen spec's `servegen_data.aggregate_rate`
+    /// and `rate_scale`).
+    #[arg(allow_negative_numbers = true, long, value_name = "R")]
+    pub aggregate_rate: Option<f64>,
     /// Keep what an imported real run measured (send, first and last chunk
     /// times, statuses, cached tokens): write it as a real trace
     /// (`mode: real`) that `blis-calibrate compare --real` and `fit` read,
@@ -242,6 +247,11 @@ pub struct RunArgs {
     /// Stop after this many requests.
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
+    /// A workload spec's total rate, requests/s (replaces its
+    /// `aggregate_rate`, or a ServeGen spec's `servegen_data.aggregate_rate`
+    /// and `rate_scale`).
+    #[arg(allow_negative_numbers = true, long, value_name = "R")]
+    pub aggregate_rate: Option<f64>,
     /// Seed of the workload and the prompt texts.
     #[arg(allow_negative_numbers = true, long)]
     pub seed: Option<u64>,

@@ -74,6 +74,11 @@ pub fn plan_workload(
     synthetic: &SyntheticArgs,
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, Workload), PlanError> {
+    if opts.aggregate_rate.is_some() && w.workload_spec.is_none() {
+        return Err(PlanError::Flag(
+            "--aggregate-rate sets a workload spec's rate: give it with --workload-spec (a --rate workload takes its rate from --rate; a trace or import keeps its recorded times)".into(),
+        ));
+    }
     if let Some(rate) = w.rate {
         let (h, g) = synthetic_workload(rate, synthetic, opts)?;
         return Ok((h, Workload::Generated(g)));
@@ -230,6 +235,7 @@ pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> Result<()> 
         seed: args.seed,
         horizon_us: args.horizon_s.map(|s| (s * 1e6).round() as u64),
         num_requests: args.num_requests,
+        aggregate_rate: args.aggregate_rate,
     };
     if let Some(h) = args.horizon_s
         && !(h > 0.0 && h.is_finite())

@@ -811,6 +811,7 @@ fn plan(args: &RunArgs) -> Result<Plan> {
             args.duration_s.map(|s| (s * 1e6).round() as u64)
         },
         num_requests: args.num_requests,
+        aggregate_rate: args.aggregate_rate,
     };
     let (header, workload) =
         plan_workload(&args.workload, &args.synthetic, &opts).step(|| "planning the workload")?;

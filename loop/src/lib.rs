@@ -87,6 +87,10 @@ pub struct LoopOpts {
     /// Output folder.
     #[arg(long, default_value = "out/loop")]
     pub out: PathBuf,
+    /// The workload's total rate, requests/s (replaces the spec's
+    /// `aggregate_rate`; the main job's default is 6).
+    #[arg(allow_negative_numbers = true, long, value_name = "R")]
+    pub aggregate_rate: Option<f64>,
     /// Stop sending after this many seconds of the workload.
     #[arg(allow_negative_numbers = true, long)]
     pub duration_s: Option<f64>,
@@ -282,6 +286,9 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
     .iter()
     .map(|x| x.to_string())
     .collect();
+    if let Some(r) = o.aggregate_rate {
+        args.extend(["--aggregate-rate".into(), r.to_string()]);
+    }
     if let Some(d) = o.duration_s {
         args.extend(["--duration-s".into(), d.to_string()]);
     }

@@ -86,6 +86,9 @@ pub struct WorkloadOptions {
     pub num_requests: Option<u64>,
     /// The client's timeout per request, s (overrides the trace header's).
     pub client_timeout_s: Option<f64>,
+    /// A spec's total rate, requests/s
+    /// ([`blis_traces::GenerateOptions::aggregate_rate`]).
+    pub aggregate_rate: Option<f64>,
 }
 
 /// Loads the workload of `source`.
@@ -99,6 +102,7 @@ pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Wor
         seed: o.seed,
         horizon_us: o.horizon_s.map(|s| (s * 1e6).round() as u64),
         num_requests: o.num_requests,
+        aggregate_rate: o.aggregate_rate,
     };
     if let Some(t) = o.client_timeout_s
         && !(t > 0.0 && t.is_finite())

@@ -145,6 +145,7 @@ fn workload_spec(data: &[u8]) {
         seed: Some(1),
         num_requests: Some(200),
         horizon_us: None,
+        aggregate_rate: None,
     };
     if let Ok(g) = blis_traces::Generator::new(&spec, &opts) {
         for r in g.take(200) {

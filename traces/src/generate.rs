@@ -28,9 +28,9 @@ use crate::spec::{
     WorkloadSpec,
 };
 
-/// Overrides of a spec's stopping rules and seed (the CLI's `--seed`,
-/// `--horizon-s`, `--num-requests`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Overrides of a spec's stopping rules, seed and rate (the CLI's
+/// `--seed`, `--horizon-s`, `--num-requests`, `--aggregate-rate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GenerateOptions {
     /// Replaces the spec's seed.
     pub seed: Option<u64>,
@@ -38,6 +38,12 @@ pub struct GenerateOptions {
     pub horizon_us: Option<u64>,
     /// Replaces the spec's `num_requests`.
     pub num_requests: Option<u64>,
+    /// Replaces the spec's total rate, requests/s: `aggregate_rate` of a
+    /// spec of clients (shared by their `rate_fraction`s), or
+    /// `servegen_data.aggregate_rate` (the span's mean total rate; it
+    /// replaces a `rate_scale`). An `inference_perf` spec's stages set
+    /// their own rates and refuse it.
+    pub aggregate_rate: Option<f64>,
 }
 
 /// A ChaCha8 stream for `purpose` of `client`, from `seed`: the seed keys the
@@ -112,6 +118,14 @@ impl Generator {
     /// # Errors
     /// As [`generate`].
     pub fn new(spec: &WorkloadSpec, opts: &GenerateOptions) -> Result<Self> {
+        let overridden;
+        let spec = match opts.aggregate_rate {
+            None => spec,
+            Some(r) => {
+                overridden = with_aggregate_rate(spec, r)?;
+                &overridden
+            }
+        };
         let seed = opts.seed.unwrap_or_else(|| spec.seed_or_default());
         let horizon = opts.horizon_us.or(spec.horizon_us).map(|h| h as i64);
         let limit = opts.num_requests.or(spec.num_requests);
@@ -635,6 +649,30 @@ fn stochastic_round(x: f64, rng: &mut ChaCha8Rng) -> u64 {
     let f = x.floor();
     let frac = x - f;
     f as u64 + u64::from(frac > 0.0 && rng.random::<f64>() < frac)
+}
+
+/// `spec` with its total rate replaced by `rate` requests/s
+/// ([`GenerateOptions::aggregate_rate`]).
+fn with_aggregate_rate(spec: &WorkloadSpec, rate: f64) -> Result<WorkloadSpec> {
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(Error::in_file(
+            spec_path(spec),
+            format!("--aggregate-rate: {rate} is not a positive number of requests/s"),
+        ));
+    }
+    let mut s = spec.clone();
+    if let Some(sg) = &mut s.servegen_data {
+        sg.aggregate_rate = Some(crate::spec::Finite(rate));
+        sg.rate_scale = None;
+    } else if s.inference_perf.is_some() {
+        return Err(Error::in_file(
+            spec_path(spec),
+            "--aggregate-rate: an inference_perf spec sets the rate of each of its stages; edit them",
+        ));
+    } else {
+        s.aggregate_rate = Some(crate::spec::Finite(rate));
+    }
+    Ok(s)
 }
 
 /// `path` with `.` and `name/..` components folded away, without touching

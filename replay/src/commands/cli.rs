@@ -453,6 +453,11 @@ pub struct RunArgs {
     /// Stop generating or reading after this many requests.
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub num_requests: Option<u64>,
+    /// A workload spec's total rate, requests/s (replaces its
+    /// `aggregate_rate`, or a ServeGen spec's `servegen_data.aggregate_rate`
+    /// and `rate_scale`).
+    #[arg(allow_negative_numbers = true, long, value_name = "R")]
+    pub aggregate_rate: Option<f64>,
     /// Time-series sample interval, ms (0: no time series).
     #[arg(allow_negative_numbers = true, long, default_value_t = 100)]
     pub sample_interval_ms: u64,

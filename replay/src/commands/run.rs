@@ -36,11 +36,17 @@ pub fn load_workload(args: &RunArgs) -> Result<Workload> {
             "give one of --trace, --workload-spec or --import".into(),
         ));
     };
+    if args.aggregate_rate.is_some() && args.workload_spec.is_none() {
+        return Err(CommandError::Usage(
+            "--aggregate-rate sets a workload spec's rate: give it with --workload-spec (a trace or import keeps its recorded times)".into(),
+        ));
+    }
     let opts = WorkloadOptions {
         seed: args.seed,
         horizon_s: args.horizon_s,
         num_requests: args.num_requests,
         client_timeout_s: args.client_timeout_s,
+        aggregate_rate: args.aggregate_rate,
     };
     Ok(crate::api::load_workload(&source, &opts)?)
 }

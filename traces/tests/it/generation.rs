@@ -249,6 +249,7 @@ fn options_override_the_spec() {
         seed: Some(9),
         horizon_us: Some(10_000_000),
         num_requests: Some(100),
+        aggregate_rate: None,
     };
     let reqs = generate(&spec, &opts).unwrap();
     assert_eq!(reqs.len(), 100);
@@ -256,6 +257,7 @@ fn options_override_the_spec() {
         seed: Some(9),
         horizon_us: Some(1_000_000),
         num_requests: None,
+        aggregate_rate: None,
     };
     let reqs = generate(&spec, &opts).unwrap();
     assert!(reqs.iter().all(|r| r.arrival_time_us < 1_000_000) && reqs.len() > 50);

@@ -212,3 +212,43 @@ fn a_missing_folder_and_a_span_past_the_data_are_clear_errors() {
         "{err}"
     );
 }
+
+/// `--aggregate-rate` changes a spec's total rate without editing it: a
+/// ServeGen spec's (its `rate_scale` too) and a spec of clients'; an
+/// inference_perf spec, whose stages set their rates, refuses it.
+#[test]
+fn the_aggregate_rate_option_replaces_the_spec_s_rate() {
+    let excerpt = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/data/servegen/language/m-large");
+    let count = |yaml: &str, rate: Option<f64>| {
+        let spec = WorkloadSpec::from_yaml_str(yaml).unwrap();
+        let opts = GenerateOptions {
+            aggregate_rate: rate,
+            ..GenerateOptions::default()
+        };
+        generate(&spec, &opts).map(|r| r.len())
+    };
+    let servegen = format!(
+        "seed: 42\nservegen_data:\n  path: {}\n  span_end_s: 300\n  rate_scale: 0.001\n",
+        excerpt.display()
+    );
+    let n = count(&servegen, Some(8.0)).unwrap() as f64;
+    assert!(
+        (n / (8.0 * 300.0) - 1.0).abs() < 0.05,
+        "{n} requests at 8 req/s"
+    );
+    let clients = "seed: 1\naggregate_rate: 2\nhorizon_us: 100000000\nclients:\n  - id: a\n    arrival: {process: poisson}\n    input_distribution: {type: constant, params: {value: 10}}\n    output_distribution: {type: constant, params: {value: 10}}\n";
+    let (base, fast) = (
+        count(clients, None).unwrap() as f64,
+        count(clients, Some(20.0)).unwrap() as f64,
+    );
+    assert!((fast / base / 10.0 - 1.0).abs() < 0.1, "{base} -> {fast}");
+    let ip = "inference_perf:\n  stages:\n    - {rate: 2, duration: 10}\n  shared_prefix:\n    num_unique_system_prompts: 1\n    num_users_per_system_prompt: 1\n    system_prompt_len: 10\n    question_len: 10\n    output_len: 10\n";
+    let err = count(ip, Some(5.0)).unwrap_err().to_string();
+    assert!(
+        err.contains("--aggregate-rate: an inference_perf spec"),
+        "{err}"
+    );
+    let err = count(clients, Some(f64::NAN)).unwrap_err().to_string();
+    assert!(err.contains("not a positive number"), "{err}");
+}

@@ -351,7 +351,9 @@ pub struct ClusterArgs {
     /// Candidates kept per decision in the decision trace.
     #[arg(allow_negative_numbers = true, long, default_value_t = 3)]
     pub counterfactual_k: usize,
-    /// One fitness from the metrics, e.g. throughput:0.5,p99_ttft:0.3,mean_e2e:0.2.
+    /// One fitness from the metrics, e.g. throughput:0.5,p99_ttft:0.3,mean_e2e:0.2
+    /// (`evaluate`'s default when none are given; `run` reports a fitness
+    /// only with them).
     #[arg(long, value_name = "METRIC:W,...")]
     pub fitness_weights: Option<String>,
 }

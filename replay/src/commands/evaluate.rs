@@ -109,8 +109,11 @@ pub struct Evaluation {
     pub version: u32,
     /// The bundle evaluated (after flags).
     pub policy: PolicyBundle,
-    /// Mean fitness over the seeds (with `--fitness-weights`).
+    /// Mean fitness over the seeds (higher is better).
     pub fitness: Option<f64>,
+    /// The weights of the fitness: `--fitness-weights`, else
+    /// [`crate::output::fitness::DEFAULT_WEIGHTS`].
+    pub fitness_weights: String,
     /// Per seed.
     pub seeds: Vec<SeedMetrics>,
     /// A short text: what happened and the main issues.
@@ -289,7 +292,21 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
 /// Bad input or settings.
 pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
     let bundle = args.run.cluster.bundle()?;
-    let weights = crate::commands::run::fitness_weights(&args.run)?;
+    // A search compares candidates by one number: evaluate always has one
+    // (the documented default weights unless --fitness-weights).
+    let weights_text = args
+        .run
+        .cluster
+        .fitness_weights
+        .clone()
+        .unwrap_or_else(|| crate::output::fitness::DEFAULT_WEIGHTS.to_string());
+    let weights = match crate::commands::run::fitness_weights(&args.run)? {
+        Some(w) => Some(w),
+        None => Some(
+            crate::output::fitness::parse_weights(crate::output::fitness::DEFAULT_WEIGHTS)
+                .expect("the default weights parse"),
+        ),
+    };
     if args.seeds.is_empty() {
         return Err(CommandError::Usage(
             "--seeds: give at least one seed".into(),
@@ -334,6 +351,7 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
         version: 1,
         policy: bundle,
         fitness,
+        fitness_weights: weights_text,
         seeds,
         summary,
     };

@@ -9,6 +9,11 @@
 
 use crate::output::summary::{Dist, FitnessPart, FitnessReport, Summary};
 
+/// The fitness `blis-replay evaluate` reports when no `--fitness-weights`
+/// are given: throughput half, tail TTFT 30%, mean E2E 20% (the design's
+/// example weighting of goodput against responsiveness).
+pub const DEFAULT_WEIGHTS: &str = "throughput:0.5,p99_ttft:0.3,mean_e2e:0.2";
+
 /// A malformed `--fitness-weights` list.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FitnessError {

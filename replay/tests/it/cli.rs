@@ -985,3 +985,37 @@ fn a_cluster_run_says_how_it_routed_and_warns_about_idle_instances() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// `evaluate` always gives the one number a search compares candidates
+/// by: without `--fitness-weights`, the documented default weights, named
+/// in its output.
+#[test]
+fn evaluate_has_a_fitness_without_weights() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = replay()
+        .arg("evaluate")
+        .arg("--policy-config")
+        .arg(root.join("examples/policy_search/round-robin.yaml"))
+        .arg("--workload-spec")
+        .arg(root.join("examples/policy_search/shared-prefixes.yaml"))
+        .args([
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--seeds",
+            "1,2",
+            "--num-requests",
+            "300",
+        ])
+        .assert()
+        .success();
+    let e: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(
+        e["fitness_weights"],
+        blis_replay::output::fitness::DEFAULT_WEIGHTS
+    );
+    let f = e["fitness"].as_f64().expect("a fitness");
+    assert!(f > 0.0 && f < 1.0, "{f}");
+    for s in e["seeds"].as_array().unwrap() {
+        assert!(s["fitness"].as_f64().is_some(), "{s}");
+    }
+}

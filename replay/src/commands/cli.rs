@@ -46,6 +46,17 @@ pub enum Command {
             --workload-spec examples/policy_search/shared-prefixes.yaml --seeds 1,2,3 \\\n      \
             --fitness-weights throughput:0.3,p99_ttft:0.4,mean_e2e:0.3")]
     Evaluate(EvaluateArgs),
+    /// Compare runs side by side (routing policies, cluster sizes, latency
+    /// models): one table of latency percentiles, throughput, SLO
+    /// attainment, prefix-cache hits, routing balance and cost from their
+    /// summaries, the best of each row marked.
+    #[command(after_help = "Example:\n  \
+        blis-replay run --workload-spec examples/policy_search/shared-prefixes.yaml --num-instances 4 \\\n      \
+            --routing round-robin --model meta-llama/Llama-3.1-8B-Instruct --out out/rr\n  \
+        blis-replay run --workload-spec examples/policy_search/shared-prefixes.yaml --num-instances 4 \\\n      \
+            --routing weighted --model meta-llama/Llama-3.1-8B-Instruct --out out/weighted\n  \
+        blis-replay compare out/rr out/weighted")]
+    Compare(crate::commands::compare::CompareArgs),
     /// Writes the ITL companion of a replayed trace as BLIS does, one row
     /// per token (`request_id,chunk_index,timestamp_us`), from its step
     /// form: the rows `run --itl-rows` would have written, byte for byte.

@@ -1,9 +1,10 @@
 //! The `blis-replay` commands: [`cli`] (clap flags, shared with
-//! `blis-calibrate` and `blis-mockserver`), [`run`], [`evaluate`] and [`expand_itl`]. Only
+//! `blis-calibrate` and `blis-mockserver`), [`run`], [`evaluate`], [`compare`] and [`expand_itl`]. Only
 //! this layer knows the command line; it calls the library through
 //! [`crate::api`] and [`crate::setup`].
 
 pub mod cli;
+pub mod compare;
 pub mod evaluate;
 pub mod expand_itl;
 pub mod run;
@@ -50,6 +51,7 @@ pub fn execute(opts: Opts, out: &mut dyn std::io::Write) -> Result<()> {
     match opts.command {
         Command::Run(args) => run::run_replay(&args, out),
         Command::Evaluate(args) => evaluate::evaluate(&args, out),
+        Command::Compare(args) => compare::compare(&args, out),
         Command::ExpandItl(args) => expand_itl::expand_itl(&args, out),
     }
 }

@@ -1019,3 +1019,78 @@ fn evaluate_has_a_fitness_without_weights() {
         assert!(s["fitness"].as_f64().is_some(), "{s}");
     }
 }
+
+/// `compare` puts runs side by side from their summaries, marks the best
+/// of each row (none when all are equal), and names a file that is not a
+/// run's summary.
+#[test]
+fn compare_marks_the_best_run_of_each_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/policy_search/shared-prefixes.yaml");
+    for (name, scorers) in [
+        ("spread", "prefix-affinity:3,queue-depth:2"),
+        ("affinity", "prefix-affinity:1"),
+    ] {
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(&spec)
+            .args([
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--num-requests",
+                "600",
+                "--num-instances",
+                "4",
+                "--routing",
+                "weighted",
+                "--routing-scorers",
+                scorers,
+                "--out",
+            ])
+            .arg(dir.path().join(name))
+            .assert()
+            .success();
+    }
+    let out = replay()
+        .arg("compare")
+        .arg(dir.path().join("spread"))
+        .arg(dir.path().join("affinity.summary.json"))
+        .assert()
+        .success();
+    let table = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(table.starts_with("| | spread | affinity |"), "{table}");
+    let row = |label: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {label} (")))
+            .unwrap_or_else(|| panic!("no {label} row: {table}"))
+            .to_string()
+    };
+    // Spreading load balances the instances; affinity alone does not.
+    let balance = row("busiest instance / mean (routed)");
+    let cells: Vec<&str> = balance.split('|').map(str::trim).collect();
+    assert!(
+        cells[2].ends_with('★') && !cells[3].contains('★'),
+        "{balance}"
+    );
+    // Both complete every request: no mark.
+    assert!(!row("completed requests").contains('★'));
+    let json = replay()
+        .arg("compare")
+        .arg(dir.path().join("spread"))
+        .arg(dir.path().join("affinity"))
+        .args(["--names", "a,b", "--json"])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&json.get_output().stdout).unwrap();
+    assert_eq!(v["runs"], serde_json::json!(["a", "b"]));
+    let err = replay()
+        .arg("compare")
+        .arg(dir.path().join("spread"))
+        .arg(dir.path().join("spread.csv"))
+        .assert()
+        .failure();
+    let msg = String::from_utf8_lossy(&err.get_output().stderr).into_owned();
+    assert!(msg.contains("spread.csv.summary.json"), "{msg}");
+}

@@ -1,0 +1,293 @@
+//! `blis-replay compare`: several runs side by side (policies, cluster
+//! sizes, latency models), one row per figure, the best of each row
+//! marked. It reads the runs' `PREFIX.summary.json`, so it compares any
+//! runs of `blis-replay run`, whatever produced them.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::commands::{CommandError, Result};
+
+/// `compare` options.
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The runs: their summaries (`PREFIX.summary.json`) or output prefixes
+    /// (`PREFIX`, as given to `run --out`).
+    #[arg(required = true, num_args = 2.., value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Column names, comma-separated (default: each run's prefix).
+    #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
+    pub names: Vec<String>,
+    /// Print the table as JSON (rows of values and the best column each).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which way a row is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Better {
+    Lower,
+    Higher,
+}
+
+/// One row of the table: its label, how to read it from a summary, which
+/// way is better, and the decimals shown.
+struct Row {
+    label: &'static str,
+    read: fn(&Value) -> Option<f64>,
+    better: Better,
+    decimals: usize,
+}
+
+fn at(v: &Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(v, |v, k| v.get(k))?.as_f64()
+}
+
+/// Requests routed to the busiest instance over the mean (1: even).
+fn busiest_over_mean(v: &Value) -> Option<f64> {
+    let routed: Vec<f64> = v
+        .get("cluster")?
+        .get("instances")?
+        .as_array()?
+        .iter()
+        .filter_map(|i| i.get("routed")?.as_f64())
+        .collect();
+    let mean = routed.iter().sum::<f64>() / routed.len().max(1) as f64;
+    (routed.len() > 1 && mean > 0.0).then(|| routed.iter().copied().fold(0.0, f64::max) / mean)
+}
+
+/// Replica-seconds: an autoscaler's billed ones, else instances × the
+/// run's duration.
+fn replica_seconds(v: &Value) -> Option<f64> {
+    if let Some(rs) = at(v, &["cluster", "autoscale", "replica_seconds"]) {
+        return Some(rs);
+    }
+    let n = at(v, &["cluster", "num_instances"]).unwrap_or(1.0);
+    Some(n * at(v, &["throughput", "duration_s"])?)
+}
+
+const ROWS: &[Row] = &[
+    Row {
+        label: "completed requests",
+        read: |v| at(v, &["requests", "completed"]),
+        better: Better::Higher,
+        decimals: 0,
+    },
+    Row {
+        label: "TTFT p50 (ms)",
+        read: |v| at(v, &["ttft_ms", "p50"]),
+        better: Better::Lower,
+        decimals: 2,
+    },
+    Row {
+        label: "TTFT p99 (ms)",
+        read: |v| at(v, &["ttft_ms", "p99"]),
+        better: Better::Lower,
+        decimals: 2,
+    },
+    Row {
+        label: "E2E p50 (ms)",
+        read: |v| at(v, &["e2e_ms", "p50"]),
+        better: Better::Lower,
+        decimals: 1,
+    },
+    Row {
+        label: "E2E p99 (ms)",
+        read: |v| at(v, &["e2e_ms", "p99"]),
+        better: Better::Lower,
+        decimals: 1,
+    },
+    Row {
+        label: "ITL p50 (ms)",
+        read: |v| at(v, &["itl_ms", "p50"]),
+        better: Better::Lower,
+        decimals: 2,
+    },
+    Row {
+        label: "throughput (req/s)",
+        read: |v| at(v, &["throughput", "requests_per_s"]),
+        better: Better::Higher,
+        decimals: 2,
+    },
+    Row {
+        label: "output tokens/s",
+        read: |v| at(v, &["throughput", "output_tokens_per_s"]),
+        better: Better::Higher,
+        decimals: 1,
+    },
+    Row {
+        label: "SLO attainment (%)",
+        read: |v| at(v, &["slo", "attainment"]).map(|x| 100.0 * x),
+        better: Better::Higher,
+        decimals: 1,
+    },
+    Row {
+        label: "goodput (req/s)",
+        read: |v| at(v, &["slo", "goodput_per_s"]),
+        better: Better::Higher,
+        decimals: 2,
+    },
+    Row {
+        label: "prefix-cache hit rate (%)",
+        read: |v| at(v, &["prefix_cache", "hit_rate"]).map(|x| 100.0 * x),
+        better: Better::Higher,
+        decimals: 1,
+    },
+    Row {
+        label: "preemptions",
+        read: |v| at(v, &["preemptions"]),
+        better: Better::Lower,
+        decimals: 0,
+    },
+    Row {
+        label: "busiest instance / mean (routed)",
+        read: busiest_over_mean,
+        better: Better::Lower,
+        decimals: 2,
+    },
+    Row {
+        label: "cost (replica-seconds)",
+        read: replica_seconds,
+        better: Better::Lower,
+        decimals: 0,
+    },
+];
+
+fn summary_path(run: &Path) -> PathBuf {
+    if run.extension().is_some_and(|e| e == "json") {
+        run.to_path_buf()
+    } else {
+        let mut p = run.as_os_str().to_owned();
+        p.push(".summary.json");
+        PathBuf::from(p)
+    }
+}
+
+fn default_name(run: &Path) -> String {
+    let name = run
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.strip_suffix(".summary.json")
+        .unwrap_or(&name)
+        .to_string()
+}
+
+/// `blis-replay compare`: the table of the runs' figures.
+///
+/// # Errors
+/// An unreadable or malformed summary (named), or names that do not match
+/// the runs.
+pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
+    if !args.names.is_empty() && args.names.len() != args.runs.len() {
+        return Err(CommandError::Usage(format!(
+            "--names: {} names for {} runs",
+            args.names.len(),
+            args.runs.len()
+        )));
+    }
+    let mut summaries = Vec::new();
+    for run in &args.runs {
+        let path = summary_path(run);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            CommandError::Usage(format!(
+                "{}: {e} (give a run's PREFIX.summary.json or its PREFIX)",
+                path.display()
+            ))
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            CommandError::Usage(format!("{}: not a run summary: {e}", path.display()))
+        })?;
+        if v.get("requests").is_none() || v.get("throughput").is_none() {
+            return Err(CommandError::Usage(format!(
+                "{}: not a blis-replay run summary (no requests or throughput)",
+                path.display()
+            )));
+        }
+        summaries.push(v);
+    }
+    let names: Vec<String> = if args.names.is_empty() {
+        args.runs.iter().map(|r| default_name(r)).collect()
+    } else {
+        args.names.clone()
+    };
+    // Rows that some run has, with each run's value and the best ones.
+    let mut table = Vec::new();
+    for row in ROWS {
+        let values: Vec<Option<f64>> = summaries.iter().map(|s| (row.read)(s)).collect();
+        let present: Vec<f64> = values.iter().flatten().copied().collect();
+        if present.is_empty() {
+            continue;
+        }
+        let best = match row.better {
+            Better::Lower => present.iter().copied().fold(f64::INFINITY, f64::min),
+            Better::Higher => present.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        };
+        let all_equal = present.iter().all(|&x| x == best);
+        table.push((row, values, best, all_equal));
+    }
+    if args.json {
+        let rows: Vec<Value> = table
+            .iter()
+            .map(|(row, values, best, all_equal)| {
+                serde_json::json!({
+                    "figure": row.label,
+                    "better": if row.better == Better::Lower { "lower" } else { "higher" },
+                    "values": names.iter().zip(values).map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+                    "best": if *all_equal { Vec::new() } else {
+                        names.iter().zip(values).filter(|(_, v)| **v == Some(*best)).map(|(n, _)| n.clone()).collect::<Vec<_>>()
+                    },
+                })
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "runs": names, "rows": rows }))?
+        )?;
+        return Ok(());
+    }
+    let mut o = String::new();
+    let _ = write!(o, "| |");
+    for n in &names {
+        let _ = write!(o, " {n} |");
+    }
+    let _ = write!(o, "\n|---|");
+    for _ in &names {
+        let _ = write!(o, "---:|");
+    }
+    o.push('\n');
+    for (row, values, best, all_equal) in &table {
+        let _ = write!(
+            o,
+            "| {} ({}) |",
+            row.label,
+            if row.better == Better::Lower {
+                "lower is better"
+            } else {
+                "higher is better"
+            }
+        );
+        for v in values {
+            match v {
+                Some(x) if !all_equal && *x == *best => {
+                    let _ = write!(o, " **{x:.prec$}** ★ |", prec = row.decimals);
+                }
+                Some(x) => {
+                    let _ = write!(o, " {x:.prec$} |", prec = row.decimals);
+                }
+                None => o.push_str(" — |"),
+            }
+        }
+        o.push('\n');
+    }
+    let _ = writeln!(
+        o,
+        "\n★ the best of the row (none when all are equal); — the run has no such figure."
+    );
+    write!(out, "{o}")?;
+    Ok(())
+}

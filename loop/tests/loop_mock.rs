@@ -22,7 +22,7 @@
 //!   other work. The report's TTFT errors must stay within 3% plus that
 //!   measured delay. E2E (seconds long) must stay within 3% as it is.
 //!
-//! Measured on a 2-vCPU VM: see the README's "How accurate is it".
+//! Measured on a 2-vCPU VM: see docs/loop.md and docs/how-accurate.md.
 
 use std::collections::BTreeMap;
 

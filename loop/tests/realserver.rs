@@ -8,7 +8,7 @@
 //! replays the whole trace with `blis-replay --server-type llamacpp`, and
 //! compares the held-out 30%. No engine setting is given by hand.
 //!
-//! Thresholds come from measurement on the 2-vCPU machine (README, "How
+//! Thresholds come from measurement on the 2-vCPU machine (docs/how-accurate.md, "How
 //! accurate is it"): over four runs, held-out E2E MAPE 14.1–20.3% with the
 //! step table, against the server's own run-to-run spread of 13.7–21.2%
 //! E2E MAPE between two runs of the same workload; the assertion leaves

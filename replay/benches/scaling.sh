@@ -32,7 +32,7 @@ RUNS_BIG="${RUNS_BIG:-1}"
 SPEC=../shared/bench/race-1k-x1.yaml
 [ -f "$SPEC" ] || { echo "scaling.sh: $SPEC not found (the bench workloads live in ../shared/bench)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "scaling.sh: needs GNU time (/usr/bin/time) for peak memory" >&2; exit 2; }
-cargo build -q --release -p blis-replay
+cargo build -q --release
 R=target/release/blis-replay
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

@@ -5,7 +5,7 @@
 //! duplicated and spliced ranges, and numbers replaced by extreme ones —
 //! and run through `blis_tests::fuzz::run`. No input may panic or take
 //! more than 5 s. `FUZZ_CASES` inputs per target (default 300; the
-//! campaign in the README runs 1,000,000), `FUZZ_SEED` to vary them.
+//! campaign in docs/reliability.md runs 1,000,000), `FUZZ_SEED` to vary them.
 //! The coverage-guided version of the same targets is `fuzz/` (nightly).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

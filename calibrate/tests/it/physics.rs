@@ -232,7 +232,7 @@ fn recorded_failures_never_reach_a_prediction() {
 /// count within 10%, on the two saturated runs whose KV cache holds the
 /// batch (Llama-2-70B and Mixtral reasoning). What a prediction gets wrong
 /// about completions is therefore its step time at a full batch, which the
-/// count magnifies (about 8% per 1% of ITL here; README).
+/// count magnifies (about 4% per 1% of ITL; docs/trained-physics.md).
 #[test]
 fn saturated_completions_follow_from_the_step_time_and_the_client_deadline() {
     for (run, completed, timed_out) in [

@@ -227,6 +227,11 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
     } else {
         write!(out, "{}", render_summary(&summary, &resolved))?;
+        if let Some(note) =
+            latency_disagreement(&server_args(args, &bundle), &workload.header, &resolved)
+        {
+            writeln!(out, "\n{note}")?;
+        }
         writeln!(
             out,
             "\nwrote {}.{{yaml,csv{}{}}} and {}",
@@ -346,6 +351,53 @@ fn render_cluster(c: &crate::cluster::control::ClusterSummary) -> String {
         );
     }
     o
+}
+
+/// When the two fitted latency models this setup could use (trained-physics
+/// and a blackbox row) disagree by more than 25% on one decode step (32
+/// requests with 1,000 tokens of context each): each one's step, which one
+/// ran, and which is validated. `None` when they agree or only one applies.
+/// (The roofline, a bound by design, is not among them.)
+fn latency_disagreement(
+    args: &ServerArgs,
+    header: &blis_traces::TraceHeader,
+    resolved: &Resolved,
+) -> Option<String> {
+    use crate::latency::coefficients::LatencyKind;
+    use crate::latency::{BatchShape, LatencyModel};
+    let shape = BatchShape {
+        prefill: Vec::new(),
+        decode_count: 32,
+        decode_context_sum: 32_000,
+    };
+    let mut steps = Vec::new();
+    for (kind, name) in [
+        (LatencyKind::TrainedPhysics, "trained-physics"),
+        (LatencyKind::Blackbox, "blackbox"),
+    ] {
+        let a = ServerArgs {
+            latency: Some(kind),
+            ..args.clone()
+        };
+        if let Ok(r) = resolve(&a, Some(header)) {
+            steps.push((name, r.latency.step_time_us(&shape) / 1e3));
+        }
+    }
+    let lo = steps.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+    let hi = steps.iter().map(|s| s.1).fold(0.0, f64::max);
+    if steps.len() < 2 || !(hi > 1.25 * lo) {
+        return None;
+    }
+    Some(format!(
+        "note: the latency models disagree by {:.0}% on this setup (one decode step of 32 requests with 1,000 tokens of context: {}); this run used {}. trained-physics is the one validated on real vLLM runs of models it was not fitted on (docs/trained-physics.md); a blackbox row fitted on your own server's trace (blis-calibrate fit) is validated for that server.",
+        100.0 * (hi / lo - 1.0),
+        steps
+            .iter()
+            .map(|(n, ms)| format!("{n} {ms:.2} ms"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        resolved.latency_name()
+    ))
 }
 
 /// A one-screen Markdown rendering of a summary.

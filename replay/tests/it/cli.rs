@@ -1094,3 +1094,38 @@ fn compare_marks_the_best_run_of_each_row() {
     let msg = String::from_utf8_lossy(&err.get_output().stderr).into_owned();
     assert!(msg.contains("spread.csv.summary.json"), "{msg}");
 }
+
+/// Where the bundled fitted latency models disagree by more than 25% on
+/// the run's setup (Llama-3.1-8B on an H100: BLIS's blackbox row and
+/// trained-physics), the run says so, with each one's step, the one used
+/// and the one validated; where only one applies it says nothing.
+#[test]
+fn a_run_says_when_the_bundled_latency_models_disagree() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/chat-service.yaml");
+    let run = |model: &str, out: &str| {
+        let a = replay()
+            .args(["run", "--workload-spec"])
+            .arg(&spec)
+            .args(["--model", model, "--num-requests", "50", "--out"])
+            .arg(dir.path().join(out))
+            .assert()
+            .success();
+        String::from_utf8_lossy(&a.get_output().stdout).into_owned()
+    };
+    let text = run("meta-llama/Llama-3.1-8B-Instruct", "a");
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("note: the latency models disagree by"))
+        .unwrap_or_else(|| panic!("no note: {text}"));
+    assert!(
+        note.contains("trained-physics")
+            && note.contains("blackbox")
+            && note.contains("this run used trained-physics")
+            && note.contains("validated"),
+        "{note}"
+    );
+    let text = run("qwen/qwen2.5-7b-instruct", "b");
+    assert!(!text.contains("latency models disagree"), "{text}");
+}

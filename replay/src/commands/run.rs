@@ -385,7 +385,7 @@ fn latency_disagreement(
     }
     let lo = steps.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
     let hi = steps.iter().map(|s| s.1).fold(0.0, f64::max);
-    if steps.len() < 2 || !(hi > 1.25 * lo) {
+    if steps.len() < 2 || hi <= 1.25 * lo {
         return None;
     }
     Some(format!(

@@ -1,7 +1,8 @@
 //! `blis-replay compare`: several runs side by side (policies, cluster
 //! sizes, latency models), one row per figure, the best of each row
 //! marked. It reads the runs' `PREFIX.summary.json`, so it compares any
-//! runs of `blis-replay run`, whatever produced them.
+//! runs of `blis-replay run`, whatever produced them; or it runs policy
+//! bundles (`--policies`) on one workload itself.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::Value;
 
+use blis_traces::step::StepContext as _;
+
+use crate::commands::cli::RunArgs;
 use crate::commands::{CommandError, Result};
 
 /// `compare` options.
@@ -16,14 +20,21 @@ use crate::commands::{CommandError, Result};
 pub struct CompareArgs {
     /// The runs: their summaries (`PREFIX.summary.json`) or output prefixes
     /// (`PREFIX`, as given to `run --out`).
-    #[arg(required = true, num_args = 2.., value_name = "RUN")]
+    #[arg(num_args = 0.., value_name = "RUN")]
     pub runs: Vec<PathBuf>,
-    /// Column names, comma-separated (default: each run's prefix).
+    /// Instead of runs: policy bundles to run on the one workload the flags
+    /// below give (`--workload-spec`, `--trace` or `--import`, and the
+    /// server flags of `run`), each in memory, then compared.
+    #[arg(long, value_delimiter = ',', value_name = "A.yaml,B.yaml,...")]
+    pub policies: Vec<PathBuf>,
+    /// Column names, comma-separated (default: each run's prefix or each
+    /// bundle's file name).
     #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
     pub names: Vec<String>,
-    /// Print the table as JSON (rows of values and the best column each).
-    #[arg(long)]
-    pub json: bool,
+    /// The workload and server for `--policies`, as for `run` (no --out);
+    /// `--json` prints the table as JSON.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// Which way a row is better.
@@ -182,12 +193,40 @@ fn default_name(run: &Path) -> String {
 /// An unreadable or malformed summary (named), or names that do not match
 /// the runs.
 pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
-    if !args.names.is_empty() && args.names.len() != args.runs.len() {
+    let count = args.runs.len() + args.policies.len();
+    if !args.runs.is_empty() && !args.policies.is_empty() {
+        return Err(CommandError::Usage(
+            "give runs to compare or --policies to run, not both".into(),
+        ));
+    }
+    if count < 2 {
+        return Err(CommandError::Usage(
+            "give two runs or more (their PREFIX or PREFIX.summary.json), or --policies A.yaml,B.yaml with a workload".into(),
+        ));
+    }
+    if !args.names.is_empty() && args.names.len() != count {
         return Err(CommandError::Usage(format!(
-            "--names: {} names for {} runs",
+            "--names: {} names for {count} runs",
             args.names.len(),
-            args.runs.len()
         )));
+    }
+    if !args.policies.is_empty() {
+        let mut summaries = Vec::new();
+        for p in &args.policies {
+            summaries.push(run_policy(&args.run, p)?);
+        }
+        let names: Vec<String> = if args.names.is_empty() {
+            args.policies
+                .iter()
+                .map(|p| {
+                    p.file_stem()
+                        .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+                })
+                .collect()
+        } else {
+            args.names.clone()
+        };
+        return render(&names, &summaries, args.run.json, out);
     }
     let mut summaries = Vec::new();
     for run in &args.runs {
@@ -214,6 +253,51 @@ pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
     } else {
         args.names.clone()
     };
+    render(&names, &summaries, args.run.json, out)
+}
+
+/// Replays the workload of `run` under the policy bundle `policy`, in
+/// memory; its summary as JSON.
+fn run_policy(run: &RunArgs, policy: &Path) -> Result<Value> {
+    let mut run = run.clone();
+    run.cluster.policy_config = Some(policy.to_path_buf());
+    let bundle = run.cluster.bundle()?;
+    let workload = crate::commands::run::load_workload(&run)?;
+    let resolved = crate::setup::resolve(
+        &crate::commands::run::server_args(&run, &bundle),
+        Some(&workload.header),
+    )
+    .step(|| format!("configuring the server for {}", policy.display()))?;
+    crate::commands::run::check_pd(&bundle, &resolved)?;
+    let mut sink = crate::output::Collector::stats_only();
+    if let Some(slo) = run.slo {
+        sink.judge_slo(slo);
+    }
+    let sample = (run.sample_interval_ms > 0).then(|| run.sample_interval_ms as i64 * 1000);
+    let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
+        &resolved,
+        &bundle,
+        workload.inputs,
+        &crate::sim::SimOptions {
+            sample_interval_us: sample,
+            horizon_us: None,
+        },
+        &mut sink,
+        None,
+    );
+    let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
+    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+    summary.cluster = cluster;
+    Ok(serde_json::to_value(&summary)?)
+}
+
+/// Prints the table of `summaries` under `names` (Markdown, or JSON).
+fn render(
+    names: &[String],
+    summaries: &[Value],
+    json: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
     // Rows that some run has, with each run's value and the best ones.
     let mut table = Vec::new();
     for row in ROWS {
@@ -229,7 +313,7 @@ pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
         let all_equal = present.iter().all(|&x| x == best);
         table.push((row, values, best, all_equal));
     }
-    if args.json {
+    if json {
         let rows: Vec<Value> = table
             .iter()
             .map(|(row, values, best, all_equal)| {
@@ -252,11 +336,11 @@ pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
     }
     let mut o = String::new();
     let _ = write!(o, "| |");
-    for n in &names {
+    for n in names {
         let _ = write!(o, " {n} |");
     }
     let _ = write!(o, "\n|---|");
-    for _ in &names {
+    for _ in names {
         let _ = write!(o, "---:|");
     }
     o.push('\n');

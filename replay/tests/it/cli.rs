@@ -1093,6 +1093,32 @@ fn compare_marks_the_best_run_of_each_row() {
         .failure();
     let msg = String::from_utf8_lossy(&err.get_output().stderr).into_owned();
     assert!(msg.contains("spread.csv.summary.json"), "{msg}");
+    // Bundles run on one workload in memory, named by their files.
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let policies = format!(
+        "{},{}",
+        root.join("examples/policy_search/round-robin.yaml")
+            .display(),
+        root.join("examples/policy_search/prefix-affinity.yaml")
+            .display()
+    );
+    let both = replay()
+        .args(["compare", "--policies", &policies, "--workload-spec"])
+        .arg(&spec)
+        .args([
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--num-requests",
+            "600",
+        ])
+        .assert()
+        .success();
+    let table = String::from_utf8_lossy(&both.get_output().stdout).into_owned();
+    assert!(
+        table.starts_with("| | round-robin | prefix-affinity |"),
+        "{table}"
+    );
+    assert!(table.contains('★'), "{table}");
 }
 
 /// Where the bundled fitted latency models disagree by more than 25% on

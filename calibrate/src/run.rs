@@ -11,15 +11,8 @@ use crate::cli::{BenchmarkArgs, Command, CompareArgs, FitArgs, Opts};
 use crate::compare::{CompareOptions, compare};
 use crate::fit::{FitTrace, fit, server_args, write_row};
 
-/// Process exit codes of `blis-calibrate`.
-pub mod exit_code {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// A runtime error (bad input file, I/O).
-    pub const ERROR: i32 = 1;
-    /// Bad command-line usage (clap's own code).
-    pub const USAGE: i32 = 2;
-}
+/// Process exit codes (the table every BLIS binary shares).
+pub use blis_traces::exit_code;
 
 /// Why a `blis-calibrate` command failed: a one-line message naming the
 /// flag, file or step; the causes follow in the error chain (the binary

@@ -41,25 +41,8 @@ pub use cli::{Command, GenerateArgs, Opts, RunArgs, WorkloadArgs};
 
 use std::io::Write;
 
-/// Process exit codes of `blis-loadgen`.
-pub mod exit_code {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// A runtime error (bad input file, I/O, unreachable server).
-    pub const ERROR: i32 = 1;
-    /// Bad command-line usage (clap's own code).
-    pub const USAGE: i32 = 2;
-    /// `run --strict` and the client could not keep to the schedule.
-    pub const CLIENT_BOUND: i32 = 3;
-    /// `run` was interrupted by SIGINT/SIGTERM (the trace is complete).
-    pub const INTERRUPTED: i32 = 4;
-    /// `run` failed: more of its requests failed than `--max-error-rate`
-    /// allows, or all of them did (the trace is complete).
-    pub const FAILED: i32 = 5;
-    /// `check`: the trace is incomplete (its run was cut off, or planned
-    /// requests have no row).
-    pub const INCOMPLETE: i32 = 6;
-}
+/// Process exit codes (the table every BLIS binary shares).
+pub use blis_traces::exit_code;
 
 /// Why a `blis-loadgen` command failed: a one-line message naming the
 /// flag, file, server or step; the causes follow in the error chain (the

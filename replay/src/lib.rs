@@ -70,12 +70,5 @@ pub use error::{ReplayError, Result};
 pub use latency::{Blackbox, LatencyModel, Model};
 pub use sim::{replay, replay_cluster};
 
-/// Process exit codes of `blis-replay`.
-pub mod exit_code {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// A runtime error (bad input, unknown model, I/O).
-    pub const ERROR: i32 = 1;
-    /// Bad command-line usage (clap's own code).
-    pub const USAGE: i32 = 2;
-}
+/// Process exit codes (the table every BLIS binary shares).
+pub use blis_traces::exit_code;

@@ -1,16 +1,10 @@
+use blis_traces::exit_code;
+use blis_traces::stdio::PipeSafe;
 use clap::Parser;
 
 fn main() {
     let opts = blis_replay::Opts::parse();
-    let code = match blis_replay::commands::execute(
-        opts,
-        &mut blis_traces::stdio::PipeSafe::new(std::io::stdout().lock()),
-    ) {
-        Ok(()) => blis_replay::exit_code::OK,
-        Err(e) => {
-            blis_traces::diag!("error: {:#}", anyhow::Error::from(e));
-            blis_replay::exit_code::ERROR
-        }
-    };
-    std::process::exit(code);
+    let mut out = PipeSafe::new(std::io::stdout().lock());
+    let result = blis_replay::commands::execute(opts, &mut out).map(|()| exit_code::OK);
+    exit_code::finish(result, |_| exit_code::ERROR);
 }

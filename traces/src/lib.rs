@@ -56,6 +56,7 @@ pub mod content;
 pub mod csvio;
 pub mod dist;
 pub mod error;
+pub mod exit_code;
 pub mod generate;
 pub mod header;
 pub mod import;

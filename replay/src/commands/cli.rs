@@ -56,7 +56,7 @@ pub enum Command {
         blis-replay run --workload-spec examples/policy_search/shared-prefixes.yaml --num-instances 4 \\\n      \
             --routing weighted --model meta-llama/Llama-3.1-8B-Instruct --out out/weighted\n  \
         blis-replay compare out/rr out/weighted")]
-    Compare(crate::commands::compare::CompareArgs),
+    Compare(CompareArgs),
     /// Writes the ITL companion of a replayed trace as BLIS does, one row
     /// per token (`request_id,chunk_index,timestamp_us`), from its step
     /// form: the rows `run --itl-rows` would have written, byte for byte.
@@ -177,6 +177,28 @@ pub struct EvaluateArgs {
     #[arg(long, default_value = "1", value_delimiter = ',')]
     pub seeds: Vec<u64>,
     /// The workload, server and cluster settings, as for `run` (no --out).
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// `compare` options ([`crate::commands::compare`]).
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The runs: their summaries (`PREFIX.summary.json`) or output prefixes
+    /// (`PREFIX`, as given to `run --out`).
+    #[arg(num_args = 0.., value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Instead of runs: policy bundles to run on the one workload the flags
+    /// below give (`--workload-spec`, `--trace` or `--import`, and the
+    /// server flags of `run`), each in memory, then compared.
+    #[arg(long, value_delimiter = ',', value_name = "A.yaml,B.yaml,...")]
+    pub policies: Vec<PathBuf>,
+    /// Column names, comma-separated (default: each run's prefix or each
+    /// bundle's file name).
+    #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
+    pub names: Vec<String>,
+    /// The workload and server for `--policies`, as for `run` (no --out);
+    /// `--json` prints the table as JSON.
     #[command(flatten)]
     pub run: RunArgs,
 }

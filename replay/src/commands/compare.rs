@@ -7,35 +7,12 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use serde_json::Value;
 
 use blis_traces::step::StepContext as _;
 
-use crate::commands::cli::RunArgs;
+use crate::commands::cli::{CompareArgs, RunArgs};
 use crate::commands::{CommandError, Result};
-
-/// `compare` options.
-#[derive(Args, Debug, Clone)]
-pub struct CompareArgs {
-    /// The runs: their summaries (`PREFIX.summary.json`) or output prefixes
-    /// (`PREFIX`, as given to `run --out`).
-    #[arg(num_args = 0.., value_name = "RUN")]
-    pub runs: Vec<PathBuf>,
-    /// Instead of runs: policy bundles to run on the one workload the flags
-    /// below give (`--workload-spec`, `--trace` or `--import`, and the
-    /// server flags of `run`), each in memory, then compared.
-    #[arg(long, value_delimiter = ',', value_name = "A.yaml,B.yaml,...")]
-    pub policies: Vec<PathBuf>,
-    /// Column names, comma-separated (default: each run's prefix or each
-    /// bundle's file name).
-    #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
-    pub names: Vec<String>,
-    /// The workload and server for `--policies`, as for `run` (no --out);
-    /// `--json` prints the table as JSON.
-    #[command(flatten)]
-    pub run: RunArgs,
-}
 
 /// Which way a row is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

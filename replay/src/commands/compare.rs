@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use blis_traces::step::StepContext as _;
-
 use crate::commands::cli::{CompareArgs, RunArgs};
 use crate::commands::{CommandError, Result};
 
@@ -239,32 +237,8 @@ fn run_policy(run: &RunArgs, policy: &Path) -> Result<Value> {
     let mut run = run.clone();
     run.cluster.policy_config = Some(policy.to_path_buf());
     let bundle = run.cluster.bundle()?;
-    let workload = crate::commands::run::load_workload(&run)?;
-    let resolved = crate::setup::resolve(
-        &crate::commands::run::server_args(&run, &bundle),
-        Some(&workload.header),
-    )
-    .step(|| format!("configuring the server for {}", policy.display()))?;
-    crate::commands::run::check_pd(&bundle, &resolved)?;
-    let mut sink = crate::output::Collector::stats_only();
-    if let Some(slo) = run.slo {
-        sink.judge_slo(slo);
-    }
     let sample = (run.sample_interval_ms > 0).then(|| run.sample_interval_ms as i64 * 1000);
-    let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
-        &resolved,
-        &bundle,
-        workload.inputs,
-        &crate::sim::SimOptions {
-            sample_interval_us: sample,
-            horizon_us: None,
-        },
-        &mut sink,
-        None,
-    );
-    let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
-    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
-    summary.cluster = cluster;
+    let summary = crate::commands::run::replay_in_memory(&run, &bundle, sample)?;
     Ok(serde_json::to_value(&summary)?)
 }
 

@@ -6,7 +6,6 @@
 //! single-threaded and deterministic, so a search runs many in parallel.
 
 use crate::commands::{CommandError, Result};
-use blis_traces::step::StepContext;
 use std::fmt::Write as _;
 use std::io::Write;
 
@@ -16,9 +15,7 @@ use crate::cluster::ClusterSummary;
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::RoutingPolicy;
 use crate::commands::cli::EvaluateArgs;
-use crate::output::{Collector, Dist, Summary};
-use crate::setup::resolve;
-use crate::sim::SimOptions;
+use crate::output::{Dist, Summary};
 
 /// Mean, p50 and p99 of a latency, ms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
@@ -316,28 +313,9 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
     for &seed in &args.seeds {
         let mut run = args.run.clone();
         run.seed = Some(seed);
-        let workload = crate::commands::run::load_workload(&run)?;
-        let resolved = resolve(
-            &crate::commands::run::server_args(&run, &bundle),
-            Some(&workload.header),
-        )
-        .step(|| "configuring the server")?;
-        crate::commands::run::check_pd(&bundle, &resolved)?;
-        let mut sink = Collector::stats_only();
-        let crate::api::ClusterRun { last, cluster, .. } = crate::api::replay_on(
-            &resolved,
-            &bundle,
-            workload.inputs,
-            &SimOptions {
-                sample_interval_us: Some(100_000),
-                horizon_us: None,
-            },
-            &mut sink,
-            None,
-        );
-        let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
-        let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
-        summary.cluster = cluster;
+        // (The fitness weighs latencies and throughput; no SLO is judged.)
+        run.slo = None;
+        let mut summary = crate::commands::run::replay_in_memory(&run, &bundle, Some(100_000))?;
         summary.fitness = weights
             .as_ref()
             .map(|w| crate::output::fitness::report(&summary, w));

@@ -150,6 +150,43 @@ fn itl_form(args: &RunArgs, resolved: &Resolved) -> ItlForm {
     }
 }
 
+/// Replays the workload of `run` on the cluster of `bundle` in memory (no
+/// files), sampling the time series every `sample_us` and judging `run`'s
+/// SLO when it has one; the run's summary with its cluster section. What
+/// `evaluate` does per seed and `compare --policies` per bundle.
+///
+/// # Errors
+/// Bad input or settings.
+pub(crate) fn replay_in_memory(
+    run: &RunArgs,
+    bundle: &crate::cluster::PolicyBundle,
+    sample_us: Option<i64>,
+) -> Result<crate::output::summary::Summary> {
+    let workload = load_workload(run)?;
+    let resolved = resolve(&server_args(run, bundle), Some(&workload.header))
+        .step(|| "configuring the server")?;
+    check_pd(bundle, &resolved)?;
+    let mut sink = Collector::stats_only();
+    if let Some(slo) = run.slo {
+        sink.judge_slo(slo);
+    }
+    let ClusterRun { last, cluster, .. } = replay_on(
+        &resolved,
+        bundle,
+        workload.inputs,
+        &SimOptions {
+            sample_interval_us: sample_us,
+            horizon_us: None,
+        },
+        &mut sink,
+        None,
+    );
+    let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
+    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+    summary.cluster = cluster;
+    Ok(summary)
+}
+
 /// `blis-replay run`: replays, writes the outputs at `--out`, prints the summary.
 ///
 /// # Errors

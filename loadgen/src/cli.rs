@@ -60,10 +60,13 @@ pub enum Command {
         blis-loadgen merge out/part-*.yaml --out out/run")]
     Merge(MergeArgs),
     /// Write a recorded trace in a peer's format: `aiperf`, AIPerf's
-    /// per-request `profile_export.jsonl` (what its dashboards and its
-    /// `MetricRecordInfo` model read).
+    /// per-request `profile_export.jsonl`; `guidellm`, guidellm's
+    /// `benchmarks.json` report; `inference-perf`, inference-perf's report
+    /// folder (summary, stage and per-request lifecycle metrics).
     #[command(after_help = "Examples:\n  \
-        blis-loadgen export out/real --format aiperf --out out/profile_export.jsonl")]
+        blis-loadgen export out/real --format aiperf --out out/profile_export.jsonl\n  \
+        blis-loadgen export out/real --format guidellm --out out/benchmarks.json\n  \
+        blis-loadgen export out/real --format inference-perf --out out/inference-perf")]
     Export(ExportArgs),
 }
 
@@ -76,8 +79,8 @@ pub struct ExportArgs {
     /// The format.
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// The file to write.
-    #[arg(long, value_name = "FILE")]
+    /// The file to write (a folder for `inference-perf`).
+    #[arg(long, value_name = "PATH")]
     pub out: PathBuf,
 }
 
@@ -86,6 +89,20 @@ pub struct ExportArgs {
 pub enum ExportFormat {
     /// AIPerf's `profile_export.jsonl` (per-request records).
     Aiperf,
+    /// guidellm's `benchmarks.json` report.
+    Guidellm,
+    /// inference-perf's report folder.
+    InferencePerf,
+}
+
+impl From<ExportFormat> for crate::export::ExportFormat {
+    fn from(f: ExportFormat) -> Self {
+        match f {
+            ExportFormat::Aiperf => Self::Aiperf,
+            ExportFormat::Guidellm => Self::Guidellm,
+            ExportFormat::InferencePerf => Self::InferencePerf,
+        }
+    }
 }
 
 /// `blis-loadgen merge`.

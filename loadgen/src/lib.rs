@@ -89,6 +89,10 @@ pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
         Command::Run(args) => run::run_command(&args, out),
         Command::Check(args) => check::check_command(&args, out),
         Command::Merge(args) => merge::merge_command(&args, out),
-        Command::Export(args) => export::export_command(&args, out),
+        Command::Export(args) => {
+            let said = export::export(&args.trace, args.format.into(), &args.out)?;
+            writeln!(out, "{said}")?;
+            Ok(exit_code::OK)
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! `blis-loadgen export --format aiperf`: a recorded run as AIPerf's
-//! per-request `profile_export.jsonl`, field by field against the trace.
-//! (AIPerf's own model reads it: `loadgen/benches/aiperf-export-check.sh`.)
+//! `blis-loadgen export`: a recorded run in AIPerf's, guidellm's and
+//! inference-perf's formats, field by field against the trace. (The peers'
+//! own code reads them back: `loadgen/benches/peer-export-check.sh`.)
 
 use std::collections::BTreeMap;
 
@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use crate::common::{MODEL, Mock, loadgen, s, serial};
 
-#[test]
-fn a_run_exports_as_aiperf_records() {
+/// A recorded run against the mock with 10% HTTP 500s: 120 requests, the
+/// first 10 a warm-up.
+fn recorded_run(dir: &std::path::Path) -> std::path::PathBuf {
     let _g = serial();
     let mock = Mock::start(&[
         "--time-scale",
@@ -20,8 +21,7 @@ fn a_run_exports_as_aiperf_records() {
         "--seed",
         "4",
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
+    let out = dir.join("run");
     let (code, stdout) = loadgen(&[
         "run",
         "--server-url",
@@ -45,17 +45,27 @@ fn a_run_exports_as_aiperf_records() {
     ])
     .unwrap();
     assert_eq!(code, 0, "{stdout}");
+    out
+}
+
+fn by_x_request_id(t: &Trace) -> BTreeMap<String, &blis_traces::TraceRecord> {
+    t.records
+        .iter()
+        .map(|r| (r.outcome.x_request_id.clone().unwrap(), r))
+        .collect()
+}
+
+#[test]
+fn a_run_exports_as_aiperf_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = recorded_run(dir.path());
     let jsonl = dir.path().join("profile_export.jsonl");
     let (code, said) =
         loadgen(&["export", s(&out), "--format", "aiperf", "--out", s(&jsonl)]).unwrap();
     assert_eq!(code, 0);
     assert!(said.contains("120 requests"), "{said}");
     let t = Trace::read(&out.with_extension("yaml")).unwrap();
-    let rows: BTreeMap<String, &blis_traces::TraceRecord> = t
-        .records
-        .iter()
-        .map(|r| (r.outcome.x_request_id.clone().unwrap(), r))
-        .collect();
+    let rows = by_x_request_id(&t);
     let text = std::fs::read_to_string(&jsonl).unwrap();
     let (mut ok, mut failed, mut warm) = (0, 0, 0);
     let mut sessions = std::collections::BTreeSet::new();
@@ -113,4 +123,116 @@ fn a_run_exports_as_aiperf_records() {
     }
     assert_eq!(ok + failed, 120);
     assert!(failed > 0 && warm == 10, "failed {failed}, warm-up {warm}");
+}
+
+#[test]
+fn a_run_exports_as_a_guidellm_report_without_its_warm_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = recorded_run(dir.path());
+    let file = dir.path().join("benchmarks.json");
+    let (code, said) =
+        loadgen(&["export", s(&out), "--format", "guidellm", "--out", s(&file)]).unwrap();
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains("110 requests") && said.contains("10 warm-up left out"),
+        "{said}"
+    );
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let rows = by_x_request_id(&t);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["metadata"]["version"], 2);
+    let b = &v["benchmarks"][0];
+    assert_eq!(b["config"]["strategy"]["type_"], "trace");
+    let ok = b["requests"]["successful"].as_array().unwrap();
+    let errored = b["requests"]["errored"].as_array().unwrap();
+    assert_eq!(ok.len() + errored.len(), 110);
+    assert_eq!(b["metrics"]["request_totals"]["total"], 110);
+    assert!(!errored.is_empty());
+    let mut ttfts = Vec::new();
+    for q in ok {
+        let r = rows[q["request_id"].as_str().unwrap()];
+        assert!(r.request.request_id >= 10, "no warm-up request");
+        assert_eq!(r.outcome.status, Some(Status::Ok));
+        let timings = &q["info"]["timings"];
+        let send = r.outcome.send_time_us.unwrap() as f64 / 1e6;
+        assert!((timings["request_start"].as_f64().unwrap() - send).abs() < 1e-6);
+        let ttft_ms = q["time_to_first_token_ms"].as_f64().unwrap();
+        assert!((ttft_ms - r.ttft_us().unwrap() as f64 / 1e3).abs() < 1e-3);
+        assert_eq!(q["output_metrics"]["text_tokens"], 5);
+        assert_eq!(timings["token_iterations"], 5, "one iteration per chunk");
+        ttfts.push(ttft_ms);
+    }
+    for q in errored {
+        assert_eq!(q["info"]["status"], "errored");
+        assert!(q["info"]["error"].as_str().is_some_and(|e| !e.is_empty()));
+    }
+    // The summary is guidellm's: the median is the smallest value whose
+    // cumulative share reaches one half.
+    ttfts.sort_by(f64::total_cmp);
+    let median = ttfts[ttfts.len().div_ceil(2) - 1];
+    let m = b["metrics"]["time_to_first_token_ms"]["successful"]["median"]
+        .as_f64()
+        .unwrap();
+    assert!((m - median).abs() < 1e-9, "{m} vs {median}");
+    assert_eq!(
+        b["metrics"]["time_to_first_token_ms"]["successful"]["count"],
+        ok.len()
+    );
+}
+
+#[test]
+fn a_run_exports_as_inference_perf_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = recorded_run(dir.path());
+    let folder = dir.path().join("ip");
+    let (code, said) = loadgen(&[
+        "export",
+        s(&out),
+        "--format",
+        "inference-perf",
+        "--out",
+        s(&folder),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{said}");
+    let read = |f: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(folder.join(f)).unwrap()).unwrap()
+    };
+    let per_request = read("per_request_lifecycle_metrics.json");
+    let per_request = per_request.as_array().unwrap();
+    assert_eq!(per_request.len(), 110, "the warm-up left out");
+    let summary = read("summary_lifecycle_metrics.json");
+    let stage = read("stage_0_lifecycle_metrics.json");
+    assert_eq!(summary["load_summary"]["count"], 110);
+    let ok = per_request.iter().filter(|e| e["error"].is_null()).count();
+    assert_eq!(summary["successes"]["count"], ok);
+    assert_eq!(summary["failures"]["count"], 110 - ok);
+    // The stage's rate: the schedule's, as the trace header records it.
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let rate = t.header.load_generator.unwrap().requested_rate.unwrap();
+    let said_rate = stage["load_summary"]["requested_rate"].as_f64().unwrap();
+    assert!(
+        (said_rate - rate).abs() < 1e-9 * rate,
+        "{said_rate} vs {rate}"
+    );
+    for e in per_request {
+        let times = e["info"]["response_metrics"]["output_token_times"]
+            .as_array()
+            .unwrap();
+        if e["error"].is_null() {
+            assert_eq!(times.len(), 5, "one time per streamed token");
+            let m = &e["computed_metrics"];
+            let ttft = times[0].as_f64().unwrap() - e["start_time"].as_f64().unwrap();
+            assert!((m["time_to_first_token"].as_f64().unwrap() - ttft).abs() < 1e-12);
+            assert_eq!(m["inter_token_latencies"].as_array().unwrap().len(), 4);
+        } else {
+            assert!(e.get("computed_metrics").is_none());
+            assert_eq!(e["error"]["error_type"], "http_500");
+        }
+    }
+    // Percentile keys as inference-perf writes them.
+    let ttft = &summary["successes"]["latency"]["time_to_first_token"];
+    for k in ["mean", "min", "max", "median", "p0.1", "p99", "p99.9"] {
+        assert!(ttft[k].is_f64(), "{k}: {ttft}");
+    }
 }

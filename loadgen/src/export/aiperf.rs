@@ -1,21 +1,18 @@
-//! `blis-loadgen export`: a recorded trace in a peer's format, so that the
-//! dashboards and scripts people already have read our runs.
-//!
-//! `aiperf`: AIPerf's per-request records, `profile_export.jsonl` (one JSON
-//! object per sent request: `metadata`, `metrics` with units, `error`), as
-//! its `aiperf.common.models.MetricRecordInfo` reads them (checked with
-//! AIPerf 0.13.0's own model: `loadgen/benches/aiperf-export-check.sh`).
-//! Requests never sent (cut off by an interruption) have no record there,
-//! as in AIPerf.
+//! AIPerf's per-request records, `profile_export.jsonl` (one JSON object per
+//! sent request: `metadata`, `metrics` with units, `error`), as its
+//! `aiperf.common.models.MetricRecordInfo` reads them (checked with AIPerf
+//! 0.13.0's own model: `loadgen/benches/peer-export-check.sh`). Requests
+//! never sent (cut off by an interruption) have no record there, as in
+//! AIPerf.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use blis_traces::step::StepContext;
-use blis_traces::{Status, Trace, TraceRecord};
+use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
 
-use crate::{Result, cli};
+use super::{Run, write_file};
+use crate::Result;
 
 /// AIPerf's `MetricValue`.
 #[derive(Serialize)]
@@ -68,12 +65,7 @@ fn metric(value: impl Into<serde_json::Value>, unit: &'static str) -> Metric {
 
 /// The AIPerf record of a sent request; `None` for one never sent.
 /// `chunks_us`: the Unix µs of its streamed chunks, in order.
-fn aiperf_record(
-    r: &TraceRecord,
-    session_num: u64,
-    warmup: bool,
-    chunks_us: &[i64],
-) -> Option<Record> {
+fn record(r: &TraceRecord, session_num: u64, warmup: bool, chunks_us: &[i64]) -> Option<Record> {
     let o = &r.outcome;
     let q = &r.request;
     let send = o.send_time_us?;
@@ -152,77 +144,18 @@ fn aiperf_record(
     })
 }
 
-/// `blis-loadgen export`: writes the trace at `args.trace` in
-/// `args.format` to `args.out`.
-///
-/// # Errors
-/// An unreadable trace, an unwritable output.
-pub fn export_command(args: &cli::ExportArgs, out: &mut dyn Write) -> Result<i32> {
-    let trace = Trace::read(&args.trace).step(|| format!("reading {}", args.trace.display()))?;
-    let mut chunks: BTreeMap<u64, Vec<(u32, i64)>> = BTreeMap::new();
-    for c in trace.chunks.iter().flatten() {
-        chunks
-            .entry(c.request_id)
-            .or_default()
-            .push((c.chunk_index, c.timestamp_us));
-    }
-    let mut records: Vec<&TraceRecord> = trace.records.iter().collect();
-    records.sort_by_key(|r| (r.outcome.send_time_us, r.request.request_id));
-    // The warm-up: the header's leading requests by id.
-    let mut ids: Vec<u64> = trace.records.iter().map(|r| r.request.request_id).collect();
-    ids.sort_unstable();
-    let warmup_below = usize::try_from(trace.header.warm_up_requests)
-        .ok()
-        .and_then(|n| ids.get(n).copied())
-        .unwrap_or(if trace.header.warm_up_requests > 0 {
-            u64::MAX
-        } else {
-            0
-        });
-    let file =
-        std::fs::File::create(&args.out).step(|| format!("creating {}", args.out.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    let mut sessions: BTreeMap<&str, u64> = BTreeMap::new();
-    // Sessions and lone requests are numbered together, in send order.
-    let (mut singles, mut unsent) = (0u64, 0u64);
-    for r in records {
-        let key = if r.request.session_id.is_empty() {
-            None
-        } else {
-            Some(&*r.request.session_id)
-        };
-        let next = sessions.len() as u64 + singles;
-        let session_num = match key {
-            Some(k) => *sessions.entry(k).or_insert(next),
-            None => next,
-        };
-        let mut times: Vec<(u32, i64)> = chunks.remove(&r.request.request_id).unwrap_or_default();
-        times.sort_unstable();
-        let times: Vec<i64> = times.into_iter().map(|(_, t)| t).collect();
-        match aiperf_record(r, session_num, r.request.request_id < warmup_below, &times) {
-            Some(rec) => {
-                serde_json::to_writer(&mut w, &rec)?;
-                w.write_all(b"\n")
-                    .step(|| format!("writing {}", args.out.display()))?;
-                if key.is_none() {
-                    singles += 1;
-                }
-            }
-            None => unsent += 1,
+/// Writes the run's sent requests as `profile_export.jsonl` at `out`.
+pub(super) fn write(run: &Run<'_>, out: &std::path::Path) -> Result<String> {
+    let mut buf = Vec::new();
+    for s in &run.sent {
+        if let Some(rec) = record(s.rec, s.session_num, s.warmup, &s.chunks_us) {
+            serde_json::to_writer(&mut buf, &rec)?;
+            buf.write_all(b"\n")?;
         }
     }
-    w.flush()
-        .step(|| format!("writing {}", args.out.display()))?;
-    writeln!(
-        out,
-        "wrote {} (AIPerf profile_export.jsonl records: {} requests{})",
-        args.out.display(),
-        trace.records.len() as u64 - unsent,
-        if unsent > 0 {
-            format!("; {unsent} never sent, left out")
-        } else {
-            String::new()
-        }
-    )?;
-    Ok(crate::exit_code::OK)
+    write_file(out, &buf)?;
+    Ok(format!(
+        "AIPerf profile_export.jsonl records: {} requests",
+        run.sent.len()
+    ))
 }

@@ -14,39 +14,11 @@ use crate::fit::{FitTrace, fit, server_args, write_row};
 /// Process exit codes (the table every BLIS binary shares).
 pub use blis_traces::exit_code;
 
-/// Why a `blis-calibrate` command failed: a one-line message naming the
-/// flag, file or step; the causes follow in the error chain (the binary
-/// prints them after it, `: `-separated).
-#[derive(Debug, thiserror::Error)]
-pub enum CommandError {
-    /// A flag, or a combination of flags, that cannot be used.
-    #[error("{0}")]
-    Usage(String),
-    /// A step that failed (`reading the trace out/sim.yaml`), with its cause.
-    #[error(transparent)]
-    Step(#[from] blis_traces::step::StepError),
-    /// A trace could not be read or written.
-    #[error(transparent)]
-    Trace(#[from] blis_traces::Error),
-    /// The simulator refused a setting (model, hardware, coefficients).
-    #[error(transparent)]
-    Replay(#[from] blis_replay::ReplayError),
-    /// A fit could not be set up or run.
-    #[error(transparent)]
-    Fit(#[from] crate::fit::FitError),
-    /// The HTML report could not be rendered.
-    #[error(transparent)]
-    Html(#[from] crate::html::HtmlError),
-    /// A JSON output could not be written.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// The output stream or a file failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
+/// Why a command failed, and its result: the one error of every BLIS
+/// binary ([`blis_traces::command`]).
+pub use blis_traces::command::{CommandError, Result};
 
-/// Result of a command.
-pub type Result<T, E = CommandError> = std::result::Result<T, E>;
+blis_traces::command_errors!(crate::fit::FitError, crate::html::HtmlError,);
 
 /// Runs the command in `opts`, writing its human-readable output to `out`.
 ///

@@ -44,39 +44,11 @@ use std::io::Write;
 /// Process exit codes (the table every BLIS binary shares).
 pub use blis_traces::exit_code;
 
-/// Why a `blis-loadgen` command failed: a one-line message naming the
-/// flag, file, server or step; the causes follow in the error chain (the
-/// binary prints them after it, `: `-separated).
-#[derive(Debug, thiserror::Error)]
-pub enum CommandError {
-    /// A flag, or a combination of flags, that cannot be used.
-    #[error("{0}")]
-    Usage(String),
-    /// A step that failed (`creating the trace at out/real`), with its cause.
-    #[error(transparent)]
-    Step(#[from] blis_traces::step::StepError),
-    /// The server could not be reached or checked.
-    #[error(transparent)]
-    Probe(#[from] probe::ProbeError),
-    /// The workload could not be planned.
-    #[error(transparent)]
-    Plan(#[from] plan::PlanError),
-    /// A trace could not be read or written.
-    #[error(transparent)]
-    Trace(#[from] blis_traces::Error),
-    /// A JSON output could not be written.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// The output stream or a file failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// A bug: the run's own tasks did not end as they must.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+/// Why a command failed, and its result: the one error of every BLIS
+/// binary ([`blis_traces::command`]).
+pub use blis_traces::command::{CommandError, Result};
 
-/// Result of a command.
-pub type Result<T, E = CommandError> = std::result::Result<T, E>;
+blis_traces::command_errors!(probe::ProbeError, plan::PlanError);
 
 /// Runs the command in `opts`, writing its human-readable output to `out`,
 /// and returns the process exit code ([`exit_code`]).

@@ -1,3 +1,4 @@
+use blis_traces::command::CommandError;
 use blis_traces::exit_code;
 use blis_traces::stdio::PipeSafe;
 use clap::Parser;
@@ -5,5 +6,5 @@ use clap::Parser;
 fn main() {
     let opts = blis_loadgen::Opts::parse();
     let mut out = PipeSafe::new(std::io::stdout().lock());
-    exit_code::finish(blis_loadgen::run(opts, &mut out), |_| exit_code::ERROR);
+    exit_code::finish(blis_loadgen::run(opts, &mut out), CommandError::exit_code);
 }

@@ -14,53 +14,35 @@
 
 use std::path::{Path, PathBuf};
 
-use blis_traces::step::{StepContext, StepError};
+use blis_traces::step::StepContext;
 
 use clap::Parser;
 
-/// Why the loop stopped: the step that failed, with its causes in the
-/// error chain (the binary prints them after it, `: `-separated).
-#[derive(Debug, thiserror::Error)]
-pub enum LoopError {
-    /// A tool ended without a result (`blis-loadgen exited with code 3`),
-    /// or the server offers no model to use.
-    #[error("{0}")]
-    Failed(String),
-    /// The observation was interrupted (SIGINT/SIGTERM): its trace so far
-    /// is complete up to the interruption; nothing was replayed.
-    #[error(
-        "interrupted while observing the server: the requests it completed are in {0}, the rest recorded there as cancelled; nothing was replayed or compared"
-    )]
-    Interrupted(String),
-    /// The observed run failed: more requests failed than
-    /// `--max-error-rate` allows (its summary above says which).
-    #[error(
-        "the observed run failed (its summary above gives the errors by kind; the trace is {0}); nothing was replayed or compared"
-    )]
-    ObservedRunFailed(String),
-    /// A step that failed (`replaying the trace (blis-replay run)`), with
-    /// its cause.
-    #[error(transparent)]
-    Step(#[from] StepError),
-    /// The mock server could not start.
-    #[error(transparent)]
-    Mock(#[from] blis_mockserver::StartError),
-    /// A tool's command line, as the loop built it, was refused.
-    #[error(transparent)]
-    Args(#[from] clap::Error),
-    /// The server's model list could not be fetched.
-    #[error(transparent)]
-    Http(#[from] reqwest::Error),
-    /// A report could not be read as JSON.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// A file could not be read or written.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
+/// Why the loop stopped, and its result: the one error of every BLIS
+/// binary ([`blis_traces::command`]), naming the step that failed.
+pub use blis_traces::command::{CommandError, Result};
+use blis_traces::exit_code;
 
-/// Result of the loop.
-pub type Result<T, E = LoopError> = std::result::Result<T, E>;
+/// `blis-loop`'s options, as every binary calls them.
+pub use LoopOpts as Opts;
+
+/// Runs the loop with progress on stderr, then prints the report's
+/// Markdown and the HTML report's path to `out`; returns the process exit
+/// code.
+///
+/// # Errors
+/// Any step's failure, naming the step; an interrupted or failed
+/// observation ends with its own exit code ([`CommandError::Ended`]).
+pub fn run(opts: Opts, out: &mut dyn std::io::Write) -> Result<i32> {
+    let r = run_loop(&opts, &mut |l| blis_traces::diag!("{}", l.trim_end()))?;
+    write!(out, "{}", r.markdown)?;
+    writeln!(
+        out,
+        "\nHTML report: {}",
+        r.report.with_extension("html").display()
+    )?;
+    Ok(exit_code::OK)
+}
 
 /// The workload of the main job: one minute of ServeGen's m-large language
 /// clients (arXiv:2505.09999).
@@ -142,7 +124,8 @@ async fn first_model(url: &str) -> Result<String> {
     let models = format!("{url}/v1/models");
     let v: serde_json::Value = reqwest::Client::builder()
         .no_proxy()
-        .build()?
+        .build()
+        .map_err(CommandError::library)?
         .get(&models)
         .send()
         .await
@@ -153,7 +136,7 @@ async fn first_model(url: &str) -> Result<String> {
     v["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| LoopError::Failed(format!("{models} lists no model; give --model")))
+        .ok_or_else(|| CommandError::Usage(format!("{models} lists no model; give --model")))
 }
 
 /// What a loop derives from its observed trace in `--out`: an earlier
@@ -237,8 +220,11 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     replay.extend(o.replay_args.split_whitespace().map(str::to_string));
     log("replaying the observed trace (blis-replay run)");
     let mut out = Vec::new();
-    blis_replay::commands::execute(blis_replay::Opts::try_parse_from(&replay)?, &mut out)
-        .step(|| "replaying the trace (blis-replay run)")?;
+    blis_replay::commands::execute(
+        blis_replay::Opts::try_parse_from(&replay).map_err(CommandError::library)?,
+        &mut out,
+    )
+    .step(|| "replaying the trace (blis-replay run)")?;
     let on_mock = mock.is_some();
     let mut served = Vec::new();
     if let Some(server) = mock.take() {
@@ -297,21 +283,35 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
         spec.display()
     ));
     let mut out = Vec::new();
-    let code = blis_loadgen::run(blis_loadgen::Opts::try_parse_from(&args)?, &mut out)
-        .step(|| "observing the server (blis-loadgen run)")?;
+    let code = blis_loadgen::run(
+        blis_loadgen::Opts::try_parse_from(&args).map_err(CommandError::library)?,
+        &mut out,
+    )
+    .step(|| "observing the server (blis-loadgen run)")?;
     log(&String::from_utf8_lossy(&out));
     let header = real.with_extension("yaml");
     match code {
         0 => Ok(header),
-        blis_loadgen::exit_code::INTERRUPTED => {
-            Err(LoopError::Interrupted(header.display().to_string()))
-        }
-        blis_loadgen::exit_code::FAILED => {
-            Err(LoopError::ObservedRunFailed(header.display().to_string()))
-        }
-        _ => Err(LoopError::Failed(format!(
-            "blis-loadgen exited with code {code}"
-        ))),
+        exit_code::INTERRUPTED => Err(CommandError::Ended {
+            code,
+            message: format!(
+                "interrupted while observing the server: the requests it completed are in {}, the rest recorded there as cancelled; nothing was replayed or compared",
+                header.display()
+            ),
+        }),
+        exit_code::FAILED => Err(CommandError::Ended {
+            code,
+            message: format!(
+                "the observed run failed (its summary above gives the errors by kind; the trace is {}); nothing was replayed or compared",
+                header.display()
+            ),
+        }),
+        _ => Err(CommandError::Ended {
+            code,
+            message: format!(
+                "observing the server ended with exit code {code}; nothing was replayed or compared"
+            ),
+        }),
     }
 }
 
@@ -358,8 +358,11 @@ fn fit_coefficients(
     ];
     fit.extend(o.replay_args.split_whitespace().map(str::to_string));
     let mut out = Vec::new();
-    blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&fit)?, &mut out)
-        .step(|| "fitting coefficients (blis-calibrate fit)")?;
+    blis_calibrate::run(
+        blis_calibrate::Opts::try_parse_from(&fit).map_err(CommandError::library)?,
+        &mut out,
+    )
+    .step(|| "fitting coefficients (blis-calibrate fit)")?;
     log(&String::from_utf8_lossy(&out));
     Ok(vec![
         "--coefficients".into(),
@@ -417,7 +420,10 @@ fn compare(
         log("comparing (blis-calibrate compare --html)");
     }
     let mut out = Vec::new();
-    blis_calibrate::run(blis_calibrate::Opts::try_parse_from(&cmp)?, &mut out)
-        .step(|| "comparing (blis-calibrate compare)")?;
+    blis_calibrate::run(
+        blis_calibrate::Opts::try_parse_from(&cmp).map_err(CommandError::library)?,
+        &mut out,
+    )
+    .step(|| "comparing (blis-calibrate compare)")?;
     Ok(report)
 }

@@ -70,6 +70,33 @@ use blis_replay::setup::{ServerArgs, resolve};
 
 pub use cli::Opts;
 
+blis_traces::command_errors!(StartError);
+
+/// Runs `blis-mockserver`: serves until SIGINT/SIGTERM, after printing
+/// `listening on http://ADDR` to `out`; returns the process exit code.
+///
+/// # Errors
+/// The runtime or the server could not start (a bad setting, a port in
+/// use).
+pub fn run(opts: Opts, out: &mut dyn std::io::Write) -> blis_traces::command::Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| blis_traces::step::StepError::new("starting the runtime", e))?;
+    rt.block_on(async {
+        let server = start(&opts.config()).await?;
+        writeln!(out, "listening on http://{}", server.addr)?;
+        out.flush()?;
+        if server.addr.ip().is_loopback() {
+            blis_traces::diag!(
+                "loopback only: other machines cannot reach it (--host 0.0.0.0 to serve them)"
+            );
+        }
+        server.run_until_signal().await;
+        Ok(blis_traces::exit_code::OK)
+    })
+}
+
 use crate::engine::{Clock, EngineHandle};
 use crate::faults::{FaultConfig, Faults};
 use crate::metrics::Metrics;
@@ -147,10 +174,10 @@ pub enum StartError {
     #[error("{0}")]
     Settings(String),
     /// The engine could not be configured (unknown model, coefficients).
-    #[error("configuring the engine: {0}")]
+    #[error("configuring the engine")]
     Engine(#[from] blis_replay::ReplayError),
     /// The address could not be bound.
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,

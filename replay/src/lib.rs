@@ -72,3 +72,12 @@ pub use sim::{replay, replay_cluster};
 
 /// Process exit codes (the table every BLIS binary shares).
 pub use blis_traces::exit_code;
+
+/// Runs the `blis-replay` command in `opts`, printing its summary to
+/// `out`; returns the process exit code.
+///
+/// # Errors
+/// Bad input or settings, with the file, line or flag to fix.
+pub fn run(opts: Opts, out: &mut dyn std::io::Write) -> commands::Result<i32> {
+    commands::execute(opts, out).map(|()| exit_code::OK)
+}

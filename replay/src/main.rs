@@ -1,3 +1,4 @@
+use blis_traces::command::CommandError;
 use blis_traces::exit_code;
 use blis_traces::stdio::PipeSafe;
 use clap::Parser;
@@ -5,6 +6,5 @@ use clap::Parser;
 fn main() {
     let opts = blis_replay::Opts::parse();
     let mut out = PipeSafe::new(std::io::stdout().lock());
-    let result = blis_replay::commands::execute(opts, &mut out).map(|()| exit_code::OK);
-    exit_code::finish(result, |_| exit_code::ERROR);
+    exit_code::finish(blis_replay::run(opts, &mut out), CommandError::exit_code);
 }

@@ -51,6 +51,7 @@ pub mod arrival;
 pub mod background;
 pub mod bundle;
 pub mod check;
+pub mod command;
 pub mod companions;
 pub mod content;
 pub mod csvio;

@@ -11,37 +11,13 @@ pub mod run;
 
 pub use cli::{Command, Opts, RunArgs};
 
-use blis_traces::step::StepError;
-
 use crate::error::ReplayError;
 
-/// Why a `blis-replay` command failed: a one-line message naming the flag,
-/// file or step to fix; the causes follow in the error chain (the binary
-/// prints them after it, `: `-separated).
-#[derive(Debug, thiserror::Error)]
-pub enum CommandError {
-    /// A flag, or a combination of flags, that cannot be used.
-    #[error("{0}")]
-    Usage(String),
-    /// A step that failed (`creating out/sim.csv`), with its cause.
-    #[error(transparent)]
-    Step(#[from] StepError),
-    /// The replay library refused an input or a setting.
-    #[error(transparent)]
-    Replay(#[from] ReplayError),
-    /// A trace or one of its companions could not be read or written.
-    #[error(transparent)]
-    Trace(#[from] blis_traces::Error),
-    /// A JSON output could not be written.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// The output stream or a file failed.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
+/// Why a command failed, and its result: the one error of every BLIS
+/// binary ([`blis_traces::command`]).
+pub use blis_traces::command::{CommandError, Result};
 
-/// Result of a command.
-pub type Result<T, E = CommandError> = std::result::Result<T, E>;
+blis_traces::command_errors!(ReplayError);
 
 /// Runs the command in `opts`, printing its summary to `out`.
 ///

@@ -127,7 +127,7 @@ pub struct BenchmarkReport {
 }
 
 /// What a trained-physics fit of the benchmark leaves out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Folds {
     /// Leave-one-run-out: each run predicted by a fit on every other run.

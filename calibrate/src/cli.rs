@@ -75,7 +75,25 @@ pub struct BenchmarkArgs {
     /// predicted by a fit on the runs of every *other* model: how a model
     /// never fitted is predicted).
     #[arg(long, value_enum, default_value = "run")]
-    pub folds: crate::benchmark::Folds,
+    pub folds: FoldsArg,
+}
+
+/// `--folds` ([`Folds`](crate::benchmark::Folds)).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoldsArg {
+    /// Leave one run out.
+    Run,
+    /// Leave one model out.
+    Model,
+}
+
+impl From<FoldsArg> for crate::benchmark::Folds {
+    fn from(a: FoldsArg) -> Self {
+        match a {
+            FoldsArg::Run => Self::Run,
+            FoldsArg::Model => Self::Model,
+        }
+    }
 }
 
 /// How a trained-physics joint fit runs (`fit` and `benchmark`).

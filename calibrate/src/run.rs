@@ -461,9 +461,9 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> Result<()> {
             _ => 300,
         }))?,
         async_scheduling: a.async_scheduling,
-        folds: a.folds,
+        folds: a.folds.into(),
     };
-    if a.folds == crate::benchmark::Folds::Model {
+    if a.folds == crate::cli::FoldsArg::Model {
         if latency != LatencyKind::TrainedPhysics {
             return Err(CommandError::Usage(format!(
                 "--folds model needs --latency-model trained-physics ({} is {})",

@@ -3,16 +3,17 @@
 
 use std::io::Write;
 
-use crate::{Result, cli, exit_code};
+use crate::{Result, exit_code};
+use std::path::Path;
 
 /// `blis-loadgen check`: the trace against its plan; exit code 0 when
 /// complete, [`exit_code::INCOMPLETE`] otherwise.
 ///
 /// # Errors
 /// The trace cannot be read.
-pub fn check_command(args: &cli::CheckArgs, out: &mut dyn Write) -> Result<i32> {
-    let r = blis_traces::check::check(&args.trace)?;
-    if args.json {
+pub fn check_command(trace: &Path, json: bool, out: &mut dyn Write) -> Result<i32> {
+    let r = blis_traces::check::check(trace)?;
+    if json {
         serde_json::to_writer_pretty(&mut *out, &r)?;
         writeln!(out)?;
     } else {
@@ -21,7 +22,7 @@ pub fn check_command(args: &cli::CheckArgs, out: &mut dyn Write) -> Result<i32> 
         } else {
             "cut off: its writer did not finish (killed, or still running)"
         };
-        writeln!(out, "trace {}: {state}", args.trace.display())?;
+        writeln!(out, "trace {}: {state}", trace.display())?;
         let statuses: Vec<String> = r
             .by_status
             .iter()

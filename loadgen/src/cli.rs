@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-pub use crate::http::{Api, ServerType};
+use crate::options::{self, Shard};
 use blis_traces::ImportSource;
 use clap::{Args, Parser, Subcommand};
 
@@ -158,28 +158,18 @@ pub struct SyntheticArgs {
     #[arg(allow_negative_numbers = true, long, default_value = "128")]
     pub output_tokens: String,
     /// Inter-arrival gaps of a --rate workload.
-    #[arg(long, value_enum, default_value_t = Arrival::Poisson)]
-    pub arrival: Arrival,
+    #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
+    pub arrival: ArrivalArg,
 }
 
 /// Inter-arrival gaps of a synthetic `--rate` workload.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arrival {
+pub enum ArrivalArg {
     /// Exponential gaps (a Poisson process), as `vllm bench serve` by default.
     Poisson,
     /// Every gap 1/rate: a fixed schedule, as `oha -q` and guidellm's
     /// `constant` profile.
     Constant,
-}
-
-impl Arrival {
-    /// The workload spec's name of this process.
-    pub fn spec_name(self) -> &'static str {
-        match self {
-            Arrival::Poisson => "poisson",
-            Arrival::Constant => "constant",
-        }
-    }
 }
 
 /// `generate` options.
@@ -237,10 +227,10 @@ pub struct RunArgs {
     pub out: PathBuf,
     /// API to use.
     #[arg(long, value_enum, default_value = "completions")]
-    pub api: Api,
+    pub api: ApiArg,
     /// Server family.
     #[arg(long, value_enum, default_value = "vllm")]
-    pub server_type: ServerType,
+    pub server_type: ServerTypeArg,
     /// Ask for whole responses instead of streams (overrides the workload).
     #[arg(long)]
     pub no_stream: bool,
@@ -325,7 +315,7 @@ pub struct RunArgs {
     /// or a session's rounds) I, I + N, I + 2N, ... in send order, so that
     /// N processes, on N machines, send exactly the one-process schedule
     /// together. Join their traces with `blis-loadgen merge`.
-    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    #[arg(long, value_name = "I/N", value_parser = Shard::parse)]
     pub shard: Option<Shard>,
     /// Start the schedule at this Unix time, seconds (fractions allowed),
     /// instead of 0.2 s from now: shards started with the same value start
@@ -334,30 +324,125 @@ pub struct RunArgs {
     pub start_at: Option<f64>,
 }
 
-/// Part `index` of `count` of a plan (`--shard I/N`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
-    /// The part, from 0.
-    pub index: u32,
-    /// Parts in all, at least 1.
-    pub count: u32,
+/// `--api` ([`options::Api`]).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiArg {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
 }
 
-impl Shard {
-    /// Whether the unit at `k` (in send order) is this part's.
-    pub fn has(&self, k: usize) -> bool {
-        k % self.count as usize == self.index as usize
+impl From<ApiArg> for options::Api {
+    fn from(a: ApiArg) -> Self {
+        match a {
+            ApiArg::Completions => Self::Completions,
+            ApiArg::Chat => Self::Chat,
+        }
     }
 }
 
-/// Parses `I/N` with 0 ≤ I < N ≤ 10,000.
-fn parse_shard(s: &str) -> Result<Shard, String> {
-    let bad = || format!("--shard wants I/N with 0 <= I < N <= 10000 (e.g. 0/4), got {s:?}");
-    let (i, n) = s.split_once('/').ok_or_else(bad)?;
-    let index: u32 = i.trim().parse().map_err(|_| bad())?;
-    let count: u32 = n.trim().parse().map_err(|_| bad())?;
-    if count == 0 || count > 10_000 || index >= count {
-        return Err(bad());
+/// `--server-type` ([`options::ServerType`]).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerTypeArg {
+    /// vLLM: `max_tokens` with `ignore_eos` and `min_tokens`.
+    Vllm,
+    /// SGLang: `max_tokens` with `ignore_eos`.
+    Sglang,
+    /// llama.cpp's server: `max_tokens` with `ignore_eos`.
+    Llamacpp,
+    /// Any OpenAI-compatible server: `max_tokens` only.
+    Openai,
+}
+
+impl From<ServerTypeArg> for options::ServerType {
+    fn from(a: ServerTypeArg) -> Self {
+        match a {
+            ServerTypeArg::Vllm => Self::Vllm,
+            ServerTypeArg::Sglang => Self::Sglang,
+            ServerTypeArg::Llamacpp => Self::Llamacpp,
+            ServerTypeArg::Openai => Self::Openai,
+        }
     }
-    Ok(Shard { index, count })
+}
+
+impl From<ArrivalArg> for options::Arrival {
+    fn from(a: ArrivalArg) -> Self {
+        match a {
+            ArrivalArg::Poisson => Self::Poisson,
+            ArrivalArg::Constant => Self::Constant,
+        }
+    }
+}
+
+impl From<WorkloadArgs> for options::WorkloadSource {
+    fn from(a: WorkloadArgs) -> Self {
+        options::WorkloadSource {
+            workload_spec: a.workload_spec,
+            import: a.import,
+            trace: a.trace,
+            rate: a.rate,
+        }
+    }
+}
+
+impl From<SyntheticArgs> for options::Synthetic {
+    fn from(a: SyntheticArgs) -> Self {
+        options::Synthetic {
+            input_tokens: a.input_tokens,
+            output_tokens: a.output_tokens,
+            arrival: a.arrival.into(),
+        }
+    }
+}
+
+impl From<GenerateArgs> for options::PlanOptions {
+    fn from(a: GenerateArgs) -> Self {
+        options::PlanOptions {
+            workload: a.workload.into(),
+            synthetic: a.synthetic.into(),
+            out: a.out,
+            seed: a.seed,
+            horizon_s: a.horizon_s,
+            num_requests: a.num_requests,
+            aggregate_rate: a.aggregate_rate,
+            keep_measured: a.keep_measured,
+        }
+    }
+}
+
+impl From<RunArgs> for options::RunOptions {
+    fn from(a: RunArgs) -> Self {
+        options::RunOptions {
+            server_url: a.server_url,
+            model: a.model,
+            workload: a.workload.into(),
+            synthetic: a.synthetic.into(),
+            out: a.out,
+            api: a.api.into(),
+            server_type: a.server_type.into(),
+            no_stream: a.no_stream,
+            concurrency: a.concurrency,
+            max_in_flight: a.max_in_flight,
+            timeout_s: a.timeout_s,
+            warmup_requests: a.warmup_requests,
+            duration_s: a.duration_s,
+            num_requests: a.num_requests,
+            aggregate_rate: a.aggregate_rate,
+            seed: a.seed,
+            api_key: a.api_key,
+            metrics_url: a.metrics_url,
+            scrape_interval_ms: a.scrape_interval_ms,
+            max_send_lag_ms: a.max_send_lag_ms,
+            strict: a.strict,
+            max_error_rate: a.max_error_rate,
+            max_behind_s: a.max_behind_s,
+            grace_s: a.grace_s,
+            slo: a.slo,
+            json: a.json,
+            client_threads: a.client_threads,
+            shard: a.shard,
+            start_at: a.start_at,
+        }
+    }
 }

@@ -17,7 +17,7 @@ pub use crate::response::{Capture, ErrorKind, Failure, describe, error_label};
 use crate::response::{error_body_text, error_text};
 
 /// The API a run speaks.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     /// `/v1/completions`.
     Completions,
@@ -27,7 +27,7 @@ pub enum Api {
 
 /// The server family (selects how output length is forced and the metric
 /// names understood).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerType {
     /// vLLM: `max_tokens` with `ignore_eos` and `min_tokens`.
     Vllm,

@@ -25,6 +25,7 @@ pub mod clock;
 pub mod export;
 pub mod http;
 pub mod merge;
+pub mod options;
 pub mod plan;
 pub mod probe;
 pub mod prompt;
@@ -57,10 +58,12 @@ blis_traces::command_errors!(probe::ProbeError, plan::PlanError);
 /// Any failure, with a chain of context naming the file or field.
 pub fn run(opts: Opts, out: &mut dyn Write) -> Result<i32> {
     match opts.command {
-        Command::Generate(args) => plan::generate_command(&args, out).map(|()| exit_code::OK),
-        Command::Run(args) => run::run_command(&args, out),
-        Command::Check(args) => check::check_command(&args, out),
-        Command::Merge(args) => merge::merge_command(&args, out),
+        Command::Generate(args) => {
+            plan::generate_command(&(*args).into(), out).map(|()| exit_code::OK)
+        }
+        Command::Run(args) => run::run_command(&(*args).into(), out),
+        Command::Check(args) => check::check_command(&args.trace, args.json, out),
+        Command::Merge(args) => merge::merge_command(&args.parts, &args.out, out),
         Command::Export(args) => {
             let said = export::export(&args.trace, args.format.into(), &args.out)?;
             writeln!(out, "{said}")?;

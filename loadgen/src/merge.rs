@@ -19,7 +19,8 @@ use blis_traces::{LoadGeneratorInfo, Trace, TraceRecord};
 
 use crate::report::{SummaryInputs, summarize};
 use crate::samples::CountedSamples;
-use crate::{CommandError, Result, cli};
+use crate::{CommandError, Result};
+use std::path::Path;
 
 /// One part, read and checked.
 struct Part {
@@ -153,15 +154,15 @@ fn rebase(r: &mut TraceRecord, offset: i64, shift: i64) {
     }
 }
 
-/// `blis-loadgen merge`: writes the merged trace at `--out` and prints
-/// what it holds.
+/// `blis-loadgen merge`: merges the traces of a sharded run's `parts`
+/// (their header YAMLs or prefixes), writes the merged trace at the prefix
+/// `merged` and prints what it holds.
 ///
 /// # Errors
 /// An unreadable part, parts that are not the parts of one plan, a request
 /// id in two parts, an unwritable output.
-pub fn merge_command(args: &cli::MergeArgs, out: &mut dyn Write) -> Result<i32> {
-    let mut parts = args
-        .parts
+pub fn merge_command(parts: &[PathBuf], merged: &Path, out: &mut dyn Write) -> Result<i32> {
+    let mut parts = parts
         .iter()
         .map(|p| read_part(p))
         .collect::<Result<Vec<Part>>>()?;
@@ -246,8 +247,8 @@ pub fn merge_command(args: &cli::MergeArgs, out: &mut dyn Write) -> Result<i32> 
         absent_columns: Vec::new(),
     };
     let paths = trace
-        .write(&args.out)
-        .step(|| format!("writing the merged trace at {}", args.out.display()))?;
+        .write(merged)
+        .step(|| format!("writing the merged trace at {}", merged.display()))?;
     writeln!(
         out,
         "merged {} parts of plan {} into {}: {} requests{}{}",

@@ -10,7 +10,7 @@ use blis_traces::{
     WorkloadSpec, WorkloadSummary,
 };
 
-use crate::cli::{GenerateArgs, SyntheticArgs, WorkloadArgs};
+use crate::options::{PlanOptions, Synthetic, WorkloadSource};
 
 /// Default seed when neither the spec nor the command line gives one.
 pub const DEFAULT_SEED: u64 = 42;
@@ -70,8 +70,8 @@ impl GeneratedWorkload {
 /// # Errors
 /// Unreadable or invalid spec or import.
 pub fn plan_workload(
-    w: &WorkloadArgs,
-    synthetic: &SyntheticArgs,
+    w: &WorkloadSource,
+    synthetic: &Synthetic,
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, Workload), PlanError> {
     if opts.aggregate_rate.is_some() && w.workload_spec.is_none() {
@@ -128,8 +128,8 @@ pub fn plan_workload(
 /// # Errors
 /// Unreadable or invalid spec or import.
 pub fn load_workload(
-    w: &WorkloadArgs,
-    synthetic: &SyntheticArgs,
+    w: &WorkloadSource,
+    synthetic: &Synthetic,
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, Vec<TraceRecord>), PlanError> {
     let (header, workload) = plan_workload(w, synthetic, opts)?;
@@ -148,7 +148,7 @@ pub fn load_workload(
 /// an unreadable length distribution.
 fn synthetic_workload(
     rate: f64,
-    synthetic: &SyntheticArgs,
+    synthetic: &Synthetic,
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, GeneratedWorkload), PlanError> {
     if !(rate > 0.0 && rate.is_finite()) {
@@ -230,7 +230,7 @@ fn replanned_trace(
 ///
 /// # Errors
 /// Bad input or unwritable output.
-pub fn generate_command(args: &GenerateArgs, out: &mut dyn Write) -> Result<()> {
+pub fn generate_command(args: &PlanOptions, out: &mut dyn Write) -> Result<()> {
     let opts = GenerateOptions {
         seed: args.seed,
         horizon_us: args.horizon_s.map(|s| (s * 1e6).round() as u64),

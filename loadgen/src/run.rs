@@ -32,10 +32,10 @@ use blis_traces::{
 };
 use tokio::sync::{Semaphore, watch};
 
-use crate::cli::{RunArgs, Shard};
 use crate::clock::RunClock;
 use crate::http::{Api, ServerType};
 use crate::http::{Capture, Endpoint, ErrorKind, Failure, Message, Prompt};
+use crate::options::{RunOptions, Shard};
 use crate::plan::{GeneratedWorkload, PlanError, Workload, plan_workload};
 use crate::record::{Msg, Recorded};
 use crate::report::{Slo, Summary, SummaryInputs, Tally, process_cpu_time_s};
@@ -490,7 +490,7 @@ impl Signals {
 }
 
 /// Validated numeric options.
-fn check_args(args: &RunArgs) -> Result<Option<Slo>> {
+fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
     if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--timeout-s must be a positive number of seconds, got {}",
@@ -550,7 +550,7 @@ fn check_args(args: &RunArgs) -> Result<Option<Slo>> {
 ///
 /// # Errors
 /// Bad options or workload, an unreachable server, unwritable output.
-pub fn run_command(args: &RunArgs, out: &mut dyn Write) -> Result<i32> {
+pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
     let slo = check_args(args)?;
     if args.api_key.is_some() && key_on_command_line(std::env::args()) {
         blis_traces::diag!(
@@ -801,7 +801,7 @@ fn indexed(
 }
 
 /// Phase 1: the workload, planned and sorted by send time.
-fn plan(args: &RunArgs) -> Result<Plan> {
+fn plan(args: &RunOptions) -> Result<Plan> {
     let closed_loop = args.concurrency.is_some();
     let opts = GenerateOptions {
         seed: args.seed,
@@ -922,7 +922,7 @@ fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
 
 /// Phase 2: the server, checked and measured (tokens per word, its KV
 /// cache from its metrics).
-async fn connect(args: &RunArgs) -> Result<Server> {
+async fn connect(args: &RunOptions) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
     let client = crate::http::client().step(|| "building the HTTP client")?;
     let info = probe::check_server(
@@ -1022,7 +1022,7 @@ async fn connect(args: &RunArgs) -> Result<Server> {
 
 /// Phase 3: the trace's header (completed at the end) and its columns.
 fn trace_header(
-    args: &RunArgs,
+    args: &RunOptions,
     plan: &Plan,
     server: &Server,
     run_start_us: i64,
@@ -1126,7 +1126,7 @@ fn progress_message(
 /// Phase 4: the senders, open loop (each request at its time) or closed
 /// loop (`--concurrency` users); each holds `done` until it ends.
 fn dispatch(
-    args: &RunArgs,
+    args: &RunOptions,
     sh: &Arc<Shared>,
     units: Units,
     done: &tokio::sync::mpsc::Sender<()>,
@@ -1174,7 +1174,7 @@ fn dispatch(
 /// sends, up to `--grace-s` for the requests in flight (a second signal
 /// cancels them at once). Returns whether the run was interrupted.
 async fn wait_for_end(
-    args: &RunArgs,
+    args: &RunOptions,
     sh: &Shared,
     signals: &mut Signals,
     mut done: tokio::sync::mpsc::Receiver<()>,
@@ -1227,7 +1227,7 @@ async fn unwrap_shared(mut sh: Arc<Shared>) -> Result<Shared> {
     }
 }
 
-async fn run_async(args: &RunArgs, slo: Option<Slo>) -> Result<Summary> {
+async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
     let mut signals = Signals::new().step(|| "installing signal handlers")?;
     let plan = plan(args)?;
     let server = connect(args).await?;
@@ -1368,7 +1368,7 @@ struct RunEnd {
 }
 
 /// The run's summary from what was recorded.
-fn summarize_run(recorded: &mut Recorded, end: RunEnd, args: &RunArgs) -> Summary {
+fn summarize_run(recorded: &mut Recorded, end: RunEnd, args: &RunOptions) -> Summary {
     let inp = summary_inputs(end.warmup_below, end.run_start_us, end.slo);
     let tally = std::mem::replace(&mut recorded.tally, Tally::new(&inp));
     tally.summary(
@@ -1412,7 +1412,7 @@ struct Recorder {
 /// The trace's header and its recorder thread, writing the files at
 /// `args.out`.
 fn start_recorder(
-    args: &RunArgs,
+    args: &RunOptions,
     plan: &Plan,
     server: &Server,
     run_start_us: i64,
@@ -1808,7 +1808,7 @@ mod tests {
         assert_eq!(u[1][0].request.request_id, 1);
     }
 
-    fn run_args(workload: &[&str]) -> RunArgs {
+    fn run_args(workload: &[&str]) -> RunOptions {
         use clap::Parser;
         let mut v = vec![
             "blis-loadgen",
@@ -1822,7 +1822,7 @@ mod tests {
         ];
         v.extend(workload);
         match crate::cli::Opts::parse_from(v).command {
-            crate::cli::Command::Run(a) => *a,
+            crate::cli::Command::Run(a) => (*a).into(),
             _ => unreachable!("a run"),
         }
     }

@@ -40,7 +40,7 @@ pub struct Opts {
     pub time_scale: f64,
     /// Metric names: vllm or sglang.
     #[arg(long, value_enum, default_value = "vllm")]
-    pub metrics_style: MetricsStyle,
+    pub metrics_style: MetricsStyleArg,
     /// Response length when the request does not force max_tokens:
     /// constant:N, exponential:MEAN or uniform:A,B (capped by max_tokens).
     #[arg(long, default_value = "exponential:256")]
@@ -144,7 +144,7 @@ impl Opts {
             api_key: self.api_key.clone(),
             startup_delay: std::time::Duration::from_millis(self.startup_delay_ms),
             time_scale: self.time_scale,
-            metrics_style: self.metrics_style,
+            metrics_style: self.metrics_style.into(),
             output_dist: self.output_dist,
             seed: self.seed,
             engine,
@@ -162,6 +162,24 @@ impl Opts {
             record_served: self.record_served,
             served_log: self.served_log.clone(),
             max_queued_requests: self.max_queued_requests,
+        }
+    }
+}
+
+/// `--metrics-style` ([`MetricsStyle`]).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsStyleArg {
+    /// `vllm:` names.
+    Vllm,
+    /// `sglang:` names.
+    Sglang,
+}
+
+impl From<MetricsStyleArg> for MetricsStyle {
+    fn from(a: MetricsStyleArg) -> Self {
+        match a {
+            MetricsStyleArg::Vllm => Self::Vllm,
+            MetricsStyleArg::Sglang => Self::Sglang,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use blis_replay::engine::instance::{Finished, Snapshot};
 
 /// Which server's metric names to expose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MetricsStyle {
     /// `vllm:` names.
     #[default]

@@ -97,7 +97,7 @@ impl Default for AutoscaleConfig {
 }
 
 /// The autoscaling policy templates (macro-plan F.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ScalerKind {
     /// One replica up when the mean utilisation reaches
@@ -121,7 +121,7 @@ impl ScalerKind {
 }
 
 /// What a replica being removed does with its requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DrainPolicy {
     /// No new requests; those it has finish.

@@ -331,7 +331,7 @@ pub struct ClusterArgs {
     /// `target-utilization` (HPA's proportional rule); --num-instances is
     /// the initial count.
     #[arg(long, value_name = "POLICY")]
-    pub autoscaler: Option<crate::cluster::autoscale::ScalerKind>,
+    pub autoscaler: Option<ScalerArg>,
     /// Autoscaling: fewest replicas (default 1).
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub autoscaler_min: Option<u32>,
@@ -375,7 +375,7 @@ pub struct ClusterArgs {
     /// (finish them; default), `immediate` (cut them off), `redirect`
     /// (route those still waiting elsewhere).
     #[arg(long, value_name = "POLICY")]
-    pub drain_policy: Option<crate::cluster::autoscale::DrainPolicy>,
+    pub drain_policy: Option<DrainArg>,
     /// `decisions`: write PREFIX.decisions.jsonl, one admission and
     /// routing decision per line with what the router saw, every
     /// candidate's score, the regret and the request's outcome.
@@ -600,11 +600,11 @@ impl ClusterArgs {
         }
         let mut c = b.autoscale.clone().unwrap_or_default();
         if let Some(p) = a.autoscaler {
-            c.policy = p;
+            c.policy = p.into();
         }
         macro_rules! set {
             ($($flag:ident => $field:ident),*) => {
-                $(if let Some(x) = a.$flag { c.$field = x; })*
+                $(if let Some(x) = a.$flag { c.$field = x.into(); })*
             };
         }
         set!(
@@ -812,5 +812,44 @@ fn scorer_hint(name: &str) -> String {
             "; {name:?} is a scorer of the weighted policy: --routing weighted --routing-scorers {name}:3,queue-depth:2 (scorers: prefix-affinity, precise-prefix-cache, no-hit-lru, queue-depth, kv-utilization, load-balance)"
         ),
         Err(_) => String::new(),
+    }
+}
+
+/// `--autoscaler` ([`ScalerKind`](crate::cluster::autoscale::ScalerKind)).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalerArg {
+    /// One replica up or down at a utilisation threshold.
+    Threshold,
+    /// HPA's proportional rule.
+    TargetUtilization,
+}
+
+impl From<ScalerArg> for crate::cluster::autoscale::ScalerKind {
+    fn from(a: ScalerArg) -> Self {
+        match a {
+            ScalerArg::Threshold => Self::Threshold,
+            ScalerArg::TargetUtilization => Self::TargetUtilization,
+        }
+    }
+}
+
+/// `--drain-policy` ([`DrainPolicy`](crate::cluster::autoscale::DrainPolicy)).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainArg {
+    /// Finish the requests it has.
+    Wait,
+    /// Cut them off at once.
+    Immediate,
+    /// Route those still waiting elsewhere.
+    Redirect,
+}
+
+impl From<DrainArg> for crate::cluster::autoscale::DrainPolicy {
+    fn from(a: DrainArg) -> Self {
+        match a {
+            DrainArg::Wait => Self::Wait,
+            DrainArg::Immediate => Self::Immediate,
+            DrainArg::Redirect => Self::Redirect,
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Model architectures (Hugging Face `config.json`) and GPU descriptions
 //! (`hardware_config.json`), the inputs of the roofline model.
 //!
-//! The configs of `model-configs/` (copied from inference-sim, Apache-2.0)
+//! The configs of `replay/model-configs/` (copied from inference-sim, Apache-2.0)
 //! are compiled into the binary; `--model-config DIR_OR_FILE` reads others.
 
 use std::path::PathBuf;
@@ -101,66 +101,66 @@ pub enum HardwareError {
 pub const BUNDLED_MODELS: &[(&str, &str)] = &[
     (
         "codellama-34b-instruct-hf",
-        include_str!("../../../model-configs/codellama-34b-instruct-hf/config.json"),
+        include_str!("../../model-configs/codellama-34b-instruct-hf/config.json"),
     ),
     (
         "deepseek-v2-lite",
-        include_str!("../../../model-configs/deepseek-v2-lite/config.json"),
+        include_str!("../../model-configs/deepseek-v2-lite/config.json"),
     ),
     (
         "glm-5.2-fp8",
-        include_str!("../../../model-configs/glm-5.2-fp8/config.json"),
+        include_str!("../../model-configs/glm-5.2-fp8/config.json"),
     ),
     (
         "llama-2-70b-hf",
-        include_str!("../../../model-configs/llama-2-70b-hf/config.json"),
+        include_str!("../../model-configs/llama-2-70b-hf/config.json"),
     ),
     (
         "llama-2-7b-hf",
-        include_str!("../../../model-configs/llama-2-7b-hf/config.json"),
+        include_str!("../../model-configs/llama-2-7b-hf/config.json"),
     ),
     (
         "llama-3.1-70b-instruct",
-        include_str!("../../../model-configs/llama-3.1-70b-instruct/config.json"),
+        include_str!("../../model-configs/llama-3.1-70b-instruct/config.json"),
     ),
     (
         "llama-3.1-8b-instruct",
-        include_str!("../../../model-configs/llama-3.1-8b-instruct/config.json"),
+        include_str!("../../model-configs/llama-3.1-8b-instruct/config.json"),
     ),
     (
         "llama-4-scout-17b-16e-instruct-fp8-dynamic",
         include_str!(
-            "../../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json"
+            "../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json"
         ),
     ),
     (
         "mistral-nemo-instruct-2407",
-        include_str!("../../../model-configs/mistral-nemo-instruct-2407/config.json"),
+        include_str!("../../model-configs/mistral-nemo-instruct-2407/config.json"),
     ),
     (
         "mixtral-8x7b-v0.1",
-        include_str!("../../../model-configs/mixtral-8x7b-v0.1/config.json"),
+        include_str!("../../model-configs/mixtral-8x7b-v0.1/config.json"),
     ),
     (
         "qwen2.5-7b-instruct",
-        include_str!("../../../model-configs/qwen2.5-7b-instruct/config.json"),
+        include_str!("../../model-configs/qwen2.5-7b-instruct/config.json"),
     ),
     (
         "qwen3-14b",
-        include_str!("../../../model-configs/qwen3-14b/config.json"),
+        include_str!("../../model-configs/qwen3-14b/config.json"),
     ),
     (
         "qwen3-30b-a3b",
-        include_str!("../../../model-configs/qwen3-30b-a3b/config.json"),
+        include_str!("../../model-configs/qwen3-30b-a3b/config.json"),
     ),
     (
         "yi-34b",
-        include_str!("../../../model-configs/yi-34b/config.json"),
+        include_str!("../../model-configs/yi-34b/config.json"),
     ),
 ];
 
 /// The bundled `hardware_config.json`.
-pub const BUNDLED_HARDWARE: &str = include_str!("../../../model-configs/hardware_config.json");
+pub const BUNDLED_HARDWARE: &str = include_str!("../../model-configs/hardware_config.json");
 
 /// A transformer's architecture as the latency models see it, read from a
 /// Hugging Face `config.json` by [`crate::latency::hf_config`] (each

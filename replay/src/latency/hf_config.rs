@@ -915,7 +915,7 @@ pub fn table(models: &[ModelArch]) -> String {
     o
 }
 
-/// [`table`] of the bundled configs (`model-configs/`).
+/// [`table`] of the bundled configs (`replay/model-configs/`).
 pub fn bundled_table() -> String {
     let models: Vec<ModelArch> = BUNDLED_MODELS
         .iter()

@@ -129,9 +129,7 @@ pub const BUNDLED_MODELS: &[(&str, &str)] = &[
     ),
     (
         "llama-4-scout-17b-16e-instruct-fp8-dynamic",
-        include_str!(
-            "../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json"
-        ),
+        include_str!("../../model-configs/llama-4-scout-17b-16e-instruct-fp8-dynamic/config.json"),
     ),
     (
         "mistral-nemo-instruct-2407",

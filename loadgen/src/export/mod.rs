@@ -1,11 +1,11 @@
 //! `blis-loadgen export`: a recorded trace in a peer's format, so that the
 //! dashboards and scripts people already have read our runs.
 //!
-//! - `aiperf`: AIPerf's per-request `profile_export.jsonl` ([`aiperf`]).
-//! - `guidellm`: guidellm's `benchmarks.json` report ([`guidellm`]).
+//! - `aiperf`: AIPerf's per-request `profile_export.jsonl` (`aiperf.rs`).
+//! - `guidellm`: guidellm's `benchmarks.json` report (`guidellm.rs`).
 //! - `inference-perf`: inference-perf's report folder
 //!   (`summary_lifecycle_metrics.json`, `stage_0_lifecycle_metrics.json`,
-//!   `per_request_lifecycle_metrics.json`; [`inference_perf`]).
+//!   `per_request_lifecycle_metrics.json`; `inference_perf.rs`).
 //!
 //! Each is read back by the peer's own code in
 //! `loadgen/benches/peer-export-check.sh`. Only sent requests are exported;

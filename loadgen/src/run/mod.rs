@@ -16,10 +16,10 @@
 //! judged. Later rounds of a session wait for the previous round's response
 //! plus the think time.
 //!
-//! By concern: [`schedule`] (the plan and this shard's part), [`connect`]
-//! (probing the server), [`shared`] (what every request task shares),
-//! [`send`] (one unit: wait, build, send, record), [`dispatch`] (open and
-//! closed loop), [`signals`], [`progress`], [`finish`] (the recorder, the
+//! By concern: `schedule` (the plan and this shard's part), `connect`
+//! (probing the server), `shared` (what every request task shares),
+//! `send` (one unit: wait, build, send, record), `dispatch` (open and
+//! closed loop), `signals`, `progress`, `finish` (the recorder, the
 //! header, the trace written whole, the summary); this module validates
 //! the options and runs the phases in order.
 

@@ -161,10 +161,10 @@ pub struct CompareArgs {
     #[arg(long, value_name = "TEXT")]
     pub real_label: Option<String>,
     /// Bootstrap resamples.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = crate::compare::CompareOptions::DEFAULT_RESAMPLES)]
     pub resamples: usize,
     /// Bootstrap seed.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 42)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = crate::compare::CompareOptions::DEFAULT_SEED)]
     pub seed: u64,
     /// Threads for the bootstrap (0: one per core; the result is the same).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]

@@ -39,14 +39,21 @@ pub struct CompareOptions {
     pub real_label: Option<String>,
 }
 
+impl CompareOptions {
+    /// Bootstrap resamples by default (`--resamples`).
+    pub const DEFAULT_RESAMPLES: usize = 1000;
+    /// The bootstrap's seed by default (`--seed`).
+    pub const DEFAULT_SEED: u64 = 42;
+}
+
 impl Default for CompareOptions {
     fn default() -> Self {
         Self {
             warmup: None,
             rtt_ms: None,
             slo: None,
-            resamples: 1000,
-            seed: 42,
+            resamples: Self::DEFAULT_RESAMPLES,
+            seed: Self::DEFAULT_SEED,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             real_label: None,
         }

@@ -77,6 +77,73 @@ fn with_ext(prefix: &Path, ext: &str) -> std::path::PathBuf {
     s.into()
 }
 
+/// What [`compare_files`] wrote.
+#[derive(Debug, Clone)]
+pub struct Compared {
+    /// The report as Markdown (as in `PREFIX.md`).
+    pub markdown: String,
+    /// The report as JSON (as in `PREFIX.json`).
+    pub json: serde_json::Value,
+    /// The files written: `PREFIX.json`, `PREFIX.md`, and `PREFIX.html`
+    /// when asked for.
+    pub written: Vec<std::path::PathBuf>,
+}
+
+/// Compares the trace at `real` with the one at `sim` (headers or
+/// prefixes) and writes the report at the prefix `out` (`.json`, `.md`,
+/// and `.html` when `html`): the library call behind `blis-calibrate
+/// compare`.
+///
+/// # Errors
+/// Unreadable traces, a required column missing, nothing to compare (no
+/// request completed on both sides past the warm-up), unwritable output.
+pub fn compare_files(
+    real: &Path,
+    sim: &Path,
+    out: &Path,
+    o: &CompareOptions,
+    html: bool,
+) -> Result<Compared> {
+    let real_t = read_outcomes(real)?;
+    let sim_t = read_outcomes(sim)?;
+    let c = compare(
+        &real_t,
+        &real.display().to_string(),
+        &sim_t,
+        &sim.display().to_string(),
+        o,
+    );
+    if c.report.matching.paired == 0 {
+        let m = &c.report.matching;
+        return Err(CommandError::Usage(format!(
+            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
+            m.real.total,
+            m.real.ok,
+            m.sim.total,
+            m.sim.ok,
+            m.real.total.saturating_sub(m.only_real),
+            m.real.warmup
+        )));
+    }
+    let markdown = c.report.to_markdown();
+    let text = serde_json::to_string_pretty(&c.report)?;
+    write_file(&with_ext(out, "json"), &text)?;
+    let json = serde_json::from_str(&text)?;
+    write_file(&with_ext(out, "md"), &markdown)?;
+    let mut written = vec![with_ext(out, "json"), with_ext(out, "md")];
+    if html {
+        let page = crate::html::render(&c)?;
+        let p = with_ext(out, "html");
+        write_file(&p, &page)?;
+        written.push(p);
+    }
+    Ok(Compared {
+        markdown,
+        json,
+        written,
+    })
+}
+
 /// `blis-calibrate compare`.
 ///
 /// # Errors
@@ -100,8 +167,6 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
         .map(str::parse::<Slo>)
         .transpose()
         .map_err(CommandError::Usage)?;
-    let real = read_outcomes(&a.real)?;
-    let sim = read_outcomes(&a.sim)?;
     let mut o = CompareOptions {
         warmup: a.warmup,
         rtt_ms: a.rtt_ms,
@@ -114,37 +179,9 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
     if a.threads > 0 {
         o.threads = a.threads;
     }
-    let c = compare(
-        &real,
-        &a.real.display().to_string(),
-        &sim,
-        &a.sim.display().to_string(),
-        &o,
-    );
-    if c.report.matching.paired == 0 {
-        let m = &c.report.matching;
-        return Err(CommandError::Usage(format!(
-            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
-            m.real.total,
-            m.real.ok,
-            m.sim.total,
-            m.sim.ok,
-            m.real.total.saturating_sub(m.only_real),
-            m.real.warmup
-        )));
-    }
-    let md = c.report.to_markdown();
-    let json = serde_json::to_string_pretty(&c.report)?;
-    write_file(&with_ext(&a.out, "json"), &json)?;
-    write_file(&with_ext(&a.out, "md"), &md)?;
-    write!(out, "{md}")?;
-    let mut written = vec![with_ext(&a.out, "json"), with_ext(&a.out, "md")];
-    if a.html {
-        let html = crate::html::render(&c)?;
-        let p = with_ext(&a.out, "html");
-        write_file(&p, &html)?;
-        written.push(p);
-    }
+    let compared = compare_files(&a.real, &a.sim, &a.out, &o, a.html)?;
+    write!(out, "{}", compared.markdown)?;
+    let written = compared.written;
     writeln!(
         out,
         "\nwrote {}",

@@ -152,10 +152,10 @@ pub struct WorkloadArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SyntheticArgs {
     /// Input tokens: N, gaussian:MEAN,STD, exponential:MEAN or uniform:A,B.
-    #[arg(allow_negative_numbers = true, long, default_value = "512")]
+    #[arg(allow_negative_numbers = true, long, default_value = options::Synthetic::DEFAULT_INPUT_TOKENS)]
     pub input_tokens: String,
     /// Output tokens: same forms as --input-tokens.
-    #[arg(allow_negative_numbers = true, long, default_value = "128")]
+    #[arg(allow_negative_numbers = true, long, default_value = options::Synthetic::DEFAULT_OUTPUT_TOKENS)]
     pub output_tokens: String,
     /// Inter-arrival gaps of a --rate workload.
     #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
@@ -243,7 +243,7 @@ pub struct RunArgs {
     #[arg(allow_negative_numbers = true, long, value_name = "N")]
     pub max_in_flight: Option<usize>,
     /// Client timeout per request, seconds.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 300.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_TIMEOUT_S)]
     pub timeout_s: f64,
     /// Leading requests marked as warm-up (excluded from statistics).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
@@ -269,11 +269,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub metrics_url: Option<String>,
     /// Scrape interval, ms (0: no scraping).
-    #[arg(allow_negative_numbers = true, long, default_value_t = 1000)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_SCRAPE_INTERVAL_MS)]
     pub scrape_interval_ms: u64,
     /// Client-bound when the p99 send lag exceeds this, ms. An open loop
     /// this far behind starts a request only when one ends.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 10.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_MAX_SEND_LAG_MS)]
     pub max_send_lag_ms: f64,
     /// Exit with code 3 when the run was client-bound.
     #[arg(long)]
@@ -283,7 +283,7 @@ pub struct RunArgs {
     #[arg(
         allow_negative_numbers = true,
         long,
-        default_value_t = 0.5,
+        default_value_t = options::RunOptions::DEFAULT_MAX_ERROR_RATE,
         value_name = "FRACTION"
     )]
     pub max_error_rate: f64,
@@ -294,12 +294,12 @@ pub struct RunArgs {
     #[arg(
         allow_negative_numbers = true,
         long,
-        default_value_t = 1.0,
+        default_value_t = options::RunOptions::DEFAULT_MAX_BEHIND_S,
         value_name = "S"
     )]
     pub max_behind_s: f64,
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 5.0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_GRACE_S)]
     pub grace_s: f64,
     /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000.
     #[arg(long)]
@@ -444,5 +444,40 @@ impl From<RunArgs> for options::RunOptions {
             shard: a.shard,
             start_at: a.start_at,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_defaults_are_the_command_lines() {
+        let opts = Opts::parse_from([
+            "blis-loadgen",
+            "run",
+            "--server-url",
+            "http://h:1",
+            "--model",
+            "m",
+            "--workload-spec",
+            "w.yaml",
+            "--out",
+            "o",
+        ]);
+        let Command::Run(args) = opts.command else {
+            panic!("a run")
+        };
+        let parsed: options::RunOptions = (*args).into();
+        let built = options::RunOptions::new(
+            "http://h:1",
+            "m",
+            options::WorkloadSource {
+                workload_spec: Some("w.yaml".into()),
+                ..Default::default()
+            },
+            "o".into(),
+        );
+        assert_eq!(format!("{parsed:?}"), format!("{built:?}"));
     }
 }

@@ -141,6 +141,75 @@ pub struct RunOptions {
     pub start_at: Option<f64>,
 }
 
+impl Synthetic {
+    /// `--input-tokens` by default.
+    pub const DEFAULT_INPUT_TOKENS: &'static str = "512";
+    /// `--output-tokens` by default.
+    pub const DEFAULT_OUTPUT_TOKENS: &'static str = "128";
+}
+
+impl Default for Synthetic {
+    fn default() -> Self {
+        Synthetic {
+            input_tokens: Self::DEFAULT_INPUT_TOKENS.into(),
+            output_tokens: Self::DEFAULT_OUTPUT_TOKENS.into(),
+            arrival: Arrival::Poisson,
+        }
+    }
+}
+
+impl RunOptions {
+    /// `--timeout-s` by default.
+    pub const DEFAULT_TIMEOUT_S: f64 = 300.0;
+    /// `--scrape-interval-ms` by default.
+    pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1000;
+    /// `--max-send-lag-ms` by default.
+    pub const DEFAULT_MAX_SEND_LAG_MS: f64 = 10.0;
+    /// `--max-error-rate` by default.
+    pub const DEFAULT_MAX_ERROR_RATE: f64 = 0.5;
+    /// `--max-behind-s` by default.
+    pub const DEFAULT_MAX_BEHIND_S: f64 = 1.0;
+    /// `--grace-s` by default.
+    pub const DEFAULT_GRACE_S: f64 = 5.0;
+
+    /// A run of `workload` against `model` at `server_url`, written at the
+    /// prefix `out`, with every other setting at the command line's
+    /// default.
+    pub fn new(server_url: &str, model: &str, workload: WorkloadSource, out: PathBuf) -> Self {
+        RunOptions {
+            server_url: server_url.to_string(),
+            model: model.to_string(),
+            workload,
+            synthetic: Synthetic::default(),
+            out,
+            api: Api::Completions,
+            server_type: ServerType::Vllm,
+            no_stream: false,
+            concurrency: None,
+            max_in_flight: None,
+            timeout_s: Self::DEFAULT_TIMEOUT_S,
+            warmup_requests: 0,
+            duration_s: None,
+            num_requests: None,
+            aggregate_rate: None,
+            seed: None,
+            api_key: None,
+            metrics_url: None,
+            scrape_interval_ms: Self::DEFAULT_SCRAPE_INTERVAL_MS,
+            max_send_lag_ms: Self::DEFAULT_MAX_SEND_LAG_MS,
+            strict: false,
+            max_error_rate: Self::DEFAULT_MAX_ERROR_RATE,
+            max_behind_s: Self::DEFAULT_MAX_BEHIND_S,
+            grace_s: Self::DEFAULT_GRACE_S,
+            slo: None,
+            json: false,
+            client_threads: 0,
+            shard: None,
+            start_at: None,
+        }
+    }
+}
+
 /// Inter-arrival gaps of a synthetic `--rate` workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arrival {

@@ -61,8 +61,8 @@ pub struct LoopOpts {
     #[arg(long)]
     pub model: Option<String>,
     /// Server family (`--server-type` of blis-loadgen).
-    #[arg(long, default_value = "vllm")]
-    pub server_type: String,
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub server_type: blis_loadgen::cli::ServerTypeArg,
     /// Workload spec (default: examples/loop-servegen.yaml).
     #[arg(long, value_name = "W.yaml")]
     pub workload_spec: Option<PathBuf>,
@@ -116,10 +116,6 @@ pub struct LoopResult {
     pub served: Vec<blis_mockserver::server::Served>,
 }
 
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
 async fn first_model(url: &str) -> Result<String> {
     let models = format!("{url}/v1/models");
     let v: serde_json::Value = reqwest::Client::builder()
@@ -155,7 +151,12 @@ const DERIVED: [&str; 10] = [
     "report.html",
 ];
 
-/// Runs the loop; `log` receives progress lines.
+/// Runs the loop; `log` receives progress lines. Each tool is called as a
+/// library: the mock server with its default configuration, the
+/// observation with [`blis_loadgen::options::RunOptions`], the fit and the
+/// replay with their typed settings (`--replay-args` parsed once by
+/// blis-replay's own parser), the comparison with
+/// [`blis_calibrate::run::compare_files`].
 ///
 /// # Errors
 /// Any step's failure, naming the step.
@@ -164,6 +165,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     for name in DERIVED {
         let _ = std::fs::remove_file(o.out.join(name));
     }
+    let settings = replay_settings(o)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -172,12 +174,10 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     let url = match &o.server_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => {
-            let opts = blis_mockserver::Opts::parse_from([
-                "blis-mockserver",
-                "--port",
-                "0",
-                "--record-served",
-            ]);
+            // The mock's own defaults (its command line's), on any free port.
+            let mut opts = blis_mockserver::Opts::parse_from(["blis-mockserver"]);
+            opts.port = 0;
+            opts.record_served = true;
             let server = rt.block_on(blis_mockserver::start(&opts.config()))?;
             let url = format!("http://{}", server.addr);
             log(&format!(
@@ -194,37 +194,31 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     };
     let real_h = observe(o, &url, &model, log)?;
     let sim = o.out.join("sim");
-    let mut replay: Vec<String> = vec![
-        "blis-replay".into(),
-        "run".into(),
-        "--trace".into(),
-        s(&real_h),
-        "--out".into(),
-        s(&sim),
-    ];
+    let mut replay = settings.clone();
+    replay.trace = Some(real_h.clone());
+    replay.out = Some(sim.clone());
     match &mock {
         // The mock's own engine settings and coefficients: the plumbing check.
         Some(server) => {
             let e = &server.engine_cfg;
-            for (f, v) in [
-                ("--max-num-seqs", e.max_num_seqs),
-                ("--max-num-batched-tokens", e.max_num_batched_tokens),
-                ("--block-size", e.block_size),
-                ("--total-kv-blocks", e.total_kv_blocks),
-            ] {
-                replay.extend([f.to_string(), v.to_string()]);
-            }
+            let f = &mut replay.engine;
+            f.max_num_seqs.get_or_insert(e.max_num_seqs);
+            f.max_num_batched_tokens
+                .get_or_insert(e.max_num_batched_tokens);
+            f.block_size.get_or_insert(e.block_size);
+            f.total_kv_blocks.get_or_insert(e.total_kv_blocks);
         }
-        None => replay.extend(fit_coefficients(o, &real_h, &model, log)?),
+        None => {
+            let (coeffs, latency) = fit_coefficients(o, &settings, &real_h, &model, log)?;
+            replay.coefficients = Some(coeffs);
+            replay.latency_model = Some(latency);
+            replay.model = Some(model.clone());
+        }
     }
-    replay.extend(o.replay_args.split_whitespace().map(str::to_string));
     log("replaying the observed trace (blis-replay run)");
     let mut out = Vec::new();
-    blis_replay::commands::execute(
-        blis_replay::Opts::try_parse_from(&replay).map_err(CommandError::library)?,
-        &mut out,
-    )
-    .step(|| "replaying the trace (blis-replay run)")?;
+    blis_replay::commands::run::run_replay(&replay, &mut out)
+        .step(|| "replaying the trace (blis-replay run)")?;
     let on_mock = mock.is_some();
     let mut served = Vec::new();
     if let Some(server) = mock.take() {
@@ -234,18 +228,39 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         rt.block_on(server.shutdown());
     }
     let sim = sim.with_extension("yaml");
-    let report = compare(o, &real_h, &sim, on_mock, log)?;
-    let markdown = std::fs::read_to_string(report.with_extension("md"))?;
-    let report_json =
-        serde_json::from_str(&std::fs::read_to_string(report.with_extension("json"))?)?;
+    let (report, compared) = compare(o, &real_h, &sim, on_mock, log)?;
     Ok(LoopResult {
         real: real_h,
         sim,
         report,
-        report_json,
-        markdown,
+        report_json: compared.json,
+        markdown: compared.markdown,
         served,
     })
+}
+
+/// `--replay-args`, read by blis-replay's own parser as the flags of
+/// `blis-replay run`: the server's settings for the fit and the replay.
+fn replay_settings(o: &LoopOpts) -> Result<blis_replay::RunArgs> {
+    let argv = ["blis-replay", "run"]
+        .into_iter()
+        .chain(o.replay_args.split_whitespace());
+    let opts = blis_replay::Opts::try_parse_from(argv).map_err(|e| {
+        // clap's own first line names the flag.
+        let said = e.render().to_string();
+        let first = said.lines().next().unwrap_or_default();
+        CommandError::Usage(format!(
+            "--replay-args {:?}: {}",
+            o.replay_args,
+            first.trim_start_matches("error: ")
+        ))
+    })?;
+    match opts.command {
+        blis_replay::Command::Run(a) => Ok(a),
+        _ => Err(CommandError::Internal(
+            "--replay-args did not parse as blis-replay run".into(),
+        )),
+    }
 }
 
 /// Observes the server at `url` serving `model` under the workload
@@ -253,41 +268,22 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
 fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let spec = o.workload_spec.clone().unwrap_or_else(default_spec);
     let real = o.out.join("real");
-    let mut args: Vec<String> = [
-        "blis-loadgen",
-        "run",
-        "--server-url",
-        url,
-        "--model",
-        model,
-        "--server-type",
-        &o.server_type,
-        "--workload-spec",
-        &s(&spec),
-        "--scrape-interval-ms",
-        "500",
-        "--out",
-        &s(&real),
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
-    if let Some(r) = o.aggregate_rate {
-        args.extend(["--aggregate-rate".into(), r.to_string()]);
-    }
-    if let Some(d) = o.duration_s {
-        args.extend(["--duration-s".into(), d.to_string()]);
-    }
+    let workload = blis_loadgen::options::WorkloadSource {
+        workload_spec: Some(spec.clone()),
+        ..Default::default()
+    };
+    let mut run = blis_loadgen::options::RunOptions::new(url, model, workload, real.clone());
+    run.server_type = o.server_type.into();
+    run.scrape_interval_ms = 500;
+    run.aggregate_rate = o.aggregate_rate;
+    run.duration_s = o.duration_s;
     log(&format!(
         "observing {url} with {} (blis-loadgen run)",
         spec.display()
     ));
     let mut out = Vec::new();
-    let code = blis_loadgen::run(
-        blis_loadgen::Opts::try_parse_from(&args).map_err(CommandError::library)?,
-        &mut out,
-    )
-    .step(|| "observing the server (blis-loadgen run)")?;
+    let code = blis_loadgen::run::run_command(&run, &mut out)
+        .step(|| "observing the server (blis-loadgen run)")?;
     log(&String::from_utf8_lossy(&out));
     let header = real.with_extension("yaml");
     match code {
@@ -320,87 +316,73 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
 /// blackbox.
 pub fn latency_choice(o: &LoopOpts) -> blis_replay::commands::cli::LatencyChoice {
     use blis_replay::commands::cli::LatencyChoice;
-    o.latency_model
-        .unwrap_or(if blis_replay::setup::is_llamacpp(Some(&o.server_type)) {
+    o.latency_model.unwrap_or(
+        if o.server_type == blis_loadgen::cli::ServerTypeArg::Llamacpp {
             LatencyChoice::StepTable
         } else {
             LatencyChoice::Blackbox
-        })
+        },
+    )
 }
 
 /// A real server: fits the latency model's coefficients on the observed
-/// trace `real_h` (`blis-calibrate fit`, holding out the last requests);
-/// returns the replay's flags that use them.
+/// trace `real_h` (`blis-calibrate fit`, holding out the last requests)
+/// with the server's `settings`; returns the coefficients file and the
+/// latency model they are for.
 fn fit_coefficients(
     o: &LoopOpts,
+    settings: &blis_replay::RunArgs,
     real_h: &Path,
     model: &str,
     log: &mut dyn FnMut(&str),
-) -> Result<Vec<String>> {
+) -> Result<(PathBuf, blis_replay::commands::cli::LatencyChoice)> {
     let coeffs = o.out.join("coefficients.yaml");
-    let latency = latency_choice(o).kind().name();
+    let latency = latency_choice(o);
     log(&format!(
-        "fitting {latency} coefficients on the observed trace (blis-calibrate fit)"
+        "fitting {} coefficients on the observed trace (blis-calibrate fit)",
+        latency.kind().name()
     ));
-    let mut fit: Vec<String> = vec![
-        "blis-calibrate".into(),
-        "fit".into(),
-        "--trace".into(),
-        s(real_h),
-        "--out".into(),
-        s(&coeffs),
-        "--holdout-fraction".into(),
-        o.holdout_fraction.to_string(),
-        "--model".into(),
-        model.to_string(),
-        "--latency-model".into(),
-        latency.into(),
-    ];
-    fit.extend(o.replay_args.split_whitespace().map(str::to_string));
+    let fit = blis_calibrate::cli::FitArgs {
+        traces: vec![real_h.to_path_buf()],
+        runs: None,
+        model: Some(model.to_string()),
+        latency_model: Some(latency),
+        out: coeffs.clone(),
+        holdout_fraction: Some(o.holdout_fraction),
+        budget_evals: None,
+        joint: blis_calibrate::cli::JointFitFlags {
+            threads: 0,
+            overloaded_weight: blis_calibrate::joint::OVERLOADED_WEIGHT,
+        },
+        hardware: settings.hardware.clone(),
+        coefficients: settings.coefficients.clone(),
+        model_config: settings.model_config.clone(),
+        hardware_config: settings.hardware_config.clone(),
+        json: false,
+        engine: settings.engine,
+    };
     let mut out = Vec::new();
-    blis_calibrate::run(
-        blis_calibrate::Opts::try_parse_from(&fit).map_err(CommandError::library)?,
-        &mut out,
-    )
-    .step(|| "fitting coefficients (blis-calibrate fit)")?;
+    blis_calibrate::run::fit_command(&fit, &mut out)
+        .step(|| "fitting coefficients (blis-calibrate fit)")?;
     log(&String::from_utf8_lossy(&out));
-    Ok(vec![
-        "--coefficients".into(),
-        s(&coeffs),
-        "--latency-model".into(),
-        latency.into(),
-        "--model".into(),
-        model.to_string(),
-    ])
+    Ok((coeffs, latency))
 }
 
 /// Compares the observed trace `real_h` with the replayed `sim`
 /// (`blis-calibrate compare --html`), on the held-out requests when
-/// coefficients were fitted; returns the report's path prefix.
+/// coefficients were fitted; returns the report's path prefix and what it
+/// holds.
 fn compare(
     o: &LoopOpts,
     real_h: &Path,
     sim: &Path,
     on_mock: bool,
     log: &mut dyn FnMut(&str),
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, blis_calibrate::run::Compared)> {
     let report = o.out.join("report");
-    let mut cmp: Vec<String> = vec![
-        "blis-calibrate".into(),
-        "compare".into(),
-        "--real".into(),
-        s(real_h),
-        "--sim".into(),
-        s(sim),
-        "--out".into(),
-        s(&report),
-        "--html".into(),
-    ];
+    let mut opts = blis_calibrate::compare::CompareOptions::default();
     if on_mock {
-        cmp.extend([
-            "--real-label".into(),
-            "the bundled mock server (blis-mockserver), whose timing is this simulator run in real time: agreement here checks the plumbing of observe → replay → compare (HTTP, streaming, scheduling, the trace), not the simulator's accuracy against a real engine".into(),
-        ]);
+        opts.real_label = Some("the bundled mock server (blis-mockserver), whose timing is this simulator run in real time: agreement here checks the plumbing of observe → replay → compare (HTTP, streaming, scheduling, the trace), not the simulator's accuracy against a real engine".into());
     }
     if !on_mock && o.holdout_fraction > 0.0 {
         // Judge the prediction on the requests the fit did not see: the
@@ -415,15 +397,26 @@ fn compare(
             "comparing the held-out requests (the last {} of {n}; blis-calibrate compare --warmup {fitted} --html)",
             n as u64 - fitted
         ));
-        cmp.extend(["--warmup".into(), fitted.to_string()]);
+        opts.warmup = Some(fitted);
     } else {
         log("comparing (blis-calibrate compare --html)");
     }
-    let mut out = Vec::new();
-    blis_calibrate::run(
-        blis_calibrate::Opts::try_parse_from(&cmp).map_err(CommandError::library)?,
-        &mut out,
-    )
-    .step(|| "comparing (blis-calibrate compare)")?;
-    Ok(report)
+    let compared = blis_calibrate::run::compare_files(real_h, sim, &report, &opts, true)
+        .step(|| "comparing (blis-calibrate compare)")?;
+    Ok((report, compared))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_args_are_read_by_blis_replays_parser_and_a_bad_flag_is_named() {
+        let o = LoopOpts::parse_from(["blis-loop", "--replay-args", "--max-num-seqs 4"]);
+        let s = replay_settings(&o).unwrap();
+        assert_eq!(s.engine.max_num_seqs, Some(4));
+        let o = LoopOpts::parse_from(["blis-loop", "--replay-args", "--bogus 3"]);
+        let e = replay_settings(&o).unwrap_err().to_string();
+        assert!(e.contains("--replay-args") && e.contains("--bogus"), "{e}");
+    }
 }

@@ -245,7 +245,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
             .and_then(|c| c.autoscale.as_ref())
             .map_or(&[][..], |a| &a.events[..]);
         write_decisions(
-            &prefix.with_extension("decisions.jsonl"),
+            &beside(prefix, "decisions.jsonl"),
             d,
             scale,
             sink.outcomes(),
@@ -256,7 +256,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
     summary.fitness = weights.map(|w| crate::output::fitness::report(&summary, &w));
-    let summary_path = prefix.with_extension("summary.json");
+    let summary_path = beside(prefix, "summary.json");
     let mut json = serde_json::to_string_pretty(&summary)?;
     json.push('\n');
     std::fs::write(&summary_path, json).step(|| format!("writing {}", summary_path.display()))?;
@@ -586,4 +586,13 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         );
     }
     o
+}
+
+/// `PREFIX.ext` for an output prefix (a dot in the prefix stays:
+/// `out/run-0.9` gives `out/run-0.9.summary.json`, beside `out/run-0.9.csv`).
+fn beside(prefix: &std::path::Path, ext: &str) -> std::path::PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(".");
+    s.push(ext);
+    s.into()
 }

@@ -66,6 +66,32 @@ fn a_spec_replays_to_a_readable_trace_summary_and_time_series() {
 }
 
 #[test]
+fn a_prefix_with_a_dot_keeps_every_output_beside_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run-0.9");
+    replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "20",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--trace-level",
+            "decisions",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .success();
+    for ext in ["yaml", "csv", "summary.json", "decisions.jsonl"] {
+        let p = dir.path().join(format!("run-0.9.{ext}"));
+        assert!(p.exists(), "{} missing", p.display());
+    }
+    assert!(!dir.path().join("run-0.summary.json").exists());
+}
+
+#[test]
 fn the_same_inputs_give_byte_identical_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str| {

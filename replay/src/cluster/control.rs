@@ -675,7 +675,9 @@ pub struct ClusterSummary {
     pub rejected: u64,
     /// Each instance.
     pub instances: Vec<InstanceSummary>,
-    /// Most routed over least routed instance (1: even).
+    /// Requests routed to the busiest instance over the mean per instance
+    /// (1: even; N: one of N instances got every request). Always finite,
+    /// so an instance that got nothing still gives a number.
     pub routing_imbalance: f64,
     /// Prefill/decode disaggregation.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -770,7 +772,12 @@ impl ClusterSummary {
             })
             .collect();
         let max = instances.iter().map(|i| i.routed).max().unwrap_or(0);
-        let min = instances.iter().map(|i| i.routed).min().unwrap_or(0);
+        let total: u64 = instances.iter().map(|i| i.routed).sum();
+        let routing_imbalance = if total > 0 {
+            max as f64 * instances.len() as f64 / total as f64
+        } else {
+            1.0
+        };
         Self {
             num_instances: insts.len(),
             admission: bundle.admission.clone(),
@@ -778,13 +785,7 @@ impl ClusterSummary {
             snapshot_refresh_interval_us: bundle.snapshot_refresh_interval_us,
             rejected: control.admission.rejected,
             instances,
-            routing_imbalance: if min > 0 {
-                max as f64 / min as f64
-            } else if max > 0 {
-                f64::INFINITY
-            } else {
-                1.0
-            },
+            routing_imbalance,
             autoscale: control.autoscale.as_deref().map(AutoscaleSummary::of),
             pd: control.pd.as_ref().map(|pd| {
                 let c = pd.counters;

@@ -67,7 +67,7 @@ pub struct SeedMetrics {
     pub anomalies: crate::output::summary::Anomalies,
     /// Prefix-cache hit rate, all instances.
     pub prefix_cache_hit_rate: f64,
-    /// Most over least routed instance.
+    /// The busiest instance's requests over the mean per instance (1: even).
     pub routing_imbalance: f64,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
@@ -211,7 +211,7 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
     let mean = |f: &dyn Fn(&SeedMetrics) -> f64| seeds.iter().map(f).sum::<f64>() / n;
     let _ = write!(
         o,
-        "{}: over {} seed(s), TTFT p50 {:.1} ms, p99 {:.1} ms; E2E p99 {:.0} ms; {:.2} req/s; prefix-cache hit rate {:.1}%; routing imbalance {:.2} (most/least routed instance).",
+        "{}: over {} seed(s), TTFT p50 {:.1} ms, p99 {:.1} ms; E2E p99 {:.0} ms; {:.2} req/s; prefix-cache hit rate {:.1}%; routing imbalance {:.2} (the busiest instance's requests over the mean).",
         describe(b),
         seeds.len(),
         mean(&|s| s.ttft_ms.p50),

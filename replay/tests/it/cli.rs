@@ -996,6 +996,12 @@ fn a_cluster_run_says_how_it_routed_and_warns_about_idle_instances() {
             && text.contains("no scorer that spreads load"),
         "{text}"
     );
+    // The summary's imbalance is a number even when instances got nothing:
+    // the busiest instance's requests over the mean (one of four took all).
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("a.summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["cluster"]["routing_imbalance"].as_f64(), Some(4.0));
     let spread = run(&["--routing", "weighted"], "b").success();
     let text = String::from_utf8_lossy(&spread.get_output().stdout).into_owned();
     assert!(

@@ -72,10 +72,14 @@ impl Req {
     fn of(s: &Sent<'_>, run_start_us: Option<i64>, have_chunks: bool) -> Self {
         let mut token_times = Vec::new();
         if have_chunks && s.rec.request.streaming {
+            // Never more token times than the request's tokens (nor than
+            // its chunks when it has no count): a chunk file's counts are
+            // input, not trusted.
+            let cap = s.chunks_us.len().max(s.rec.request.output_tokens as usize);
             for (t, k) in s.chunks_us.iter().zip(&s.chunk_tokens) {
-                for _ in 0..k.unwrap_or(1).max(1) {
-                    token_times.push(Sent::s(*t));
-                }
+                let room = cap.saturating_sub(token_times.len());
+                let n = (k.unwrap_or(1).max(1) as usize).min(room.max(1));
+                token_times.extend(std::iter::repeat_n(Sent::s(*t), n));
             }
         }
         let error = (s.outcome != Outcome::Successful).then(|| {

@@ -235,4 +235,46 @@ fn a_run_exports_as_inference_perf_reports() {
     for k in ["mean", "min", "max", "median", "p0.1", "p99", "p99.9"] {
         assert!(ttft[k].is_f64(), "{k}: {ttft}");
     }
+    // A chunk file is input: a chunk claiming 4,294,967,295 tokens gives a
+    // bounded export, not billions of token times.
+    let itl = out.with_extension("itl.csv");
+    let text = std::fs::read_to_string(&itl).unwrap();
+    // The first chunk of the first measured request that streamed.
+    let target = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .find(|f| f[0].parse::<u64>().unwrap() >= 10 && f[1] == "0")
+        .map(|f| f[0].to_string())
+        .unwrap();
+    let hostile: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            if f[0] == target && f[1] == "0" {
+                format!("{},{},{},4294967295", f[0], f[1], f[2])
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&itl, hostile.join("\n") + "\n").unwrap();
+    let (code, said) = loadgen(&[
+        "export",
+        s(&out),
+        "--format",
+        "inference-perf",
+        "--out",
+        s(&folder),
+    ])
+    .unwrap();
+    assert_eq!(code, 0, "{said}");
+    let per_request = read("per_request_lifecycle_metrics.json");
+    for e in per_request.as_array().unwrap() {
+        let n = e["info"]["response_metrics"]["output_token_times"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(n <= 2 * 5, "{n} token times for a 5-token request");
+    }
 }

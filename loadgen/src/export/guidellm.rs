@@ -34,8 +34,11 @@ struct Req {
 impl Req {
     fn of(s: &Sent<'_>, run_start_us: Option<i64>) -> Self {
         let o = &s.rec.outcome;
+        // One iteration per streamed chunk; the count is input, so never
+        // more than the request's tokens (the iterations are spread over
+        // its decode time one by one).
         let iterations = if s.first_token_us().is_some() {
-            o.num_chunks
+            o.num_chunks.min(s.rec.request.output_tokens.max(1))
         } else {
             0
         };

@@ -178,6 +178,35 @@ fn a_run_exports_as_a_guidellm_report_without_its_warm_up() {
         b["metrics"]["time_to_first_token_ms"]["successful"]["count"],
         ok.len()
     );
+    // The trace's chunk count is input: a row claiming 2^32 - 1 chunks
+    // gives a bounded report (iterations capped at the request's tokens).
+    let csv_path = out.with_extension("csv");
+    let text = std::fs::read_to_string(&csv_path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let col = header.iter().position(|c| *c == "num_chunks").unwrap();
+    let status = header.iter().position(|c| *c == "status").unwrap();
+    // The first measured request that completed.
+    let row = (1..lines.len())
+        .find(|&i| {
+            let f: Vec<&str> = lines[i].split(',').collect();
+            f[0].parse::<u64>().is_ok_and(|id| id >= 10) && f[status] == "ok"
+        })
+        .expect("a completed measured request");
+    let mut f: Vec<String> = lines[row].split(',').map(str::to_string).collect();
+    f[col] = "4294967295".into();
+    lines[row] = f.join(",");
+    std::fs::write(&csv_path, lines.join("\n") + "\n").unwrap();
+    let (code, said) =
+        loadgen(&["export", s(&out), "--format", "guidellm", "--out", s(&file)]).unwrap();
+    assert_eq!(code, 0, "{said}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    for q in v["benchmarks"][0]["requests"]["successful"]
+        .as_array()
+        .unwrap()
+    {
+        assert!(q["info"]["timings"]["token_iterations"].as_u64().unwrap() <= 5);
+    }
 }
 
 #[test]

@@ -175,7 +175,8 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => {
             // The mock's own defaults (its command line's), on any free port.
-            let mut opts = blis_mockserver::Opts::parse_from(["blis-mockserver"]);
+            let mut opts = blis_mockserver::Opts::try_parse_from(["blis-mockserver"])
+                .map_err(CommandError::library)?;
             opts.port = 0;
             opts.record_served = true;
             let server = rt.block_on(blis_mockserver::start(&opts.config()))?;

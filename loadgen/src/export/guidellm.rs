@@ -330,6 +330,7 @@ pub(super) fn write(run: &Run<'_>, out: &std::path::Path) -> Result<String> {
     let counts = [groups[0].len(), groups[1].len(), groups[2].len()];
     let strategy = json!({"type_": "trace", "time_scale": 1.0, "schedule_turn": "timestamp"});
     let delay = values(g, |r| one(r.targeted.map_or(0.0, |t| r.start - t)));
+    let latency = values(g, |r| one(r.latency())).total.mean;
     let benchmark = json!({
         "type_": "generative_benchmark",
         "config": {
@@ -377,9 +378,9 @@ pub(super) fn write(run: &Run<'_>, out: &std::path::Path) -> Result<String> {
             "resolve_targeted_start_delay_avg": delay.total.mean,
             "request_start_delay_avg": 0.0,
             "request_targeted_start_delay_avg": delay.total.mean,
-            "request_time_avg": values(g, |r| one(r.latency())).total.mean,
+            "request_time_avg": latency,
             "resolve_end_delay_avg": 0.0,
-            "resolve_time_avg": values(g, |r| one(r.latency())).total.mean,
+            "resolve_time_avg": latency,
             "finalized_delay_avg": 0.0,
             "processed_delay_avg": 0.0,
             "strategy_type": "trace",

@@ -61,6 +61,9 @@ struct Req {
     end: f64,
     input: f64,
     output: f64,
+    /// When each streamed chunk arrived, s.
+    chunk_times: Vec<f64>,
+    /// Each streamed token's time (its chunk's), s.
     token_times: Vec<f64>,
     error: Option<(String, String)>,
     /// The server's `usage` (prompt, completion, cached prompt tokens), when
@@ -98,6 +101,11 @@ impl Req {
             end: Sent::s(s.end_us()),
             input: f64::from(s.rec.effective_input_tokens()),
             output: f64::from(s.output_tokens().unwrap_or(0)),
+            chunk_times: if have_chunks && s.rec.request.streaming {
+                s.chunks_us.iter().map(|t| Sent::s(*t)).collect()
+            } else {
+                Vec::new()
+            },
             token_times,
             error,
             usage: s.rec.outcome.server_input_tokens.map(|p| {
@@ -144,11 +152,6 @@ impl Req {
     }
 
     fn entry(&self) -> Value {
-        let chunk_times = {
-            let mut c = self.token_times.clone();
-            c.dedup();
-            c
-        };
         let mut e = json!({
             "start_time": self.start,
             "end_time": self.end,
@@ -163,7 +166,7 @@ impl Req {
                         }
                         u
                     }),
-                    "chunk_times": chunk_times,
+                    "chunk_times": self.chunk_times,
                     "output_token_times": self.token_times,
                 },
                 "extra_info": {},

@@ -48,6 +48,15 @@ fn recorded_run(dir: &std::path::Path) -> std::path::PathBuf {
     out
 }
 
+/// `blis-loadgen export TRACE --format FORMAT --out DEST`, which must
+/// succeed; returns what it said.
+fn export(trace: &std::path::Path, format: &str, dest: &std::path::Path) -> String {
+    let (code, said) =
+        loadgen(&["export", s(trace), "--format", format, "--out", s(dest)]).unwrap();
+    assert_eq!(code, 0, "{said}");
+    said
+}
+
 fn by_x_request_id(t: &Trace) -> BTreeMap<String, &blis_traces::TraceRecord> {
     t.records
         .iter()
@@ -60,9 +69,7 @@ fn a_run_exports_as_aiperf_records() {
     let dir = tempfile::tempdir().unwrap();
     let out = recorded_run(dir.path());
     let jsonl = dir.path().join("profile_export.jsonl");
-    let (code, said) =
-        loadgen(&["export", s(&out), "--format", "aiperf", "--out", s(&jsonl)]).unwrap();
-    assert_eq!(code, 0);
+    let said = export(&out, "aiperf", &jsonl);
     assert!(said.contains("120 requests"), "{said}");
     let t = Trace::read(&out.with_extension("yaml")).unwrap();
     let rows = by_x_request_id(&t);
@@ -130,9 +137,7 @@ fn a_run_exports_as_a_guidellm_report_without_its_warm_up() {
     let dir = tempfile::tempdir().unwrap();
     let out = recorded_run(dir.path());
     let file = dir.path().join("benchmarks.json");
-    let (code, said) =
-        loadgen(&["export", s(&out), "--format", "guidellm", "--out", s(&file)]).unwrap();
-    assert_eq!(code, 0, "{said}");
+    let said = export(&out, "guidellm", &file);
     assert!(
         said.contains("110 requests") && said.contains("10 warm-up left out"),
         "{said}"
@@ -197,9 +202,7 @@ fn a_run_exports_as_a_guidellm_report_without_its_warm_up() {
     f[col] = "4294967295".into();
     lines[row] = f.join(",");
     std::fs::write(&csv_path, lines.join("\n") + "\n").unwrap();
-    let (code, said) =
-        loadgen(&["export", s(&out), "--format", "guidellm", "--out", s(&file)]).unwrap();
-    assert_eq!(code, 0, "{said}");
+    export(&out, "guidellm", &file);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     for q in v["benchmarks"][0]["requests"]["successful"]
         .as_array()
@@ -214,16 +217,7 @@ fn a_run_exports_as_inference_perf_reports() {
     let dir = tempfile::tempdir().unwrap();
     let out = recorded_run(dir.path());
     let folder = dir.path().join("ip");
-    let (code, said) = loadgen(&[
-        "export",
-        s(&out),
-        "--format",
-        "inference-perf",
-        "--out",
-        s(&folder),
-    ])
-    .unwrap();
-    assert_eq!(code, 0, "{said}");
+    export(&out, "inference-perf", &folder);
     let read = |f: &str| -> Value {
         serde_json::from_str(&std::fs::read_to_string(folder.join(f)).unwrap()).unwrap()
     };
@@ -288,16 +282,7 @@ fn a_run_exports_as_inference_perf_reports() {
         })
         .collect();
     std::fs::write(&itl, hostile.join("\n") + "\n").unwrap();
-    let (code, said) = loadgen(&[
-        "export",
-        s(&out),
-        "--format",
-        "inference-perf",
-        "--out",
-        s(&folder),
-    ])
-    .unwrap();
-    assert_eq!(code, 0, "{said}");
+    export(&out, "inference-perf", &folder);
     let per_request = read("per_request_lifecycle_metrics.json");
     for e in per_request.as_array().unwrap() {
         let n = e["info"]["response_metrics"]["output_token_times"]

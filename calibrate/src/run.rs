@@ -89,6 +89,44 @@ pub struct Compared {
     pub written: Vec<std::path::PathBuf>,
 }
 
+/// Compares two traces in memory (`real_label` and `sim_label` name them
+/// in the report): the report `compare` writes, with the data its plots
+/// need.
+///
+/// # Errors
+/// [`CommandError::Usage`] when a side lacks a column comparing needs, or
+/// when no request completed on both sides past the warm-up.
+pub fn compare_traces(
+    real: &Trace,
+    real_label: &str,
+    sim: &Trace,
+    sim_label: &str,
+    o: &CompareOptions,
+) -> Result<crate::compare::Comparison> {
+    for (t, label) in [(real, real_label), (sim, sim_label)] {
+        if let Some(col) = crate::compare::missing_required_column(t) {
+            return Err(CommandError::Usage(format!(
+                "{label}: {col}: required column missing (comparing and fitting need {})",
+                crate::compare::REQUIRED_COLUMNS.join(", ")
+            )));
+        }
+    }
+    let c = compare(real, real_label, sim, sim_label, o);
+    if c.report.matching.paired == 0 {
+        let m = &c.report.matching;
+        return Err(CommandError::Usage(format!(
+            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
+            m.real.total,
+            m.real.ok,
+            m.sim.total,
+            m.sim.ok,
+            m.real.total.saturating_sub(m.only_real),
+            m.real.warmup
+        )));
+    }
+    Ok(c)
+}
+
 /// Compares the trace at `real` with the one at `sim` (headers or
 /// prefixes) and writes the report at the prefix `out` (`.json`, `.md`,
 /// and `.html` when `html`): the library call behind `blis-calibrate
@@ -106,25 +144,13 @@ pub fn compare_files(
 ) -> Result<Compared> {
     let real_t = read_outcomes(real)?;
     let sim_t = read_outcomes(sim)?;
-    let c = compare(
+    let c = compare_traces(
         &real_t,
         &real.display().to_string(),
         &sim_t,
         &sim.display().to_string(),
         o,
-    );
-    if c.report.matching.paired == 0 {
-        let m = &c.report.matching;
-        return Err(CommandError::Usage(format!(
-            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
-            m.real.total,
-            m.real.ok,
-            m.sim.total,
-            m.sim.ok,
-            m.real.total.saturating_sub(m.only_real),
-            m.real.warmup
-        )));
-    }
+    )?;
     let markdown = c.report.to_markdown();
     let text = serde_json::to_string_pretty(&c.report)?;
     write_file(&with_ext(out, "json"), &text)?;

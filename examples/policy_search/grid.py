@@ -5,26 +5,26 @@ over a CPU KV tier's size and offload threshold on a cluster short of
 GPU KV blocks (`--search kv-tier`), or over an autoscaler's template,
 floor and cooldown on a bursty load, weighing p99 TTFT against the
 replica-seconds it bills (`--search autoscale`), each candidate scored by
-`blis-replay evaluate` (one deterministic, single-threaded simulation per
-seed), candidates run in parallel across the machine's cores. The same
-contract serves an OpenEvolve evaluator or a GEPA adapter: write a policy
-bundle, call evaluate, read `fitness`, `seeds[*]` and `summary` from its
-JSON.
+`blis.evaluate` (the Python package, in-process: `blis-replay evaluate`'s
+scoring, one deterministic, single-threaded simulation per seed), each
+seed's workload generated once and shared by every candidate, candidates
+evaluated in parallel threads (the package releases the GIL). The same
+contract serves an OpenEvolve evaluator or a GEPA adapter: a policy bundle
+in, `fitness`, `seeds[*]` and `summary` out. Across machines:
+examples/policy_search/ray_search.py.
 
-    cargo build --release
+    pip install ./python
     python3 examples/policy_search/grid.py [--search routing|kv-tier|autoscale] [--seeds 1,2] [--horizon-s 120] [--jobs N]
 """
 import argparse
 import itertools
-import json
 import os
-import subprocess
-import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+
+import blis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release", "blis-replay")
 SPEC = os.path.join(ROOT, "examples", "policy_search", "shared-prefixes.yaml")
 FITNESS = "throughput:0.2,p99_ttft:0.5,mean_e2e:0.3"
 
@@ -67,23 +67,32 @@ SEARCHES = {
 }
 
 
+WORKLOADS = {}
+
+
+def workloads(spec, seeds, horizon):
+    """Each seed's workload, generated once for the whole grid."""
+    key = (spec, seeds, horizon)
+    if key not in WORKLOADS:
+        WORKLOADS[key] = [blis.generate(spec, seed=int(s), horizon_s=horizon)
+                          for s in seeds.split(",")]
+    return WORKLOADS[key]
+
+
 def evaluate(args):
     search, point, seeds, horizon = args
     _, gpu_blocks, make, spec, fitness, fixed_horizon = SEARCHES[search]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(make(point))
         path = f.name
-    blocks = ["--total-kv-blocks", gpu_blocks] if gpu_blocks != "0" else []
+    blocks = {"total_kv_blocks": int(gpu_blocks)} if gpu_blocks != "0" else {}
     try:
-        out = subprocess.run(
-            [BIN, "evaluate", "--policy-config", path, "--workload-spec", spec,
-             "--model", "meta-llama/Llama-3.1-8B-Instruct", *blocks,
-             "--horizon-s", str(fixed_horizon or horizon), "--seeds", seeds,
-             "--fitness-weights", fitness],
-            check=True, capture_output=True, text=True).stdout
+        e = blis.evaluate(path, workloads(spec, seeds, fixed_horizon or horizon),
+                          model="meta-llama/Llama-3.1-8B-Instruct",
+                          fitness_weights=fitness, **blocks)
     finally:
         os.unlink(path)
-    return point, json.loads(out)
+    return point, e
 
 
 def main():
@@ -93,10 +102,10 @@ def main():
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--search", choices=sorted(SEARCHES), default="routing")
     a = p.parse_args()
-    if not os.path.exists(BIN):
-        sys.exit(f"build it first: cargo build --release ({BIN} missing)")
     grid = SEARCHES[a.search][0]()
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+    search = SEARCHES[a.search]
+    workloads(search[3], a.seeds, search[5] or a.horizon_s)
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         results = list(pool.map(evaluate, [(a.search, w, a.seeds, a.horizon_s) for w in grid]))
     results.sort(key=lambda r: -r[1]["fitness"])
     mean = lambda e, f: sum(f(x) for x in e["seeds"]) / len(e["seeds"])

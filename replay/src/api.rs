@@ -98,41 +98,7 @@ pub struct WorkloadOptions {
 /// is invalid; [`ReplayError::Settings`] for a client timeout that is not a
 /// positive number of seconds.
 pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Workload> {
-    let opts = GenerateOptions {
-        seed: o.seed,
-        horizon_us: o.horizon_s.map(|s| (s * 1e6).round() as u64),
-        num_requests: o.num_requests,
-        aggregate_rate: o.aggregate_rate,
-    };
-    if let Some(t) = o.client_timeout_s
-        && !(t > 0.0 && t.is_finite())
-    {
-        return Err(crate::setup::SettingsError::ClientTimeout(t).into());
-    }
-    let timeout_flag = o.client_timeout_s.map(|t| (t * 1e6).round() as i64);
-    let from_trace = |mut trace: Trace| -> Workload {
-        if let Some(t) = o.client_timeout_s {
-            trace
-                .header
-                .load_generator
-                .get_or_insert_with(Default::default)
-                .timeout_s = Some(t);
-        }
-        let mut records = trace.records;
-        if let Some(n) = o.num_requests {
-            records.sort_by_key(|r| r.request.request_id);
-            records.truncate(n as usize);
-        }
-        let extras = ExtraColumn::needed_for(&records);
-        let inputs = trace_inputs(&trace.header, records);
-        let len = inputs.len() as u64;
-        Workload {
-            header: trace.header,
-            inputs: Box::new(inputs.into_iter()),
-            extras,
-            len: Some(len),
-        }
-    };
+    check_timeout(o)?;
     let input = |what: String| {
         move |error| ReplayError::Input {
             what,
@@ -143,32 +109,87 @@ pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Wor
         WorkloadSource::Trace(p) => {
             let trace =
                 Trace::read(p).map_err(input(format!("reading the trace {}", p.display())))?;
-            Ok(from_trace(trace))
+            Ok(trace_workload(trace, o))
         }
         WorkloadSource::Import(src) => {
             let trace = blis_traces::import(src, o.seed.unwrap_or(42))
                 .map_err(input(format!("importing {src}")))?;
-            Ok(from_trace(trace))
+            Ok(trace_workload(trace, o))
         }
         WorkloadSource::Spec(p) => {
             let spec = WorkloadSpec::from_file(p)?;
-            let mut header = TraceHeader::new(Mode::Generated);
-            header.workload_seed = Some(opts.seed.unwrap_or_else(|| spec.seed_or_default()));
-            header.workload_spec = Some(p.display().to_string());
-            let generator = Generator::new(&spec, &opts)?;
-            // A generator error (an unreadable data file mid-way) ends the
-            // stream; it was checked when the generator was built.
-            let inputs = generator.map_while(std::result::Result::ok).map(move |r| {
-                Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
-            });
-            Ok(Workload {
-                header,
-                inputs: Box::new(inputs),
-                extras: vec![ExtraColumn::ThinkTimeUs],
-                len: opts.num_requests,
-            })
+            spec_workload(&spec, &p.display().to_string(), o)
         }
     }
+}
+
+/// A client timeout that is not a positive number of seconds.
+fn check_timeout(o: &WorkloadOptions) -> Result<()> {
+    match o.client_timeout_s {
+        Some(t) if !(t > 0.0 && t.is_finite()) => {
+            Err(crate::setup::SettingsError::ClientTimeout(t).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The workload of a whole trace (read or imported), cut and timed out as
+/// `o` says: its requests in entry order ([`trace_inputs`]).
+pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
+    if let Some(t) = o.client_timeout_s {
+        trace
+            .header
+            .load_generator
+            .get_or_insert_with(Default::default)
+            .timeout_s = Some(t);
+    }
+    let mut records = trace.records;
+    if let Some(n) = o.num_requests {
+        records.sort_by_key(|r| r.request.request_id);
+        records.truncate(n as usize);
+    }
+    let extras = ExtraColumn::needed_for(&records);
+    let inputs = trace_inputs(&trace.header, records);
+    let len = inputs.len() as u64;
+    Workload {
+        header: trace.header,
+        inputs: Box::new(inputs.into_iter()),
+        extras,
+        len: Some(len),
+    }
+}
+
+/// The workload `spec` generates (named `label` in the header's
+/// `workload_spec`), cut and seeded as `o` says; generated lazily as the
+/// replay reads it.
+///
+/// # Errors
+/// [`ReplayError::Settings`] for a bad client timeout; the generator's
+/// errors (an unreadable data file, a bad distribution).
+pub fn spec_workload(spec: &WorkloadSpec, label: &str, o: &WorkloadOptions) -> Result<Workload> {
+    check_timeout(o)?;
+    let opts = GenerateOptions {
+        seed: o.seed,
+        horizon_us: o.horizon_s.map(|s| (s * 1e6).round() as u64),
+        num_requests: o.num_requests,
+        aggregate_rate: o.aggregate_rate,
+    };
+    let timeout_flag = o.client_timeout_s.map(|t| (t * 1e6).round() as i64);
+    let mut header = TraceHeader::new(Mode::Generated);
+    header.workload_seed = Some(opts.seed.unwrap_or_else(|| spec.seed_or_default()));
+    header.workload_spec = Some(label.to_string());
+    let generator = Generator::new(spec, &opts)?;
+    // A generator error (an unreadable data file mid-way) ends the
+    // stream; it was checked when the generator was built.
+    let inputs = generator.map_while(std::result::Result::ok).map(move |r| {
+        Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
+    });
+    Ok(Workload {
+        header,
+        inputs: Box::new(inputs),
+        extras: vec![ExtraColumn::ThinkTimeUs],
+        len: opts.num_requests,
+    })
 }
 
 /// The header of a replayed trace: the input's identity, the resolved server.

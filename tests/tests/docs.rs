@@ -58,14 +58,23 @@ fn the_readme_has_the_two_commands_and_the_scripts_use_built_binaries() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     assert!(readme.contains("```sh\ncargo build --release && target/release/blis-loop\n```"));
     assert!(readme.contains("```sh\ncargo test --workspace -- --include-ignored\n```"));
-    // .ci/run runs it (the real-server test left out, and said so, only
-    // when llama.cpp's server cannot be installed).
+    // .ci/run runs it (the real-server test or the Python package's left
+    // out, and said so, only when llama.cpp's server or the Python test
+    // tools cannot be installed).
     let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
-    assert!(ci.contains("realserver=(-- --include-ignored)"));
     assert!(
         ci.lines()
-            .any(|l| l.trim() == "cargo test --workspace \"${realserver[@]}\"")
+            .any(|l| l.trim() == "cargo test --workspace -- --include-ignored \"${skips[@]}\"")
     );
+    for test in [
+        "the_loop_predicts_a_real_llama_cpp_server",
+        "the_python_package_passes_its_pytest_suite",
+    ] {
+        assert!(
+            ci.contains(&format!("skips+=(--skip {test})")),
+            "{test}: skipped only with a SKIPPED line"
+        );
+    }
     for f in user_facing() {
         if f.parent()
             .is_some_and(|d| d.ends_with("examples/workflows"))

@@ -238,7 +238,8 @@ fn run_policy(run: &RunArgs, policy: &Path) -> Result<Value> {
     run.cluster.policy_config = Some(policy.to_path_buf());
     let bundle = run.cluster.bundle()?;
     let sample = (run.sample_interval_ms > 0).then(|| run.sample_interval_ms as i64 * 1000);
-    let summary = crate::commands::run::replay_in_memory(&run, &bundle, sample)?;
+    let workload = crate::commands::run::load_workload(&run)?;
+    let summary = crate::commands::run::replay_in_memory(&run, &bundle, sample, workload)?;
     Ok(serde_json::to_value(&summary)?)
 }
 

@@ -288,6 +288,22 @@ fn reflect(b: &PolicyBundle, seeds: &[SeedMetrics]) -> String {
 /// # Errors
 /// Bad input or settings.
 pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
+    let e = evaluation(args, crate::commands::run::load_workload)?;
+    writeln!(out, "{}", serde_json::to_string_pretty(&e)?)?;
+    Ok(())
+}
+
+/// What `evaluate` computes: the bundle of `args` replayed on the workload
+/// of each of its seeds, `workload_of` giving the workload of the run
+/// settings with that seed (`--seed` set): loaded as the command loads it,
+/// or one a caller generated once and keeps (the Python package).
+///
+/// # Errors
+/// Bad input or settings.
+pub fn evaluation(
+    args: &EvaluateArgs,
+    mut workload_of: impl FnMut(&crate::commands::RunArgs) -> Result<crate::api::Workload>,
+) -> Result<Evaluation> {
     let bundle = args.run.cluster.bundle()?;
     // A search compares candidates by one number: evaluate always has one
     // (the documented default weights unless --fitness-weights).
@@ -315,7 +331,9 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
         run.seed = Some(seed);
         // (The fitness weighs latencies and throughput; no SLO is judged.)
         run.slo = None;
-        let mut summary = crate::commands::run::replay_in_memory(&run, &bundle, Some(100_000))?;
+        let workload = workload_of(&run)?;
+        let mut summary =
+            crate::commands::run::replay_in_memory(&run, &bundle, Some(100_000), workload)?;
         summary.fitness = weights
             .as_ref()
             .map(|w| crate::output::fitness::report(&summary, w));
@@ -333,6 +351,5 @@ pub fn evaluate(args: &EvaluateArgs, out: &mut dyn Write) -> Result<()> {
         seeds,
         summary,
     };
-    writeln!(out, "{}", serde_json::to_string_pretty(&e)?)?;
-    Ok(())
+    Ok(e)
 }

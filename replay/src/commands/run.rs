@@ -161,8 +161,8 @@ pub(crate) fn replay_in_memory(
     run: &RunArgs,
     bundle: &crate::cluster::PolicyBundle,
     sample_us: Option<i64>,
+    workload: Workload,
 ) -> Result<crate::output::summary::Summary> {
-    let workload = load_workload(run)?;
     let resolved = resolve(&server_args(run, bundle), Some(&workload.header))
         .step(|| "configuring the server")?;
     check_pd(bundle, &resolved)?;
@@ -185,6 +185,52 @@ pub(crate) fn replay_in_memory(
     let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
     Ok(summary)
+}
+
+/// What `run` computes for `args` on `workload`, in memory: no files, no
+/// progress bar, the same settings and defaults (`args` comes from the same
+/// parser as the command line). Returns the summary (with its cluster
+/// section, and its fitness when `args` gives weights) and the predicted
+/// records in completion order, with the header `run` would write.
+/// The simulation is single-threaded and deterministic; what the Python
+/// package's `replay` runs.
+///
+/// # Errors
+/// Bad settings or a policy bundle that cannot be read.
+pub fn replay_workload(
+    args: &RunArgs,
+    workload: Workload,
+) -> Result<(
+    Summary,
+    Vec<blis_traces::TraceRecord>,
+    blis_traces::TraceHeader,
+)> {
+    let bundle = args.cluster.bundle()?;
+    let weights = fitness_weights(args)?;
+    let resolved = resolve(&server_args(args, &bundle), Some(&workload.header))
+        .step(|| "configuring the server")?;
+    check_pd(&bundle, &resolved)?;
+    let header = replay_header(&workload.header, &resolved);
+    let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
+    let mut sink = Collector::in_memory(header.run_start_unix_us.unwrap_or(0));
+    if let Some(slo) = args.slo {
+        sink.judge_slo(slo);
+    }
+    let ClusterRun { last, cluster, .. } = replay_on(
+        &resolved,
+        &bundle,
+        workload.inputs,
+        &SimOptions {
+            sample_interval_us: sample,
+            horizon_us: None,
+        },
+        &mut sink,
+        None,
+    );
+    let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
+    summary.cluster = cluster;
+    summary.fitness = weights.map(|w| crate::output::fitness::report(&summary, &w));
+    Ok((summary, kept.unwrap_or_default(), header))
 }
 
 /// `blis-replay run`: replays, writes the outputs at `--out`, prints the summary.

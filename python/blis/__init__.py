@@ -48,6 +48,8 @@ __all__ = [
     "compare",
     "evaluate",
     "Evaluation",
+    "fit",
+    "Fit",
     "run_flags",
 ]
 
@@ -401,3 +403,73 @@ def evaluate(
     finally:
         for t in temp:
             os.unlink(t)
+
+
+class Fit(dict):
+    """What ``blis-calibrate fit`` reports (its ``--json``), as a dict, with
+    the coefficients file it wrote: ``coefficients_path`` (pass it to
+    :func:`replay` as ``coefficients=``) and ``coefficients_yaml``."""
+
+    coefficients_path: str
+    coefficients_yaml: str
+
+
+def fit(
+    traces: Union[Trace, PathLike, Sequence[Union[Trace, PathLike]], None] = None,
+    *,
+    out: Optional[PathLike] = None,
+    **settings: Any,
+) -> Fit:
+    """Fits latency coefficients to real traces by replaying them, as
+    ``blis-calibrate fit`` does.
+
+    ``traces``: trace headers, ``KIND:PATH`` public traces (e.g.
+    ``vllm-gt:RUN_DIR``) or :class:`Trace` objects (fitted jointly); or
+    ``runs=DIR`` among the settings (a folder of runs, trained-physics).
+    ``settings``: ``blis-calibrate fit``'s flags with ``_`` for ``-``
+    (``latency_model``, ``holdout_fraction``, ``budget_evals``, ``model``,
+    ``hardware``, ...). ``out``: the coefficients file to write (default: a
+    new temporary file, kept, named in ``coefficients_path``).
+    """
+    temp: List[str] = []
+    try:
+        if traces is None:
+            items: List[Union[Trace, PathLike]] = []
+        elif isinstance(traces, (Trace, str, os.PathLike)):
+            items = [traces]
+        else:
+            items = list(traces)
+        flags: List[str] = []
+        for t in items:
+            if isinstance(t, Trace):
+                d = tempfile.mkdtemp(prefix="blis-fit-")
+                temp.append(d)
+                flags += ["--trace", t.write(os.path.join(d, "real"))]
+            else:
+                flags += ["--trace", os.fspath(t)]
+        if out is None:
+            f = tempfile.NamedTemporaryFile(prefix="blis-coefficients-", suffix=".yaml", delete=False)
+            f.close()
+            out = f.name
+        flags += ["--out", os.fspath(out)]
+        for key, value in settings.items():
+            if value is None:
+                continue
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                if value:
+                    flags.append(flag)
+                continue
+            if isinstance(value, (list, tuple)):
+                value = ",".join(str(v) for v in value)
+            flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+        report, coefficients = _blis.fit(flags)
+        result = Fit(json.loads(report))
+        result.coefficients_path = os.fspath(out)
+        result.coefficients_yaml = coefficients
+        return result
+    finally:
+        import shutil
+
+        for d in temp:
+            shutil.rmtree(d, ignore_errors=True)

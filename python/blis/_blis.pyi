@@ -57,4 +57,6 @@ def compare(
     real_label: Optional[str] = None,
 ) -> Tuple[str, str]:
     """(report JSON text, report Markdown)."""
+def fit(flags: List[str]) -> Tuple[str, str]:
+    """(the fit's report as JSON text, the coefficients file's text)."""
 def run_flags() -> List[Tuple[str, bool, str]]: ...

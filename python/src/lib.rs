@@ -474,6 +474,32 @@ fn evaluate(
     })
 }
 
+/// Fits latency coefficients as `blis-calibrate fit` does, with its flags
+/// (`--trace`, `--runs`, `--latency-model`, `--out` ...; `--json` is
+/// added); returns the fit's report as JSON text and the coefficients file
+/// it wrote.
+#[pyfunction]
+fn fit(py: Python<'_>, flags: Vec<String>) -> PyResult<(String, String)> {
+    let argv = ["blis-calibrate".to_string(), "fit".to_string()]
+        .into_iter()
+        .chain(flags)
+        .chain(["--json".to_string()]);
+    let args = match blis_calibrate::Opts::try_parse_from(argv)
+        .map_err(clap_error)?
+        .command
+    {
+        blis_calibrate::Command::Fit(args) => args,
+        _ => return Err(BlisError::new_err("internal: not a fit")),
+    };
+    py.detach(|| {
+        let mut out = Vec::new();
+        blis_calibrate::run::fit_command(&args, &mut out).map_err(py_err)?;
+        let coefficients = std::fs::read_to_string(&args.out)
+            .map_err(|e| BlisError::new_err(format!("reading {}: {e}", args.out.display())))?;
+        Ok((String::from_utf8_lossy(&out).into_owned(), coefficients))
+    })
+}
+
 /// Compares a real trace with a predicted one in memory: the report of
 /// `blis-calibrate compare` as JSON text, and as Markdown.
 #[pyfunction]
@@ -550,6 +576,7 @@ fn _blis(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(fit, m)?)?;
     m.add_function(wrap_pyfunction!(run_flags, m)?)?;
     m.add_function(wrap_pyfunction!(_workload_from_state, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

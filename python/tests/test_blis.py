@@ -226,3 +226,22 @@ def test_a_real_run_is_imported_replayed_and_compared(root):
     assert not real.requests.equals(pred.requests)
     with pytest.raises(blis.BlisError, match="importing"):
         blis.import_trace(f"vllm-gt:{gt}/nope")
+
+
+def test_fit_writes_coefficients_that_replay_reads(root, tmp_path):
+    gt = root.parent / "shared" / "vllm-ground-truth" / "train" / "20260217-155451-llama-2-7b-tp1-codegen"
+    if not gt.is_dir():
+        pytest.skip(f"{gt} is not beside the checkout")
+    real = blis.import_trace(f"vllm-gt:{gt}", num_requests=800)
+    out = tmp_path / "coefficients.yaml"
+    f = blis.fit(real, out=out, latency_model="blackbox", budget_evals=30)
+    assert f.coefficients_path == str(out) and out.is_file()
+    assert "blackbox" in f.coefficients_yaml
+    assert isinstance(f, dict) and f
+    r = blis.replay(real, coefficients=out, latency_model="blackbox")
+    assert r.summary["latency_model"] == "blackbox"
+    assert r.summary["requests"]["total"] == 800
+    with pytest.raises(blis.BlisError, match="holdout"):
+        blis.fit(real, holdout_fraction=2.0)
+    with pytest.raises(blis.BlisError, match="unexpected argument"):
+        blis.fit(real, no_such_flag=1)

@@ -4,6 +4,7 @@ Arrow tables, one-line errors, and replays in parallel threads."""
 
 import json
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -245,3 +246,10 @@ def test_fit_writes_coefficients_that_replay_reads(root, tmp_path):
         blis.fit(real, holdout_fraction=2.0)
     with pytest.raises(blis.BlisError, match="unexpected argument"):
         blis.fit(real, no_such_flag=1)
+
+
+def test_the_walk_through_runs(root):
+    done = subprocess.run([sys.executable, str(root / "examples" / "python" / "quickstart.py")],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "4 replays:" in done.stdout

@@ -10,6 +10,7 @@ use crate::cluster::admission::Admission;
 use crate::cluster::disaggregation::{PdConfig, PdCounters};
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
+use crate::cluster::tree::RequestSignals;
 use crate::engine::instance::{Instance, Signals};
 
 /// Admission and routing state of a cluster run.
@@ -156,6 +157,10 @@ pub struct DecisionRecord {
     /// cluster's; `seen` and `scores` are of the step's pool).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stage: Option<&'static str>,
+    /// Decision-tree routing: the leaf the chosen instance reached
+    /// (`routing.tree.else.then`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_path: Option<String>,
 }
 
 impl Control {
@@ -373,6 +378,7 @@ impl Control {
                     ttft_ms: None,
                     e2e_ms: None,
                     stage: self.stage,
+                    tree_path: None,
                 });
             }
             return false;
@@ -446,11 +452,19 @@ impl Control {
                     },
                 };
             }
+            let req = RequestSignals {
+                input_tokens: input,
+                slo_class: rec.request.slo_class.as_ref(),
+                tenant: rec.request.tenant_id.as_ref(),
+            };
             let c = self
                 .router
-                .route_private(&self.views, &self.hashes, private_from);
+                .route_request(&self.views, &self.hashes, private_from, &req);
             if self.decisions.is_some() {
-                let scores = if matches!(self.router.policy(), RoutingPolicy::Weighted { .. }) {
+                let scores = if matches!(
+                    self.router.policy(),
+                    RoutingPolicy::Weighted { .. } | RoutingPolicy::DecisionTree { .. }
+                ) {
                     self.router.scores().to_vec()
                 } else {
                     let mut s = Vec::with_capacity(self.views.len());
@@ -506,6 +520,7 @@ impl Control {
             ttft_ms: None,
             e2e_ms: None,
             stage: self.stage,
+            tree_path: self.router.tree_path(chosen).map(str::to_string),
         };
         if let Some(d) = &mut self.decisions {
             d.push(r);

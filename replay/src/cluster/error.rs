@@ -32,6 +32,14 @@ pub enum PolicyError {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// A decision tree's node that is not one, named by its path.
+    #[error("{path}: {problem}")]
+    Tree {
+        /// The node (`routing.tree.else.when.signal`).
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// Weighted routing whose weights are all zero.
     #[error("routing scorers: at least one weight must be positive")]
     NoPositiveWeight,

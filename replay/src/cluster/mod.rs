@@ -1,7 +1,7 @@
 //! The cluster: N instances on one clock behind a gateway
 //! (`../shared/design/cluster-architecture.md`). [`control`] admits, queues
 //! and routes each request; [`admission`], [`routing`] (policies and their
-//! scorers), [`priority`] and [`prefix_index`] (the router's view of each
+//! scorers; [`tree`], decision-tree routing), [`priority`] and [`prefix_index`] (the router's view of each
 //! instance's prefix cache) are its policies; [`policy`] reads them from a
 //! policy bundle; [`disaggregation`] splits the cluster into prefill and
 //! decode pools; [`autoscale`] adds and removes replicas.
@@ -15,6 +15,7 @@ pub mod policy;
 pub mod prefix_index;
 pub mod priority;
 pub mod routing;
+pub mod tree;
 
 pub use control::{ClusterSummary, Control, DecisionRecord};
 pub use error::PolicyError;

@@ -217,6 +217,10 @@ impl PolicyBundle {
                 return Err(PolicyError::NoPositiveWeight);
             }
         }
+        self.routing.validate("routing")?;
+        if let Some(pd) = &self.pd {
+            pd.decode_routing.validate("pd.decode_routing")?;
+        }
         self.priority.validate()?;
         self.admission.validate()
     }

@@ -11,6 +11,7 @@ pub use crate::cluster::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::error::PolicyError;
+use crate::cluster::tree::{RequestSignals, Seen, Tree, TreeNode};
 
 /// A scorer of the `weighted` policy; each gives every instance a score in
 /// [0, 1] (higher is better).
@@ -129,6 +130,12 @@ pub enum RoutingPolicy {
         #[serde(default = "default_scorer_map")]
         scorers: std::collections::BTreeMap<Scorer, f64>,
     },
+    /// The argmax of the scores a decision tree gives each instance
+    /// ([`crate::cluster::tree`]).
+    DecisionTree {
+        /// The tree.
+        tree: TreeNode,
+    },
 }
 
 fn default_scorer_map() -> std::collections::BTreeMap<Scorer, f64> {
@@ -143,7 +150,20 @@ impl RoutingPolicy {
             Self::LeastLoaded => "least-loaded",
             Self::AlwaysBusiest => "always-busiest",
             Self::Weighted { .. } => "weighted",
+            Self::DecisionTree { .. } => "decision-tree",
         }
+    }
+
+    /// Checks a decision tree (the others need nothing here); `field`
+    /// names the policy's place (`routing`, `pd.decode_routing`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Tree`] naming the node.
+    pub fn validate(&self, field: &str) -> Result<(), PolicyError> {
+        if let Self::DecisionTree { tree } = self {
+            Tree::compile(tree, &format!("{field}.tree"))?;
+        }
+        Ok(())
     }
 
     /// The policy as the command line writes it: its name, and a weighted
@@ -159,6 +179,10 @@ impl RoutingPolicy {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            Self::DecisionTree { tree } => match Tree::compile(tree, "routing.tree") {
+                Ok(t) => format!("decision-tree ({} leaves)", t.leaf_count()),
+                Err(_) => "decision-tree (invalid)".into(),
+            },
             other => other.name().to_string(),
         }
     }
@@ -204,12 +228,28 @@ pub struct Router {
     /// Per instance, the leading prompt blocks its prefix index holds (as
     /// of the current decision).
     matched: Vec<usize>,
+    /// A decision tree, compiled.
+    tree: Option<Tree>,
+    /// Per scorer of the tree, each instance's value (scorer-major).
+    tree_parts: Vec<f64>,
+    /// Per instance, the tree's leaf in the last decision.
+    leaves: Vec<usize>,
 }
 
 impl Router {
     /// A router over `n` instances; `index_capacity` blocks per instance in
     /// the prefix index.
+    ///
+    /// # Panics
+    /// A decision tree that does not compile: bundles are checked when read
+    /// ([`RoutingPolicy::validate`]).
     pub fn new(policy: RoutingPolicy, n: usize, index_capacity: usize) -> Self {
+        let tree = match &policy {
+            RoutingPolicy::DecisionTree { tree } => {
+                Some(Tree::compile(tree, "routing.tree").expect("a checked decision tree"))
+            }
+            _ => None,
+        };
         let weights: Vec<(Scorer, f64)> = match &policy {
             RoutingPolicy::Weighted { scorers } => {
                 let sum: f64 = scorers.values().sum();
@@ -219,6 +259,12 @@ impl Router {
                     .map(|(s, w)| (*s, w / sum))
                     .collect()
             }
+            // (The scorers a tree uses, for what they need; its leaves
+            // weigh them.)
+            RoutingPolicy::DecisionTree { .. } => tree
+                .as_ref()
+                .map(|t| t.scorers().iter().map(|&s| (s, 0.0)).collect())
+                .unwrap_or_default(),
             _ => Vec::new(),
         };
         Self {
@@ -231,7 +277,17 @@ impl Router {
             scores: vec![0.0; n],
             part: vec![0.0; n],
             matched: Vec::with_capacity(n),
+            tree,
+            tree_parts: Vec::new(),
+            leaves: Vec::new(),
         }
+    }
+
+    /// The path of the tree's leaf instance `i` reached in the last
+    /// decision (decision-tree routing only).
+    pub fn tree_path(&self, i: usize) -> Option<&str> {
+        let t = self.tree.as_ref()?;
+        self.leaves.get(i).map(|&l| t.leaf_path(l))
     }
 
     /// Instance `i` is a new replica: its prefix index and its
@@ -269,12 +325,22 @@ impl Router {
 
     /// Whether decisions need the request's block hashes.
     pub fn needs_hashes(&self) -> bool {
-        self.weights.iter().any(|(s, _)| {
-            matches!(
-                s,
-                Scorer::PrefixAffinity | Scorer::PrecisePrefixCache | Scorer::NoHitLru
-            )
-        })
+        self.learns_prefixes()
+            || self.weights.iter().any(|(s, _)| {
+                matches!(
+                    s,
+                    Scorer::PrefixAffinity | Scorer::PrecisePrefixCache | Scorer::NoHitLru
+                )
+            })
+    }
+
+    /// Whether the router's prefix index learns where prompts went (the
+    /// prefix-affinity scorer, or a tree testing `prefix_match`).
+    fn learns_prefixes(&self) -> bool {
+        self.weights
+            .iter()
+            .any(|(s, _)| *s == Scorer::PrefixAffinity)
+            || self.tree.as_ref().is_some_and(Tree::uses_prefix_match)
     }
 
     /// Whether decisions need each instance's cached prompt blocks.
@@ -315,6 +381,18 @@ impl Router {
         hashes: &[u64],
         private_from: usize,
     ) -> usize {
+        self.route_request(views, hashes, private_from, &RequestSignals::default())
+    }
+
+    /// [`Router::route_private`] with what a decision tree may test of the
+    /// request.
+    pub fn route_request(
+        &mut self,
+        views: &[InstanceView],
+        hashes: &[u64],
+        private_from: usize,
+        req: &RequestSignals<'_>,
+    ) -> usize {
         let n = views.len();
         assert!(n > 0, "routing needs an instance");
         let masked = views.iter().any(|v| v.unavailable);
@@ -349,6 +427,41 @@ impl Router {
                 mask(&mut self.scores, views, masked);
                 argmax(&self.scores)
             }
+            RoutingPolicy::DecisionTree { .. } => {
+                self.match_prefixes(views, hashes, private_from, masked, true);
+                let cold = self.cold(views, hashes);
+                let tree = self.tree.take().expect("a compiled tree");
+                self.tree_parts.clear();
+                for &scorer in tree.scorers() {
+                    self.score(scorer, views, hashes, cold);
+                    self.tree_parts.extend_from_slice(&self.part);
+                }
+                self.leaves.clear();
+                let total = hashes.len();
+                for (i, v) in views.iter().enumerate() {
+                    let seen = Seen {
+                        view: v,
+                        prefix_match: if total == 0 {
+                            0.0
+                        } else {
+                            self.matched[i] as f64 / total as f64
+                        },
+                        prompt_blocks: total,
+                    };
+                    let leaf = tree.leaf_of(&seen, req);
+                    self.leaves.push(leaf);
+                    let parts = &self.tree_parts;
+                    self.scores[i] = tree.score(leaf, |k| parts[k * n + i]);
+                }
+                self.tree = Some(tree);
+                mask(&mut self.scores, views, masked);
+                let c = argmax(&self.scores);
+                if cold && self.weights.iter().any(|(s, _)| *s == Scorer::NoHitLru) {
+                    self.cold_tick += 1;
+                    self.cold_last[c] = self.cold_tick;
+                }
+                c
+            }
             RoutingPolicy::Weighted { .. } => {
                 // Each instance's matched prefix, once: in full for the
                 // prefix-affinity scorer, else only whether block 0 is
@@ -358,30 +471,8 @@ impl Router {
                     .weights
                     .iter()
                     .any(|(s, _)| *s == Scorer::PrefixAffinity);
-                let shared = &hashes[..private_from.min(hashes.len())];
-                let probe = if affinity {
-                    shared
-                } else {
-                    &shared[..shared.len().min(1)]
-                };
-                self.matched.clear();
-                if masked {
-                    self.matched.extend(
-                        self.index
-                            .iter()
-                            .zip(views)
-                            .map(|(ix, v)| if v.unavailable { 0 } else { ix.matched(probe) }),
-                    );
-                } else {
-                    self.matched
-                        .extend(self.index.iter().map(|ix| ix.matched(probe)));
-                }
-                let cold = hashes.is_empty()
-                    || self
-                        .matched
-                        .iter()
-                        .zip(views)
-                        .all(|(&m, v)| m == 0 || v.unavailable);
+                self.match_prefixes(views, hashes, private_from, masked, affinity);
+                let cold = self.cold(views, hashes);
                 for k in 0..self.weights.len() {
                     let (scorer, w) = self.weights[k];
                     self.score(scorer, views, hashes, cold);
@@ -398,14 +489,51 @@ impl Router {
                 c
             }
         };
-        if self
-            .weights
-            .iter()
-            .any(|(s, _)| *s == Scorer::PrefixAffinity)
-        {
+        if self.learns_prefixes() {
             self.index[chosen].insert_private(hashes, private_from);
         }
         chosen
+    }
+
+    /// Each instance's matched prefix of `hashes` (the shared part before
+    /// `private_from`) into `self.matched`: in full when `full`, else only
+    /// whether block 0 is known.
+    fn match_prefixes(
+        &mut self,
+        views: &[InstanceView],
+        hashes: &[u64],
+        private_from: usize,
+        masked: bool,
+        full: bool,
+    ) {
+        let shared = &hashes[..private_from.min(hashes.len())];
+        let probe = if full {
+            shared
+        } else {
+            &shared[..shared.len().min(1)]
+        };
+        self.matched.clear();
+        if masked {
+            self.matched.extend(
+                self.index
+                    .iter()
+                    .zip(views)
+                    .map(|(ix, v)| if v.unavailable { 0 } else { ix.matched(probe) }),
+            );
+        } else {
+            self.matched
+                .extend(self.index.iter().map(|ix| ix.matched(probe)));
+        }
+    }
+
+    /// A cold request: no available instance's index knows its first block.
+    fn cold(&self, views: &[InstanceView], hashes: &[u64]) -> bool {
+        hashes.is_empty()
+            || self
+                .matched
+                .iter()
+                .zip(views)
+                .all(|(&m, v)| m == 0 || v.unavailable)
     }
 
     fn score(&mut self, scorer: Scorer, views: &[InstanceView], hashes: &[u64], cold: bool) {

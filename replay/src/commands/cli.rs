@@ -796,9 +796,14 @@ fn routing_policy(name: &str) -> Result<RoutingPolicy> {
         "weighted" => RoutingPolicy::Weighted {
             scorers: routing::default_scorers().into_iter().collect(),
         },
+        "decision-tree" => {
+            return Err(CommandError::Usage(
+                "--routing decision-tree: give the tree in a --policy-config (routing: {policy: decision-tree, tree: ...}; see the Clusters chapter)".into(),
+            ));
+        }
         other => {
             return Err(CommandError::Usage(format!(
-                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest){}",
+                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest, decision-tree){}",
                 scorer_hint(other)
             )));
         }

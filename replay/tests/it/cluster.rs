@@ -486,6 +486,14 @@ fn any_routing() -> impl Strategy<Value = RoutingPolicy> {
             1..4
         )
         .prop_map(|scorers| RoutingPolicy::Weighted { scorers }),
+        Just(RoutingPolicy::DecisionTree {
+            tree: serde_saphyr::from_str(
+                "when: {any: [{signal: kv_usage, above: 0.5}, {signal: slo_class, is: batch}]}\n\
+                 then: {score: {load-balance: 1, kv-utilization: 1}}\n\
+                 else: {score: {constant: 0.1, prefix-affinity: 2, queue-depth: 1}}\n"
+            )
+            .expect("a tree"),
+        }),
     ]
 }
 
@@ -1196,4 +1204,153 @@ fn room_freed_by_a_cancellation_is_used_at_once() {
     let d = cluster_sampled(&b, cfg, reqs, None);
     assert_eq!(a.records, c.records);
     assert_eq!(a.records, d.records);
+}
+
+/// A decision tree with one leaf is its leaf's weighted template: the same
+/// decisions, byte for byte (only the policy's name differs).
+#[test]
+fn a_one_leaf_decision_tree_routes_as_its_weighted_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("tree.yaml");
+    std::fs::write(
+        &bundle,
+        "num_instances: 4\nrouting:\n  policy: decision-tree\n  tree: {score: {prefix-affinity: 3, queue-depth: 2}}\n",
+    )
+    .unwrap();
+    let common = ["--num-requests", "600"];
+    let tree = replay_cli(
+        dir.path(),
+        "tree",
+        &[&common[..], &["--policy-config", bundle.to_str().unwrap()]].concat(),
+    );
+    let weighted = replay_cli(
+        dir.path(),
+        "weighted",
+        &[
+            &common[..],
+            &[
+                "--num-instances",
+                "4",
+                "--routing",
+                "weighted",
+                "--routing-scorers",
+                "prefix-affinity:3,queue-depth:2",
+            ],
+        ]
+        .concat(),
+    );
+    for ((ext, a), (_, b)) in tree.iter().zip(&weighted) {
+        if ext == "summary.json" {
+            let mut a: serde_json::Value = serde_json::from_slice(a).unwrap();
+            let mut b: serde_json::Value = serde_json::from_slice(b).unwrap();
+            assert_eq!(a["cluster"]["routing"]["policy"], "decision-tree");
+            assert_eq!(b["cluster"]["routing"]["policy"], "weighted");
+            a["cluster"]["routing"] = serde_json::Value::Null;
+            b["cluster"]["routing"] = serde_json::Value::Null;
+            assert_eq!(a, b);
+        } else {
+            assert!(a == b, "{ext} differs");
+        }
+    }
+}
+
+/// A tree's rules decide per request and per instance, and the decision
+/// trace names the leaf the chosen instance reached.
+#[test]
+fn a_decision_tree_routes_by_its_rules_and_traces_the_leaf() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("tree.yaml");
+    // Batch requests (the agent client) go to the least loaded instance of
+    // 0 and 1 only (2 and 3 score −1 for them); the others by prefix.
+    std::fs::write(
+        &bundle,
+        "num_instances: 4
+routing:
+  policy: decision-tree
+  tree:
+    when: {signal: slo_class, is: batch}
+    then:
+      when: {signal: load, at_least: 1000000}
+      then: {score: {constant: -2}}
+      else: {score: {load-balance: 1}}
+    else: {score: {prefix-affinity: 3, queue-depth: 2}}
+",
+    )
+    .unwrap();
+    replay_cli(
+        dir.path(),
+        "tree",
+        &[
+            "--num-requests",
+            "400",
+            "--policy-config",
+            bundle.to_str().unwrap(),
+            "--trace-level",
+            "decisions",
+        ],
+    );
+    let text =
+        std::fs::read_to_string(dir.path().join("tree").join("out.decisions.jsonl")).unwrap();
+    let mut paths = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        let d: serde_json::Value = serde_json::from_str(l).unwrap();
+        let p = d["tree_path"].as_str().expect("a leaf path").to_string();
+        *paths.entry(p).or_insert(0) += 1;
+        assert_eq!(d["regret"], 0.0, "the best score is chosen");
+    }
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(paths["routing.tree.then.else"] > 50, "{paths:?}");
+    assert!(paths["routing.tree.else"] > 50, "{paths:?}");
+}
+
+/// A tree that is not one is refused with the file and the node's path.
+#[test]
+fn a_bad_decision_tree_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bundle,
+        "num_instances: 2\nrouting:\n  policy: decision-tree\n  tree:\n    when: {signal: load, above: 3}\n    then: {score: {constant: 1}}\n    else:\n      when: {signal: queue, above: 1}\n      then: {score: {constant: 1}}\n      else: {score: {constant: 0}}\n",
+    )
+    .unwrap();
+    let spec = dir.path().join("w.yaml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let out = bin()
+        .args([
+            "run",
+            "--workload-spec",
+            spec.to_str().unwrap(),
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--policy-config",
+            bundle.to_str().unwrap(),
+            "--out",
+            dir.path().join("o").to_str().unwrap(),
+        ])
+        .assert()
+        .failure()
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml")
+            && err.contains("routing.tree.else.when.signal: unknown signal \"queue\""),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let out = bin()
+        .args([
+            "run",
+            "--routing",
+            "decision-tree",
+            "--workload-spec",
+            spec.to_str().unwrap(),
+            "--out",
+            "x",
+        ])
+        .assert()
+        .failure()
+        .get_output()
+        .clone();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give the tree in a --policy-config"));
 }

@@ -249,6 +249,7 @@ pub fn replay_on<S: crate::sim::Sink>(
     ClusterRun {
         last,
         cluster,
+        failure: control.policy_failure().cloned(),
         decisions: control.take_decisions(),
     }
 }
@@ -263,6 +264,9 @@ pub struct ClusterRun {
     pub cluster: Option<ClusterSummary>,
     /// The routing decisions, when traced.
     pub decisions: Option<Vec<DecisionRecord>>,
+    /// A code policy's failed call: the run is not a valid evaluation of
+    /// that policy ([`crate::cluster::code`]).
+    pub failure: Option<crate::cluster::code::CallError>,
 }
 
 /// Replays a whole trace in memory with `resolved` settings and returns the

@@ -480,6 +480,15 @@ impl Control {
         chosen
     }
 
+    /// A code policy's first failed call (the prefill or only pool's
+    /// router, then a P/D split's decode router): the run's result is that
+    /// error.
+    pub fn policy_failure(&self) -> Option<&crate::cluster::code::CallError> {
+        self.router
+            .failure()
+            .or_else(|| self.pd.as_ref().and_then(|p| p.decode.policy_failure()))
+    }
+
     /// The prompt's block hashes the last [`Control::route`] computed
     /// (empty when its router needs none), handed over so the instance
     /// does not hash the prompt again.

@@ -10,6 +10,7 @@
 pub use crate::cluster::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::code::{CallError, CodeRouter, CodeSource};
 use crate::cluster::error::PolicyError;
 use crate::cluster::tree::{RequestSignals, Seen, Tree, TreeNode};
 
@@ -136,6 +137,19 @@ pub enum RoutingPolicy {
         /// The tree.
         tree: TreeNode,
     },
+    /// A program's choice ([`crate::cluster::code`]: evolved code in a
+    /// sandbox).
+    Code {
+        /// Rhai source defining `fn route(request, instances)`.
+        source: String,
+        /// Operations one call may run.
+        #[serde(default = "default_max_operations")]
+        max_operations: u64,
+    },
+}
+
+fn default_max_operations() -> u64 {
+    crate::cluster::code::DEFAULT_MAX_OPERATIONS
 }
 
 fn default_scorer_map() -> std::collections::BTreeMap<Scorer, f64> {
@@ -151,6 +165,21 @@ impl RoutingPolicy {
             Self::AlwaysBusiest => "always-busiest",
             Self::Weighted { .. } => "weighted",
             Self::DecisionTree { .. } => "decision-tree",
+            Self::Code { .. } => "code",
+        }
+    }
+
+    /// A code policy's source and budget.
+    fn code_source(&self) -> Option<CodeSource> {
+        match self {
+            Self::Code {
+                source,
+                max_operations,
+            } => Some(CodeSource {
+                source: source.clone(),
+                max_operations: *max_operations,
+            }),
+            _ => None,
         }
     }
 
@@ -162,6 +191,9 @@ impl RoutingPolicy {
     pub fn validate(&self, field: &str) -> Result<(), PolicyError> {
         if let Self::DecisionTree { tree } = self {
             Tree::compile(tree, &format!("{field}.tree"))?;
+        }
+        if let Some(code) = self.code_source() {
+            CodeRouter::compile(&code, field)?;
         }
         Ok(())
     }
@@ -183,6 +215,7 @@ impl RoutingPolicy {
                 Ok(t) => format!("decision-tree ({} leaves)", t.leaf_count()),
                 Err(_) => "decision-tree (invalid)".into(),
             },
+            Self::Code { source, .. } => format!("code ({} lines)", source.lines().count()),
             other => other.name().to_string(),
         }
     }
@@ -234,6 +267,11 @@ pub struct Router {
     tree_parts: Vec<f64>,
     /// Per instance, the tree's leaf in the last decision.
     leaves: Vec<usize>,
+    /// A code policy, compiled.
+    code: Option<CodeRouter>,
+    /// The code policy's first failed call: later decisions are
+    /// least-loaded's, and the run ends with it.
+    failure: Option<CallError>,
 }
 
 impl Router {
@@ -250,6 +288,9 @@ impl Router {
             }
             _ => None,
         };
+        let code = policy
+            .code_source()
+            .map(|c| CodeRouter::compile(&c, "routing").expect("a checked program"));
         let weights: Vec<(Scorer, f64)> = match &policy {
             RoutingPolicy::Weighted { scorers } => {
                 let sum: f64 = scorers.values().sum();
@@ -280,7 +321,14 @@ impl Router {
             tree,
             tree_parts: Vec::new(),
             leaves: Vec::new(),
+            code,
+            failure: None,
         }
+    }
+
+    /// A code policy's first failed call, if any.
+    pub fn failure(&self) -> Option<&CallError> {
+        self.failure.as_ref()
     }
 
     /// The path of the tree's leaf instance `i` reached in the last
@@ -341,6 +389,7 @@ impl Router {
             .iter()
             .any(|(s, _)| *s == Scorer::PrefixAffinity)
             || self.tree.as_ref().is_some_and(Tree::uses_prefix_match)
+            || self.code.is_some()
     }
 
     /// Whether decisions need each instance's cached prompt blocks.
@@ -426,6 +475,42 @@ impl Router {
                 }
                 mask(&mut self.scores, views, masked);
                 argmax(&self.scores)
+            }
+            RoutingPolicy::Code { .. } => {
+                self.match_prefixes(views, hashes, private_from, masked, true);
+                let total = hashes.len();
+                self.part.clear();
+                self.part.extend(self.matched.iter().map(|&m| {
+                    if total == 0 {
+                        0.0
+                    } else {
+                        m as f64 / total as f64
+                    }
+                }));
+                let choice = match (&mut self.code, &self.failure) {
+                    (Some(code), None) => code.choose(views, &self.part, total, req),
+                    _ => Err(CallError {
+                        decision: 0,
+                        problem: String::new(),
+                    }),
+                };
+                match choice {
+                    Ok(c) => {
+                        self.scores[c] = 1.0;
+                        c
+                    }
+                    Err(e) => {
+                        if self.failure.is_none() {
+                            self.failure = Some(e);
+                        }
+                        // After a failure: least-loaded, to finish quickly.
+                        for (s, v) in self.scores.iter_mut().zip(views) {
+                            *s = -v.load();
+                        }
+                        mask(&mut self.scores, views, masked);
+                        argmax(&self.scores)
+                    }
+                }
             }
             RoutingPolicy::DecisionTree { .. } => {
                 self.match_prefixes(views, hashes, private_from, masked, true);

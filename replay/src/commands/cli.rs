@@ -796,6 +796,11 @@ fn routing_policy(name: &str) -> Result<RoutingPolicy> {
         "weighted" => RoutingPolicy::Weighted {
             scorers: routing::default_scorers().into_iter().collect(),
         },
+        "code" => {
+            return Err(CommandError::Usage(
+                "--routing code: give the program in a --policy-config (routing: {policy: code, source: ...}; see the Clusters chapter)".into(),
+            ));
+        }
         "decision-tree" => {
             return Err(CommandError::Usage(
                 "--routing decision-tree: give the tree in a --policy-config (routing: {policy: decision-tree, tree: ...}; see the Clusters chapter)".into(),
@@ -803,7 +808,7 @@ fn routing_policy(name: &str) -> Result<RoutingPolicy> {
         }
         other => {
             return Err(CommandError::Usage(format!(
-                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest, decision-tree){}",
+                "--routing: unknown policy {other:?} (round-robin, least-loaded, weighted, always-busiest, decision-tree, code){}",
                 scorer_hint(other)
             )));
         }

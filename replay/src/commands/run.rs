@@ -170,7 +170,12 @@ pub(crate) fn replay_in_memory(
     if let Some(slo) = run.slo {
         sink.judge_slo(slo);
     }
-    let ClusterRun { last, cluster, .. } = replay_on(
+    let ClusterRun {
+        last,
+        cluster,
+        failure,
+        ..
+    } = replay_on(
         &resolved,
         bundle,
         workload.inputs,
@@ -181,10 +186,20 @@ pub(crate) fn replay_in_memory(
         &mut sink,
         None,
     );
+    policy_failed(failure)?;
     let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
     let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
     Ok(summary)
+}
+
+/// A code policy whose call failed makes the run a failed evaluation: the
+/// error names the decision and why.
+fn policy_failed(failure: Option<crate::cluster::code::CallError>) -> Result<()> {
+    match failure {
+        Some(e) => Err(CommandError::Usage(e.to_string())),
+        None => Ok(()),
+    }
 }
 
 /// What `run` computes for `args` on `workload`, in memory: no files, no
@@ -216,7 +231,12 @@ pub fn replay_workload(
     if let Some(slo) = args.slo {
         sink.judge_slo(slo);
     }
-    let ClusterRun { last, cluster, .. } = replay_on(
+    let ClusterRun {
+        last,
+        cluster,
+        failure,
+        ..
+    } = replay_on(
         &resolved,
         &bundle,
         workload.inputs,
@@ -227,6 +247,7 @@ pub fn replay_workload(
         &mut sink,
         None,
     );
+    policy_failed(failure)?;
     let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
     summary.fitness = weights.map(|w| crate::output::fitness::report(&summary, &w));
@@ -274,6 +295,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         last,
         cluster,
         decisions,
+        failure,
     } = replay_on(
         &resolved,
         &bundle,
@@ -285,6 +307,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         &mut sink,
         trace_k,
     );
+    policy_failed(failure)?;
     if let Some(d) = decisions {
         let scale = cluster
             .as_ref()

@@ -494,6 +494,10 @@ fn any_routing() -> impl Strategy<Value = RoutingPolicy> {
             )
             .expect("a tree"),
         }),
+        Just(RoutingPolicy::Code {
+            source: "fn route(r, xs) { let s = []; for x in xs { s.push(x.prefix_match - 0.1 * x.load.to_float()); } s }".into(),
+            max_operations: 100_000,
+        }),
     ]
 }
 
@@ -1353,4 +1357,159 @@ fn a_bad_decision_tree_names_the_node() {
         .get_output()
         .clone();
     assert!(String::from_utf8_lossy(&out.stderr).contains("give the tree in a --policy-config"));
+}
+
+/// Programs equivalent to the built-in templates, run as evolved-code
+/// policies: the same decisions, every output byte for byte (only the
+/// policy's name differs in the summary).
+#[test]
+fn code_equivalent_to_each_template_routes_as_it_does() {
+    const LEAST_LOADED: &str = "fn route(r, xs) {\n  let best = -1;\n  for i in 0..xs.len() {\n    if xs[i].available && (best < 0 || xs[i].load < xs[best].load) { best = i; }\n  }\n  best\n}\n";
+    const ROUND_ROBIN: &str = "fn route(r, xs) { r.decision % xs.len() }\n";
+    // weighted prefix-affinity:3, queue-depth:2 (weights normalised to
+    // 0.6, 0.4; queue depth min-max normalised, least loaded 1).
+    const WEIGHTED: &str = "fn route(r, xs) {\n  let lo = xs[0].load; let hi = xs[0].load;\n  for x in xs { if x.load < lo { lo = x.load; } if x.load > hi { hi = x.load; } }\n  let scores = [];\n  for x in xs {\n    let q = if hi > lo { 1.0 - (x.load - lo).to_float() / (hi - lo).to_float() } else { 1.0 };\n    let s = 0.0;\n    s += 0.6 * x.prefix_match;\n    s += 0.4 * q;\n    scores.push(s);\n  }\n  scores\n}\n";
+    let dir = tempfile::tempdir().unwrap();
+    for (name, program, flags) in [
+        (
+            "least-loaded",
+            LEAST_LOADED,
+            vec!["--routing", "least-loaded"],
+        ),
+        ("round-robin", ROUND_ROBIN, vec!["--routing", "round-robin"]),
+        (
+            "weighted",
+            WEIGHTED,
+            vec![
+                "--routing",
+                "weighted",
+                "--routing-scorers",
+                "prefix-affinity:3,queue-depth:2",
+            ],
+        ),
+    ] {
+        let bundle = dir.path().join(format!("{name}.yaml"));
+        let text = format!(
+            "num_instances: 4\nrouting:\n  policy: code\n  source: |\n{}",
+            program
+                .lines()
+                .map(|l| format!("    {l}\n"))
+                .collect::<String>()
+        );
+        std::fs::write(&bundle, text).unwrap();
+        let code = replay_cli(
+            dir.path(),
+            &format!("{name}-code"),
+            &[
+                "--num-requests",
+                "500",
+                "--policy-config",
+                bundle.to_str().unwrap(),
+            ],
+        );
+        let builtin = replay_cli(
+            dir.path(),
+            &format!("{name}-builtin"),
+            &[
+                &["--num-requests", "500", "--num-instances", "4"][..],
+                &flags,
+            ]
+            .concat(),
+        );
+        for ((ext, a), (_, b)) in code.iter().zip(&builtin) {
+            if ext == "summary.json" {
+                let mut a: serde_json::Value = serde_json::from_slice(a).unwrap();
+                let mut b: serde_json::Value = serde_json::from_slice(b).unwrap();
+                assert_eq!(a["cluster"]["routing"]["policy"], "code", "{name}");
+                a["cluster"]["routing"] = serde_json::Value::Null;
+                b["cluster"]["routing"] = serde_json::Value::Null;
+                assert_eq!(a, b, "{name}");
+            } else {
+                assert!(a == b, "{name}: {ext} differs");
+            }
+        }
+    }
+}
+
+/// A program that loops forever, or that answers nonsense mid-run, fails
+/// the run with the decision and the reason, quickly (a per-call budget),
+/// and the command exits with a usage error.
+#[test]
+fn a_failing_program_fails_the_run_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("w.yaml");
+    std::fs::write(&spec, SPEC).unwrap();
+    for (name, program, expect) in [
+        (
+            "loop",
+            "fn route(r, xs) { loop { } }",
+            "decision 0: ran past its budget of 100000 operations",
+        ),
+        (
+            "late",
+            "fn route(r, xs) { if r.decision == 40 { xs.len() } else { 0 } }",
+            "decision 40: returned instance 4, not in 0..4",
+        ),
+        (
+            "nan",
+            "fn route(r, xs) { [0.0 / 0.0, 1.0, 1.0, 1.0] }",
+            "score 0 is NaN",
+        ),
+    ] {
+        let bundle = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &bundle,
+            format!("num_instances: 4\nrouting:\n  policy: code\n  source: '{program}'\n"),
+        )
+        .unwrap();
+        let out = bin()
+            .args([
+                "run",
+                "--workload-spec",
+                spec.to_str().unwrap(),
+                "--num-requests",
+                "300",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--policy-config",
+                bundle.to_str().unwrap(),
+                "--out",
+                dir.path().join(name).to_str().unwrap(),
+            ])
+            .assert()
+            .code(1)
+            .get_output()
+            .clone();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("routing code failed at") && err.contains(expect),
+            "{name}: {err}"
+        );
+    }
+    // A syntax error is refused when the bundle is read, with its line.
+    let bundle = dir.path().join("syntax.yaml");
+    std::fs::write(
+        &bundle,
+        "num_instances: 2\nrouting:\n  policy: code\n  source: |\n    fn route(r, xs) {\n      let = 3;\n    }\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args([
+            "run",
+            "--workload-spec",
+            spec.to_str().unwrap(),
+            "--policy-config",
+            bundle.to_str().unwrap(),
+            "--out",
+            dir.path().join("s").to_str().unwrap(),
+        ])
+        .assert()
+        .failure()
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("syntax.yaml") && err.contains("routing.source") && err.contains("line 2"),
+        "{err}"
+    );
 }

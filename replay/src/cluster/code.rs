@@ -1,0 +1,399 @@
+//! Evolved-code routing (`../shared/design/policy-optimization-design.md`,
+//! "Type 2: evolved code"): a routing function written in Rhai (an
+//! embedded scripting language, <https://rhai.rs>), the kind of program an
+//! LLM writes and an evolutionary search (OpenEvolve, GEPA) mutates.
+//!
+//! ```yaml
+//! routing:
+//!   policy: code
+//!   source: |
+//!     fn route(request, instances) {
+//!       let best = 0;
+//!       for i in 1..instances.len() {
+//!         if instances[i].load < instances[best].load { best = i; }
+//!       }
+//!       best
+//!     }
+//! ```
+//!
+//! `route(request, instances)` is called once per decision. `request` is a
+//! map: `input_tokens`, `prompt_blocks`, `slo_class`, `tenant`, `decision`
+//! (0, 1, 2 ... in decision order). `instances` is an array of maps, one per
+//! instance: `waiting`, `running`, `in_flight`, `load` (waiting + running +
+//! in flight), `kv_usage` (0..1), `prefix_match` (share of the prompt's
+//! blocks in the router's index of the instance, 0..1), `available`
+//! (false: an autoscaled replica not ready). It returns the chosen
+//! instance's index, or an array of one score per instance (the best
+//! available one wins, ties to the lowest index).
+//!
+//! The program is hostile input: it is compiled when the bundle is read (a
+//! syntax error names the line), and each call runs with a budget of
+//! `max_operations` operations (default 100,000), bounded call depth,
+//! string, array and map sizes, no clock, no modules, no files and no
+//! network (the engine has none). A call that exceeds a bound, throws,
+//! returns something else than an index or scores, an index that is out of
+//! range or unavailable, or a score that is not a number fails the
+//! evaluation with that reason; the simulation then finishes without
+//! calling it again (each later decision is least-loaded's) and the run
+//! ends with the error. It never hangs or crashes the simulator.
+
+use rhai::{AST, Dynamic, Engine, Map};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::error::PolicyError;
+use crate::cluster::routing::InstanceView;
+use crate::cluster::tree::RequestSignals;
+
+/// The default budget of one call, Rhai operations.
+pub const DEFAULT_MAX_OPERATIONS: u64 = 100_000;
+
+/// A code policy as written in a policy bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeSource {
+    /// The program: Rhai source defining `fn route(request, instances)`.
+    pub source: String,
+    /// Operations one call may run (each statement, expression and loop
+    /// iteration counts).
+    #[serde(default = "default_ops")]
+    pub max_operations: u64,
+}
+
+fn default_ops() -> u64 {
+    DEFAULT_MAX_OPERATIONS
+}
+
+/// A compiled routing program with its sandboxed engine.
+pub struct CodeRouter {
+    engine: Engine,
+    ast: AST,
+    calls: u64,
+}
+
+impl std::fmt::Debug for CodeRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeRouter")
+            .field("calls", &self.calls)
+            .finish()
+    }
+}
+
+impl Clone for CodeRouter {
+    fn clone(&self) -> Self {
+        Self {
+            engine: sandbox(self.engine.max_operations()),
+            ast: self.ast.clone(),
+            calls: self.calls,
+        }
+    }
+}
+
+/// An engine with nothing outside the program: no printing, no clock
+/// (`no_time`), no modules (`no_module`), and bounded work and sizes.
+fn sandbox(max_operations: u64) -> Engine {
+    let mut e = Engine::new();
+    e.set_max_operations(max_operations);
+    e.set_max_call_levels(32);
+    e.set_max_expr_depths(64, 32);
+    e.set_max_string_size(16 * 1024);
+    e.set_max_array_size(16 * 1024);
+    e.set_max_map_size(1024);
+    e.set_max_variables(1024);
+    e.set_max_functions(256);
+    e.on_print(|_| {});
+    e.on_debug(|_, _, _| {});
+    e
+}
+
+/// Why a call of the program failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallError {
+    /// Which decision (0-based).
+    pub decision: u64,
+    /// What went wrong.
+    pub problem: String,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "routing code failed at decision {}: {}",
+            self.decision, self.problem
+        )
+    }
+}
+
+impl CodeRouter {
+    /// Compiles `code` (at `field`, e.g. `routing`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Tree`] naming the field: a syntax error with its
+    /// line, no `route` function of two parameters, or a zero budget.
+    pub fn compile(code: &CodeSource, field: &str) -> Result<Self, PolicyError> {
+        let bad = |path: &str, problem: String| PolicyError::Tree {
+            path: format!("{field}.{path}"),
+            problem,
+        };
+        if code.max_operations == 0 {
+            return Err(bad("max_operations", "must be at least 1".into()));
+        }
+        let engine = sandbox(code.max_operations);
+        let ast = engine
+            .compile(&code.source)
+            .map_err(|e| bad("source", e.to_string()))?;
+        if !ast
+            .iter_functions()
+            .any(|f| f.name == "route" && f.params.len() == 2)
+        {
+            return Err(bad(
+                "source",
+                "defines no fn route(request, instances)".into(),
+            ));
+        }
+        Ok(Self {
+            engine,
+            ast,
+            calls: 0,
+        })
+    }
+
+    /// Calls the program for one decision: the chosen instance, or why the
+    /// call failed. `prefix_match[i]` is instance `i`'s share of the
+    /// prompt's blocks in the router's index.
+    ///
+    /// # Errors
+    /// [`CallError`]: a bound exceeded, an error thrown, or a result that
+    /// is not an available instance's index or one number per instance.
+    pub fn choose(
+        &mut self,
+        views: &[InstanceView],
+        prefix_match: &[f64],
+        prompt_blocks: usize,
+        req: &RequestSignals<'_>,
+    ) -> Result<usize, CallError> {
+        let decision = self.calls;
+        self.calls += 1;
+        let fail = |problem: String| CallError { decision, problem };
+        let mut r = Map::new();
+        r.insert(
+            "input_tokens".into(),
+            Dynamic::from_int(i64::from(req.input_tokens)),
+        );
+        r.insert(
+            "prompt_blocks".into(),
+            Dynamic::from_int(prompt_blocks as i64),
+        );
+        r.insert("slo_class".into(), Dynamic::from(req.slo_class.to_string()));
+        r.insert("tenant".into(), Dynamic::from(req.tenant.to_string()));
+        r.insert("decision".into(), Dynamic::from_int(decision as i64));
+        let insts: rhai::Array = views
+            .iter()
+            .zip(prefix_match)
+            .map(|(v, &m)| {
+                let mut x = Map::new();
+                x.insert("waiting".into(), Dynamic::from_int(i64::from(v.waiting)));
+                x.insert("running".into(), Dynamic::from_int(i64::from(v.running)));
+                x.insert(
+                    "in_flight".into(),
+                    Dynamic::from_int(i64::from(v.in_flight)),
+                );
+                x.insert("load".into(), Dynamic::from_int(v.load() as i64));
+                x.insert("kv_usage".into(), Dynamic::from_float(v.kv_usage));
+                x.insert("prefix_match".into(), Dynamic::from_float(m));
+                x.insert("available".into(), Dynamic::from_bool(!v.unavailable));
+                Dynamic::from_map(x)
+            })
+            .collect();
+        let mut scope = rhai::Scope::new();
+        let (engine, ast) = (&self.engine, &self.ast);
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.call_fn::<Dynamic>(&mut scope, ast, "route", (Dynamic::from_map(r), insts))
+        }))
+        .map_err(|_| fail("the script engine panicked".into()))?
+        .map_err(|e| fail(describe(&e, engine.max_operations())))?;
+        let n = views.len();
+        let chosen = if let Ok(i) = out.as_int() {
+            usize::try_from(i)
+                .ok()
+                .filter(|&i| i < n)
+                .ok_or_else(|| fail(format!("returned instance {i}, not in 0..{n}")))?
+        } else if out.is_array() {
+            let scores = out.into_array().expect("an array");
+            if scores.len() != n {
+                return Err(fail(format!(
+                    "returned {} scores for {n} instances",
+                    scores.len()
+                )));
+            }
+            let mut best: Option<(usize, f64)> = None;
+            for (i, s) in scores.iter().enumerate() {
+                let x = s
+                    .as_float()
+                    .or_else(|_| s.as_int().map(|v| v as f64))
+                    .map_err(|t| fail(format!("score {i} is a {t}, not a number")))?;
+                if !x.is_finite() {
+                    return Err(fail(format!("score {i} is {x}")));
+                }
+                if !views[i].unavailable && best.is_none_or(|(_, b)| x > b) {
+                    best = Some((i, x));
+                }
+            }
+            best.ok_or_else(|| fail("no instance is available".into()))?
+                .0
+        } else {
+            return Err(fail(format!(
+                "returned a {}, not an instance index or an array of scores",
+                out.type_name()
+            )));
+        };
+        if views[chosen].unavailable {
+            return Err(fail(format!(
+                "chose instance {chosen}, which is not available"
+            )));
+        }
+        Ok(chosen)
+    }
+}
+
+/// What went wrong in a call, on one line, the bounds named.
+fn describe(e: &rhai::EvalAltResult, max_operations: u64) -> String {
+    use rhai::EvalAltResult as E;
+    match e {
+        E::ErrorTooManyOperations(_) => format!(
+            "ran past its budget of {max_operations} operations in one call (max_operations; an endless loop?)"
+        ),
+        E::ErrorDataTooLarge(what, _) => {
+            format!(
+                "{what} too large (strings and arrays are limited to 16,384, maps to 1,024 entries)"
+            )
+        }
+        E::ErrorStackOverflow(_) => "calls nested deeper than 32".into(),
+        other => one_line(&other.to_string()),
+    }
+}
+
+/// An engine's message on one line.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(src: &str, ops: u64) -> Result<CodeRouter, PolicyError> {
+        CodeRouter::compile(
+            &CodeSource {
+                source: src.into(),
+                max_operations: ops,
+            },
+            "routing",
+        )
+    }
+
+    fn call(src: &str) -> Result<usize, CallError> {
+        let views = [InstanceView::default(); 3];
+        router(src, 10_000)
+            .unwrap()
+            .choose(&views, &[0.0; 3], 4, &RequestSignals::default())
+    }
+
+    #[test]
+    fn a_program_chooses_by_index_or_by_scores() {
+        assert_eq!(call("fn route(r, xs) { 2 }").unwrap(), 2);
+        assert_eq!(call("fn route(r, xs) { [0.1, 0.9, 0.9] }").unwrap(), 1);
+        assert_eq!(call("fn route(r, xs) { [1, 3, 2] }").unwrap(), 1);
+    }
+
+    #[test]
+    fn every_failure_is_a_clear_error_not_a_hang_or_a_crash() {
+        // Syntax error, named with its line; no route function.
+        let e = router("fn route(r, xs) {\n  let x = ;\n}", 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("routing.source:") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = router("fn other() { 1 }", 100).unwrap_err().to_string();
+        assert!(e.contains("defines no fn route"), "{e}");
+        // An endless loop stops at the budget.
+        let e = call("fn route(r, xs) { loop { } }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("decision 0: ran past its budget of 10000 operations"),
+            "{e}"
+        );
+        // Unbounded allocation stops at the size limits.
+        let e = call("fn route(r, xs) { let s = \"x\"; loop { s += s; } }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.to_lowercase().contains("too large") || e.contains("size"),
+            "{e}"
+        );
+        let e = call("fn route(r, xs) { let a = []; loop { a += a; a.push(1); } }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.to_lowercase().contains("too large") || e.contains("size"),
+            "{e}"
+        );
+        // Deep recursion stops at the call depth.
+        let e = call("fn f(n) { f(n + 1) } fn route(r, xs) { f(0) }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("decision 0: calls nested deeper than 32"), "{e}");
+        // A thrown error, a bad index, a NaN score, the wrong result.
+        assert!(
+            call("fn route(r, xs) { throw \"no idea\" }")
+                .unwrap_err()
+                .to_string()
+                .contains("no idea")
+        );
+        assert!(
+            call("fn route(r, xs) { 7 }")
+                .unwrap_err()
+                .to_string()
+                .contains("returned instance 7, not in 0..3")
+        );
+        assert!(
+            call("fn route(r, xs) { -1 }")
+                .unwrap_err()
+                .to_string()
+                .contains("not in 0..3")
+        );
+        assert!(
+            call("fn route(r, xs) { [0.0, 0.0 / 0.0, 1.0] }")
+                .unwrap_err()
+                .to_string()
+                .contains("score 1 is NaN")
+        );
+        assert!(
+            call("fn route(r, xs) { [1.0] }")
+                .unwrap_err()
+                .to_string()
+                .contains("1 scores for 3 instances")
+        );
+        assert!(
+            call("fn route(r, xs) { \"zero\" }")
+                .unwrap_err()
+                .to_string()
+                .contains("not an instance index")
+        );
+        assert!(
+            call("fn route(r, xs) { xs[9].load }")
+                .unwrap_err()
+                .to_string()
+                .contains("decision 0")
+        );
+        // No clock, no files, no modules.
+        assert!(
+            router("fn route(r, xs) { timestamp(); 0 }", 100).is_err()
+                || call("fn route(r, xs) { timestamp(); 0 }").is_err()
+        );
+        assert!(router("import \"os\" as os; fn route(r, xs) { 0 }", 100).is_err());
+    }
+}

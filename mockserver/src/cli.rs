@@ -120,6 +120,12 @@ pub struct Opts {
     /// stops (SIGINT/SIGTERM).
     #[arg(long, value_name = "FILE")]
     pub served_log: Option<std::path::PathBuf>,
+    /// Scripted mode: answer non-streamed requests with the canned
+    /// completions of FILE, in turn (JSON lines, each a string or
+    /// `{"content": ...}`), with the engine's timing: an offline stand-in
+    /// for the LLM of an evolutionary search (OpenEvolve, GEPA).
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<std::path::PathBuf>,
 }
 
 impl Opts {
@@ -162,6 +168,7 @@ impl Opts {
             record_served: self.record_served,
             served_log: self.served_log.clone(),
             max_queued_requests: self.max_queued_requests,
+            script: self.script.clone(),
         }
     }
 }

@@ -218,6 +218,8 @@ pub struct MockConfig {
     pub record_served: bool,
     /// Write what was served as JSON lines here (`--served-log`).
     pub served_log: Option<std::path::PathBuf>,
+    /// Canned completions to answer with, in turn (`--script`).
+    pub script: Option<std::path::PathBuf>,
 }
 
 /// Starts the server `cfg` describes on the current tokio runtime.
@@ -273,6 +275,9 @@ pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
     );
     state.served = served.clone();
     state.max_queued = cfg.max_queued_requests;
+    if let Some(p) = &cfg.script {
+        state.script = Some(server::Script::read(p).map_err(StartError::Settings)?);
+    }
     let state = Arc::new(state);
     let bind_addr = cfg.addr;
     let bind_error = |source| StartError::Bind {

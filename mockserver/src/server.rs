@@ -201,6 +201,69 @@ pub struct AppState {
     in_flight: Arc<AtomicU64>,
     rng: Mutex<ChaCha8Rng>,
     counter: AtomicU64,
+    /// Scripted mode: the canned completions answered in turn.
+    pub script: Option<Script>,
+}
+
+/// Canned completions answered in turn (`--script`), whatever the prompt:
+/// the LLM of an offline evolutionary search.
+#[derive(Debug)]
+pub struct Script {
+    completions: Vec<String>,
+    next: AtomicU64,
+}
+
+impl Script {
+    /// Reads `path`: JSON lines, each a string or `{"content": "..."}`.
+    ///
+    /// # Errors
+    /// The file, and the line that is neither, or an empty file.
+    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--script {}: {e}", path.display()))?;
+        let mut completions = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line)
+                .map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+            let c = match &v {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => match o.get("content") {
+                    Some(Value::String(s)) => s.clone(),
+                    _ => {
+                        return Err(format!(
+                            "{}:{}: an object needs a \"content\" string",
+                            path.display(),
+                            i + 1
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(format!(
+                        "{}:{}: expected a string or {{\"content\": ...}}",
+                        path.display(),
+                        i + 1
+                    ));
+                }
+            };
+            completions.push(c);
+        }
+        if completions.is_empty() {
+            return Err(format!("--script {}: no completions", path.display()));
+        }
+        Ok(Self {
+            completions,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The next completion (after the last, the first again).
+    pub fn next(&self) -> &str {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        &self.completions[i % self.completions.len()]
+    }
 }
 
 impl AppState {
@@ -233,6 +296,7 @@ impl AppState {
             in_flight: Arc::new(AtomicU64::new(0)),
             rng: Mutex::new(rng),
             counter: AtomicU64::new(0),
+            script: None,
         }
     }
 
@@ -694,9 +758,12 @@ async fn whole_response(mut c: Ctx) -> Response {
     };
     c.guard.done = true;
     c.wait_visible(fin.last_token_us).await;
-    let text: String = (1..=tokens.max(fin.output_tokens))
-        .map(tokenizer::output_token)
-        .collect();
+    let text: String = match &c.st.script {
+        Some(script) => script.next().to_string(),
+        None => (1..=tokens.max(fin.output_tokens))
+            .map(tokenizer::output_token)
+            .collect(),
+    };
     match c.fault {
         Some(Fault::Drop) => {
             let s = futures::stream::once(async {
@@ -883,4 +950,26 @@ impl SseState {
 /// The address cannot be bound.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Script;
+
+    #[test]
+    fn a_script_answers_its_completions_in_turn_and_names_a_bad_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.jsonl");
+        std::fs::write(&p, "\"one\"\n\n{\"content\": \"two\"}\n").unwrap();
+        let s = Script::read(&p).unwrap();
+        assert_eq!([s.next(), s.next(), s.next()], ["one", "two", "one"]);
+        std::fs::write(&p, "\"one\"\n{\"text\": 2}\n").unwrap();
+        let e = Script::read(&p).unwrap_err();
+        assert!(
+            e.ends_with("c.jsonl:2: an object needs a \"content\" string"),
+            "{e}"
+        );
+        std::fs::write(&p, "\n").unwrap();
+        assert!(Script::read(&p).unwrap_err().contains("no completions"));
+    }
 }

@@ -3,8 +3,8 @@
 //! command line (`python/tests`). Part of the README's test command
 //! (`cargo test --workspace -- --include-ignored`); ignored by a plain
 //! `cargo test` because it needs python3 with `venv`, PyPI
-//! (`python/requirements-test.txt`: maturin, pyarrow, pytest, pandas, and
-//! Ray for the distributed search's test) and a release build.
+//! (`python/requirements-test.txt`: maturin, pyarrow, pytest, pandas; Ray,
+//! OpenEvolve and GEPA for the policy searches' tests) and a release build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,9 +61,17 @@ fn the_python_package_passes_its_pytest_suite() {
     );
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(
-        "cargo build --release (the command line the suite compares with)",
+        "cargo build --release (the command line the suite compares with, the mock as an LLM)",
         Command::new(&cargo)
-            .args(["build", "-q", "--release", "--bin", "blis-replay"])
+            .args([
+                "build",
+                "-q",
+                "--release",
+                "--bin",
+                "blis-replay",
+                "--bin",
+                "blis-mockserver",
+            ])
             .env("CARGO_TARGET_DIR", &target),
     );
     let wheels = target.join("wheels");
@@ -101,6 +109,10 @@ fn the_python_package_passes_its_pytest_suite() {
             .env(
                 "BLIS_REPLAY_BIN",
                 target.join("release").join("blis-replay"),
+            )
+            .env(
+                "BLIS_MOCKSERVER_BIN",
+                target.join("release").join("blis-mockserver"),
             ),
     );
 }

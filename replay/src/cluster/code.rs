@@ -41,8 +41,7 @@ use rhai::{AST, Dynamic, Engine, Map};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::error::PolicyError;
-use crate::cluster::routing::InstanceView;
-use crate::cluster::tree::RequestSignals;
+use crate::cluster::signals::{InstanceView, RequestSignals};
 
 /// The default budget of one call, Rhai operations.
 pub const DEFAULT_MAX_OPERATIONS: u64 = 100_000;

@@ -10,7 +10,7 @@ use crate::cluster::admission::Admission;
 use crate::cluster::disaggregation::{PdConfig, PdCounters};
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
-use crate::cluster::tree::RequestSignals;
+use crate::cluster::signals::RequestSignals;
 use crate::engine::instance::{Instance, Signals};
 
 /// Admission and routing state of a cluster run.

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod prefix_index;
 pub mod priority;
 pub mod routing;
+pub mod signals;
 pub mod tree;
 
 pub use control::{ClusterSummary, Control, DecisionRecord};

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::error::PolicyError;
-use crate::cluster::routing::{InstanceView, Scorer};
+use crate::cluster::signals::{InstanceView, RequestSignals, Scorer};
 
 /// A node of a decision tree as written in a policy bundle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -117,17 +117,6 @@ enum Text {
 const TEXT: [(&str, Text); 2] = [("slo_class", Text::SloClass), ("tenant", Text::Tenant)];
 
 const SIGNALS: &str = "waiting, running, in_flight, load, kv_usage, prefix_match, input_tokens, prompt_blocks; text: slo_class, tenant";
-
-/// What a decision knows of the request (the tree's request signals).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestSignals<'a> {
-    /// Prompt tokens.
-    pub input_tokens: u32,
-    /// Its SLO class.
-    pub slo_class: &'a str,
-    /// Its tenant.
-    pub tenant: &'a str,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Cmp {

@@ -1366,6 +1366,8 @@ fn a_bad_decision_tree_names_the_node() {
 fn code_equivalent_to_each_template_routes_as_it_does() {
     const LEAST_LOADED: &str = "fn route(r, xs) {\n  let best = -1;\n  for i in 0..xs.len() {\n    if xs[i].available && (best < 0 || xs[i].load < xs[best].load) { best = i; }\n  }\n  best\n}\n";
     const ROUND_ROBIN: &str = "fn route(r, xs) { r.decision % xs.len() }\n";
+    const ALWAYS_BUSIEST: &str =
+        "fn route(r, xs) {\n  let s = [];\n  for x in xs { s.push(x.load.to_float()); }\n  s\n}\n";
     // weighted prefix-affinity:3, queue-depth:2 (weights normalised to
     // 0.6, 0.4; queue depth min-max normalised, least loaded 1).
     const WEIGHTED: &str = "fn route(r, xs) {\n  let lo = xs[0].load; let hi = xs[0].load;\n  for x in xs { if x.load < lo { lo = x.load; } if x.load > hi { hi = x.load; } }\n  let scores = [];\n  for x in xs {\n    let q = if hi > lo { 1.0 - (x.load - lo).to_float() / (hi - lo).to_float() } else { 1.0 };\n    let s = 0.0;\n    s += 0.6 * x.prefix_match;\n    s += 0.4 * q;\n    scores.push(s);\n  }\n  scores\n}\n";
@@ -1377,6 +1379,11 @@ fn code_equivalent_to_each_template_routes_as_it_does() {
             vec!["--routing", "least-loaded"],
         ),
         ("round-robin", ROUND_ROBIN, vec!["--routing", "round-robin"]),
+        (
+            "always-busiest",
+            ALWAYS_BUSIEST,
+            vec!["--routing", "always-busiest"],
+        ),
         (
             "weighted",
             WEIGHTED,

@@ -350,6 +350,19 @@ fn clap_error(e: clap::Error) -> PyErr {
     BlisError::new_err(line)
 }
 
+/// A [`Workload`]'s parts (copied out while the GIL is held) as the replay
+/// library's workload.
+fn replayable(
+    (header, inputs, extras): (TraceHeader, Vec<Input>, Vec<ExtraColumn>),
+) -> ReplayWorkload {
+    ReplayWorkload {
+        header,
+        len: Some(inputs.len() as u64),
+        inputs: Box::new(inputs.into_iter()),
+        extras,
+    }
+}
+
 /// Parses `blis-replay run` flags (`--num-instances 4 ...`) with the
 /// command line's own parser.
 fn run_args(flags: Vec<String>) -> PyResult<blis_replay::RunArgs> {
@@ -397,12 +410,7 @@ fn replay(
     }
     py.detach(move || {
         let w = match given {
-            Some((header, inputs, extras)) => ReplayWorkload {
-                header,
-                len: Some(inputs.len() as u64),
-                inputs: Box::new(inputs.into_iter()),
-                extras,
-            },
+            Some(parts) => replayable(parts),
             None => blis_replay::commands::run::load_workload(&args).map_err(py_err)?,
         };
         let (summary, records, header) =
@@ -460,13 +468,7 @@ fn evaluate(
             )
         } else {
             blis_replay::commands::evaluate::evaluation(&args, |_| {
-                let (header, inputs, extras) = next.next().expect("one workload per seed");
-                Ok(ReplayWorkload {
-                    header,
-                    len: Some(inputs.len() as u64),
-                    inputs: Box::new(inputs.into_iter()),
-                    extras,
-                })
+                Ok(replayable(next.next().expect("one workload per seed")))
             })
         }
         .map_err(py_err)?;

@@ -163,10 +163,37 @@ pub(crate) fn replay_in_memory(
     sample_us: Option<i64>,
     workload: Workload,
 ) -> Result<crate::output::summary::Summary> {
+    Ok(simulate(run, bundle, sample_us, workload, false)?.0)
+}
+
+/// The replay behind [`replay_in_memory`] (`keep` false: statistics only)
+/// and [`replay_workload`] (`keep`: the predicted records and the header
+/// `run` writes): the summary with its cluster section, the records, the
+/// header.
+fn simulate(
+    run: &RunArgs,
+    bundle: &crate::cluster::PolicyBundle,
+    sample_us: Option<i64>,
+    workload: Workload,
+    keep: bool,
+) -> Result<(
+    Summary,
+    Vec<blis_traces::TraceRecord>,
+    blis_traces::TraceHeader,
+)> {
     let resolved = resolve(&server_args(run, bundle), Some(&workload.header))
         .step(|| "configuring the server")?;
     check_pd(bundle, &resolved)?;
-    let mut sink = Collector::stats_only();
+    let (header, mut sink) = if keep {
+        let h = replay_header(&workload.header, &resolved);
+        let sink = Collector::in_memory(h.run_start_unix_us.unwrap_or(0));
+        (h, sink)
+    } else {
+        (
+            blis_traces::TraceHeader::new(blis_traces::Mode::Replayed),
+            Collector::stats_only(),
+        )
+    };
     if let Some(slo) = run.slo {
         sink.judge_slo(slo);
     }
@@ -187,10 +214,9 @@ pub(crate) fn replay_in_memory(
         None,
     );
     policy_failed(failure)?;
-    let header = blis_traces::TraceHeader::new(blis_traces::Mode::Replayed);
-    let (mut summary, _) = sink.finish(&header, &last, resolved.latency_name())?;
+    let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
-    Ok(summary)
+    Ok((summary, kept.unwrap_or_default(), header))
 }
 
 /// A code policy whose call failed makes the run a failed evaluation: the
@@ -222,36 +248,10 @@ pub fn replay_workload(
 )> {
     let bundle = args.cluster.bundle()?;
     let weights = fitness_weights(args)?;
-    let resolved = resolve(&server_args(args, &bundle), Some(&workload.header))
-        .step(|| "configuring the server")?;
-    check_pd(&bundle, &resolved)?;
-    let header = replay_header(&workload.header, &resolved);
     let sample = (args.sample_interval_ms > 0).then(|| args.sample_interval_ms as i64 * 1000);
-    let mut sink = Collector::in_memory(header.run_start_unix_us.unwrap_or(0));
-    if let Some(slo) = args.slo {
-        sink.judge_slo(slo);
-    }
-    let ClusterRun {
-        last,
-        cluster,
-        failure,
-        ..
-    } = replay_on(
-        &resolved,
-        &bundle,
-        workload.inputs,
-        &SimOptions {
-            sample_interval_us: sample,
-            horizon_us: None,
-        },
-        &mut sink,
-        None,
-    );
-    policy_failed(failure)?;
-    let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
-    summary.cluster = cluster;
+    let (mut summary, records, header) = simulate(args, &bundle, sample, workload, true)?;
     summary.fitness = weights.map(|w| crate::output::fitness::report(&summary, &w));
-    Ok((summary, kept.unwrap_or_default(), header))
+    Ok((summary, records, header))
 }
 
 /// `blis-replay run`: replays, writes the outputs at `--out`, prints the summary.

@@ -213,6 +213,10 @@ fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
     if let Some(s) = bundle.scheduler {
         engine.scheduler = s;
     }
+    if bundle.scheduling.is_some() {
+        // The tree's or program's key is the request's priority.
+        engine.scheduler = crate::engine::queue_order::SchedulerPolicy::PriorityFcfs;
+    }
     (0..bundle.instance_count())
         .map(|_| Instance::new(engine.clone(), resolved.latency.clone()))
         .collect()

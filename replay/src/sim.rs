@@ -877,17 +877,14 @@ impl Driver<'_> {
         if let Some(a) = self.control.autoscale.as_deref_mut() {
             a.arrived();
         }
-        if !self.control.admit(now, &input.rec) {
+        if !self.control.admit(now, &input.rec, self.insts) {
             let why = NotServed::Rejected(self.control.admission.policy().name());
             self.round_done(&input.rec, now);
             sink.not_served(input.rec, input.entry_us, why);
             return None;
         }
         if self.flow.is_some() {
-            let prio = self
-                .control
-                .priority
-                .priority(&input.rec.request.slo_class, input.entry_us);
+            let prio = self.control.priority_of(&input.rec, input.entry_us);
             let idx = self.gateway_items.len();
             let mut input = input;
             input.entry_us = now;
@@ -1084,11 +1081,11 @@ impl Driver<'_> {
         let (priority, class) = match f.priority {
             Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
             None => (
-                self.control.priority.priority(&r.slo_class, f.entry_us),
+                self.control.priority_of(&f.rec, f.entry_us),
                 slo_priority(&r.slo_class),
             ),
         };
-        let req = SimRequest {
+        let mut req = SimRequest {
             id: r.request_id,
             input_tokens: input,
             output_tokens: output,
@@ -1105,6 +1102,15 @@ impl Driver<'_> {
             f.segments = Some(req.segments.clone());
         }
         self.sync(inst, now, sink);
+        if self.control.scheduling.is_some() {
+            // The key sees the instance as the request enters it.
+            let seen = self.insts[inst].signals_at(now);
+            let rec = &self.flights[tag as usize]
+                .as_ref()
+                .expect("live flight")
+                .rec;
+            req.priority = self.control.queue_key(rec, req.priority, &seen);
+        }
         let entered = if prefill_only {
             self.inst_mut(inst).enqueue_prefill(now, req)
         } else {

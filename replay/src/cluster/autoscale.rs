@@ -34,7 +34,12 @@
 
 use std::collections::VecDeque;
 
+use rhai::{Dynamic, Map};
 use serde::{Deserialize, Serialize};
+
+use crate::cluster::code::{CallError, CodeSource, Program};
+use crate::cluster::error::PolicyError;
+use crate::cluster::rules::{Env, Rules, SignalSet, TreeNode};
 
 /// The autoscaler of a policy bundle (`autoscale:`; `--autoscaler`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +79,98 @@ pub struct AutoscaleConfig {
     pub warmup_s: f64,
     /// `--drain-policy`: what a replica removed does with its requests.
     pub drain: DrainPolicy,
+    /// `policy: decision-tree`: the tree ([`crate::cluster::rules`]; leaves
+    /// `scale: n`) over [`SIGNALS`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeNode>,
+    /// `policy: code`: Rhai source defining `fn scale(cluster)`, which
+    /// returns the replicas to add (> 0) or remove (< 0), or 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// `policy: code`: operations one call may run.
+    pub max_operations: u64,
+}
+
+/// What an autoscaling tree or program sees ([`AutoscaleContext`]): the
+/// mean utilisation and queue depth of the ready replicas, arrivals per
+/// second since the last evaluation, the replicas ready or starting
+/// (`current`), ready, starting and draining, `min_replicas`,
+/// `max_replicas`, seconds since the last scale action (1e9 before the
+/// first), and the share of completions meeting the run's SLO since the
+/// last evaluation (−1 without an SLO or completions).
+pub const SIGNALS: SignalSet = SignalSet {
+    numeric: &[
+        "utilization",
+        "queue_depth",
+        "request_rate",
+        "current",
+        "ready",
+        "starting",
+        "draining",
+        "min",
+        "max",
+        "since_last_scale_s",
+        "slo_attainment",
+    ],
+    text: &[],
+};
+
+/// The numbers of [`SIGNALS`] from a context.
+fn signal_values(ctx: &AutoscaleContext<'_>) -> [f64; 11] {
+    [
+        ctx.avg_utilization,
+        ctx.avg_queue_depth,
+        ctx.request_rate,
+        f64::from(ctx.current_replicas),
+        f64::from(ctx.ready_replicas),
+        f64::from(ctx.starting_replicas),
+        f64::from(ctx.draining_replicas),
+        f64::from(ctx.min_replicas),
+        f64::from(ctx.max_replicas),
+        ctx.since_last_scale_us.map_or(1e9, |t| t as f64 / 1e6),
+        ctx.slo_attainment.unwrap_or(-1.0),
+    ]
+}
+
+struct Values([f64; 11]);
+
+impl Env for Values {
+    fn num(&self, i: usize) -> f64 {
+        self.0[i]
+    }
+
+    fn text(&self, _: usize) -> &str {
+        ""
+    }
+}
+
+fn compile_tree(tree: &TreeNode) -> Result<Rules<i64>, PolicyError> {
+    Rules::compile(tree, "autoscale.tree", &SIGNALS, "scale", |n, _| {
+        Ok(n.scale.expect("a scale leaf"))
+    })
+}
+
+fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyError> {
+    Program::compile(
+        &CodeSource {
+            source: source.to_string(),
+            max_operations,
+        },
+        "autoscale",
+        "autoscaling",
+        "scale",
+        &["cluster"],
+    )
+}
+
+/// A scale answer of a tree or program as a decision.
+fn decision_of(n: i64) -> ScaleDecision {
+    let k = u32::try_from(n.unsigned_abs()).unwrap_or(u32::MAX);
+    match n {
+        0 => ScaleDecision::Hold,
+        n if n > 0 => ScaleDecision::Up(k),
+        _ => ScaleDecision::Down(k),
+    }
 }
 
 impl Default for AutoscaleConfig {
@@ -92,6 +189,9 @@ impl Default for AutoscaleConfig {
             model_load_s: 0.0,
             warmup_s: 60.0,
             drain: DrainPolicy::Wait,
+            tree: None,
+            source: None,
+            max_operations: crate::cluster::code::DEFAULT_MAX_OPERATIONS,
         }
     }
 }
@@ -108,6 +208,10 @@ pub enum ScalerKind {
     /// HPA's rule: `ceil(ready × utilisation / target)` replicas, outside a
     /// ±10% tolerance band; down only after the cooldown.
     TargetUtilization,
+    /// The leaf of `tree` decides.
+    DecisionTree,
+    /// `source`'s `fn scale(cluster)` decides.
+    Code,
 }
 
 impl ScalerKind {
@@ -116,6 +220,8 @@ impl ScalerKind {
         match self {
             Self::Threshold => "threshold",
             Self::TargetUtilization => "target-utilization",
+            Self::DecisionTree => "decision-tree",
+            Self::Code => "code",
         }
     }
 }
@@ -141,6 +247,31 @@ impl AutoscaleConfig {
     /// The offending field and what it must be.
     pub fn validate(&self) -> Result<(), (String, &'static str, String)> {
         let bad = |f: &str, must, got: String| Err((format!("autoscale: {f}"), must, got));
+        match (self.policy, &self.tree, &self.source) {
+            (ScalerKind::DecisionTree, Some(_), None) | (ScalerKind::Code, None, Some(_)) => {}
+            (ScalerKind::DecisionTree, _, _) => {
+                return bad(
+                    "tree",
+                    "given (and source not) with policy decision-tree",
+                    "missing or beside source".into(),
+                );
+            }
+            (ScalerKind::Code, _, _) => {
+                return bad(
+                    "source",
+                    "given (and tree not) with policy code",
+                    "missing or beside tree".into(),
+                );
+            }
+            (_, None, None) => {}
+            (p, _, _) => {
+                return bad(
+                    "policy",
+                    "decision-tree or code when a tree or source is given",
+                    p.name().into(),
+                );
+            }
+        }
         if self.min_replicas == 0 {
             return bad("min_replicas", "at least 1", "0".into());
         }
@@ -193,6 +324,18 @@ impl AutoscaleConfig {
             }
         }
         Ok(())
+    }
+
+    /// Checks a tree or program (after [`AutoscaleConfig::validate`]).
+    ///
+    /// # Errors
+    /// [`PolicyError::Tree`] naming the node or the source's line.
+    pub fn validate_rules(&self) -> Result<(), PolicyError> {
+        match (self.policy, &self.tree, &self.source) {
+            (ScalerKind::DecisionTree, Some(t), _) => compile_tree(t).map(|_| ()),
+            (ScalerKind::Code, _, Some(src)) => compile_code(src, self.max_operations).map(|_| ()),
+            _ => Ok(()),
+        }
     }
 
     /// From a scale-up decision to the replica taking requests, µs.
@@ -296,6 +439,74 @@ impl Template {
     }
 }
 
+/// The policy an autoscaler asks: a template, a tree or a program.
+#[derive(Debug, Clone)]
+enum Scaler {
+    Template(Template),
+    Tree(Rules<i64>),
+    Code {
+        program: Box<Program>,
+        failure: Option<CallError>,
+    },
+}
+
+impl Scaler {
+    fn of(cfg: &AutoscaleConfig) -> Self {
+        match (cfg.policy, &cfg.tree, &cfg.source) {
+            (ScalerKind::DecisionTree, Some(t), _) => {
+                Self::Tree(compile_tree(t).expect("a checked autoscaling tree"))
+            }
+            (ScalerKind::Code, _, Some(src)) => Self::Code {
+                program: Box::new(
+                    compile_code(src, cfg.max_operations).expect("a checked program"),
+                ),
+                failure: None,
+            },
+            _ => Self::Template(Template::of(cfg)),
+        }
+    }
+}
+
+impl AutoscalePolicy for Scaler {
+    fn evaluate(&mut self, ctx: &AutoscaleContext<'_>) -> ScaleDecision {
+        match self {
+            Self::Template(t) => t.evaluate(ctx),
+            Self::Tree(rules) => {
+                let v = Values(signal_values(ctx));
+                decision_of(*rules.leaf(rules.leaf_of(&v)))
+            }
+            Self::Code { program, failure } => {
+                if failure.is_some() {
+                    return ScaleDecision::Hold;
+                }
+                match call(program, ctx) {
+                    Ok(n) => decision_of(n),
+                    Err(e) => {
+                        *failure = Some(e);
+                        ScaleDecision::Hold
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One call of an autoscaling program.
+fn call(p: &mut Program, ctx: &AutoscaleContext<'_>) -> Result<i64, CallError> {
+    let mut c = Map::new();
+    for (name, v) in SIGNALS.numeric.iter().zip(signal_values(ctx)) {
+        c.insert((*name).into(), Dynamic::from_float(v));
+    }
+    c.insert("now_us".into(), Dynamic::from_int(ctx.now_us));
+    let (out, decision) = p.call((Dynamic::from_map(c),))?;
+    out.as_int().map_err(|t| {
+        p.fail(
+            decision,
+            format!("returned a {t}, not an integer (replicas to add, or to remove if negative)"),
+        )
+    })
+}
+
 impl AutoscalePolicy for Template {
     fn evaluate(&mut self, ctx: &AutoscaleContext<'_>) -> ScaleDecision {
         let cooled = ctx
@@ -328,6 +539,8 @@ impl AutoscalePolicy for Template {
                     ScaleDecision::Hold
                 }
             }
+            // (Trees and programs are not templates: see `Scaler`.)
+            ScalerKind::DecisionTree | ScalerKind::Code => ScaleDecision::Hold,
         }
     }
 }
@@ -396,7 +609,7 @@ pub struct AutoscaleCounters {
 #[derive(Debug, Clone)]
 pub struct Autoscaler {
     cfg: AutoscaleConfig,
-    policy: Template,
+    policy: Scaler,
     state: Vec<Lifecycle>,
     billed_since: Vec<Option<i64>>,
     billed_us: i128,
@@ -426,6 +639,14 @@ pub struct Autoscaler {
 }
 
 impl Autoscaler {
+    /// A program's first failed call, if any.
+    pub fn failure(&self) -> Option<&CallError> {
+        match &self.policy {
+            Scaler::Code { failure, .. } => failure.as_ref(),
+            _ => None,
+        }
+    }
+
     /// `cfg` over `cfg.max_replicas` slots with `initial` (clamped to
     /// `min..=max`) ready at time 0.
     pub fn new(cfg: &AutoscaleConfig, initial: u32) -> Self {
@@ -441,7 +662,7 @@ impl Autoscaler {
             })
             .collect();
         Self {
-            policy: Template::of(cfg),
+            policy: Scaler::of(cfg),
             billed_since: (0..n).map(|i| (i < initial).then_some(0)).collect(),
             state,
             billed_us: 0,

@@ -62,29 +62,44 @@ fn default_ops() -> u64 {
     DEFAULT_MAX_OPERATIONS
 }
 
-/// A compiled routing program with its sandboxed engine.
-pub struct CodeRouter {
+/// A compiled program of one policy kind with its sandboxed engine and
+/// its state: the map `this` refers to in the program, kept from one call
+/// to the next (a bucket's level, a counter), bounded like any map.
+pub struct Program {
     engine: Engine,
     ast: AST,
     calls: u64,
+    kind: &'static str,
+    function: &'static str,
+    state: Dynamic,
 }
 
-impl std::fmt::Debug for CodeRouter {
+impl std::fmt::Debug for Program {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CodeRouter")
+        f.debug_struct("Program")
+            .field("kind", &self.kind)
             .field("calls", &self.calls)
             .finish()
     }
 }
 
-impl Clone for CodeRouter {
+impl Clone for Program {
     fn clone(&self) -> Self {
         Self {
             engine: sandbox(self.engine.max_operations()),
             ast: self.ast.clone(),
             calls: self.calls,
+            kind: self.kind,
+            function: self.function,
+            state: self.state.clone(),
         }
     }
+}
+
+/// A compiled routing program.
+#[derive(Debug, Clone)]
+pub struct CodeRouter {
+    program: Program,
 }
 
 /// An engine with nothing outside the program: no printing, no clock
@@ -104,10 +119,13 @@ fn sandbox(max_operations: u64) -> Engine {
     e
 }
 
-/// Why a call of the program failed.
+/// Why a call of a program failed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallError {
-    /// Which decision (0-based).
+    /// The policy kind (`routing`, `admission`, `priority`, `scheduling`,
+    /// `autoscaling`).
+    pub kind: &'static str,
+    /// Which decision of that policy (0-based).
     pub decision: u64,
     /// What went wrong.
     pub problem: String,
@@ -117,19 +135,26 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "routing code failed at decision {}: {}",
-            self.decision, self.problem
+            "{} code failed at decision {}: {}",
+            self.kind, self.decision, self.problem
         )
     }
 }
 
-impl CodeRouter {
-    /// Compiles `code` (at `field`, e.g. `routing`).
+impl Program {
+    /// Compiles `code` (at `field`, e.g. `admission`) for policy `kind`,
+    /// which must define `function` with `params` parameters.
     ///
     /// # Errors
     /// [`PolicyError::Tree`] naming the field: a syntax error with its
-    /// line, no `route` function of two parameters, or a zero budget.
-    pub fn compile(code: &CodeSource, field: &str) -> Result<Self, PolicyError> {
+    /// line, no such function, or a zero budget.
+    pub fn compile(
+        code: &CodeSource,
+        field: &str,
+        kind: &'static str,
+        function: &'static str,
+        params: &[&str],
+    ) -> Result<Self, PolicyError> {
         let bad = |path: &str, problem: String| PolicyError::Tree {
             path: format!("{field}.{path}"),
             problem,
@@ -143,17 +168,79 @@ impl CodeRouter {
             .map_err(|e| bad("source", e.to_string()))?;
         if !ast
             .iter_functions()
-            .any(|f| f.name == "route" && f.params.len() == 2)
+            .any(|f| f.name == function && f.params.len() == params.len())
         {
             return Err(bad(
                 "source",
-                "defines no fn route(request, instances)".into(),
+                format!("defines no fn {function}({})", params.join(", ")),
             ));
         }
         Ok(Self {
             engine,
             ast,
             calls: 0,
+            kind,
+            function,
+            state: Dynamic::from_map(Map::new()),
+        })
+    }
+
+    /// Calls the program once with `args`, `this` bound to its state: the
+    /// value it returned and the decision's number, or why the call failed.
+    ///
+    /// # Errors
+    /// [`CallError`]: a bound exceeded, an error thrown, the engine
+    /// panicking.
+    pub fn call(&mut self, args: impl rhai::FuncArgs) -> Result<(Dynamic, u64), CallError> {
+        let decision = self.calls;
+        self.calls += 1;
+        let mut scope = rhai::Scope::new();
+        let (engine, ast, function) = (&self.engine, &self.ast, self.function);
+        let state = &mut self.state;
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let options = rhai::CallFnOptions::new().bind_this_ptr(state);
+            engine.call_fn_with_options::<Dynamic>(options, &mut scope, ast, function, args)
+        }))
+        .map_err(|_| self.fail(decision, "the script engine panicked".into()))?
+        .map_err(|e| self.fail(decision, describe(&e, self.engine.max_operations())))?;
+        Ok((out, decision))
+    }
+
+    /// A failure of decision `decision`.
+    pub fn fail(&self, decision: u64, problem: String) -> CallError {
+        CallError {
+            kind: self.kind,
+            decision,
+            problem,
+        }
+    }
+
+    /// A number the program returned (an integer or a float), finite.
+    ///
+    /// # Errors
+    /// Anything else, described.
+    pub fn number(&self, decision: u64, what: &str, v: &Dynamic) -> Result<f64, CallError> {
+        let x = v
+            .as_float()
+            .or_else(|_| v.as_int().map(|i| i as f64))
+            .map_err(|t| self.fail(decision, format!("{what} is a {t}, not a number")))?;
+        if x.is_finite() {
+            Ok(x)
+        } else {
+            Err(self.fail(decision, format!("{what} is {x}")))
+        }
+    }
+}
+
+impl CodeRouter {
+    /// Compiles `code` (at `field`, e.g. `routing`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Tree`] naming the field: a syntax error with its
+    /// line, no `route` function of two parameters, or a zero budget.
+    pub fn compile(code: &CodeSource, field: &str) -> Result<Self, PolicyError> {
+        Ok(Self {
+            program: Program::compile(code, field, "routing", "route", &["request", "instances"])?,
         })
     }
 
@@ -171,20 +258,12 @@ impl CodeRouter {
         prompt_blocks: usize,
         req: &RequestSignals<'_>,
     ) -> Result<usize, CallError> {
-        let decision = self.calls;
-        self.calls += 1;
-        let fail = |problem: String| CallError { decision, problem };
-        let mut r = Map::new();
-        r.insert(
-            "input_tokens".into(),
-            Dynamic::from_int(i64::from(req.input_tokens)),
-        );
+        let decision = self.program.calls;
+        let mut r = request_map(req);
         r.insert(
             "prompt_blocks".into(),
             Dynamic::from_int(prompt_blocks as i64),
         );
-        r.insert("slo_class".into(), Dynamic::from(req.slo_class.to_string()));
-        r.insert("tenant".into(), Dynamic::from(req.tenant.to_string()));
         r.insert("decision".into(), Dynamic::from_int(decision as i64));
         let insts: rhai::Array = views
             .iter()
@@ -204,13 +283,9 @@ impl CodeRouter {
                 Dynamic::from_map(x)
             })
             .collect();
-        let mut scope = rhai::Scope::new();
-        let (engine, ast) = (&self.engine, &self.ast);
-        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            engine.call_fn::<Dynamic>(&mut scope, ast, "route", (Dynamic::from_map(r), insts))
-        }))
-        .map_err(|_| fail("the script engine panicked".into()))?
-        .map_err(|e| fail(describe(&e, engine.max_operations())))?;
+        let (out, decision) = self.program.call((Dynamic::from_map(r), insts))?;
+        let p = &self.program;
+        let fail = |problem: String| p.fail(decision, problem);
         let n = views.len();
         let chosen = if let Ok(i) = out.as_int() {
             usize::try_from(i)
@@ -227,13 +302,7 @@ impl CodeRouter {
             }
             let mut best: Option<(usize, f64)> = None;
             for (i, s) in scores.iter().enumerate() {
-                let x = s
-                    .as_float()
-                    .or_else(|_| s.as_int().map(|v| v as f64))
-                    .map_err(|t| fail(format!("score {i} is a {t}, not a number")))?;
-                if !x.is_finite() {
-                    return Err(fail(format!("score {i} is {x}")));
-                }
+                let x = p.number(decision, &format!("score {i}"), s)?;
                 if !views[i].unavailable && best.is_none_or(|(_, b)| x > b) {
                     best = Some((i, x));
                 }
@@ -253,6 +322,19 @@ impl CodeRouter {
         }
         Ok(chosen)
     }
+}
+
+/// The request as a program sees it: `input_tokens`, `slo_class`,
+/// `tenant`.
+pub fn request_map(req: &RequestSignals<'_>) -> Map {
+    let mut r = Map::new();
+    r.insert(
+        "input_tokens".into(),
+        Dynamic::from_int(i64::from(req.input_tokens)),
+    );
+    r.insert("slo_class".into(), Dynamic::from(req.slo_class.to_string()));
+    r.insert("tenant".into(), Dynamic::from(req.tenant.to_string()));
+    r
 }
 
 /// What went wrong in a call, on one line, the bounds named.

@@ -6,7 +6,7 @@
 
 use blis_traces::{TraceRecord, content};
 
-use crate::cluster::admission::Admission;
+use crate::cluster::admission::{Admission, ClusterSignals};
 use crate::cluster::disaggregation::{PdConfig, PdCounters};
 use crate::cluster::policy::PolicyBundle;
 use crate::cluster::routing::{InstanceView, Router, RoutingPolicy, queue_depth_scores};
@@ -42,7 +42,9 @@ pub struct Control {
     /// Flow control's thresholds (queue depth per instance, KV usage).
     pub flow: Option<(f64, f64)>,
     /// Each request's priority.
-    pub priority: crate::cluster::priority::PriorityPolicy,
+    pub priority: crate::cluster::priority::Prioritizer,
+    /// A tree's or program's wait-queue order.
+    pub scheduling: Option<crate::cluster::scheduling::Scheduler>,
     /// Prefill/decode disaggregation: this control routes over the prefill
     /// pool (instances `0..P`), this over the decode pool.
     pub pd: Option<Box<Pd>>,
@@ -205,7 +207,11 @@ impl Control {
                 bundle.prefix_index_capacity as usize,
             ),
             refresh_us: bundle.snapshot_refresh_interval_us.max(0),
-            priority: bundle.priority.clone(),
+            priority: crate::cluster::priority::Prioritizer::new(bundle.priority.clone()),
+            scheduling: bundle
+                .scheduling
+                .as_ref()
+                .map(crate::cluster::scheduling::Scheduler::new),
             snaps: Vec::new(),
             in_flight: vec![0; n],
             views: vec![InstanceView::default(); n],
@@ -357,13 +363,21 @@ impl Control {
         (queued / n / queue_threshold).max(kv / n / kv_threshold)
     }
 
-    /// The admission decision alone: `true` admits `rec`.
-    pub fn admit(&mut self, now: i64, rec: &TraceRecord) -> bool {
+    /// The admission decision alone, with the instances as they are at
+    /// `now` (read only by a tree or program): `true` admits `rec`.
+    pub fn admit(&mut self, now: i64, rec: &TraceRecord, insts: &[Instance]) -> bool {
         let input = rec.effective_input_tokens();
-        if !self
-            .admission
-            .admit(now, input, rec.request.tenant_id.as_ref())
-        {
+        let cluster = if self.admission.policy().reads_cluster() {
+            self.cluster_signals(now, insts)
+        } else {
+            ClusterSignals::default()
+        };
+        let req = RequestSignals {
+            input_tokens: input,
+            slo_class: rec.request.slo_class.as_ref(),
+            tenant: rec.request.tenant_id.as_ref(),
+        };
+        if !self.admission.decide(now, &req, &cluster) {
             if let Some(d) = &mut self.decisions {
                 d.push(DecisionRecord {
                     request_id: rec.request.request_id,
@@ -378,12 +392,58 @@ impl Control {
                     ttft_ms: None,
                     e2e_ms: None,
                     stage: self.stage,
-                    tree_path: None,
+                    tree_path: self.admission.last_path().map(str::to_string),
                 });
             }
             return false;
         }
         true
+    }
+
+    /// The priority (lower is more urgent) of `rec` arriving at
+    /// `arrival_us`, by the bundle's priority policy.
+    pub fn priority_of(&mut self, rec: &TraceRecord, arrival_us: i64) -> i64 {
+        let req = RequestSignals {
+            input_tokens: rec.effective_input_tokens(),
+            slo_class: rec.request.slo_class.as_ref(),
+            tenant: rec.request.tenant_id.as_ref(),
+        };
+        self.priority.priority(&req, arrival_us)
+    }
+
+    /// The wait-queue key of `rec`, of priority `priority`, entering an
+    /// instance that shows `inst`: a scheduling tree's or program's, else
+    /// the priority.
+    pub fn queue_key(&mut self, rec: &TraceRecord, priority: i64, inst: &Signals) -> i64 {
+        let Some(s) = &mut self.scheduling else {
+            return priority;
+        };
+        let req = RequestSignals {
+            input_tokens: rec.effective_input_tokens(),
+            slo_class: rec.request.slo_class.as_ref(),
+            tenant: rec.request.tenant_id.as_ref(),
+        };
+        s.key(&req, priority, inst)
+    }
+
+    /// The instances taking requests as admission sees them at `now`.
+    pub fn cluster_signals(&self, now: i64, insts: &[Instance]) -> ClusterSignals {
+        let mut c = ClusterSignals::default();
+        for (i, inst) in insts.iter().enumerate().take(self.in_flight.len()) {
+            if !self.routable(i) {
+                continue;
+            }
+            let s = inst.signals_at(now);
+            c.waiting += s.waiting;
+            c.running += s.running;
+            c.in_flight += self.in_flight[i];
+            c.kv_usage += s.kv_usage();
+            c.instances += 1;
+        }
+        if c.instances > 0 {
+            c.kv_usage /= f64::from(c.instances);
+        }
+        c
     }
 
     /// Routes an admitted `rec` at `now`: the chosen instance.
@@ -484,8 +544,12 @@ impl Control {
     /// router, then a P/D split's decode router): the run's result is that
     /// error.
     pub fn policy_failure(&self) -> Option<&crate::cluster::code::CallError> {
-        self.router
+        self.admission
             .failure()
+            .or_else(|| self.priority.failure())
+            .or_else(|| self.scheduling.as_ref().and_then(|s| s.failure()))
+            .or_else(|| self.router.failure())
+            .or_else(|| self.autoscale.as_deref().and_then(|a| a.failure()))
             .or_else(|| self.pd.as_ref().and_then(|p| p.decode.policy_failure()))
     }
 

@@ -16,6 +16,8 @@ pub mod policy;
 pub mod prefix_index;
 pub mod priority;
 pub mod routing;
+pub mod rules;
+pub mod scheduling;
 pub mod signals;
 pub mod tree;
 

@@ -29,6 +29,7 @@ use crate::cluster::disaggregation::PdConfig;
 use crate::cluster::error::PolicyError;
 use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
+use crate::cluster::scheduling::SchedulingPolicy;
 use crate::engine::kv_tier::CpuTierSettings;
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::Result;
@@ -54,6 +55,10 @@ pub struct PolicyBundle {
     /// Each request's priority for `priority-fcfs` and the gateway queue
     /// (default: its SLO class's).
     pub priority: PriorityPolicy,
+    /// Each wait queue's order as a decision tree or program
+    /// ([`crate::cluster::scheduling`]); instead of `scheduler`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<SchedulingPolicy>,
     /// Time the admission decision takes, µs (delays the request's entry).
     pub admission_latency_us: i64,
     /// Time the routing decision takes, µs (delays the request's entry).
@@ -109,6 +114,7 @@ impl Default for PolicyBundle {
             snapshot_refresh_interval_us: 0,
             prefix_index_capacity: 10_000,
             scheduler: None,
+            scheduling: None,
             priority: PriorityPolicy::default(),
             admission_latency_us: 0,
             routing_latency_us: 0,
@@ -166,6 +172,7 @@ impl PolicyBundle {
             if let Err((field, must, got)) = a.validate() {
                 return range(&field, must, got);
             }
+            a.validate_rules()?;
             if self.pd.is_some() && a.drain != crate::cluster::autoscale::DrainPolicy::Wait {
                 return range(
                     "autoscale: drain",
@@ -222,6 +229,19 @@ impl PolicyBundle {
             pd.decode_routing.validate("pd.decode_routing")?;
         }
         self.priority.validate()?;
+        if let Some(s) = &self.scheduling {
+            if let Some(other) = self
+                .scheduler
+                .filter(|o| *o != SchedulerPolicy::PriorityFcfs)
+            {
+                return range(
+                    "scheduler",
+                    "left out (or priority-fcfs) when scheduling gives the order",
+                    other.to_string(),
+                );
+            }
+            s.validate()?;
+        }
         self.admission.validate()
     }
 }

@@ -12,10 +12,37 @@
 //! queue stays a heap, yet an old standard request overtakes a new
 //! realtime one once it has waited `(realtime − standard) / age_weight`
 //! seconds longer (no starvation).
+//!
+//! A priority can also be a decision tree ([`crate::cluster::rules`],
+//! leaves `priority: {constant: c, input_tokens: w}`) or evolved code
+//! ([`crate::cluster::code`], `fn priority(request)` returning a number),
+//! over [`SIGNALS`]; lower is more urgent. The request's priority is
+//! `1e6 × value + age_weight × arrival_us`, rounded: `age_weight` (per
+//! second, default 0) ages waiting requests as `slo-based` does, so a
+//! tree whose leaves are minus `slo-based`'s class scores, with its
+//! `age_weight`, is that policy exactly.
+//!
+//! ```yaml
+//! priority:
+//!   policy: decision-tree
+//!   age_weight: 10
+//!   tree:
+//!     when: {signal: slo_class, is: batch}
+//!     then: {priority: {constant: 0}}
+//!     else: {priority: {constant: -50, input_tokens: 0.001}}   # short prompts first
+//! ```
+//!
+//! A program's `request` map has `input_tokens`, `slo_class`, `tenant` and
+//! `arrival_us`; `this` is a map kept from call to call. A failed call
+//! gives priority 0 and ends the run with the failure.
 
+use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::code::{CallError, CodeSource, Program};
 use crate::cluster::error::PolicyError;
+use crate::cluster::rules::{Env, Linear, Rules, SignalSet, TreeNode};
+use crate::cluster::signals::RequestSignals;
 use crate::engine::queue_order::slo_priority;
 
 /// A priority policy and its parameters.
@@ -34,6 +61,175 @@ pub enum PriorityPolicy {
     /// Class score minus `age_weight` per second waited (pathological: the
     /// oldest starve).
     InvertedSlo(AgeScores),
+    /// A decision tree's leaf value ([`crate::cluster::rules`]).
+    DecisionTree {
+        /// The tree; leaves `priority: {constant, <signal>: weight}`.
+        tree: Box<TreeNode>,
+        /// Urgency gained per second waited (in leaf units).
+        #[serde(default)]
+        age_weight: f64,
+    },
+    /// A program's value ([`crate::cluster::code`]): `fn
+    /// priority(request)` returns a number.
+    Code {
+        /// Rhai source defining `fn priority(request)`.
+        source: String,
+        /// Operations one call may run.
+        #[serde(default = "default_ops")]
+        max_operations: u64,
+        /// Urgency gained per second waited (in the program's units).
+        #[serde(default)]
+        age_weight: f64,
+    },
+}
+
+fn default_ops() -> u64 {
+    crate::cluster::code::DEFAULT_MAX_OPERATIONS
+}
+
+/// What a priority tree or program sees: the request's prompt tokens;
+/// its SLO class and tenant.
+pub const SIGNALS: SignalSet = SignalSet {
+    numeric: &["input_tokens"],
+    text: &["slo_class", "tenant"],
+};
+
+struct Seen<'a>(&'a RequestSignals<'a>);
+
+impl Env for Seen<'_> {
+    fn num(&self, _: usize) -> f64 {
+        f64::from(self.0.input_tokens)
+    }
+
+    fn text(&self, i: usize) -> &str {
+        if i == 0 {
+            self.0.slo_class
+        } else {
+            self.0.tenant
+        }
+    }
+}
+
+fn compile_tree(tree: &TreeNode) -> Result<Rules<Linear>, PolicyError> {
+    Rules::compile(tree, "priority.tree", &SIGNALS, "priority", |n, path| {
+        Linear::compile(
+            n.priority.as_ref().expect("a priority leaf"),
+            path,
+            &SIGNALS,
+        )
+    })
+}
+
+fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyError> {
+    Program::compile(
+        &CodeSource {
+            source: source.to_string(),
+            max_operations,
+        },
+        "priority",
+        "priority",
+        "priority",
+        &["request"],
+    )
+}
+
+fn check_age_weight(age_weight: f64) -> Result<(), PolicyError> {
+    if age_weight.is_finite() && age_weight >= 0.0 {
+        Ok(())
+    } else {
+        Err(PolicyError::OutOfRange {
+            field: "priority: age_weight".into(),
+            must: "a finite number ≥ 0",
+            got: age_weight.to_string(),
+        })
+    }
+}
+
+/// A priority policy, compiled, with its program's state: what the
+/// cluster asks for each request's priority.
+#[derive(Debug, Clone)]
+pub struct Prioritizer {
+    policy: PriorityPolicy,
+    tree: Option<Rules<Linear>>,
+    code: Option<Program>,
+    failure: Option<CallError>,
+}
+
+impl Prioritizer {
+    /// The runtime of `policy`.
+    ///
+    /// # Panics
+    /// A tree or program that does not compile: bundles are checked when
+    /// read ([`PriorityPolicy::validate`]).
+    pub fn new(policy: PriorityPolicy) -> Self {
+        let (tree, code) = match &policy {
+            PriorityPolicy::DecisionTree { tree, .. } => (
+                Some(compile_tree(tree).expect("a checked priority tree")),
+                None,
+            ),
+            PriorityPolicy::Code {
+                source,
+                max_operations,
+                ..
+            } => (
+                None,
+                Some(compile_code(source, *max_operations).expect("a checked program")),
+            ),
+            _ => (None, None),
+        };
+        Self {
+            policy,
+            tree,
+            code,
+            failure: None,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &PriorityPolicy {
+        &self.policy
+    }
+
+    /// A program's first failed call, if any.
+    pub fn failure(&self) -> Option<&CallError> {
+        self.failure.as_ref()
+    }
+
+    /// The priority (lower is more urgent) of `req` arriving at
+    /// `arrival_us`.
+    pub fn priority(&mut self, req: &RequestSignals<'_>, arrival_us: i64) -> i64 {
+        let (value, age_weight) = match &self.policy {
+            PriorityPolicy::DecisionTree { age_weight, .. } => {
+                let t = self.tree.as_ref().expect("a compiled tree");
+                (t.leaf(t.leaf_of(&Seen(req))).value(&Seen(req)), *age_weight)
+            }
+            PriorityPolicy::Code { age_weight, .. } => {
+                let v = match (&mut self.code, &self.failure) {
+                    (Some(p), None) => match call(p, req, arrival_us) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.failure = Some(e);
+                            0.0
+                        }
+                    },
+                    _ => 0.0,
+                };
+                (v, *age_weight)
+            }
+            other => return other.priority(req.slo_class, arrival_us),
+        };
+        (age_weight * arrival_us as f64 + value * 1e6)
+            .round()
+            .clamp(-9e18, 9e18) as i64
+    }
+}
+
+/// One call of a priority program.
+fn call(p: &mut Program, req: &RequestSignals<'_>, arrival_us: i64) -> Result<f64, CallError> {
+    let mut r = crate::cluster::code::request_map(req);
+    r.insert("arrival_us".into(), Dynamic::from_int(arrival_us));
+    let (out, decision) = p.call((Dynamic::from_map(r),))?;
+    p.number(decision, "the priority", &out)
 }
 
 /// The scores of [`PriorityPolicy::SloBased`] (higher is more urgent).
@@ -106,6 +302,8 @@ impl PriorityPolicy {
             Self::Constant => "constant",
             Self::SloBased(_) => "slo-based",
             Self::InvertedSlo(_) => "inverted-slo",
+            Self::DecisionTree { .. } => "decision-tree",
+            Self::Code { .. } => "code",
         }
     }
 
@@ -130,8 +328,11 @@ impl PriorityPolicy {
     /// The priority (lower is more urgent) of a request of `slo_class`
     /// arriving at `arrival_us`. For the age-weighted policies it is
     /// `−score` in millionths, less the common `age_weight × now` term.
+    /// (Trees and programs need the whole request: [`Prioritizer`]; here
+    /// they give 0.)
     pub fn priority(&self, slo_class: &str, arrival_us: i64) -> i64 {
         match self {
+            Self::DecisionTree { .. } | Self::Code { .. } => 0,
             Self::SloClass => i64::from(slo_priority(slo_class)),
             Self::Constant => 0,
             Self::SloBased(s) => {
@@ -150,6 +351,18 @@ impl PriorityPolicy {
     pub fn validate(&self) -> Result<(), PolicyError> {
         match self {
             Self::SloBased(s) | Self::InvertedSlo(s) => s.validate(),
+            Self::DecisionTree { tree, age_weight } => {
+                check_age_weight(*age_weight)?;
+                compile_tree(tree).map(|_| ())
+            }
+            Self::Code {
+                source,
+                max_operations,
+                age_weight,
+            } => {
+                check_age_weight(*age_weight)?;
+                compile_code(source, *max_operations).map(|_| ())
+            }
             _ => Ok(()),
         }
     }

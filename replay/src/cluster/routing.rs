@@ -76,7 +76,7 @@ pub enum RoutingPolicy {
     /// ([`crate::cluster::tree`]).
     DecisionTree {
         /// The tree.
-        tree: TreeNode,
+        tree: Box<TreeNode>,
     },
     /// A program's choice ([`crate::cluster::code`]: evolved code in a
     /// sandbox).
@@ -405,6 +405,7 @@ impl Router {
                 let choice = match (&mut self.code, &self.failure) {
                     (Some(code), None) => code.choose(views, &self.part, total, req),
                     _ => Err(CallError {
+                        kind: "routing",
                         decision: 0,
                         problem: String::new(),
                     }),

@@ -196,7 +196,7 @@ impl Driver<'_> {
         let (priority, class) = match f.priority {
             Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
             None => (
-                self.control.priority.priority(&r.slo_class, f.entry_us),
+                self.control.priority_of(&f.rec, f.entry_us),
                 slo_priority(&r.slo_class),
             ),
         };

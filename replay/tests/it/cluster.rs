@@ -605,6 +605,7 @@ fn any_autoscale() -> impl Strategy<Value = blis_replay::cluster::autoscale::Aut
                     model_load_s: 0.0,
                     warmup_s: warm,
                     drain,
+                    ..AutoscaleConfig::default()
                 }
             },
         )
@@ -1518,5 +1519,285 @@ fn a_failing_program_fails_the_run_with_its_reason() {
     assert!(
         err.contains("syntax.yaml") && err.contains("routing.source") && err.contains("line 2"),
         "{err}"
+    );
+}
+
+/// Replays `bundle` (YAML text) on [`SPEC`]'s first `n` requests: the
+/// outputs, with `rename` (the policy's name in the rejected rows and the
+/// summary) replaced by `as_name`, and the summary's `cluster` section
+/// left out.
+fn bundle_outputs(
+    dir: &std::path::Path,
+    name: &str,
+    n: usize,
+    bundle: &str,
+    rename: (&str, &str),
+) -> Vec<(String, Vec<u8>)> {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, bundle).unwrap();
+    let outs = replay_cli(
+        dir,
+        name,
+        &[
+            "--num-requests",
+            &n.to_string(),
+            "--policy-config",
+            path.to_str().unwrap(),
+        ],
+    );
+    outs.into_iter()
+        .map(|(ext, bytes)| {
+            if ext == "summary.json" {
+                let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                v["cluster"] = serde_json::Value::Null;
+                (ext, serde_json::to_vec(&v).unwrap())
+            } else {
+                let text = String::from_utf8(bytes).unwrap();
+                let from = format!("admission policy {}", rename.0);
+                let to = format!("admission policy {}", rename.1);
+                (ext, text.replace(&from, &to).into_bytes())
+            }
+        })
+        .collect()
+}
+
+fn indent(program: &str) -> String {
+    program.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// A decision tree and a program equivalent to a template of each policy
+/// kind (admission, priority, scheduling, autoscaling) give that
+/// template's outputs byte for byte (the policy's own name aside), and
+/// each template changes the run (the equivalence is not vacuous).
+#[test]
+fn trees_and_programs_of_every_policy_kind_match_their_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Admission: tenant-quota, and a token bucket kept in the program's
+    // state (`this`).
+    const TOKEN_BUCKET: &str = "fn admit(r, c) {\n  if this.level == () { this.level = 20000.0; this.last = 0; }\n  let dt = c.now_us - this.last;\n  if dt < 0 { dt = 0; }\n  if c.now_us > this.last { this.last = c.now_us; }\n  let level = this.level + 30000.0 * (dt.to_float() / 1000000.0);\n  if level > 20000.0 { level = 20000.0; }\n  let cost = r.input_tokens.to_float();\n  if level >= cost { this.level = level - cost; true } else { this.level = level; false }\n}\n";
+    let plain = bundle_outputs(d, "plain", 500, "num_instances: 4\n", ("", ""));
+    for (template, equivalents) in [
+        (
+            "num_instances: 4\nadmission: {policy: tenant-quota, default_max_in_flight: 6}\n",
+            vec![
+                (
+                    "decision-tree",
+                    "num_instances: 4\nadmission:\n  policy: decision-tree\n  tree:\n    when: {signal: tenant_in_flight, at_least: 6}\n    then: {admit: false}\n    else: {admit: true}\n".to_string(),
+                ),
+                (
+                    "code",
+                    "num_instances: 4\nadmission:\n  policy: code\n  source: 'fn admit(r, c) { c.tenant_in_flight < 6 }'\n".to_string(),
+                ),
+            ],
+        ),
+        (
+            "num_instances: 4\nadmission: {policy: token-bucket, capacity: 20000, refill_rate: 30000}\n",
+            vec![(
+                "code",
+                format!(
+                    "num_instances: 4\nadmission:\n  policy: code\n  source: |\n{}",
+                    indent(TOKEN_BUCKET)
+                ),
+            )],
+        ),
+    ] {
+        let name = if template.contains("tenant") {
+            "tenant-quota"
+        } else {
+            "token-bucket"
+        };
+        let want = bundle_outputs(d, name, 500, template, ("", ""));
+        assert!(want != plain, "{name} rejects nothing");
+        for (i, (kind, bundle)) in equivalents.iter().enumerate() {
+            let got = bundle_outputs(d, &format!("{name}-{i}"), 500, bundle, (kind, name));
+            for ((ext, a), (_, b)) in got.iter().zip(&want) {
+                assert!(a == b, "{name} as {kind}: {ext} differs");
+            }
+        }
+    }
+    // Priority (slo-based, aged) and scheduling (priority-fcfs) on 2
+    // instances, where requests queue.
+    let fcfs = bundle_outputs(d, "fcfs", 600, "num_instances: 2\n", ("", ""));
+    let slo_based = "num_instances: 2\nscheduler: priority-fcfs\npriority: {policy: slo-based, age_weight: 10}\n";
+    let priority_tree = "num_instances: 2\nscheduler: priority-fcfs\npriority:\n  policy: decision-tree\n  age_weight: 10\n  tree:\n    when: {signal: slo_class, is: critical}\n    then: {priority: {constant: -100}}\n    else:\n      when: {signal: slo_class, is: batch}\n      then: {priority: {constant: -10}}\n      else: {priority: {constant: -50}}\n";
+    let priority_code = "num_instances: 2\nscheduler: priority-fcfs\npriority:\n  policy: code\n  age_weight: 10\n  source: 'fn priority(r) { if r.slo_class == \"critical\" { -100 } else if r.slo_class == \"batch\" { -10 } else { -50 } }'\n";
+    let by_priority = "num_instances: 2\nscheduler: priority-fcfs\n";
+    let scheduling_tree =
+        "num_instances: 2\nscheduling:\n  policy: decision-tree\n  tree: {key: {priority: 1}}\n";
+    let scheduling_code =
+        "num_instances: 2\nscheduling:\n  policy: code\n  source: 'fn key(r, i) { r.priority }'\n";
+    for (name, template, equivalents) in [
+        ("slo-based", slo_based, [priority_tree, priority_code]),
+        (
+            "priority-fcfs",
+            by_priority,
+            [scheduling_tree, scheduling_code],
+        ),
+    ] {
+        let want = bundle_outputs(d, name, 600, template, ("", ""));
+        assert!(want != fcfs, "{name} orders nothing");
+        for (i, bundle) in equivalents.iter().enumerate() {
+            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""));
+            for ((ext, a), (_, b)) in got.iter().zip(&want) {
+                assert!(a == b, "{name} as rules {i}: {ext} differs");
+            }
+        }
+    }
+    // Autoscaling: the threshold template.
+    let common = "num_instances: 1\nautoscale:\n  min_replicas: 1\n  max_replicas: 4\n  interval_s: 5\n  provisioning_delay_s: 2\n  warmup_s: 3\n  cooldown_s: 10\n";
+    let threshold = format!("{common}  policy: threshold\n");
+    let tree = format!(
+        "{common}  policy: decision-tree\n  tree:\n    when:\n      all:\n        - any: [{{signal: utilization, at_least: 0.8}}, {{signal: queue_depth, at_least: 8}}]\n        - {{signal: starting, at_most: 0}}\n    then: {{scale: 1}}\n    else:\n      when: {{all: [{{signal: utilization, at_most: 0.3}}, {{signal: since_last_scale_s, at_least: 10}}]}}\n      then: {{scale: -1}}\n      else: {{scale: 0}}\n"
+    );
+    let code = format!(
+        "{common}  policy: code\n  source: |\n    fn scale(c) {{\n      let hot = c.utilization >= 0.8 || c.queue_depth >= 8.0;\n      if hot && c.starting == 0.0 {{ return 1; }}\n      if c.utilization <= 0.3 && c.since_last_scale_s >= 10.0 {{ return -1; }}\n      0\n    }}\n"
+    );
+    let want = bundle_outputs(d, "threshold", 1500, &threshold, ("", ""));
+    let fixed = bundle_outputs(d, "fixed", 1500, "num_instances: 1\n", ("", ""));
+    assert!(want != fixed, "the autoscaler never scales");
+    for (i, bundle) in [tree, code].iter().enumerate() {
+        let got = bundle_outputs(d, &format!("threshold-{i}"), 1500, bundle, ("", ""));
+        for ((ext, a), (_, b)) in got.iter().zip(&want) {
+            assert!(a == b, "threshold as rules {i}: {ext} differs");
+        }
+    }
+}
+
+/// A program of each kind that fails mid-run fails the run with its kind,
+/// the decision and the reason (exit 1); a tree of each kind with a bad
+/// node is refused when the bundle is read, naming the node's path.
+#[test]
+fn failing_programs_and_bad_trees_of_every_kind_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("w.yaml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let run = |name: &str, bundle: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, bundle).unwrap();
+        let out = bin()
+            .args([
+                "run",
+                "--workload-spec",
+                spec.to_str().unwrap(),
+                "--num-requests",
+                "300",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--policy-config",
+                path.to_str().unwrap(),
+                "--out",
+                dir.path().join(name).to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (name, bundle, expect) in [
+        (
+            "admit-text",
+            "num_instances: 2\nadmission: {policy: code, source: 'fn admit(r, c) { if r.input_tokens > 0 { \"yes\" } else { true } }'}\n",
+            "admission code failed at decision 0: returned a string, not true (admit) or false (reject)",
+        ),
+        (
+            "priority-nan",
+            "num_instances: 2\npriority: {policy: code, source: 'fn priority(r) { 0.0 / 0.0 }'}\n",
+            "priority code failed at decision 0: the priority is NaN",
+        ),
+        (
+            "key-loop",
+            "num_instances: 2\nscheduling: {policy: code, max_operations: 5000, source: 'fn key(r, i) { loop {} }'}\n",
+            "scheduling code failed at decision 0: ran past its budget of 5000 operations",
+        ),
+        (
+            "scale-late",
+            "num_instances: 1\nautoscale: {policy: code, interval_s: 1, source: 'fn scale(c) { if c.now_us > 3000000 { throw \"confused\" } 0 }'}\n",
+            "autoscaling code failed at decision 3",
+        ),
+    ] {
+        let (code, err) = run(name, bundle);
+        assert_eq!(code, Some(1), "{name}: {err}");
+        assert!(err.contains(expect), "{name}: {err}");
+    }
+    for (name, bundle, expect) in [
+        (
+            "admission-leaf",
+            "num_instances: 2\nadmission: {policy: decision-tree, tree: {when: {signal: waiting, above: 9}, then: {admit: false}, else: {score: {constant: 1}}}}\n",
+            "admission.tree.else.score: not a leaf of this policy (its leaves are admit)",
+        ),
+        (
+            "priority-term",
+            "num_instances: 2\npriority: {policy: decision-tree, tree: {priority: {output_tokens: 1}}}\n",
+            "priority.tree.priority.output_tokens: unknown term",
+        ),
+        (
+            "scheduling-signal",
+            "num_instances: 2\nscheduling: {policy: decision-tree, tree: {when: {signal: load, above: 1}, then: {key: {constant: 0}}, else: {key: {constant: 1}}}}\n",
+            "scheduling.tree.when.signal: unknown signal \"load\"",
+        ),
+        (
+            "scheduling-beside-sjf",
+            "num_instances: 2\nscheduler: sjf\nscheduling: {policy: decision-tree, tree: {key: {constant: 0}}}\n",
+            "scheduler must be left out (or priority-fcfs) when scheduling gives the order",
+        ),
+        (
+            "autoscale-missing",
+            "num_instances: 1\nautoscale: {policy: decision-tree, tree: {when: {signal: utilization, above: 0.8}, then: {scale: 1}}}\n",
+            "autoscale.tree: a branch needs when, then and else (else missing)",
+        ),
+        (
+            "admission-syntax",
+            "num_instances: 2\nadmission:\n  policy: code\n  source: |\n    fn admit(r, c) {\n      let = 1;\n    }\n",
+            "admission.source",
+        ),
+    ] {
+        let (code, err) = run(name, bundle);
+        assert_ne!(code, Some(0), "{name}");
+        assert!(
+            err.contains(&format!("{name}.yaml")) && err.contains(expect),
+            "{name}: {err}"
+        );
+    }
+}
+
+/// `examples/policy_search/every-kind.yaml` (a tree or program for each
+/// policy kind) reads and runs, and its admission tree sheds work.
+#[test]
+fn the_every_kind_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let out = bin()
+        .args([
+            "run",
+            "--workload-spec",
+            examples
+                .join("policy_search/shared-prefixes.yaml")
+                .to_str()
+                .unwrap(),
+            "--num-requests",
+            "2000",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--total-kv-blocks",
+            "6000",
+            "--policy-config",
+            examples
+                .join("policy_search/every-kind.yaml")
+                .to_str()
+                .unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("admission decision-tree") && text.contains("autoscaler (decision-tree"),
+        "{text}"
     );
 }

@@ -443,7 +443,8 @@ impl Template {
 #[derive(Debug, Clone)]
 enum Scaler {
     Template(Template),
-    Tree(Rules<i64>),
+    /// A tree and the leaf of its last decision.
+    Tree(Rules<i64>, usize),
     Code {
         program: Box<Program>,
         failure: Option<CallError>,
@@ -454,7 +455,7 @@ impl Scaler {
     fn of(cfg: &AutoscaleConfig) -> Self {
         match (cfg.policy, &cfg.tree, &cfg.source) {
             (ScalerKind::DecisionTree, Some(t), _) => {
-                Self::Tree(compile_tree(t).expect("a checked autoscaling tree"))
+                Self::Tree(compile_tree(t).expect("a checked autoscaling tree"), 0)
             }
             (ScalerKind::Code, _, Some(src)) => Self::Code {
                 program: Box::new(
@@ -467,13 +468,24 @@ impl Scaler {
     }
 }
 
+impl Scaler {
+    /// A tree's leaf of its last decision.
+    fn last_path(&self) -> Option<&str> {
+        match self {
+            Self::Tree(rules, last) => Some(rules.leaf_path(*last)),
+            _ => None,
+        }
+    }
+}
+
 impl AutoscalePolicy for Scaler {
     fn evaluate(&mut self, ctx: &AutoscaleContext<'_>) -> ScaleDecision {
         match self {
             Self::Template(t) => t.evaluate(ctx),
-            Self::Tree(rules) => {
+            Self::Tree(rules, last) => {
                 let v = Values(signal_values(ctx));
-                decision_of(*rules.leaf(rules.leaf_of(&v)))
+                *last = rules.leaf_of(&v);
+                decision_of(*rules.leaf(*last))
             }
             Self::Code { program, failure } => {
                 if failure.is_some() {
@@ -584,6 +596,10 @@ pub struct ScaleEvent {
     /// A direction change within the cooldown (D.8).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub oscillation: bool,
+    /// A decision tree's decision: the leaf it reached
+    /// (`autoscale.tree.else.then`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree_path: Option<String>,
 }
 
 /// What the autoscaler did (cumulative).
@@ -839,6 +855,7 @@ impl Autoscaler {
             utilization: load.map(|l| l.utilization),
             queue_depth: load.map(|l| l.queue_depth),
             oscillation,
+            tree_path: load.and(self.policy.last_path()).map(str::to_string),
         });
     }
 

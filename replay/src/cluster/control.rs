@@ -35,6 +35,8 @@ pub struct Control {
     pub routed: Vec<u64>,
     /// Decision records, when traced ([`Control::trace_decisions`]).
     pub decisions: Option<Vec<DecisionRecord>>,
+    /// While decisions are traced: the tree leaves of each request, by id.
+    paths: rustc_hash::FxHashMap<u64, RulePaths>,
     counterfactual_k: usize,
     /// Added to every admitted request's entry into its instance's queue:
     /// the admission and routing latencies, µs.
@@ -163,6 +165,25 @@ pub struct DecisionRecord {
     /// (`routing.tree.else.then`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tree_path: Option<String>,
+    /// Decision-tree admission: the leaf the request reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission_path: Option<String>,
+    /// Decision-tree priority: the leaf the request reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_path: Option<String>,
+    /// Decision-tree scheduling: the leaf the request reached entering its
+    /// instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduling_path: Option<String>,
+}
+
+/// The leaves a request reached in the admission, priority and scheduling
+/// trees, kept while decisions are traced.
+#[derive(Debug, Clone, Default)]
+struct RulePaths {
+    admission: Option<String>,
+    priority: Option<String>,
+    scheduling: Option<String>,
 }
 
 impl Control {
@@ -221,6 +242,7 @@ impl Control {
             private_allowed: true,
             routed: vec![0; n],
             decisions: None,
+            paths: rustc_hash::FxHashMap::default(),
             counterfactual_k: 3,
             pipeline_latency_us: bundle.admission_latency_us.max(0)
                 + bundle.routing_latency_us.max(0),
@@ -297,6 +319,13 @@ impl Control {
     /// order, the decode step's instances as the cluster's).
     pub fn take_decisions(&mut self) -> Option<Vec<DecisionRecord>> {
         let mut all = self.decisions.take()?;
+        for r in &mut all {
+            if let Some(p) = self.paths.get(&r.request_id) {
+                r.admission_path.clone_from(&p.admission);
+                r.priority_path.clone_from(&p.priority);
+                r.scheduling_path.clone_from(&p.scheduling);
+            }
+        }
         if let Some(pd) = &mut self.pd {
             let base = pd.first_decode();
             for mut r in pd.decode.decisions.take().unwrap_or_default() {
@@ -392,10 +421,21 @@ impl Control {
                     ttft_ms: None,
                     e2e_ms: None,
                     stage: self.stage,
-                    tree_path: self.admission.last_path().map(str::to_string),
+                    tree_path: None,
+                    admission_path: self.admission.last_path().map(str::to_string),
+                    priority_path: None,
+                    scheduling_path: None,
                 });
             }
             return false;
+        }
+        if self.decisions.is_some()
+            && let Some(p) = self.admission.last_path()
+        {
+            self.paths
+                .entry(rec.request.request_id)
+                .or_default()
+                .admission = Some(p.to_string());
         }
         true
     }
@@ -408,7 +448,16 @@ impl Control {
             slo_class: rec.request.slo_class.as_ref(),
             tenant: rec.request.tenant_id.as_ref(),
         };
-        self.priority.priority(&req, arrival_us)
+        let p = self.priority.priority(&req, arrival_us);
+        if self.decisions.is_some()
+            && let Some(path) = self.priority.last_path()
+        {
+            self.paths
+                .entry(rec.request.request_id)
+                .or_default()
+                .priority = Some(path.to_string());
+        }
+        p
     }
 
     /// The wait-queue key of `rec`, of priority `priority`, entering an
@@ -423,7 +472,16 @@ impl Control {
             slo_class: rec.request.slo_class.as_ref(),
             tenant: rec.request.tenant_id.as_ref(),
         };
-        s.key(&req, priority, inst)
+        let key = s.key(&req, priority, inst);
+        if self.decisions.is_some()
+            && let Some(path) = s.last_path()
+        {
+            self.paths
+                .entry(rec.request.request_id)
+                .or_default()
+                .scheduling = Some(path.to_string());
+        }
+        key
     }
 
     /// The instances taking requests as admission sees them at `now`.
@@ -594,6 +652,9 @@ impl Control {
             e2e_ms: None,
             stage: self.stage,
             tree_path: self.router.tree_path(chosen).map(str::to_string),
+            admission_path: None,
+            priority_path: None,
+            scheduling_path: None,
         };
         if let Some(d) = &mut self.decisions {
             d.push(r);

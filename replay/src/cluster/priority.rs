@@ -153,9 +153,15 @@ pub struct Prioritizer {
     tree: Option<Rules<Linear>>,
     code: Option<Program>,
     failure: Option<CallError>,
+    last_leaf: Option<usize>,
 }
 
 impl Prioritizer {
+    /// The tree's leaf of the last request (`priority.tree.else`).
+    pub fn last_path(&self) -> Option<&str> {
+        Some(self.tree.as_ref()?.leaf_path(self.last_leaf?))
+    }
+
     /// The runtime of `policy`.
     ///
     /// # Panics
@@ -182,6 +188,7 @@ impl Prioritizer {
             tree,
             code,
             failure: None,
+            last_leaf: None,
         }
     }
 
@@ -201,7 +208,9 @@ impl Prioritizer {
         let (value, age_weight) = match &self.policy {
             PriorityPolicy::DecisionTree { age_weight, .. } => {
                 let t = self.tree.as_ref().expect("a compiled tree");
-                (t.leaf(t.leaf_of(&Seen(req))).value(&Seen(req)), *age_weight)
+                let leaf = t.leaf_of(&Seen(req));
+                self.last_leaf = Some(leaf);
+                (t.leaf(leaf).value(&Seen(req)), *age_weight)
             }
             PriorityPolicy::Code { age_weight, .. } => {
                 let v = match (&mut self.code, &self.failure) {

@@ -115,6 +115,7 @@ pub struct Scheduler {
     tree: Option<Rules<Linear>>,
     code: Option<Program>,
     failure: Option<CallError>,
+    last_leaf: Option<usize>,
 }
 
 impl Scheduler {
@@ -130,6 +131,7 @@ impl Scheduler {
                 )?),
                 code: None,
                 failure: None,
+                last_leaf: None,
             },
             SchedulingPolicy::Code {
                 source,
@@ -147,6 +149,7 @@ impl Scheduler {
                     &["request", "instance"],
                 )?),
                 failure: None,
+                last_leaf: None,
             },
         })
     }
@@ -165,6 +168,11 @@ impl Scheduler {
         self.failure.as_ref()
     }
 
+    /// The tree's leaf of the last request (`scheduling.tree.then`).
+    pub fn last_path(&self) -> Option<&str> {
+        Some(self.tree.as_ref()?.leaf_path(self.last_leaf?))
+    }
+
     /// The wait-queue key (lower goes first) of `req`, whose priority is
     /// `priority`, entering an instance that shows `inst`: the value in
     /// thousandths.
@@ -175,7 +183,9 @@ impl Scheduler {
             inst,
         };
         let v = if let Some(t) = &self.tree {
-            t.leaf(t.leaf_of(&seen)).value(&seen)
+            let leaf = t.leaf_of(&seen);
+            self.last_leaf = Some(leaf);
+            t.leaf(leaf).value(&seen)
         } else {
             match (&mut self.code, &self.failure) {
                 (Some(p), None) => match call(p, &seen) {

@@ -1778,7 +1778,7 @@ fn the_every_kind_example_runs() {
                 .to_str()
                 .unwrap(),
             "--num-requests",
-            "2000",
+            "3000",
             "--model",
             "meta-llama/Llama-3.1-8B-Instruct",
             "--total-kv-blocks",
@@ -1788,6 +1788,8 @@ fn the_every_kind_example_runs() {
                 .join("policy_search/every-kind.yaml")
                 .to_str()
                 .unwrap(),
+            "--trace-level",
+            "decisions",
             "--out",
             dir.path().join("out").to_str().unwrap(),
         ])
@@ -1800,4 +1802,37 @@ fn the_every_kind_example_runs() {
         text.contains("admission decision-tree") && text.contains("autoscaler (decision-tree"),
         "{text}"
     );
+    // Each decision records the leaves its request reached in every tree.
+    let decisions = std::fs::read_to_string(dir.path().join("out.decisions.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = decisions
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let routed: Vec<&serde_json::Value> = lines.iter().filter(|d| d["admitted"] == true).collect();
+    assert!(!routed.is_empty());
+    for d in &routed {
+        assert_eq!(d["admission_path"], "admission.tree.else", "{d}");
+        let s = d["scheduling_path"].as_str().unwrap();
+        assert!(
+            s == "scheduling.tree.then" || s == "scheduling.tree.else",
+            "{d}"
+        );
+        assert!(
+            d.get("priority_path").is_none(),
+            "a program has no path: {d}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|d| d["scheduling_path"] == "scheduling.tree.else")
+    );
+    let scaled: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|d| d["kind"] == "scale" && d["action"] == "up")
+        .collect();
+    assert!(!scaled.is_empty(), "no scale-up");
+    for e in scaled {
+        assert_eq!(e["tree_path"], "autoscale.tree.then", "{e}");
+    }
 }

@@ -49,6 +49,21 @@ def test_openevolve_evolves_a_routing_program_offline(root, mockserver, capsys, 
     assert "fn route" in report["best_code"]
 
 
+def test_gepa_evolves_a_routing_program_offline(root, mockserver, capsys, monkeypatch):
+    pytest.importorskip("gepa", reason="gepa is not installed (pip install gepa)")
+    import json
+
+    monkeypatch.setenv("BLIS_MOCKSERVER_BIN", mockserver)
+    run = load(root / "examples" / "policy_search" / "gepa_offline.py", "gepa_offline")
+    assert run.main(["--metric-calls", "30", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # GEPA's loop ran through the canned failures (each scored 0 and
+    # rejected) and accepted the valid programs that improved on the seed.
+    assert report["candidates"] >= 2
+    assert report["best_score"] > report["initial_score"] > 0
+    assert "fn route" in report["best_code"]
+
+
 def test_the_gepa_adapter_scores_and_explains_candidates(root):
     gepa_adapter = load(root / "examples" / "policy_search" / "gepa_adapter.py", "gepa_adapter")
     a = gepa_adapter.BlisRoutingAdapter(horizon_s=20)

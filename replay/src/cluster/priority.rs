@@ -65,7 +65,8 @@ pub enum PriorityPolicy {
     DecisionTree {
         /// The tree; leaves `priority: {constant, <signal>: weight}`.
         tree: Box<TreeNode>,
-        /// Urgency gained per second waited (in leaf units).
+        /// Urgency gained per second waited (in leaf units; negative:
+        /// lost, as `inverted-slo`).
         #[serde(default)]
         age_weight: f64,
     },
@@ -134,12 +135,12 @@ fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyErro
 }
 
 fn check_age_weight(age_weight: f64) -> Result<(), PolicyError> {
-    if age_weight.is_finite() && age_weight >= 0.0 {
+    if age_weight.is_finite() {
         Ok(())
     } else {
         Err(PolicyError::OutOfRange {
             field: "priority: age_weight".into(),
-            must: "a finite number ≥ 0",
+            must: "a finite number (negative: the oldest lose urgency, as inverted-slo)",
             got: age_weight.to_string(),
         })
     }

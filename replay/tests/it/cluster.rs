@@ -1836,3 +1836,107 @@ fn the_every_kind_example_runs() {
         assert_eq!(e["tree_path"], "autoscale.tree.then", "{e}");
     }
 }
+
+/// The rest of the templates, each with a tree or a program (or both)
+/// that gives its outputs byte for byte, the policy's name aside:
+/// always-admit, reject-all, rate-limit (its bucket in `this`),
+/// slo-class, constant, inverted-slo, reverse-priority and the
+/// target-utilization autoscaler (program only: its leaf is a formula).
+/// (`fcfs` and `sjf` have none: a scheduling key preempts the highest key,
+/// they the latest request.)
+#[test]
+fn every_other_template_has_an_equivalent_tree_or_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    const RATE_LIMIT: &str = "fn admit(r, c) {\n  if this.level == () { this.level = 5.0; this.last = 0; }\n  let dt = c.now_us - this.last;\n  if dt < 0 { dt = 0; }\n  if c.now_us > this.last { this.last = c.now_us; }\n  let level = this.level + 20.0 * (dt.to_float() / 1000000.0);\n  if level > 5.0 { level = 5.0; }\n  if level >= 1.0 { this.level = level - 1.0; true } else { this.level = level; false }\n}\n";
+    const TARGET: &str = "fn scale(c) {\n  let ratio = c.utilization / 0.6;\n  if (ratio - 1.0).abs() <= 0.1 { return 0; }\n  let desired = (c.ready * ratio).ceiling();\n  if desired < 1.0 { desired = 1.0; }\n  if desired > 1000000.0 { desired = 1000000.0; }\n  let desired = desired.to_int();\n  let current = c.current.to_int();\n  let cooled = c.since_last_scale_s >= 10.0;\n  if desired > current { desired - current } else if desired < current && cooled { desired - current } else { 0 }\n}\n";
+    let classes = |scores: [&str; 3]| {
+        format!(
+            "    when: {{signal: slo_class, is: critical}}\n    then: {{priority: {{constant: {}}}}}\n    else:\n      when: {{signal: slo_class, is: batch}}\n      then: {{priority: {{constant: {}}}}}\n      else: {{priority: {{constant: {}}}}}\n",
+            scores[0], scores[1], scores[2]
+        )
+    };
+    let two = "num_instances: 2\nscheduler: priority-fcfs\n";
+    let autoscale = "num_instances: 1\nautoscale:\n  min_replicas: 1\n  max_replicas: 4\n  interval_s: 5\n  provisioning_delay_s: 2\n  warmup_s: 3\n  cooldown_s: 10\n  target_utilization: 0.6\n";
+    type Case<'a> = (&'a str, usize, String, Vec<(&'a str, String)>);
+    let cases: Vec<Case> = vec![
+        (
+            "always-admit",
+            500,
+            "num_instances: 4\nadmission: {policy: always-admit}\n".into(),
+            vec![
+                ("decision-tree", "num_instances: 4\nadmission: {policy: decision-tree, tree: {admit: true}}\n".into()),
+                ("code", "num_instances: 4\nadmission: {policy: code, source: 'fn admit(r, c) { true }'}\n".into()),
+            ],
+        ),
+        (
+            "reject-all",
+            200,
+            "num_instances: 4\nadmission: {policy: reject-all}\n".into(),
+            vec![
+                ("decision-tree", "num_instances: 4\nadmission: {policy: decision-tree, tree: {admit: false}}\n".into()),
+                ("code", "num_instances: 4\nadmission: {policy: code, source: 'fn admit(r, c) { false }'}\n".into()),
+            ],
+        ),
+        (
+            "rate-limit",
+            500,
+            "num_instances: 4\nadmission: {policy: rate-limit, rate: 20, burst: 5}\n".into(),
+            vec![(
+                "code",
+                format!("num_instances: 4\nadmission:\n  policy: code\n  source: |\n{}", indent(RATE_LIMIT)),
+            )],
+        ),
+        (
+            "slo-class",
+            600,
+            format!("{two}priority: {{policy: slo-class}}\n"),
+            vec![
+                ("", format!("{two}priority:\n  policy: decision-tree\n  tree:\n{}", classes(["0", "3", "1"]))),
+                ("", format!("{two}priority: {{policy: code, source: 'fn priority(r) {{ if r.slo_class == \"critical\" {{ 0 }} else if r.slo_class == \"batch\" {{ 3 }} else {{ 1 }} }}'}}\n")),
+            ],
+        ),
+        (
+            "constant",
+            600,
+            format!("{two}priority: {{policy: constant}}\n"),
+            vec![
+                ("", format!("{two}priority: {{policy: decision-tree, tree: {{priority: {{constant: 0}}}}}}\n")),
+                ("", format!("{two}priority: {{policy: code, source: 'fn priority(r) {{ 0 }}'}}\n")),
+            ],
+        ),
+        (
+            "inverted-slo",
+            600,
+            format!("{two}priority: {{policy: inverted-slo, age_weight: 10}}\n"),
+            vec![
+                ("", format!("{two}priority:\n  policy: decision-tree\n  age_weight: -10\n  tree:\n{}", classes(["-100", "-10", "-50"]))),
+                ("", format!("{two}priority: {{policy: code, age_weight: -10, source: 'fn priority(r) {{ if r.slo_class == \"critical\" {{ -100 }} else if r.slo_class == \"batch\" {{ -10 }} else {{ -50 }} }}'}}\n")),
+            ],
+        ),
+        (
+            "reverse-priority",
+            600,
+            "num_instances: 2\nscheduler: reverse-priority\n".into(),
+            vec![
+                ("", "num_instances: 2\nscheduling: {policy: decision-tree, tree: {key: {priority: -1}}}\n".into()),
+                ("", "num_instances: 2\nscheduling: {policy: code, source: 'fn key(r, i) { -r.priority }'}\n".into()),
+            ],
+        ),
+        (
+            "target-utilization",
+            1500,
+            format!("{autoscale}  policy: target-utilization\n"),
+            vec![("", format!("{autoscale}  policy: code\n  source: |\n{}", indent(TARGET)))],
+        ),
+    ];
+    for (name, n, template, equivalents) in cases {
+        let want = bundle_outputs(d, name, n, &template, ("", ""));
+        for (i, (kind, bundle)) in equivalents.iter().enumerate() {
+            let got = bundle_outputs(d, &format!("{name}-{i}"), n, bundle, (kind, name));
+            for ((ext, a), (_, b)) in got.iter().zip(&want) {
+                assert!(a == b, "{name} as rules {i}: {ext} differs");
+            }
+        }
+    }
+}

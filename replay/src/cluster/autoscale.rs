@@ -627,6 +627,8 @@ pub struct Autoscaler {
     cfg: AutoscaleConfig,
     policy: Scaler,
     state: Vec<Lifecycle>,
+    /// Per slot, whether it was ever ready.
+    ever_ready: Vec<bool>,
     billed_since: Vec<Option<i64>>,
     billed_us: i128,
     interval_us: i64,
@@ -680,6 +682,7 @@ impl Autoscaler {
         Self {
             policy: Scaler::of(cfg),
             billed_since: (0..n).map(|i| (i < initial).then_some(0)).collect(),
+            ever_ready: (0..n).map(|i| i < initial).collect(),
             state,
             billed_us: 0,
             interval_us: s_to_us(cfg.interval_s).max(1),
@@ -739,6 +742,12 @@ impl Autoscaler {
     /// always ready).
     pub fn state(&self, i: usize) -> Lifecycle {
         self.slot(i).map_or(Lifecycle::Ready, |s| self.state[s])
+    }
+
+    /// Whether cluster instance `i` was ever ready (an instance of the
+    /// fixed pool always was).
+    pub fn ever_ready(&self, i: usize) -> bool {
+        self.slot(i).is_none_or(|s| self.ever_ready[s])
     }
 
     /// Whether the router may send cluster instance `i` a request.
@@ -808,6 +817,7 @@ impl Autoscaler {
                 && t <= now
             {
                 self.state[i] = Lifecycle::Ready;
+                self.ever_ready[i] = true;
                 out.push(self.base + i);
                 let replicas = self.current();
                 self.event(now, "ready", i, replicas, None, false);

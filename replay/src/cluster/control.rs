@@ -789,6 +789,10 @@ pub struct InstanceSummary {
     /// P/D: its pool, `prefill` or `decode`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<&'static str>,
+    /// An autoscaled slot whose replica was never ready (never started,
+    /// or cancelled while starting).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub never_ready: bool,
 }
 
 /// The P/D section of a cluster summary.
@@ -818,6 +822,12 @@ pub struct ClusterSummary {
     pub admission: crate::cluster::admission::AdmissionPolicy,
     /// The routing policy.
     pub routing: crate::cluster::routing::RoutingPolicy,
+    /// The priority policy (left out when it is the default, `slo-class`).
+    #[serde(skip_serializing_if = "is_default_priority")]
+    pub priority: crate::cluster::priority::PriorityPolicy,
+    /// A scheduling tree or program, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduling: Option<crate::cluster::scheduling::SchedulingPolicy>,
     /// Refresh interval of the routing signals, µs (0: immediate).
     pub snapshot_refresh_interval_us: i64,
     /// Requests rejected by admission.
@@ -865,6 +875,10 @@ pub struct AutoscaleSummary {
     pub gpu_hours: f64,
     /// Every scale action and lifecycle change, in time order.
     pub events: Vec<crate::cluster::autoscale::ScaleEvent>,
+}
+
+fn is_default_priority(p: &crate::cluster::priority::PriorityPolicy) -> bool {
+    *p == crate::cluster::priority::PriorityPolicy::default()
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -917,6 +931,10 @@ impl ClusterSummary {
                     preemptions: c.preemptions,
                     prefix_cache_hit_rate: c.prefix_hit_rate(),
                     generation_tokens: c.generation_tokens,
+                    never_ready: control
+                        .autoscale
+                        .as_deref()
+                        .is_some_and(|a| !a.ever_ready(i)),
                 }
             })
             .collect();
@@ -931,6 +949,8 @@ impl ClusterSummary {
             num_instances: insts.len(),
             admission: bundle.admission.clone(),
             routing: bundle.routing.clone(),
+            priority: bundle.priority.clone(),
+            scheduling: bundle.scheduling.clone(),
             snapshot_refresh_interval_us: bundle.snapshot_refresh_interval_us,
             rejected: control.admission.rejected,
             instances,

@@ -384,7 +384,9 @@ fn render_cluster(c: &crate::cluster::control::ClusterSummary) -> String {
     let mut o = String::new();
     let routed: Vec<u64> = c.instances.iter().map(|i| i.routed).collect();
     let total: u64 = routed.iter().sum();
-    let mean = total as f64 / routed.len().max(1) as f64;
+    // The mean over the instances that could take requests.
+    let serving = c.instances.iter().filter(|i| !i.never_ready).count();
+    let mean = total as f64 / serving.max(1) as f64;
     let shown = if routed.len() <= 16 {
         format!("{routed:?}")
     } else {
@@ -394,9 +396,16 @@ fn render_cluster(c: &crate::cluster::control::ClusterSummary) -> String {
         );
         format!("{lo}–{hi} per instance")
     };
+    let mut ordering = String::new();
+    if c.priority != crate::cluster::priority::PriorityPolicy::default() {
+        let _ = write!(ordering, " · priority {}", c.priority.name());
+    }
+    if let Some(s) = &c.scheduling {
+        let _ = write!(ordering, " · scheduling {}", s.name());
+    }
     let _ = writeln!(
         o,
-        "cluster: {} instances · admission {} · routing {} · requests routed {shown}{}",
+        "cluster: {} instances · admission {} · routing {}{ordering} · requests routed {shown}{}",
         c.num_instances,
         c.admission.name(),
         c.routing.describe(),
@@ -409,10 +418,11 @@ fn render_cluster(c: &crate::cluster::control::ClusterSummary) -> String {
     if total == 0 {
         return o;
     }
+    // (An autoscaled slot never started could get nothing.)
     let idle: Vec<usize> = c
         .instances
         .iter()
-        .filter(|i| i.routed == 0)
+        .filter(|i| i.routed == 0 && !i.never_ready)
         .map(|i| i.index)
         .collect();
     let spreads = match &c.routing {

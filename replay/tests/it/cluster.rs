@@ -1799,9 +1799,13 @@ fn the_every_kind_example_runs() {
         .clone();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("admission decision-tree") && text.contains("autoscaler (decision-tree"),
+        text.contains("admission decision-tree")
+            && text.contains("· priority code · scheduling decision-tree ·")
+            && text.contains("autoscaler (decision-tree"),
         "{text}"
     );
+    // The slots the autoscaler never started are not "idle instances".
+    assert!(!text.contains("got no request"), "{text}");
     // Each decision records the leaves its request reached in every tree.
     let decisions = std::fs::read_to_string(dir.path().join("out.decisions.jsonl")).unwrap();
     let lines: Vec<serde_json::Value> = decisions

@@ -77,13 +77,9 @@ pub enum AdmissionPolicy {
         /// Rhai source defining `fn admit(request, cluster)`.
         source: String,
         /// Operations one call may run.
-        #[serde(default = "default_ops")]
+        #[serde(default = "crate::cluster::code::default_max_operations")]
         max_operations: u64,
     },
-}
-
-fn default_ops() -> u64 {
-    crate::cluster::code::DEFAULT_MAX_OPERATIONS
 }
 
 /// What an admission tree or program sees, numbers then texts: the

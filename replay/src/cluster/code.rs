@@ -54,11 +54,13 @@ pub struct CodeSource {
     pub source: String,
     /// Operations one call may run (each statement, expression and loop
     /// iteration counts).
-    #[serde(default = "default_ops")]
+    #[serde(default = "default_max_operations")]
     pub max_operations: u64,
 }
 
-fn default_ops() -> u64 {
+/// [`DEFAULT_MAX_OPERATIONS`], the default of every policy's
+/// `max_operations`.
+pub fn default_max_operations() -> u64 {
     DEFAULT_MAX_OPERATIONS
 }
 

@@ -395,17 +395,12 @@ impl Control {
     /// The admission decision alone, with the instances as they are at
     /// `now` (read only by a tree or program): `true` admits `rec`.
     pub fn admit(&mut self, now: i64, rec: &TraceRecord, insts: &[Instance]) -> bool {
-        let input = rec.effective_input_tokens();
         let cluster = if self.admission.policy().reads_cluster() {
             self.cluster_signals(now, insts)
         } else {
             ClusterSignals::default()
         };
-        let req = RequestSignals {
-            input_tokens: input,
-            slo_class: rec.request.slo_class.as_ref(),
-            tenant: rec.request.tenant_id.as_ref(),
-        };
+        let req = request_signals(rec);
         if !self.admission.decide(now, &req, &cluster) {
             if let Some(d) = &mut self.decisions {
                 d.push(DecisionRecord {
@@ -443,11 +438,7 @@ impl Control {
     /// The priority (lower is more urgent) of `rec` arriving at
     /// `arrival_us`, by the bundle's priority policy.
     pub fn priority_of(&mut self, rec: &TraceRecord, arrival_us: i64) -> i64 {
-        let req = RequestSignals {
-            input_tokens: rec.effective_input_tokens(),
-            slo_class: rec.request.slo_class.as_ref(),
-            tenant: rec.request.tenant_id.as_ref(),
-        };
+        let req = request_signals(rec);
         let p = self.priority.priority(&req, arrival_us);
         if self.decisions.is_some()
             && let Some(path) = self.priority.last_path()
@@ -467,11 +458,7 @@ impl Control {
         let Some(s) = &mut self.scheduling else {
             return priority;
         };
-        let req = RequestSignals {
-            input_tokens: rec.effective_input_tokens(),
-            slo_class: rec.request.slo_class.as_ref(),
-            tenant: rec.request.tenant_id.as_ref(),
-        };
+        let req = request_signals(rec);
         let key = s.key(&req, priority, inst);
         if self.decisions.is_some()
             && let Some(path) = s.last_path()
@@ -570,11 +557,7 @@ impl Control {
                     },
                 };
             }
-            let req = RequestSignals {
-                input_tokens: input,
-                slo_class: rec.request.slo_class.as_ref(),
-                tenant: rec.request.tenant_id.as_ref(),
-            };
+            let req = request_signals(rec);
             let c = self
                 .router
                 .route_request(&self.views, &self.hashes, private_from, &req);
@@ -875,6 +858,15 @@ pub struct AutoscaleSummary {
     pub gpu_hours: f64,
     /// Every scale action and lifecycle change, in time order.
     pub events: Vec<crate::cluster::autoscale::ScaleEvent>,
+}
+
+/// What a policy's tree or program knows of `rec`.
+fn request_signals(rec: &TraceRecord) -> RequestSignals<'_> {
+    RequestSignals {
+        input_tokens: rec.effective_input_tokens(),
+        slo_class: rec.request.slo_class.as_ref(),
+        tenant: rec.request.tenant_id.as_ref(),
+    }
 }
 
 fn is_default_priority(p: &crate::cluster::priority::PriorityPolicy) -> bool {

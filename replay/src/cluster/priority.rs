@@ -76,16 +76,12 @@ pub enum PriorityPolicy {
         /// Rhai source defining `fn priority(request)`.
         source: String,
         /// Operations one call may run.
-        #[serde(default = "default_ops")]
+        #[serde(default = "crate::cluster::code::default_max_operations")]
         max_operations: u64,
         /// Urgency gained per second waited (in the program's units).
         #[serde(default)]
         age_weight: f64,
     },
-}
-
-fn default_ops() -> u64 {
-    crate::cluster::code::DEFAULT_MAX_OPERATIONS
 }
 
 /// What a priority tree or program sees: the request's prompt tokens;

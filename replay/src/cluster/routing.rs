@@ -84,13 +84,9 @@ pub enum RoutingPolicy {
         /// Rhai source defining `fn route(request, instances)`.
         source: String,
         /// Operations one call may run.
-        #[serde(default = "default_max_operations")]
+        #[serde(default = "crate::cluster::code::default_max_operations")]
         max_operations: u64,
     },
-}
-
-fn default_max_operations() -> u64 {
-    crate::cluster::code::DEFAULT_MAX_OPERATIONS
 }
 
 fn default_scorer_map() -> std::collections::BTreeMap<Scorer, f64> {

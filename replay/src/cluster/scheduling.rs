@@ -46,13 +46,9 @@ pub enum SchedulingPolicy {
         /// Rhai source defining `fn key(request, instance)`.
         source: String,
         /// Operations one call may run.
-        #[serde(default = "default_ops")]
+        #[serde(default = "crate::cluster::code::default_max_operations")]
         max_operations: u64,
     },
-}
-
-fn default_ops() -> u64 {
-    crate::cluster::code::DEFAULT_MAX_OPERATIONS
 }
 
 /// What a scheduling tree or program sees, numbers then texts: the

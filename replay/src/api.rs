@@ -213,9 +213,9 @@ fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
     if let Some(s) = bundle.scheduler {
         engine.scheduler = s;
     }
-    if bundle.scheduling.is_some() {
+    if let Some(s) = &bundle.scheduling {
         // The tree's or program's key is the request's priority.
-        engine.scheduler = crate::engine::queue_order::SchedulerPolicy::PriorityFcfs;
+        engine.scheduler = s.engine_scheduler();
     }
     (0..bundle.instance_count())
         .map(|_| Instance::new(engine.clone(), resolved.latency.clone()))

@@ -5,7 +5,10 @@
 //! or the program's `fn key(request, instance)` gives it a key; the
 //! instance admits waiting requests lowest key first (then in arrival
 //! order), and preempts the highest key first, as vLLM's priority
-//! scheduling does with its one number. The key is kept to a thousandth.
+//! scheduling does with its one number, or with `preempt: latest` the
+//! latest request to join the batch, as vLLM's FCFS scheduling does (a
+//! constant key is then `fcfs` exactly, `key: {input_tokens: 1}` `sjf`).
+//! The key is kept to a thousandth.
 //!
 //! ```yaml
 //! scheduling:
@@ -30,6 +33,7 @@ use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Linear, Rules, SignalSet, TreeNode};
 use crate::cluster::signals::RequestSignals;
 use crate::engine::instance::Signals;
+use crate::engine::queue_order::SchedulerPolicy;
 
 /// A scheduling policy as written in a policy bundle (`scheduling:`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +43,9 @@ pub enum SchedulingPolicy {
     DecisionTree {
         /// The tree; leaves `key: {constant, <signal>: weight}`.
         tree: Box<TreeNode>,
+        /// Which running request a full KV cache preempts.
+        #[serde(default)]
+        preempt: Preempt,
     },
     /// A program gives the key: `fn key(request, instance)` returns a
     /// number.
@@ -48,7 +55,23 @@ pub enum SchedulingPolicy {
         /// Operations one call may run.
         #[serde(default = "crate::cluster::code::default_max_operations")]
         max_operations: u64,
+        /// Which running request a full KV cache preempts.
+        #[serde(default)]
+        preempt: Preempt,
     },
+}
+
+/// Which running request a full KV cache preempts under a scheduling tree
+/// or program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preempt {
+    /// The highest key (the latest of those on ties), as vLLM's priority
+    /// scheduling preempts the least urgent.
+    #[default]
+    HighestKey,
+    /// The latest to join the batch, as vLLM's FCFS scheduling does.
+    Latest,
 }
 
 /// What a scheduling tree or program sees, numbers then texts: the
@@ -96,6 +119,16 @@ impl SchedulingPolicy {
         }
     }
 
+    /// The engine's wait-queue order that runs it: keys as priorities,
+    /// with its preemption rule.
+    pub fn engine_scheduler(&self) -> SchedulerPolicy {
+        let (Self::DecisionTree { preempt, .. } | Self::Code { preempt, .. }) = self;
+        match preempt {
+            Preempt::HighestKey => SchedulerPolicy::PriorityFcfs,
+            Preempt::Latest => SchedulerPolicy::KeyLatest,
+        }
+    }
+
     /// Checks the tree or program.
     ///
     /// # Errors
@@ -117,7 +150,7 @@ pub struct Scheduler {
 impl Scheduler {
     fn compile(policy: &SchedulingPolicy) -> Result<Self, PolicyError> {
         Ok(match policy {
-            SchedulingPolicy::DecisionTree { tree } => Self {
+            SchedulingPolicy::DecisionTree { tree, .. } => Self {
                 tree: Some(Rules::compile(
                     tree,
                     "scheduling.tree",
@@ -132,6 +165,7 @@ impl Scheduler {
             SchedulingPolicy::Code {
                 source,
                 max_operations,
+                ..
             } => Self {
                 tree: None,
                 code: Some(Program::compile(

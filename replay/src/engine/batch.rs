@@ -33,10 +33,13 @@ impl Instance {
     }
 
     /// The running position of the request to preempt: the last one
-    /// (FCFS, SJF) or the least urgent, latest one (priority policies).
+    /// (FCFS, SJF, key-latest) or the least urgent, latest one (priority
+    /// policies).
     fn victim(&self) -> usize {
         match self.cfg.scheduler {
-            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf => self.running.len() - 1,
+            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf | SchedulerPolicy::KeyLatest => {
+                self.running.len() - 1
+            }
             SchedulerPolicy::PriorityFcfs | SchedulerPolicy::ReversePriority => {
                 let mut best = self.running.len() - 1;
                 for (i, &s) in self.running.iter().enumerate() {

@@ -18,6 +18,11 @@ pub enum SchedulerPolicy {
     Sjf,
     /// The least urgent first (pathological, for tests of policies).
     ReversePriority,
+    /// By the request's priority number as its key, like `priority-fcfs`,
+    /// but preempting the latest request to join the batch, as `fcfs`
+    /// does: what a scheduling tree or program with `preempt: latest`
+    /// runs ([`crate::cluster::scheduling`]).
+    KeyLatest,
 }
 
 impl FromStr for SchedulerPolicy {
@@ -28,8 +33,9 @@ impl FromStr for SchedulerPolicy {
             "priority-fcfs" | "priority" => Ok(Self::PriorityFcfs),
             "sjf" => Ok(Self::Sjf),
             "reverse-priority" => Ok(Self::ReversePriority),
+            "key-latest" => Ok(Self::KeyLatest),
             other => Err(format!(
-                "unknown scheduler {other:?} (fcfs, priority-fcfs, sjf, reverse-priority)"
+                "unknown scheduler {other:?} (fcfs, priority-fcfs, sjf, reverse-priority, key-latest)"
             )),
         }
     }
@@ -42,6 +48,7 @@ impl fmt::Display for SchedulerPolicy {
             Self::PriorityFcfs => "priority-fcfs",
             Self::Sjf => "sjf",
             Self::ReversePriority => "reverse-priority",
+            Self::KeyLatest => "key-latest",
         })
     }
 }
@@ -68,7 +75,7 @@ impl SchedulerPolicy {
     pub fn key(self, priority: i64, input_tokens: u32, seq: u64) -> QueueKey {
         match self {
             Self::Fcfs => (0, 0, seq),
-            Self::PriorityFcfs => (priority, 0, seq),
+            Self::PriorityFcfs | Self::KeyLatest => (priority, 0, seq),
             Self::Sjf => (i64::from(input_tokens), 0, seq),
             Self::ReversePriority => (priority.saturating_neg(), 0, seq),
         }

@@ -1532,19 +1532,22 @@ fn bundle_outputs(
     n: usize,
     bundle: &str,
     rename: (&str, &str),
+    extra: &[&str],
 ) -> Vec<(String, Vec<u8>)> {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, bundle).unwrap();
-    let outs = replay_cli(
-        dir,
-        name,
+    let n = n.to_string();
+    let args = [
         &[
             "--num-requests",
-            &n.to_string(),
+            &n,
             "--policy-config",
             path.to_str().unwrap(),
-        ],
-    );
+        ][..],
+        extra,
+    ]
+    .concat();
+    let outs = replay_cli(dir, name, &args);
     outs.into_iter()
         .map(|(ext, bytes)| {
             if ext == "summary.json" {
@@ -1576,7 +1579,7 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
     // Admission: tenant-quota, and a token bucket kept in the program's
     // state (`this`).
     const TOKEN_BUCKET: &str = "fn admit(r, c) {\n  if this.level == () { this.level = 20000.0; this.last = 0; }\n  let dt = c.now_us - this.last;\n  if dt < 0 { dt = 0; }\n  if c.now_us > this.last { this.last = c.now_us; }\n  let level = this.level + 30000.0 * (dt.to_float() / 1000000.0);\n  if level > 20000.0 { level = 20000.0; }\n  let cost = r.input_tokens.to_float();\n  if level >= cost { this.level = level - cost; true } else { this.level = level; false }\n}\n";
-    let plain = bundle_outputs(d, "plain", 500, "num_instances: 4\n", ("", ""));
+    let plain = bundle_outputs(d, "plain", 500, "num_instances: 4\n", ("", ""), &[]);
     for (template, equivalents) in [
         (
             "num_instances: 4\nadmission: {policy: tenant-quota, default_max_in_flight: 6}\n",
@@ -1607,10 +1610,10 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
         } else {
             "token-bucket"
         };
-        let want = bundle_outputs(d, name, 500, template, ("", ""));
+        let want = bundle_outputs(d, name, 500, template, ("", ""), &[]);
         assert!(want != plain, "{name} rejects nothing");
         for (i, (kind, bundle)) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), 500, bundle, (kind, name));
+            let got = bundle_outputs(d, &format!("{name}-{i}"), 500, bundle, (kind, name), &[]);
             for ((ext, a), (_, b)) in got.iter().zip(&want) {
                 assert!(a == b, "{name} as {kind}: {ext} differs");
             }
@@ -1618,7 +1621,7 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
     }
     // Priority (slo-based, aged) and scheduling (priority-fcfs) on 2
     // instances, where requests queue.
-    let fcfs = bundle_outputs(d, "fcfs", 600, "num_instances: 2\n", ("", ""));
+    let fcfs = bundle_outputs(d, "fcfs", 600, "num_instances: 2\n", ("", ""), &[]);
     let slo_based = "num_instances: 2\nscheduler: priority-fcfs\npriority: {policy: slo-based, age_weight: 10}\n";
     let priority_tree = "num_instances: 2\nscheduler: priority-fcfs\npriority:\n  policy: decision-tree\n  age_weight: 10\n  tree:\n    when: {signal: slo_class, is: critical}\n    then: {priority: {constant: -100}}\n    else:\n      when: {signal: slo_class, is: batch}\n      then: {priority: {constant: -10}}\n      else: {priority: {constant: -50}}\n";
     let priority_code = "num_instances: 2\nscheduler: priority-fcfs\npriority:\n  policy: code\n  age_weight: 10\n  source: 'fn priority(r) { if r.slo_class == \"critical\" { -100 } else if r.slo_class == \"batch\" { -10 } else { -50 } }'\n";
@@ -1635,10 +1638,10 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
             [scheduling_tree, scheduling_code],
         ),
     ] {
-        let want = bundle_outputs(d, name, 600, template, ("", ""));
+        let want = bundle_outputs(d, name, 600, template, ("", ""), &[]);
         assert!(want != fcfs, "{name} orders nothing");
         for (i, bundle) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""));
+            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""), &[]);
             for ((ext, a), (_, b)) in got.iter().zip(&want) {
                 assert!(a == b, "{name} as rules {i}: {ext} differs");
             }
@@ -1653,11 +1656,11 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
     let code = format!(
         "{common}  policy: code\n  source: |\n    fn scale(c) {{\n      let hot = c.utilization >= 0.8 || c.queue_depth >= 8.0;\n      if hot && c.starting == 0.0 {{ return 1; }}\n      if c.utilization <= 0.3 && c.since_last_scale_s >= 10.0 {{ return -1; }}\n      0\n    }}\n"
     );
-    let want = bundle_outputs(d, "threshold", 1500, &threshold, ("", ""));
-    let fixed = bundle_outputs(d, "fixed", 1500, "num_instances: 1\n", ("", ""));
+    let want = bundle_outputs(d, "threshold", 1500, &threshold, ("", ""), &[]);
+    let fixed = bundle_outputs(d, "fixed", 1500, "num_instances: 1\n", ("", ""), &[]);
     assert!(want != fixed, "the autoscaler never scales");
     for (i, bundle) in [tree, code].iter().enumerate() {
-        let got = bundle_outputs(d, &format!("threshold-{i}"), 1500, bundle, ("", ""));
+        let got = bundle_outputs(d, &format!("threshold-{i}"), 1500, bundle, ("", ""), &[]);
         for ((ext, a), (_, b)) in got.iter().zip(&want) {
             assert!(a == b, "threshold as rules {i}: {ext} differs");
         }
@@ -1845,9 +1848,8 @@ fn the_every_kind_example_runs() {
 /// that gives its outputs byte for byte, the policy's name aside:
 /// always-admit, reject-all, rate-limit (its bucket in `this`),
 /// slo-class, constant, inverted-slo, reverse-priority and the
-/// target-utilization autoscaler (program only: its leaf is a formula).
-/// (`fcfs` and `sjf` have none: a scheduling key preempts the highest key,
-/// they the latest request.)
+/// target-utilization autoscaler (program only: its leaf is a formula), and
+/// the `fcfs` and `sjf` wait queues (scheduling with `preempt: latest`).
 #[test]
 fn every_other_template_has_an_equivalent_tree_or_program() {
     let dir = tempfile::tempdir().unwrap();
@@ -1935,12 +1937,56 @@ fn every_other_template_has_an_equivalent_tree_or_program() {
         ),
     ];
     for (name, n, template, equivalents) in cases {
-        let want = bundle_outputs(d, name, n, &template, ("", ""));
+        let want = bundle_outputs(d, name, n, &template, ("", ""), &[]);
         for (i, (kind, bundle)) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), n, bundle, (kind, name));
+            let got = bundle_outputs(d, &format!("{name}-{i}"), n, bundle, (kind, name), &[]);
             for ((ext, a), (_, b)) in got.iter().zip(&want) {
                 assert!(a == b, "{name} as rules {i}: {ext} differs");
             }
         }
     }
+    // fcfs and sjf with `preempt: latest`, on a KV cache small enough that
+    // requests are preempted (with the default rule, highest key, sjf's
+    // tree differs: the test would see it).
+    let small = ["--total-kv-blocks", "1500"];
+    for (name, template, key, program) in [
+        ("fcfs", "num_instances: 2\n", "{constant: 0}", "0"),
+        (
+            "sjf",
+            "num_instances: 2\nscheduler: sjf\n",
+            "{input_tokens: 1}",
+            "r.input_tokens",
+        ),
+    ] {
+        let want = bundle_outputs(d, name, 600, template, ("", ""), &small);
+        let tree = format!(
+            "num_instances: 2\nscheduling: {{policy: decision-tree, preempt: latest, tree: {{key: {key}}}}}\n"
+        );
+        let code = format!(
+            "num_instances: 2\nscheduling: {{policy: code, preempt: latest, source: 'fn key(r, i) {{ {program} }}'}}\n"
+        );
+        for (i, bundle) in [tree, code].iter().enumerate() {
+            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""), &small);
+            for ((ext, a), (_, b)) in got.iter().zip(&want) {
+                assert!(a == b, "{name} as rules {i}: {ext} differs");
+            }
+        }
+    }
+    let highest_key = bundle_outputs(
+        d,
+        "sjf-highest-key",
+        600,
+        "num_instances: 2\nscheduling: {policy: decision-tree, tree: {key: {input_tokens: 1}}}\n",
+        ("", ""),
+        &small,
+    );
+    let sjf = bundle_outputs(
+        d,
+        "sjf-again",
+        600,
+        "num_instances: 2\nscheduler: sjf\n",
+        ("", ""),
+        &small,
+    );
+    assert!(highest_key != sjf, "no preemption: the rule is not tested");
 }

@@ -29,8 +29,12 @@
 //! The program is hostile input: it is compiled when the bundle is read (a
 //! syntax error names the line), and each call runs with a budget of
 //! `max_operations` operations (default 100,000), bounded call depth,
-//! string, array and map sizes, no clock, no modules, no files and no
-//! network (the engine has none). A call that exceeds a bound, throws,
+//! string, array and map sizes (nested values count in full, `this`
+//! included), no clock, no modules, no files and no network (the engine
+//! has none). The operations do not count the work inside one operation
+//! (copying a large nested array is one), so the host also stops a call
+//! after [`MAX_CALL_MS`] of wall time, and a program whose calls average
+//! more than [`SLOW_CALL_MS`] once they add up to [`SLOW_TOTAL_S`]. A call that exceeds a bound, throws,
 //! returns something else than an index or scores, an index that is out of
 //! range or unavailable, or a score that is not a number fails the
 //! evaluation with that reason; the simulation then finishes without
@@ -74,6 +78,11 @@ pub struct Program {
     kind: &'static str,
     function: &'static str,
     state: Dynamic,
+    watchdog: Watchdog,
+    /// Wall time spent in calls so far.
+    spent: std::time::Duration,
+    /// [`MAX_CALL_MS`], [`SLOW_CALL_MS`] and [`SLOW_TOTAL_S`] (in ms).
+    limits: (u64, u64, u64),
 }
 
 impl std::fmt::Debug for Program {
@@ -87,13 +96,17 @@ impl std::fmt::Debug for Program {
 
 impl Clone for Program {
     fn clone(&self) -> Self {
+        let watchdog = Watchdog::new();
         Self {
-            engine: sandbox(self.engine.max_operations()),
+            engine: sandbox(self.engine.max_operations(), &watchdog),
             ast: self.ast.clone(),
             calls: self.calls,
             kind: self.kind,
             function: self.function,
             state: self.state.clone(),
+            watchdog,
+            spent: self.spent,
+            limits: self.limits,
         }
     }
 }
@@ -104,10 +117,63 @@ pub struct CodeRouter {
     program: Program,
 }
 
+/// The longest one call may run, ms of wall time: the budget of
+/// operations does not count the work inside one operation (copying a
+/// nested array is one operation however large it is), so a program can
+/// stay within its operations and still take seconds; the host stops it.
+/// Well-behaved calls take microseconds.
+pub const MAX_CALL_MS: u64 = 1000;
+
+/// A program whose calls average more than this, ms, once they add up to
+/// [`SLOW_TOTAL_S`], fails: each call within [`MAX_CALL_MS`], the run
+/// would still take hours.
+pub const SLOW_CALL_MS: u64 = 10;
+
+/// See [`SLOW_CALL_MS`], s.
+pub const SLOW_TOTAL_S: u64 = 10;
+
+/// The watchdog of one engine: the deadline of the call in progress, ns
+/// since `base`. (The program itself has no clock: this is the host's.)
+#[derive(Debug, Clone)]
+struct Watchdog {
+    base: std::time::Instant,
+    deadline_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Self {
+            base: std::time::Instant::now(),
+            deadline_ns: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A call starts now: it may run `limit_ms` from now.
+    fn arm(&self, limit_ms: u64) {
+        let d = self.now_ns().saturating_add(limit_ms * 1_000_000);
+        self.deadline_ns
+            .store(d, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn expired(&self) -> bool {
+        self.now_ns() > self.deadline_ns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// What the watchdog's termination carries, to tell it from a bound.
+const TIMED_OUT: &str = "blis: call past its time limit";
+
 /// An engine with nothing outside the program: no printing, no clock
-/// (`no_time`), no modules (`no_module`), and bounded work and sizes.
-fn sandbox(max_operations: u64) -> Engine {
+/// (`no_time`), no modules (`no_module`), and bounded work, sizes and
+/// time (`watchdog`).
+fn sandbox(max_operations: u64, watchdog: &Watchdog) -> Engine {
     let mut e = Engine::new();
+    let w = watchdog.clone();
+    e.on_progress(move |ops| (ops % 64 == 0 && w.expired()).then(|| Dynamic::from(TIMED_OUT)));
     e.set_max_operations(max_operations);
     e.set_max_call_levels(32);
     e.set_max_expr_depths(64, 32);
@@ -164,7 +230,8 @@ impl Program {
         if code.max_operations == 0 {
             return Err(bad("max_operations", "must be at least 1".into()));
         }
-        let engine = sandbox(code.max_operations);
+        let watchdog = Watchdog::new();
+        let engine = sandbox(code.max_operations, &watchdog);
         let ast = engine
             .compile(&code.source)
             .map_err(|e| bad("source", e.to_string()))?;
@@ -184,6 +251,9 @@ impl Program {
             kind,
             function,
             state: Dynamic::from_map(Map::new()),
+            watchdog,
+            spent: std::time::Duration::ZERO,
+            limits: (MAX_CALL_MS, SLOW_CALL_MS, SLOW_TOTAL_S * 1000),
         })
     }
 
@@ -199,12 +269,34 @@ impl Program {
         let mut scope = rhai::Scope::new();
         let (engine, ast, function) = (&self.engine, &self.ast, self.function);
         let state = &mut self.state;
+        let started = std::time::Instant::now();
+        let (max_call_ms, slow_call_ms, slow_total_ms) = self.limits;
+        self.watchdog.arm(max_call_ms);
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let options = rhai::CallFnOptions::new().bind_this_ptr(state);
             engine.call_fn_with_options::<Dynamic>(options, &mut scope, ast, function, args)
-        }))
-        .map_err(|_| self.fail(decision, "the script engine panicked".into()))?
-        .map_err(|e| self.fail(decision, describe(&e, self.engine.max_operations())))?;
+        }));
+        self.spent += started.elapsed();
+        let out = out
+            .map_err(|_| self.fail(decision, "the script engine panicked".into()))?
+            .map_err(|e| {
+                self.fail(
+                    decision,
+                    describe(&e, self.engine.max_operations(), max_call_ms),
+                )
+            })?;
+        if self.spent.as_millis() >= u128::from(slow_total_ms)
+            && self.spent.as_millis() > u128::from(slow_call_ms) * u128::from(self.calls)
+        {
+            return Err(self.fail(
+                decision,
+                format!(
+                    "its calls average {:.0} ms of wall time, more than {slow_call_ms} ms (over {} calls): too slow to finish a run",
+                    self.spent.as_secs_f64() * 1e3 / self.calls as f64,
+                    self.calls
+                ),
+            ));
+        }
         Ok((out, decision))
     }
 
@@ -340,7 +432,7 @@ pub fn request_map(req: &RequestSignals<'_>) -> Map {
 }
 
 /// What went wrong in a call, on one line, the bounds named.
-fn describe(e: &rhai::EvalAltResult, max_operations: u64) -> String {
+fn describe(e: &rhai::EvalAltResult, max_operations: u64, max_call_ms: u64) -> String {
     use rhai::EvalAltResult as E;
     match e {
         E::ErrorTooManyOperations(_) => format!(
@@ -352,6 +444,13 @@ fn describe(e: &rhai::EvalAltResult, max_operations: u64) -> String {
             )
         }
         E::ErrorStackOverflow(_) => "calls nested deeper than 32".into(),
+        E::ErrorTerminated(token, _)
+            if token.clone().into_string().ok().as_deref() == Some(TIMED_OUT) =>
+        {
+            format!(
+                "ran past its time limit of {max_call_ms} ms of wall time in one call (copying large data in a loop?)"
+            )
+        }
         other => one_line(&other.to_string()),
     }
 }
@@ -380,6 +479,74 @@ mod tests {
         router(src, 10_000)
             .unwrap()
             .choose(&views, &[0.0; 3], 4, &RequestSignals::default())
+    }
+
+    /// State kept in `this` from call to call is bounded like any value:
+    /// a program that piles data into it fails as soon as a call finds it
+    /// past the limit, not by exhausting memory; small state carries over.
+    #[test]
+    fn state_across_calls_is_kept_and_bounded() {
+        let views = [InstanceView::default(); 3];
+        let mut r = router(
+            "fn route(r, xs) { if this.n == () { this.n = 0; } this.n += 1; this.n % 3 }",
+            10_000,
+        )
+        .unwrap();
+        let picks: Vec<usize> = (0..4)
+            .map(|_| {
+                r.choose(&views, &[0.0; 3], 4, &RequestSignals::default())
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(picks, [1, 2, 0, 1]);
+        let mut r = router(
+            "fn route(r, xs) { let b = []; b.pad(10000, 1); if this.n == () { this.n = 0; } this.n += 1; this[\"k\" + this.n] = b; 0 }",
+            100_000,
+        )
+        .unwrap();
+        let mut call = || r.choose(&views, &[0.0; 3], 4, &RequestSignals::default());
+        // (The state is checked as a call reads it: the call after the one
+        // that crossed the limit fails.)
+        assert_eq!(call().unwrap(), 0);
+        assert_eq!(call().unwrap(), 0);
+        let e = call().unwrap_err().to_string();
+        assert!(
+            e.contains("decision 2") && e.to_lowercase().contains("too large"),
+            "{e}"
+        );
+    }
+
+    /// Work the budget of operations does not count (copying a deeply
+    /// nested array is one operation) is stopped by the wall-time
+    /// watchdog: a call past its limit, or calls that average too long.
+    #[test]
+    fn a_program_too_slow_for_its_operations_is_stopped() {
+        let views = [InstanceView::default(); 3];
+        const NESTS: &str =
+            "fn route(r, xs) { let a = []; for i in 0..N { a = [a]; } this.a = a; 0 }";
+        let mut r = router(&NESTS.replace('N', "16000"), 100_000).unwrap();
+        r.program.limits = (200, 10, 10_000);
+        let t = std::time::Instant::now();
+        let e = r
+            .choose(&views, &[0.0; 3], 4, &RequestSignals::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("decision 0: ran past its time limit of 200 ms"),
+            "{e}"
+        );
+        // (Without the watchdog this call runs for minutes.)
+        assert!(t.elapsed().as_secs() < 60);
+        let mut r = router(&NESTS.replace('N', "800"), 100_000).unwrap();
+        r.program.limits = (60_000, 0, 1);
+        let e = (0..10)
+            .find_map(|_| {
+                r.choose(&views, &[0.0; 3], 4, &RequestSignals::default())
+                    .err()
+            })
+            .expect("a slow program fails")
+            .to_string();
+        assert!(e.contains("too slow to finish a run"), "{e}");
     }
 
     #[test]

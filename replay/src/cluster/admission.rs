@@ -22,7 +22,7 @@
 //! is a map kept from call to call (a bucket's level). A failed call
 //! admits the request and ends the run with the failure.
 
-use crate::cluster::code::{CallError, CodeSource, Program};
+use crate::cluster::code::{CallError, Program};
 use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Rules, SignalSet, TreeNode};
 use crate::cluster::signals::RequestSignals;
@@ -111,6 +111,9 @@ pub struct ClusterSignals {
     pub running: u32,
     /// Requests routed and not finished, summed.
     pub in_flight: u32,
+    /// Requests routed and not running, summed over instances (flow
+    /// control's queue; not an admission signal).
+    pub queued: u32,
     /// Mean KV usage, 0..1.
     pub kv_usage: f64,
     /// Instances taking requests.
@@ -155,10 +158,8 @@ fn compile_tree(tree: &TreeNode) -> Result<Rules<bool>, PolicyError> {
 
 fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyError> {
     Program::compile(
-        &CodeSource {
-            source: source.to_string(),
-            max_operations,
-        },
+        source,
+        max_operations,
         "admission",
         "admission",
         "admit",
@@ -239,8 +240,8 @@ pub struct Admission {
     /// A program's first failed call: later requests are admitted, and
     /// the run ends with it.
     failure: Option<CallError>,
-    /// The path of the tree's leaf of the last decision.
-    last_path: Option<usize>,
+    /// The tree's leaf of the last decision.
+    last_leaf: Option<usize>,
     /// Requests rejected so far.
     pub rejected: u64,
 }
@@ -278,7 +279,7 @@ impl Admission {
             tree,
             code,
             failure: None,
-            last_path: None,
+            last_leaf: None,
             rejected: 0,
         }
     }
@@ -290,7 +291,7 @@ impl Admission {
 
     /// The tree's leaf of the last decision (`admission.tree.else`).
     pub fn last_path(&self) -> Option<&str> {
-        Some(self.tree.as_ref()?.leaf_path(self.last_path?))
+        Some(self.tree.as_ref()?.leaf_path(self.last_leaf?))
     }
 
     /// Decides on a request arriving at `now_us`, with what the cluster
@@ -313,7 +314,7 @@ impl Admission {
                 tenant_in_flight,
                 now_us,
             });
-            self.last_path = Some(leaf);
+            self.last_leaf = Some(leaf);
             *t.leaf(leaf)
         } else {
             match (&mut self.code, &self.failure) {
@@ -340,9 +341,10 @@ impl Admission {
         &self.policy
     }
 
-    /// Decides on a request arriving at `now_us` with `input_tokens` from
-    /// `tenant`; `true` admits it.
-    pub fn admit(&mut self, now_us: i64, input_tokens: u32, tenant: &str) -> bool {
+    /// A template's decision on a request arriving at `now_us` with
+    /// `input_tokens` from `tenant`; `true` admits it. ([`Admission::decide`]
+    /// asks trees and programs, never this.)
+    fn admit(&mut self, now_us: i64, input_tokens: u32, tenant: &str) -> bool {
         let dt_s = (now_us - self.last_us).max(0) as f64 / 1e6;
         self.last_us = self.last_us.max(now_us);
         let ok = match &self.policy {

@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use rhai::{Dynamic, Map};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::code::{CallError, CodeSource, Program};
+use crate::cluster::code::{CallError, Program};
 use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Rules, SignalSet, TreeNode};
 
@@ -152,10 +152,8 @@ fn compile_tree(tree: &TreeNode) -> Result<Rules<i64>, PolicyError> {
 
 fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyError> {
     Program::compile(
-        &CodeSource {
-            source: source.to_string(),
-            max_operations,
-        },
+        source,
+        max_operations,
         "autoscale",
         "autoscaling",
         "scale",

@@ -42,25 +42,12 @@
 //! ends with the error. It never hangs or crashes the simulator.
 
 use rhai::{AST, Dynamic, Engine, Map};
-use serde::{Deserialize, Serialize};
 
 use crate::cluster::error::PolicyError;
 use crate::cluster::signals::{InstanceView, RequestSignals};
 
 /// The default budget of one call, Rhai operations.
 pub const DEFAULT_MAX_OPERATIONS: u64 = 100_000;
-
-/// A code policy as written in a policy bundle.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CodeSource {
-    /// The program: Rhai source defining `fn route(request, instances)`.
-    pub source: String,
-    /// Operations one call may run (each statement, expression and loop
-    /// iteration counts).
-    #[serde(default = "default_max_operations")]
-    pub max_operations: u64,
-}
 
 /// [`DEFAULT_MAX_OPERATIONS`], the default of every policy's
 /// `max_operations`.
@@ -217,7 +204,8 @@ impl Program {
     /// [`PolicyError::Tree`] naming the field: a syntax error with its
     /// line, no such function, or a zero budget.
     pub fn compile(
-        code: &CodeSource,
+        source: &str,
+        max_operations: u64,
         field: &str,
         kind: &'static str,
         function: &'static str,
@@ -227,13 +215,13 @@ impl Program {
             path: format!("{field}.{path}"),
             problem,
         };
-        if code.max_operations == 0 {
+        if max_operations == 0 {
             return Err(bad("max_operations", "must be at least 1".into()));
         }
         let watchdog = Watchdog::new();
-        let engine = sandbox(code.max_operations, &watchdog);
+        let engine = sandbox(max_operations, &watchdog);
         let ast = engine
-            .compile(&code.source)
+            .compile(source)
             .map_err(|e| bad("source", e.to_string()))?;
         if !ast
             .iter_functions()
@@ -327,14 +315,22 @@ impl Program {
 }
 
 impl CodeRouter {
-    /// Compiles `code` (at `field`, e.g. `routing`).
+    /// Compiles `source` with a budget of `max_operations` per call (at
+    /// `field`, e.g. `routing`).
     ///
     /// # Errors
     /// [`PolicyError::Tree`] naming the field: a syntax error with its
     /// line, no `route` function of two parameters, or a zero budget.
-    pub fn compile(code: &CodeSource, field: &str) -> Result<Self, PolicyError> {
+    pub fn compile(source: &str, max_operations: u64, field: &str) -> Result<Self, PolicyError> {
         Ok(Self {
-            program: Program::compile(code, field, "routing", "route", &["request", "instances"])?,
+            program: Program::compile(
+                source,
+                max_operations,
+                field,
+                "routing",
+                "route",
+                &["request", "instances"],
+            )?,
         })
     }
 
@@ -465,13 +461,7 @@ mod tests {
     use super::*;
 
     fn router(src: &str, ops: u64) -> Result<CodeRouter, PolicyError> {
-        CodeRouter::compile(
-            &CodeSource {
-                source: src.into(),
-                max_operations: ops,
-            },
-            "routing",
-        )
+        CodeRouter::compile(src, ops, "routing")
     }
 
     fn call(src: &str) -> Result<usize, CallError> {

@@ -378,18 +378,9 @@ impl Control {
         queue_threshold: f64,
         kv_threshold: f64,
     ) -> f64 {
-        let mut n = 0.0;
-        let (mut queued, mut kv) = (0.0, 0.0);
-        for (i, inst) in insts.iter().enumerate() {
-            if !self.routable(i) {
-                continue;
-            }
-            n += 1.0;
-            let s = inst.signals_at(now);
-            queued += f64::from(self.in_flight[i].saturating_sub(s.running));
-            kv += s.kv_usage();
-        }
-        (queued / n / queue_threshold).max(kv / n / kv_threshold)
+        let c = self.cluster_signals(now, insts);
+        let n = f64::from(c.instances);
+        (f64::from(c.queued) / n / queue_threshold).max(c.kv_usage / kv_threshold)
     }
 
     /// The admission decision alone, with the instances as they are at
@@ -471,7 +462,8 @@ impl Control {
         key
     }
 
-    /// The instances taking requests as admission sees them at `now`.
+    /// The instances taking requests as admission and flow control see
+    /// them at `now`.
     pub fn cluster_signals(&self, now: i64, insts: &[Instance]) -> ClusterSignals {
         let mut c = ClusterSignals::default();
         for (i, inst) in insts.iter().enumerate().take(self.in_flight.len()) {
@@ -482,6 +474,7 @@ impl Control {
             c.waiting += s.waiting;
             c.running += s.running;
             c.in_flight += self.in_flight[i];
+            c.queued += self.in_flight[i].saturating_sub(s.running);
             c.kv_usage += s.kv_usage();
             c.instances += 1;
         }

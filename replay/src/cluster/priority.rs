@@ -39,7 +39,7 @@
 use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::code::{CallError, CodeSource, Program};
+use crate::cluster::code::{CallError, Program};
 use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Linear, Rules, SignalSet, TreeNode};
 use crate::cluster::signals::RequestSignals;
@@ -119,10 +119,8 @@ fn compile_tree(tree: &TreeNode) -> Result<Rules<Linear>, PolicyError> {
 
 fn compile_code(source: &str, max_operations: u64) -> Result<Program, PolicyError> {
     Program::compile(
-        &CodeSource {
-            source: source.to_string(),
-            max_operations,
-        },
+        source,
+        max_operations,
         "priority",
         "priority",
         "priority",
@@ -331,12 +329,12 @@ impl PriorityPolicy {
         }
     }
 
-    /// The priority (lower is more urgent) of a request of `slo_class`
-    /// arriving at `arrival_us`. For the age-weighted policies it is
-    /// `−score` in millionths, less the common `age_weight × now` term.
-    /// (Trees and programs need the whole request: [`Prioritizer`]; here
-    /// they give 0.)
-    pub fn priority(&self, slo_class: &str, arrival_us: i64) -> i64 {
+    /// A template's priority (lower is more urgent) of a request of
+    /// `slo_class` arriving at `arrival_us`. For the age-weighted policies
+    /// it is `−score` in millionths, less the common `age_weight × now`
+    /// term. (Trees and programs need the whole request: [`Prioritizer`]
+    /// asks them, never this.)
+    fn priority(&self, slo_class: &str, arrival_us: i64) -> i64 {
         match self {
             Self::DecisionTree { .. } | Self::Code { .. } => 0,
             Self::SloClass => i64::from(slo_priority(slo_class)),

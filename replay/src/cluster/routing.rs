@@ -10,7 +10,7 @@
 pub use crate::cluster::prefix_index::PrefixIndex;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::code::{CallError, CodeRouter, CodeSource};
+use crate::cluster::code::{CallError, CodeRouter};
 use crate::cluster::error::PolicyError;
 pub use crate::cluster::signals::{InstanceView, RequestSignals, Scorer};
 use crate::cluster::tree::{Seen, Tree, TreeNode};
@@ -107,15 +107,12 @@ impl RoutingPolicy {
     }
 
     /// A code policy's source and budget.
-    fn code_source(&self) -> Option<CodeSource> {
+    fn code_source(&self) -> Option<(&str, u64)> {
         match self {
             Self::Code {
                 source,
                 max_operations,
-            } => Some(CodeSource {
-                source: source.clone(),
-                max_operations: *max_operations,
-            }),
+            } => Some((source, *max_operations)),
             _ => None,
         }
     }
@@ -129,8 +126,8 @@ impl RoutingPolicy {
         if let Self::DecisionTree { tree } = self {
             Tree::compile(tree, &format!("{field}.tree"))?;
         }
-        if let Some(code) = self.code_source() {
-            CodeRouter::compile(&code, field)?;
+        if let Some((source, ops)) = self.code_source() {
+            CodeRouter::compile(source, ops, field)?;
         }
         Ok(())
     }
@@ -199,9 +196,9 @@ impl Router {
             }
             _ => None,
         };
-        let code = policy
-            .code_source()
-            .map(|c| CodeRouter::compile(&c, "routing").expect("a checked program"));
+        let code = policy.code_source().map(|(source, ops)| {
+            CodeRouter::compile(source, ops, "routing").expect("a checked program")
+        });
         let weights: Vec<(Scorer, f64)> = match &policy {
             RoutingPolicy::Weighted { scorers } => {
                 let sum: f64 = scorers.values().sum();

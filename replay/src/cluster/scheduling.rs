@@ -28,7 +28,7 @@
 use rhai::{Dynamic, Map};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::code::{CallError, CodeSource, Program};
+use crate::cluster::code::{CallError, Program};
 use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Linear, Rules, SignalSet, TreeNode};
 use crate::cluster::signals::RequestSignals;
@@ -169,10 +169,8 @@ impl Scheduler {
             } => Self {
                 tree: None,
                 code: Some(Program::compile(
-                    &CodeSource {
-                        source: source.clone(),
-                        max_operations: *max_operations,
-                    },
+                    source,
+                    *max_operations,
                     "scheduling",
                     "scheduling",
                     "key",

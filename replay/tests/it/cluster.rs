@@ -1564,6 +1564,24 @@ fn bundle_outputs(
         .collect()
 }
 
+/// Asserts that each of `equivalents` (its policy's name in the rejected
+/// rows, a bundle) replayed as `name` gives `want` byte for byte.
+fn assert_equivalent(
+    dir: &std::path::Path,
+    name: &str,
+    n: usize,
+    want: &[(String, Vec<u8>)],
+    equivalents: &[(&str, String)],
+    extra: &[&str],
+) {
+    for (i, (kind, bundle)) in equivalents.iter().enumerate() {
+        let got = bundle_outputs(dir, &format!("{name}-{i}"), n, bundle, (kind, name), extra);
+        for ((ext, a), (_, b)) in got.iter().zip(want) {
+            assert!(a == b, "{name} as equivalent {i} ({kind}): {ext} differs");
+        }
+    }
+}
+
 fn indent(program: &str) -> String {
     program.lines().map(|l| format!("    {l}\n")).collect()
 }
@@ -1612,12 +1630,7 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
         };
         let want = bundle_outputs(d, name, 500, template, ("", ""), &[]);
         assert!(want != plain, "{name} rejects nothing");
-        for (i, (kind, bundle)) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), 500, bundle, (kind, name), &[]);
-            for ((ext, a), (_, b)) in got.iter().zip(&want) {
-                assert!(a == b, "{name} as {kind}: {ext} differs");
-            }
-        }
+        assert_equivalent(d, name, 500, &want, &equivalents, &[]);
     }
     // Priority (slo-based, aged) and scheduling (priority-fcfs) on 2
     // instances, where requests queue.
@@ -1640,12 +1653,8 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
     ] {
         let want = bundle_outputs(d, name, 600, template, ("", ""), &[]);
         assert!(want != fcfs, "{name} orders nothing");
-        for (i, bundle) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""), &[]);
-            for ((ext, a), (_, b)) in got.iter().zip(&want) {
-                assert!(a == b, "{name} as rules {i}: {ext} differs");
-            }
-        }
+        let equivalents = equivalents.map(|b| ("", b.to_string()));
+        assert_equivalent(d, name, 600, &want, &equivalents, &[]);
     }
     // Autoscaling: the threshold template.
     let common = "num_instances: 1\nautoscale:\n  min_replicas: 1\n  max_replicas: 4\n  interval_s: 5\n  provisioning_delay_s: 2\n  warmup_s: 3\n  cooldown_s: 10\n";
@@ -1659,12 +1668,7 @@ fn trees_and_programs_of_every_policy_kind_match_their_templates() {
     let want = bundle_outputs(d, "threshold", 1500, &threshold, ("", ""), &[]);
     let fixed = bundle_outputs(d, "fixed", 1500, "num_instances: 1\n", ("", ""), &[]);
     assert!(want != fixed, "the autoscaler never scales");
-    for (i, bundle) in [tree, code].iter().enumerate() {
-        let got = bundle_outputs(d, &format!("threshold-{i}"), 1500, bundle, ("", ""), &[]);
-        for ((ext, a), (_, b)) in got.iter().zip(&want) {
-            assert!(a == b, "threshold as rules {i}: {ext} differs");
-        }
-    }
+    assert_equivalent(d, "threshold", 1500, &want, &[("", tree), ("", code)], &[]);
 }
 
 /// A program of each kind that fails mid-run fails the run with its kind,
@@ -1938,17 +1942,25 @@ fn every_other_template_has_an_equivalent_tree_or_program() {
     ];
     for (name, n, template, equivalents) in cases {
         let want = bundle_outputs(d, name, n, &template, ("", ""), &[]);
-        for (i, (kind, bundle)) in equivalents.iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), n, bundle, (kind, name), &[]);
-            for ((ext, a), (_, b)) in got.iter().zip(&want) {
-                assert!(a == b, "{name} as rules {i}: {ext} differs");
-            }
+        // Each template changes the run, but the two that behave as the
+        // defaults do (always-admit; constant priorities order as fcfs).
+        let baseline = match name {
+            "always-admit" | "constant" => None,
+            "reject-all" | "rate-limit" => Some("num_instances: 4\n"),
+            "target-utilization" => Some("num_instances: 1\n"),
+            _ => Some("num_instances: 2\n"),
+        };
+        if let Some(b) = baseline {
+            let base = bundle_outputs(d, &format!("{name}-base"), n, b, ("", ""), &[]);
+            assert!(want != base, "{name} changes nothing: the test is vacuous");
         }
+        assert_equivalent(d, name, n, &want, &equivalents, &[]);
     }
     // fcfs and sjf with `preempt: latest`, on a KV cache small enough that
     // requests are preempted (with the default rule, highest key, sjf's
     // tree differs: the test would see it).
     let small = ["--total-kv-blocks", "1500"];
+    let mut wants = Vec::new();
     for (name, template, key, program) in [
         ("fcfs", "num_instances: 2\n", "{constant: 0}", "0"),
         (
@@ -1965,13 +1977,13 @@ fn every_other_template_has_an_equivalent_tree_or_program() {
         let code = format!(
             "num_instances: 2\nscheduling: {{policy: code, preempt: latest, source: 'fn key(r, i) {{ {program} }}'}}\n"
         );
-        for (i, bundle) in [tree, code].iter().enumerate() {
-            let got = bundle_outputs(d, &format!("{name}-{i}"), 600, bundle, ("", ""), &small);
-            for ((ext, a), (_, b)) in got.iter().zip(&want) {
-                assert!(a == b, "{name} as rules {i}: {ext} differs");
-            }
-        }
+        assert_equivalent(d, name, 600, &want, &[("", tree), ("", code)], &small);
+        wants.push(want);
     }
+    assert!(
+        wants[0] != wants[1],
+        "sjf orders as fcfs: the test is vacuous"
+    );
     let highest_key = bundle_outputs(
         d,
         "sjf-highest-key",
@@ -1980,13 +1992,8 @@ fn every_other_template_has_an_equivalent_tree_or_program() {
         ("", ""),
         &small,
     );
-    let sjf = bundle_outputs(
-        d,
-        "sjf-again",
-        600,
-        "num_instances: 2\nscheduler: sjf\n",
-        ("", ""),
-        &small,
+    assert!(
+        highest_key != wants[1],
+        "no preemption: the rule is not tested"
     );
-    assert!(highest_key != sjf, "no preemption: the rule is not tested");
 }

@@ -181,21 +181,24 @@ pub async fn check_server(
 /// Measures tokens per word of prompt text: `/tokenize` (vLLM, llama.cpp)
 /// when the server has it, else the `usage.prompt_tokens` of one
 /// calibration request; 1.3 (typical of English with BPE tokenizers) when
-/// neither works.
+/// neither works. `timeout` is the run's own per-request timeout: neither
+/// probe waits longer than it (nor than 10 s for `/tokenize` and 60 s for
+/// the calibration request), so a server that never answers costs the
+/// user no more than one of the run's requests would.
 pub async fn tokens_per_word(
     client: &reqwest::Client,
     base: &str,
     model: &str,
     api_key: Option<&str>,
     ep: &Endpoint,
+    timeout: Duration,
 ) -> TokensPerWord {
+    let tokenize_wait = timeout.min(Duration::from_secs(10));
+    let calibration_wait = timeout.min(Duration::from_secs(60));
     let (text, words) = prompt::sample_text();
     let url = format!("{}/tokenize", base.trim_end_matches('/'));
     for body in prompt::tokenize_bodies(model, &text) {
-        let mut r = client
-            .post(&url)
-            .json(&body)
-            .timeout(Duration::from_secs(10));
+        let mut r = client.post(&url).json(&body).timeout(tokenize_wait);
         if let Some(v) = api_key.and_then(bearer) {
             r = r.header(AUTHORIZATION, v);
         }
@@ -225,7 +228,7 @@ pub async fn tokens_per_word(
     let clock = crate::clock::RunClock::new();
     let mut cap = crate::http::Capture::new(false);
     let sent = tokio::time::timeout(
-        Duration::from_secs(60),
+        calibration_wait,
         ep.send(body, false, "blis-calibration", &clock, &mut cap),
     )
     .await;
@@ -241,7 +244,10 @@ pub async fn tokens_per_word(
             None
         }
         Ok(Err(f)) => Some(f.message()),
-        Err(_) => Some("timeout: no answer in 60 s".to_string()),
+        Err(_) => Some(format!(
+            "timeout: no answer in {:.1} s",
+            calibration_wait.as_secs_f64()
+        )),
     };
     TokensPerWord {
         value: 1.3,

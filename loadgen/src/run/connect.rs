@@ -55,8 +55,15 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         args.api_key.as_deref(),
     )
     .map_err(CommandError::Usage)?;
-    let tpw =
-        probe::tokens_per_word(&client, &base, &args.model, args.api_key.as_deref(), &ep).await;
+    let tpw = probe::tokens_per_word(
+        &client,
+        &base,
+        &args.model,
+        args.api_key.as_deref(),
+        &ep,
+        super::dispatch::saturating_secs(args.timeout_s),
+    )
+    .await;
     if let Some(f) = &tpw.calibration_failure {
         // A refusal every request would get: stop before sending any.
         let path = ep.path();

@@ -153,6 +153,16 @@ fn the_api_key_never_appears_in_output_or_trace() {
 /// A server that is not OpenAI-compatible, answering like
 /// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML).
 fn start_static_file_server() -> String {
+    start_http_server(false)
+}
+
+/// The same, but a POST is read and never answered (the connection stays
+/// open): a server wedged behind a live socket.
+fn start_silent_server() -> String {
+    start_http_server(true)
+}
+
+fn start_http_server(silent_posts: bool) -> String {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -177,6 +187,12 @@ fn start_static_file_server() -> String {
                 }
                 let mut body = vec![0; len];
                 let _ = r.read_exact(&mut body);
+                if silent_posts && first.starts_with("POST") {
+                    // Hold the socket open, unanswered, until the client
+                    // goes away.
+                    let _ = r.read_to_end(&mut body);
+                    return;
+                }
                 let (code, reason, msg) = if first.starts_with("GET") {
                     (404, "File not found", "File not found")
                 } else {
@@ -239,6 +255,40 @@ fn a_server_that_is_not_openai_compatible_fails_the_run() {
         );
         assert!(!m.contains('<') && m.chars().count() < 260, "{m}");
     }
+}
+
+/// A server that takes requests and never answers: the probes before the
+/// run wait no longer than the run's own `--timeout-s` (they used to wait
+/// 10 s per `/tokenize` form and 60 s for the calibration request, over a
+/// minute before the first send), and every request of the run is a
+/// timeout row.
+#[test]
+fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
+    let _g = crate::common::serial();
+    let url = start_silent_server();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("silent");
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m"])
+        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "1"])
+        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("failed (timeout: no answer in 1.0 s)"),
+        "the calibration request waited the run's timeout: {stderr}"
+    );
+    assert!(stdout.contains("not ok by kind: timeout 3"), "{stdout}");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 3);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Timeout))
+    );
 }
 
 #[test]

@@ -470,3 +470,46 @@ fn the_server_killed_and_restarted_mid_run_costs_only_the_requests_of_the_gap() 
     assert!(up[..first_down].iter().all(|v| *v == 1.0));
     assert_eq!(up.last(), Some(&1.0), "scraping resumed: {up:?}");
 }
+
+/// A signal while the probes wait on a server that takes requests and
+/// never answers ends the command there (it used to be ignored until the
+/// probes gave up, over a minute at the default timeout): exit code 4, a
+/// line saying nothing was sent, and no trace.
+#[test]
+fn a_signal_while_probing_a_server_that_never_answers_ends_the_command() {
+    let _g = serial();
+    let (url, posted) = common::start_http_server(true);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("probing");
+    let child = Command::new(assert_cmd::cargo::cargo_bin!("blis-loadgen"))
+        .args(["run", "--server-url", &url, "--model", MODEL])
+        .args(["--rate", "5", "--num-requests", "3"])
+        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first POST is a probe (`/tokenize`): the handlers are installed.
+    posted.recv_timeout(Duration::from_secs(60)).unwrap();
+    let signalled = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("interrupted while probing") && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
+    // The probes alone would have waited 10 s per /tokenize form and 60 s
+    // for the calibration request.
+    assert!(
+        signalled.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert!(!prefix.with_extension("yaml").exists());
+}

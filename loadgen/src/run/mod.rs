@@ -154,15 +154,29 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
 async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
     let mut signals = Signals::new().step(|| "installing signal handlers")?;
     let plan = plan(args)?;
-    let server = connect(args).await?;
+    let base = args.server_url.trim_end_matches('/');
+    // The probes and the warm connections can wait on a server that does
+    // not answer: a signal ends the command there, before any send.
+    let interrupted = || CommandError::Ended {
+        code: exit_code::INTERRUPTED,
+        message: format!(
+            "interrupted while probing {base}, before the first send: nothing was sent and no trace was written"
+        ),
+    };
+    let server = tokio::select! {
+        s = connect(args) => s?,
+        () = signals.recv() => return Err(interrupted()),
+    };
 
     let warm = probe::connections_to_warm(
         plan.facts.requested_rate,
         args.concurrency,
         args.max_in_flight,
     );
-    let base = args.server_url.trim_end_matches('/');
-    let opened = probe::warm_connections(&server.client, base, args.api_key.as_deref(), warm).await;
+    let opened = tokio::select! {
+        n = probe::warm_connections(&server.client, base, args.api_key.as_deref(), warm) => n,
+        () = signals.recv() => return Err(interrupted()),
+    };
     if opened < warm {
         blis_traces::diag!(
             "warning: {opened} of {warm} connections opened before the run; the first sends may wait for the rest"

@@ -110,3 +110,70 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// A server that is not OpenAI-compatible, answering like
+/// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML).
+///
+/// With `silent_posts`, a POST is read and never answered (the connection
+/// stays open until the client closes it): a server wedged behind a live
+/// socket. The receiver gets one message per POST read.
+pub fn start_http_server(silent_posts: bool) -> (String, std::sync::mpsc::Receiver<()>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (posts, posted) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let posts = posts.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn);
+                let mut first = String::new();
+                if r.read_line(&mut first).is_err() {
+                    return;
+                }
+                let mut len = 0usize;
+                loop {
+                    let mut l = String::new();
+                    if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; len];
+                let _ = r.read_exact(&mut body);
+                if first.starts_with("POST") {
+                    let _ = posts.send(());
+                }
+                if silent_posts && first.starts_with("POST") {
+                    // Hold the socket open, unanswered, until the client
+                    // goes away.
+                    let _ = r.read_to_end(&mut body);
+                    return;
+                }
+                let (code, reason, msg) = if first.starts_with("GET") {
+                    (404, "File not found", "File not found")
+                } else {
+                    (
+                        501,
+                        "Unsupported method ('POST')",
+                        "Unsupported method ('POST')",
+                    )
+                };
+                let page = format!(
+                    "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: {code}</p>\n        <p>Message: {msg}.</p>\n        <p>Error code explanation: {code} - {}.</p>\n    </body>\n</html>\n",
+                    "x".repeat(400)
+                );
+                let mut conn = r.into_inner();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.0 {code} {reason}\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\nContent-Type: text/html;charset=utf-8\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{page}",
+                    page.len()
+                );
+            });
+        }
+    });
+    (url, posted)
+}

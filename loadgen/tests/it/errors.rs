@@ -153,69 +153,7 @@ fn the_api_key_never_appears_in_output_or_trace() {
 /// A server that is not OpenAI-compatible, answering like
 /// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML).
 fn start_static_file_server() -> String {
-    start_http_server(false)
-}
-
-/// The same, but a POST is read and never answered (the connection stays
-/// open): a server wedged behind a live socket.
-fn start_silent_server() -> String {
-    start_http_server(true)
-}
-
-fn start_http_server(silent_posts: bool) -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let mut r = BufReader::new(conn);
-                let mut first = String::new();
-                if r.read_line(&mut first).is_err() {
-                    return;
-                }
-                let mut len = 0usize;
-                loop {
-                    let mut l = String::new();
-                    if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; len];
-                let _ = r.read_exact(&mut body);
-                if silent_posts && first.starts_with("POST") {
-                    // Hold the socket open, unanswered, until the client
-                    // goes away.
-                    let _ = r.read_to_end(&mut body);
-                    return;
-                }
-                let (code, reason, msg) = if first.starts_with("GET") {
-                    (404, "File not found", "File not found")
-                } else {
-                    (
-                        501,
-                        "Unsupported method ('POST')",
-                        "Unsupported method ('POST')",
-                    )
-                };
-                let page = format!(
-                    "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: {code}</p>\n        <p>Message: {msg}.</p>\n        <p>Error code explanation: {code} - {}.</p>\n    </body>\n</html>\n",
-                    "x".repeat(400)
-                );
-                let mut conn = r.into_inner();
-                let _ = write!(
-                    conn,
-                    "HTTP/1.0 {code} {reason}\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\nContent-Type: text/html;charset=utf-8\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{page}",
-                    page.len()
-                );
-            });
-        }
-    });
-    url
+    crate::common::start_http_server(false).0
 }
 
 #[test]
@@ -265,7 +203,7 @@ fn a_server_that_is_not_openai_compatible_fails_the_run() {
 #[test]
 fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
     let _g = crate::common::serial();
-    let url = start_silent_server();
+    let (url, _posts) = crate::common::start_http_server(true);
     let dir = tempfile::tempdir().unwrap();
     let prefix = dir.path().join("silent");
     let out = loadgen()

@@ -251,11 +251,39 @@ impl Endpoint {
                 format!("HTTP {status}{retry}: {detail}"),
             ));
         }
-        if stream {
-            crate::sse::read_stream(resp, clock, cap).await
-        } else {
-            crate::sse::read_whole(resp, clock, cap).await
+        if !stream {
+            return crate::sse::read_whole(resp, clock, cap).await;
         }
+        // A stream was asked for. Some servers ignore `stream: true` and
+        // answer with the whole completion; a proxy may answer 200 with a
+        // page of its own.
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if content_type.starts_with("application/json") {
+            crate::sse::read_whole(resp, clock, cap).await?;
+            // One chunk, at the end, as a row of a `--no-stream` run.
+            cap.chunk_times.extend(cap.last_us);
+            cap.warning = Some(
+                "the server ignored stream: true and sent the whole response at once (application/json): TTFT is the time to the whole response; --no-stream says so up front".into(),
+            );
+            return Ok(());
+        }
+        if content_type.starts_with("text/html") || content_type.starts_with("text/plain") {
+            let text = resp.text().await.unwrap_or_default();
+            cap.last_us = Some(clock.now_us());
+            return Err(Failure::new(
+                ErrorKind::Malformed,
+                format!(
+                    "HTTP {status} with {content_type}, not an event stream: {}",
+                    error_body_text(&text)
+                ),
+            ));
+        }
+        crate::sse::read_stream(resp, clock, cap).await
     }
 }
 

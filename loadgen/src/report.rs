@@ -106,6 +106,9 @@ pub struct Summary {
     pub errors: BTreeMap<String, u64>,
     /// `ok` requests whose response had no `usage`.
     pub missing_usage: u64,
+    /// `ok` requests of a streaming run answered with the whole response
+    /// at once (the server ignored `stream: true`): their TTFT is their E2E.
+    pub unstreamed: u64,
     /// Prompt tokens the server served from its prefix cache
     /// (`usage.prompt_tokens_details.cached_tokens`), of all prompt tokens.
     pub cached_prompt_share: Option<f64>,
@@ -211,6 +214,7 @@ pub struct Tally {
     counts: Counts,
     errors: BTreeMap<String, u64>,
     missing_usage: u64,
+    unstreamed: u64,
     /// Send lag of every sent request, ms.
     lags: Samples,
     /// Requests sent, and the first and last send time, µs.
@@ -252,6 +256,7 @@ impl Tally {
             counts: Counts::default(),
             errors: BTreeMap::new(),
             missing_usage: 0,
+            unstreamed: 0,
             lags: Samples::default(),
             sends: 0,
             first_send: i64::MAX,
@@ -299,8 +304,13 @@ impl Tally {
         }
         if o.status != Some(Status::Ok) {
             *self.errors.entry(error_kind(r)).or_default() += 1;
-        } else if o.error_message.starts_with("warning: no usage") {
-            self.missing_usage += 1;
+        } else if o.error_message.starts_with("warning:") {
+            if o.error_message.contains("no usage in the response") {
+                self.missing_usage += 1;
+            }
+            if o.error_message.contains("ignored stream: true") {
+                self.unstreamed += 1;
+            }
         }
         if r.request.request_id < self.warmup_below_id {
             self.counts.warmup += 1;
@@ -427,6 +437,7 @@ impl Tally {
             requests: self.counts,
             errors: self.errors,
             missing_usage: self.missing_usage,
+            unstreamed: self.unstreamed,
             cached_prompt_share,
             warm_cache_warning,
             latency_ms: latency,
@@ -707,6 +718,13 @@ impl Summary {
                 o,
                 "warning: {} ok responses had no usage (output tokens counted from chunks)",
                 self.missing_usage
+            );
+        }
+        if self.unstreamed > 0 {
+            let _ = writeln!(
+                o,
+                "warning: {} ok responses came whole, not streamed (the server ignored stream: true): their TTFT is their E2E; --no-stream says so up front",
+                self.unstreamed
             );
         }
         if let Some(c) = self.cached_prompt_share {

@@ -104,6 +104,9 @@ pub struct Capture {
     pub keep_text: bool,
     /// The generated text (with `keep_text`).
     pub text: String,
+    /// Something the exchange did that the numbers of a successful row
+    /// should be read with (a stream asked for and a whole body sent).
+    pub warning: Option<String>,
     pub(crate) running_completion: u32,
     pub(crate) running_chunks: bool,
 }

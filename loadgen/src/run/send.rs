@@ -310,10 +310,13 @@ pub(super) fn record_outcome(
             if let Some(n) = cap.output_tokens() {
                 rec.request.output_tokens = n;
             }
+            let mut warnings: Vec<&str> = cap.warning.iter().map(String::as_str).collect();
             if cap.completion_tokens.is_none() {
-                o.error_message =
-                    "warning: no usage in the response; output tokens counted from content chunks"
-                        .into();
+                warnings
+                    .push("no usage in the response; output tokens counted from content chunks");
+            }
+            if !warnings.is_empty() {
+                o.error_message = format!("warning: {}", warnings.join("; "));
             }
             true
         }

@@ -111,13 +111,33 @@ pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// How a hand-written test server answers a POST.
+#[derive(Clone, Copy)]
+pub enum PostReply {
+    /// A 501 HTML page, as `python3 -m http.server` does.
+    Unsupported,
+    /// Read and never answered (the connection stays open until the client
+    /// closes it): a server wedged behind a live socket.
+    Silent,
+    /// `200 OK` with this content type and body, whatever was asked.
+    Ok(&'static str, &'static str),
+}
+
 /// A server that is not OpenAI-compatible, answering like
-/// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML).
-///
-/// With `silent_posts`, a POST is read and never answered (the connection
-/// stays open until the client closes it): a server wedged behind a live
-/// socket. The receiver gets one message per POST read.
+/// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML);
+/// with `silent_posts`, POSTs are never answered ([`PostReply::Silent`]).
+/// The receiver gets one message per POST read.
 pub fn start_http_server(silent_posts: bool) -> (String, std::sync::mpsc::Receiver<()>) {
+    start_server_replying(if silent_posts {
+        PostReply::Silent
+    } else {
+        PostReply::Unsupported
+    })
+}
+
+/// A server whose GETs get a 404 page and whose POSTs get `reply`; the
+/// receiver gets one message per POST read.
+pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Receiver<()>) {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -144,23 +164,34 @@ pub fn start_http_server(silent_posts: bool) -> (String, std::sync::mpsc::Receiv
                 }
                 let mut body = vec![0; len];
                 let _ = r.read_exact(&mut body);
-                if first.starts_with("POST") {
+                let post = first.starts_with("POST");
+                if post {
                     let _ = posts.send(());
                 }
-                if silent_posts && first.starts_with("POST") {
-                    // Hold the socket open, unanswered, until the client
-                    // goes away.
-                    let _ = r.read_to_end(&mut body);
-                    return;
+                match reply {
+                    PostReply::Silent if post => {
+                        let _ = r.read_to_end(&mut body);
+                        return;
+                    }
+                    PostReply::Ok(content_type, text) if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
+                            text.len()
+                        );
+                        return;
+                    }
+                    _ => {}
                 }
-                let (code, reason, msg) = if first.starts_with("GET") {
-                    (404, "File not found", "File not found")
-                } else {
+                let (code, reason, msg) = if post {
                     (
                         501,
                         "Unsupported method ('POST')",
                         "Unsupported method ('POST')",
                     )
+                } else {
+                    (404, "File not found", "File not found")
                 };
                 let page = format!(
                     "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: {code}</p>\n        <p>Message: {msg}.</p>\n        <p>Error code explanation: {code} - {}.</p>\n    </body>\n</html>\n",

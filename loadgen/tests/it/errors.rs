@@ -229,6 +229,70 @@ fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
     );
 }
 
+/// A server that ignores `stream: true` and answers with the whole
+/// completion: each request is `ok`, with one chunk at the end, its
+/// server's usage, and a warning on the row and in the summary; a proxy's
+/// `200 OK` HTML page instead of a stream is a `malformed` error quoting
+/// the page's text.
+#[test]
+fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |reply, name: &str| {
+        let (url, _posts) = crate::common::start_server_replying(reply);
+        let prefix = dir.path().join(name);
+        let out = loadgen()
+            .args(["run", "--server-url", &url, "--model", "m"])
+            .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "5"])
+            .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
+            .output()
+            .unwrap();
+        let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+        (out, t)
+    };
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "application/json",
+            r#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":" a b c","finish_reason":"length"}],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}"#,
+        ),
+        "whole",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("warning: 3 ok responses came whole, not streamed"),
+        "{stdout}"
+    );
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok));
+        assert_eq!(o.num_chunks, 1);
+        assert_eq!(r.request.output_tokens, 3);
+        assert_eq!(o.server_input_tokens, Some(9));
+        assert!(
+            o.error_message
+                .starts_with("warning: the server ignored stream: true"),
+            "{}",
+            o.error_message
+        );
+    }
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/html; charset=utf-8",
+            "<html><body><h1>502 Bad Gateway</h1><p>upstream is restarting</p></body></html>",
+        ),
+        "page",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Error));
+        assert_eq!(
+            r.outcome.error_message,
+            "malformed: HTTP 200 OK with text/html; charset=utf-8, not an event stream: 502 Bad Gateway upstream is restarting"
+        );
+    }
+}
+
 #[test]
 fn max_error_rate_sets_how_many_failures_fail_the_run() {
     let _g = crate::common::serial();

@@ -278,10 +278,12 @@ fn generate(
         }
         .map_err(py_err)?;
         let w = api::spec_workload(&parsed, &spec.display().to_string(), &o).map_err(py_err)?;
+        let inputs = w.inputs.collect();
+        w.failure.check().map_err(py_err)?;
         Ok(Workload {
             header: w.header,
             extras: w.extras,
-            inputs: w.inputs.collect(),
+            inputs,
         })
     })
 }
@@ -360,6 +362,7 @@ fn replayable(
         len: Some(inputs.len() as u64),
         inputs: Box::new(inputs.into_iter()),
         extras,
+        failure: Default::default(),
     }
 }
 

@@ -29,6 +29,47 @@ pub struct Workload {
     pub extras: Vec<ExtraColumn>,
     /// Number of requests when known.
     pub len: Option<u64>,
+    /// Set when a lazily generated workload ended early on an error; check
+    /// it once the inputs are consumed ([`InputFailure::check`]).
+    pub failure: InputFailure,
+}
+
+/// Where a workload generated as the replay reads it records the error
+/// that ended it early (a data file unreadable mid-way, arrivals beyond
+/// the 285 years a trace can hold): the replay then saw fewer requests
+/// than the workload has, which its owner must report, not pass off as a
+/// shorter run. Clones share the slot.
+#[derive(Debug, Clone, Default)]
+pub struct InputFailure(std::sync::Arc<std::sync::Mutex<Option<blis_traces::Error>>>);
+
+impl InputFailure {
+    fn set(&self, e: blis_traces::Error) {
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slot.get_or_insert(e);
+    }
+
+    /// The error that ended the workload early, if one did.
+    ///
+    /// # Errors
+    /// [`ReplayError::Input`]: generating the workload failed after the
+    /// requests already replayed.
+    pub fn check(&self) -> Result<()> {
+        let taken = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match taken {
+            None => Ok(()),
+            Some(e) => Err(ReplayError::Input {
+                what: "generating the workload as the replay read it".into(),
+                error: Box::new(e),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Workload {
@@ -156,6 +197,7 @@ pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
         inputs: Box::new(inputs.into_iter()),
         extras,
         len: Some(len),
+        failure: InputFailure::default(),
     }
 }
 
@@ -179,16 +221,21 @@ pub fn spec_workload(spec: &WorkloadSpec, label: &str, o: &WorkloadOptions) -> R
     header.workload_seed = Some(opts.seed.unwrap_or_else(|| spec.seed_or_default()));
     header.workload_spec = Some(label.to_string());
     let generator = Generator::new(spec, &opts)?;
-    // A generator error (an unreadable data file mid-way) ends the
-    // stream; it was checked when the generator was built.
-    let inputs = generator.map_while(std::result::Result::ok).map(move |r| {
-        Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
-    });
+    // A generator error mid-way (an unreadable data file, arrivals past
+    // 285 years) ends the stream and is kept for the owner to report.
+    let failure = InputFailure::default();
+    let keep = failure.clone();
+    let inputs = generator
+        .map_while(move |r| r.map_err(|e| keep.set(e)).ok())
+        .map(move |r| {
+            Input::from_record(TraceRecord::planned(r), 0).with_client_timeout(timeout_flag)
+        });
     Ok(Workload {
         header,
         inputs: Box::new(inputs),
         extras: vec![ExtraColumn::ThinkTimeUs],
         len: opts.num_requests,
+        failure,
     })
 }
 

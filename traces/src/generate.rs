@@ -83,6 +83,8 @@ pub struct Generator {
     next_id: u64,
     limit: Option<u64>,
     failed: bool,
+    /// The spec's file, for errors.
+    path: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for Generator {
@@ -205,6 +207,7 @@ impl Generator {
             next_id: 0,
             limit,
             failed: false,
+            path: spec_path(spec).to_path_buf(),
         };
         for i in 0..n {
             g.refill(i)?;
@@ -231,9 +234,18 @@ impl Iterator for Generator {
         let Reverse((t, i)) = self.heap.pop()?;
         if t > crate::csvio::MAX_TIME_US {
             // Nothing arrives after 285 years (a rate so low, or a think
-            // time so long, that times would overflow): the trace ends.
+            // time so long, that times would overflow): the trace ends,
+            // which is an error when it ends short of the count asked for.
             self.failed = true;
-            return None;
+            return self.limit.map(|l| {
+                Err(Error::in_file(
+                    &self.path,
+                    format!(
+                        "num_requests: only {} of {l} requests arrive within 2^53 µs (285 years): the arrival rates (aggregate_rate, rate_fraction) or think times leave the rest beyond any time a trace can hold",
+                        self.next_id
+                    ),
+                ))
+            });
         }
         let mut r = self.heads[i].take().expect("heap entries have a head");
         r.request_id = self.next_id;

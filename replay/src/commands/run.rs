@@ -197,6 +197,7 @@ fn simulate(
     if let Some(slo) = run.slo {
         sink.judge_slo(slo);
     }
+    let input_failure = workload.failure.clone();
     let ClusterRun {
         last,
         cluster,
@@ -213,6 +214,7 @@ fn simulate(
         &mut sink,
         None,
     );
+    input_failure.check()?;
     policy_failed(failure)?;
     let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
     summary.cluster = cluster;
@@ -281,6 +283,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     )
     .step(|| format!("creating the outputs at {}", prefix.display()))?;
     let bar = progress(workload.len);
+    let input_failure = workload.failure.clone();
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
     let started = Instant::now();
     let trace_k =
@@ -307,6 +310,8 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         &mut sink,
         trace_k,
     );
+    bar.finish_and_clear();
+    input_failure.check()?;
     policy_failed(failure)?;
     if let Some(d) = decisions {
         let scale = cluster

@@ -221,6 +221,35 @@ fn errors_are_one_line_and_exit_nonzero() {
         .code(2);
 }
 
+/// A spec whose arrivals run past what a trace can hold (2^53 µs) before
+/// its `num_requests` is an error naming the spec and the count, with a
+/// non-zero exit: a workload generated as the replay reads it never ends
+/// early in silence (a rate of 1e-300 req/s used to replay 0 requests and
+/// exit 0).
+#[test]
+fn a_workload_that_ends_short_of_its_count_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("slow.yaml");
+    std::fs::write(
+        &spec,
+        "seed: 1\naggregate_rate: 1.0e-300\nnum_requests: 5\nclients:\n  - id: a\n    rate_fraction: 1.0\n    arrival: {process: poisson}\n    input_distribution: {type: constant, params: {value: 100}}\n    output_distribution: {type: constant, params: {value: 10}}\n",
+    )
+    .unwrap();
+    let a = replay()
+        .args(["run", "--workload-spec"])
+        .arg(&spec)
+        .args(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--out"])
+        .arg(dir.path().join("x"))
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("slow.yaml: num_requests: only 0 of 5 requests arrive within 2^53 µs"),
+        "{err}"
+    );
+}
+
 /// `blis-replay run ... 2>&1 | head -4`: the reader goes away before the
 /// summary is written. A closed pipe is a normal end: exit 0 (or the
 /// run's own code), never a panic, and the trace is complete.

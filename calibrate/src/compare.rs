@@ -823,6 +823,13 @@ impl Report {
             m.only_sim,
             m.not_ok_on_a_side
         );
+        if m.duplicate_rows != (0, 0) {
+            let _ = writeln!(
+                o,
+                "warning: rows repeating a request id: real {}, sim {}; only the last row of each id is compared (a trace merged from overlapping shards?)",
+                m.duplicate_rows.0, m.duplicate_rows.1
+            );
+        }
     }
 
     /// Markdown: per tenant, SLO class or other grouping, TTFT and E2E.

@@ -80,6 +80,9 @@ pub struct Matching {
     pub only_sim: u64,
     /// Requests on both sides left out because a side did not complete them.
     pub not_ok_on_a_side: u64,
+    /// Rows whose request id an earlier row of the same trace already has
+    /// (real, sim): only the last row of an id is compared.
+    pub duplicate_rows: (u64, u64),
     /// Token mismatches among the pairs.
     pub token_mismatches: TokenMismatches,
 }
@@ -235,6 +238,10 @@ pub fn pair(real: &Trace, sim: &Trace, warmup: u64, rtt_ms: f64) -> Paired {
     };
     let (ri, si) = (index(real), index(sim));
     let m = &mut out.matching;
+    m.duplicate_rows = (
+        (real.records.len() - ri.len()) as u64,
+        (sim.records.len() - si.len()) as u64,
+    );
     m.only_real = ri.keys().filter(|k| !si.contains_key(k)).count() as u64;
     m.only_sim = si.keys().filter(|k| !ri.contains_key(k)).count() as u64;
     let (rc, sc) = (

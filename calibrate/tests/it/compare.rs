@@ -47,6 +47,36 @@ fn a_trace_compared_with_itself_is_perfect() {
     assert_eq!(r.groups["slo_class"].len(), 2);
 }
 
+/// A trace with a request id on two rows (merged from overlapping shards)
+/// is compared on the last row of each id, and the report says how many
+/// rows repeated an id on each side.
+#[test]
+fn rows_repeating_a_request_id_are_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 50);
+    let (_, t) = replayed(dir.path(), "a", &w, &[]);
+    let mut doubled = t.clone();
+    doubled.records.push(t.records[3].clone());
+    doubled.records.push(t.records[7].clone());
+    let c = compare(
+        &doubled,
+        "real",
+        &t,
+        "sim",
+        &CompareOptions {
+            resamples: 50,
+            ..CompareOptions::default()
+        },
+    );
+    assert_eq!(c.report.matching.duplicate_rows, (2, 0));
+    assert_eq!(c.report.matching.paired, 50);
+    let md = c.report.to_markdown();
+    assert!(
+        md.contains("warning: rows repeating a request id: real 2, sim 0"),
+        "{md}"
+    );
+}
+
 /// The JSON schema pipelines rely on, and the files written.
 #[test]
 fn the_cli_writes_json_markdown_and_html() {

@@ -156,8 +156,11 @@ where
         cap.last_us = Some(now);
         let data = ev.data.trim();
         if data == "[DONE]" {
+            // The end of the response, as OpenAI's clients read it: a
+            // server that keeps the connection open after it (a proxy
+            // that does not end the body) has answered in full.
             done = true;
-            continue;
+            break;
         }
         if data.is_empty() {
             continue;

@@ -121,6 +121,9 @@ pub enum PostReply {
     Silent,
     /// `200 OK` with this content type and body, whatever was asked.
     Ok(&'static str, &'static str),
+    /// `200 OK`, an event stream with this text, and then nothing: the
+    /// chunked body is never ended and the connection stays open.
+    StreamThenHang(&'static str),
 }
 
 /// A server that is not OpenAI-compatible, answering like
@@ -180,6 +183,18 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
                             text.len()
                         );
+                        return;
+                    }
+                    PostReply::StreamThenHang(text) if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{text}\r\n",
+                            text.len()
+                        );
+                        let _ = conn.flush();
+                        let mut rest = Vec::new();
+                        let _ = conn.read_to_end(&mut rest);
                         return;
                     }
                     _ => {}

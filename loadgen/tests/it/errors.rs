@@ -293,6 +293,36 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     }
 }
 
+/// `[DONE]` ends a response, as OpenAI's clients read it: a server (or a
+/// proxy) that keeps the stream open after it has answered in full, and
+/// the request is `ok` at once, not a timeout.
+#[test]
+fn a_stream_held_open_after_done_is_complete_at_done() {
+    let _g = crate::common::serial();
+    let (url, _posts) = crate::common::start_server_replying(
+        crate::common::PostReply::StreamThenHang(
+            "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("held");
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m"])
+        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "3"])
+        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    for r in &t.records {
+        // Complete at [DONE], not a timeout after 3 s.
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{}", o.error_message);
+        assert_eq!((o.num_chunks, r.request.output_tokens), (2, 2));
+    }
+}
+
 #[test]
 fn max_error_rate_sets_how_many_failures_fail_the_run() {
     let _g = crate::common::serial();

@@ -171,6 +171,7 @@ fn cases() -> Vec<Case> {
         Case { what: "distribution missing a parameter", bin: "blis-loadgen", args: GEN, files: spec(spec_with("{type: constant, params: {value: 10}}", "{type: gaussian, params: {mean: 10}}")) },
         Case { what: "a client that never stops", bin: "blis-loadgen", args: GEN, files: spec(spec_with("num_requests: 5\n", "")) },
         Case { what: "a rate that plans 3.6·10^15 requests", bin: "blis-loadgen", args: GEN, files: spec(spec_with("aggregate_rate: 10\nnum_requests: 5", "aggregate_rate: 1e12\nhorizon_us: 3600000000")) },
+        Case { what: "a rate so low that no request arrives within 285 years", bin: "blis-replay", args: SPEC_RUN, files: spec(spec_with("aggregate_rate: 10\n", "aggregate_rate: 1e-300\n")) },
         Case { what: "duplicate client ids", bin: "blis-loadgen", args: GEN, files: spec(format!("{SPEC}  - id: a\n    arrival: {{process: poisson}}\n    input_distribution: {{type: constant, params: {{value: 1}}}}\n    output_distribution: {{type: constant, params: {{value: 1}}}}\n").into_bytes()) },
     ]);
     // Importers and flags.

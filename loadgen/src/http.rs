@@ -82,6 +82,25 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// Whether this build can reach `server_url`: an `https://` server needs
+/// the `tls` feature (rustls), without which the HTTP client would only
+/// say "scheme is not http".
+///
+/// # Errors
+/// The message to show, naming the URL and the build that reaches it.
+pub fn check_scheme(server_url: &str) -> Result<(), String> {
+    let https = server_url
+        .trim_start()
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+    if https && !cfg!(feature = "tls") {
+        return Err(format!(
+            "--server-url {server_url}: this build has no TLS; build with `cargo build --release --features blis-loadgen/tls` for https servers, or reach the server over http (e.g. `kubectl port-forward`)"
+        ));
+    }
+    Ok(())
+}
+
 /// The `Authorization` header value of an API key, marked sensitive so it
 /// never appears in debug output.
 pub fn bearer(key: &str) -> Option<HeaderValue> {

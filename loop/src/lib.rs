@@ -161,6 +161,9 @@ const DERIVED: [&str; 10] = [
 /// # Errors
 /// Any step's failure, naming the step.
 pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
+    if let Some(u) = &o.server_url {
+        blis_loadgen::http::check_scheme(u).map_err(CommandError::Usage)?;
+    }
     std::fs::create_dir_all(&o.out).step(|| format!("creating {}", o.out.display()))?;
     for name in DERIVED {
         let _ = std::fs::remove_file(o.out.join(name));

@@ -59,6 +59,7 @@ use self::{
 
 /// Validated numeric options.
 fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
+    crate::http::check_scheme(&args.server_url).map_err(CommandError::Usage)?;
     if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--timeout-s must be a positive number of seconds, got {}",

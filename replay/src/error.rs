@@ -63,6 +63,15 @@ pub enum SettingsError {
     /// `total_kv_blocks` is 0.
     #[error("total_kv_blocks must be positive")]
     NoKvBlocks,
+    /// A tensor-parallel degree the model cannot be split by (vLLM refuses
+    /// it at start-up), or 0.
+    #[error("tensor_parallel {tp}: {why}")]
+    TensorParallel {
+        /// The degree asked for.
+        tp: u32,
+        /// Why it cannot be used.
+        why: String,
+    },
     /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
     #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
     ZeroLimits,

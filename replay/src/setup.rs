@@ -237,6 +237,33 @@ fn bundled_coefficient_models() -> Vec<String> {
 /// Resolves the server from `args` and the trace header (if any).
 ///
 /// # Errors
+/// Whether `tp` GPUs can split the model's attention as vLLM splits it
+/// (`vllm/config/model.py`, `verify_with_parallel_config`: the query heads
+/// must divide by `tp`; `get_num_kv_heads`: KV heads divide by `tp`, or
+/// are replicated when fewer than `tp`, which then must be a multiple of
+/// them).
+fn check_tensor_parallel(a: &ModelArch, tp: u32) -> Result<()> {
+    let why = if a.heads > 0 && a.heads % tp != 0 {
+        Some(format!(
+            "the model's {} attention heads do not divide by it (vLLM refuses this split at start-up)",
+            a.heads
+        ))
+    } else if a.kv_heads > 0
+        && ((a.kv_heads >= tp && a.kv_heads % tp != 0) || (a.kv_heads < tp && tp % a.kv_heads != 0))
+    {
+        Some(format!(
+            "the model's {} KV heads neither divide by it nor replicate evenly across it (vLLM refuses this split at start-up)",
+            a.kv_heads
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(SettingsError::TensorParallel { tp, why }.into()),
+        None => Ok(()),
+    }
+}
+
 /// Missing or invalid descriptions, saying which flag would fix it.
 pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolved> {
     let hs = header.and_then(|h| h.server.as_ref());
@@ -255,6 +282,13 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         Some(1),
     )
     .unwrap_or(1) as u32;
+    if tp == 0 {
+        return Err(SettingsError::TensorParallel {
+            tp,
+            why: "must be at least 1 (--tp, the number of GPUs one instance spans)".into(),
+        }
+        .into());
+    }
     let gpu = args
         .hardware
         .clone()
@@ -326,6 +360,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     };
     if let Some(a) = arch.as_ref().filter(|_| needs_arch) {
         prov.extend(crate::latency::hf_config::approximations(a));
+    }
+    if let Some(a) = &arch {
+        check_tensor_parallel(a, tp)?;
     }
     let hw = Hardware::from_json(&hardware_text, &gpu);
     // The GPU, for the latency models that need it.
@@ -778,6 +815,45 @@ mod tests {
             ..server
         });
         h
+    }
+
+    /// vLLM's rules for splitting attention over `tp` GPUs: query heads
+    /// divide by it; KV heads divide by it or, fewer than it, replicate
+    /// evenly.
+    #[test]
+    fn a_tp_degree_must_split_the_heads_as_vllm_does() {
+        let mut a = find_model(Some("meta-llama/Llama-3.1-8B-Instruct"), None).unwrap();
+        assert_eq!((a.heads, a.kv_heads), (32, 8));
+        for tp in [1, 2, 4, 8, 16, 32] {
+            assert!(check_tensor_parallel(&a, tp).is_ok(), "{tp}");
+        }
+        let e = check_tensor_parallel(&a, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor_parallel 3: the model's 32 attention heads"),
+            "{e}"
+        );
+        a.kv_heads = 6;
+        let e = check_tensor_parallel(&a, 4).unwrap_err().to_string();
+        assert!(e.contains("6 KV heads neither divide"), "{e}");
+        a.kv_heads = 4;
+        assert!(
+            check_tensor_parallel(&a, 8).is_ok(),
+            "4 KV heads replicate over 8 GPUs"
+        );
+        a.kv_heads = 3;
+        assert!(check_tensor_parallel(&a, 8).is_err());
+        let zero = resolve(
+            &ServerArgs {
+                model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
+                tp: Some(0),
+                ..args()
+            },
+            None,
+        );
+        assert!(zero.is_err_and(|e| {
+            e.to_string()
+                .contains("tensor_parallel 0: must be at least 1")
+        }));
     }
 
     fn args() -> ServerArgs {

@@ -3,7 +3,9 @@
 //! random-access lookups.
 //!
 //! An open-addressing table with linear probing and backward-shift
-//! deletion, sized for a fixed number of entries at a load of at most 1/2.
+//! deletion, for a fixed number of entries at a load of at most 1/2; it
+//! starts small and doubles as entries come, so that an instance that
+//! caches little (one of thousands in a cluster) holds little.
 //! Each slot is 8 bytes: the id and the hash's high 32 bits (a tag, which
 //! also gives the home slot), so a probe reads one cache line, and the
 //! owner confirms a matching tag against the full hash it keeps with the
@@ -13,10 +15,16 @@
 
 const EMPTY: u64 = 0;
 
+/// Slots of a new index (128 bytes), before it grows: an instance of a
+/// large cluster that caches nothing holds next to nothing.
+const INITIAL_SLOTS: usize = 16;
+
 /// Content hash → id, for at most `capacity` entries.
 #[derive(Debug, Clone)]
 pub(crate) struct HashIndex {
     slots: Vec<u64>,
+    /// The most slots it grows to: twice the capacity, a power of two.
+    max_slots: usize,
     mask: usize,
     /// 64 − log2(slots): the home is the top bits of a Fibonacci hash.
     shift: u32,
@@ -38,13 +46,36 @@ fn block_of(slot: u64) -> u32 {
 impl HashIndex {
     /// An empty index for up to `capacity` entries.
     pub(crate) fn new(capacity: u32) -> Self {
-        let n = (2 * capacity as usize).next_power_of_two().max(16);
+        let max_slots = (2 * capacity as usize).next_power_of_two().max(16);
+        Self::with_slots(max_slots.min(INITIAL_SLOTS), max_slots)
+    }
+
+    fn with_slots(n: usize, max_slots: usize) -> Self {
         Self {
             slots: vec![EMPTY; n],
+            max_slots,
             mask: n - 1,
             shift: 64 - n.trailing_zeros(),
             len: 0,
         }
+    }
+
+    /// Doubles the table, every entry moved to its home in the new one
+    /// (a slot keeps the hash's high half, which is all a home needs).
+    #[cold]
+    fn grow(&mut self) {
+        let mut bigger = Self::with_slots(2 * self.slots.len(), self.max_slots);
+        for &s in &self.slots {
+            if s != EMPTY {
+                let mut i = bigger.home(s);
+                while bigger.slots[i] != EMPTY {
+                    i = (i + 1) & bigger.mask;
+                }
+                bigger.slots[i] = s;
+            }
+        }
+        bigger.len = self.len;
+        *self = bigger;
     }
 
     /// The home slot of `hash`: from its high half only (the half a slot
@@ -82,6 +113,9 @@ impl HashIndex {
     /// Adds `hash` → `block` (an id); the caller ensures `hash` is absent
     /// and the capacity is not exceeded.
     pub(crate) fn insert(&mut self, hash: u64, block: u32) {
+        if 2 * (self.len + 1) > self.slots.len() && self.slots.len() < self.max_slots {
+            self.grow();
+        }
         debug_assert!(2 * self.len < self.slots.len(), "index over capacity");
         let mut i = self.home(hash);
         while self.slots[i] != EMPTY {
@@ -147,6 +181,39 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    /// An index that starts small and doubles (16 slots to 8,192 for
+    /// 3,000 entries) finds every entry after each growth, and removes
+    /// them exactly; hashes share high halves in groups of three, so tags
+    /// collide and probe runs cross the moves.
+    #[test]
+    fn entries_survive_each_growth() {
+        const N: u32 = 3_000;
+        let hash = |k: u32| {
+            (u64::from(k / 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) & 0xFFFF_FFFF_0000_0000)
+                | u64::from(k)
+        };
+        let mut ix = HashIndex::new(N);
+        assert_eq!(ix.slots.len(), INITIAL_SLOTS);
+        let held: Vec<u64> = (0..N).map(hash).collect();
+        for k in 0..N {
+            ix.insert(held[k as usize], k);
+            if k % 250 == 0 {
+                for j in 0..=k {
+                    assert_eq!(ix.get(held[j as usize], |b| b == j), Some(j));
+                }
+            }
+        }
+        assert_eq!(ix.slots.len(), 8_192);
+        assert_eq!(ix.len(), N as usize);
+        for k in (0..N).step_by(2) {
+            assert!(ix.remove(held[k as usize], k));
+        }
+        for k in 0..N {
+            let want = (k % 2 == 1).then_some(k);
+            assert_eq!(ix.get(held[k as usize], |b| b == k), want, "{k}");
+        }
+    }
 
     proptest! {
         /// Against a map: every get, insert and remove agrees, with hashes

@@ -243,13 +243,14 @@ fn bundled_coefficient_models() -> Vec<String> {
 /// are replicated when fewer than `tp`, which then must be a multiple of
 /// them).
 fn check_tensor_parallel(a: &ModelArch, tp: u32) -> Result<()> {
-    let why = if a.heads > 0 && a.heads % tp != 0 {
+    let why = if a.heads > 0 && !a.heads.is_multiple_of(tp) {
         Some(format!(
             "the model's {} attention heads do not divide by it (vLLM refuses this split at start-up)",
             a.heads
         ))
     } else if a.kv_heads > 0
-        && ((a.kv_heads >= tp && a.kv_heads % tp != 0) || (a.kv_heads < tp && tp % a.kv_heads != 0))
+        && ((a.kv_heads >= tp && !a.kv_heads.is_multiple_of(tp))
+            || (a.kv_heads < tp && !tp.is_multiple_of(a.kv_heads)))
     {
         Some(format!(
             "the model's {} KV heads neither divide by it nor replicate evenly across it (vLLM refuses this split at start-up)",

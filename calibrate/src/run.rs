@@ -550,10 +550,18 @@ pub fn benchmark_command(a: &BenchmarkArgs, out: &mut dyn Write) -> Result<()> {
     })
     .step(|| format!("reading the runs in {}", a.dir.display()))?;
     if r.runs.is_empty() {
+        let why: Vec<String> = r
+            .skipped
+            .iter()
+            .take(3)
+            .map(|(run, why)| format!("{run}: {why}"))
+            .collect();
         return Err(CommandError::Usage(format!(
-            "no run of {} could be predicted ({} skipped)",
+            "no run of {} could be predicted ({} skipped{}{})",
             a.dir.display(),
-            r.skipped.len()
+            r.skipped.len(),
+            if why.is_empty() { "" } else { ": " },
+            why.join("; ")
         )));
     }
     let md = r.to_markdown();

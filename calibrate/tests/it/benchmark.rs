@@ -253,3 +253,43 @@ fn benchmark_folds_by_model_fit_on_the_other_models_only() {
         assert!(!e.contains('\n'), "one line: {e}");
     }
 }
+
+/// A folder nothing can be predicted from is an error that says why for
+/// each run skipped: a lone run has no other run to fit on, a lone model
+/// no other model.
+#[test]
+fn benchmark_with_nothing_to_fit_on_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = folder(dir.path(), "one", &[SEVEN_B_CODEGEN]);
+    let out = dir.path().join("b");
+    let e = calibrate(&[
+        "benchmark",
+        f.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.ends_with(&format!(
+            "(1 skipped: {SEVEN_B_CODEGEN}: no other run to fit on)"
+        )),
+        "{e}"
+    );
+    let f = folder(dir.path(), "two", &[SEVEN_B_CODEGEN, SEVEN_B_REASONING]);
+    let e = calibrate(&[
+        "benchmark",
+        f.to_str().unwrap(),
+        "--folds",
+        "model",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("(2 skipped: ")
+            && e.contains("no run of another model than meta-llama/Llama-2-7b-hf to fit on"),
+        "{e}"
+    );
+}

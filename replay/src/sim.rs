@@ -1151,7 +1151,7 @@ impl Driver<'_> {
         let id = f.rec.request.request_id;
         let inst = f.inst as usize;
         self.sync(inst, now, sink);
-        let Some(aborted) = self.inst_mut(inst).abort(id) else {
+        let Some(aborted) = self.inst_mut(inst).abort(tag) else {
             return;
         };
         let generated = aborted.generated;

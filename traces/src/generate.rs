@@ -503,8 +503,15 @@ impl SpecClient {
                 }
                 let gap = sampler.sample(&mut self.rng_arrival);
                 self.t += gap;
-                if self.t < end {
-                    self.next_fresh = Some(self.t as i64);
+                // (A gap past any representable time, in an endless window:
+                // an arrival at the end of time, which the generator reports
+                // when it leaves a count short.)
+                if self.t < end || (self.t.is_nan() || self.t.is_infinite()) && end.is_infinite() {
+                    self.next_fresh = Some(if self.t.is_finite() {
+                        self.t as i64
+                    } else {
+                        i64::MAX
+                    });
                     break;
                 }
                 self.window += 1;

@@ -31,9 +31,9 @@ impl Instance {
     /// The reason it was dropped.
     pub fn enqueue_prefill(&mut self, now: i64, mut req: SimRequest) -> Result<(), DropReason> {
         req.output_tokens = 1;
-        let id = req.id;
+        let tag = req.tag;
         self.enqueue(now, req)?;
-        let slot = self.index[&id];
+        let slot = self.index[&tag];
         self.act_mut(slot).hold_kv = true;
         Ok(())
     }
@@ -121,7 +121,7 @@ impl Instance {
             .scheduler
             .key(req.priority, req.input_tokens, self.seq);
         self.seq += 1;
-        let id = req.id;
+        let tag = req.tag;
         let a = Active {
             req,
             key,
@@ -148,7 +148,7 @@ impl Instance {
         let full = self.kv.full_blocks(input);
         self.commit_hashes_upto(slot, full);
         self.running.push(slot);
-        self.index.insert(id, slot);
+        self.index.insert(tag, slot);
         self.counters.enqueued += 1;
         if self.run.is_none() && self.kick.is_none() {
             self.kick = Some(now);

@@ -625,7 +625,7 @@ pub struct Instance {
     /// order: after step `j` of a decode-only run, those of phase `j % bs`
     /// fill a block. Set when a batch is formed.
     pub(super) groups: Vec<Vec<u32>>,
-    pub(super) index: rustc_hash::FxHashMap<u64, u32>,
+    pub(super) index: rustc_hash::FxHashMap<u32, u32>,
     pub(super) spare_scheduled: Vec<(u32, u32)>,
     pub(super) spare_ends: Vec<i64>,
     /// Per phase (`(bs - num_computed % bs) % bs`), the requests of the
@@ -715,10 +715,10 @@ impl Instance {
         self.private_live = false;
     }
 
-    /// Whether request `id` waits here with nothing computed (never in a
-    /// batch): it can go elsewhere at no loss.
-    pub fn waits_untouched(&self, id: u64) -> bool {
-        let Some(&slot) = self.index.get(&id) else {
+    /// Whether the request of flight `tag` waits here with nothing
+    /// computed (never in a batch): it can go elsewhere at no loss.
+    pub fn waits_untouched(&self, tag: u32) -> bool {
+        let Some(&slot) = self.index.get(&tag) else {
             return false;
         };
         if self.running.contains(&slot)
@@ -877,9 +877,9 @@ impl Instance {
         Some((c, (cycles + partial) as u32, n))
     }
 
-    /// Whether request `id` is waiting or running here.
-    pub fn contains(&self, id: u64) -> bool {
-        self.index.contains_key(&id)
+    /// Whether the request of flight `tag` is waiting or running here.
+    pub fn contains(&self, tag: u32) -> bool {
+        self.index.contains_key(&tag)
     }
 
     /// Requests waiting plus running.
@@ -965,7 +965,7 @@ impl Instance {
         let slot = self.new_slot(a);
         self.waiting.push(slot, key);
         self.count_waiting(slot, true);
-        self.index.insert(self.act(slot).req.id, slot);
+        self.index.insert(self.act(slot).req.tag, slot);
         self.counters.enqueued += 1;
         if self.run.is_none() && self.kick.is_none() {
             self.kick = Some(now);
@@ -1316,7 +1316,7 @@ impl Instance {
             } else {
                 self.kv.release(&mut blocks);
             }
-            self.index.remove(&fin.id);
+            self.index.remove(&fin.tag);
             self.slots[slot as usize] = None;
             self.free_slots.push(slot);
             self.counters.completed += 1;
@@ -1376,14 +1376,16 @@ impl Instance {
         }
     }
 
-    /// Cancels request `id` (a client timeout or disconnect): it leaves the
+    /// Cancels the request of flight `tag` (a client timeout or disconnect;
+    /// the owner's tags are unique among the requests in the system, which
+    /// request ids of a trace need not be): it leaves the
     /// wait queue or the batch and frees its blocks, as vLLM aborts a request
     /// whose client went away. Returns what it had produced, or `None` when
     /// it is not in the system (already finished). Must not be called while
     /// its step is in flight unless `now` is that step's end; the owner
     /// calls it between steps.
-    pub fn abort(&mut self, id: u64) -> Option<Aborted> {
-        let slot = self.index.remove(&id)?;
+    pub fn abort(&mut self, tag: u32) -> Option<Aborted> {
+        let slot = self.index.remove(&tag)?;
         if let Some(run) = &mut self.run
             && run.scheduled.iter().any(|(s, _)| *s == slot)
         {

@@ -110,7 +110,7 @@ impl Driver<'_> {
     fn cut_off<S: Sink>(&mut self, now: i64, i: usize, sink: &mut S) {
         self.sync(i, now, sink);
         for (tag, id) in self.enqueued_on(i) {
-            let Some(aborted) = self.inst_mut(i).abort(id) else {
+            let Some(aborted) = self.inst_mut(i).abort(tag) else {
                 continue;
             };
             let f = self.take_flight(tag);
@@ -134,9 +134,9 @@ impl Driver<'_> {
     /// computed are routed again at `now`.
     fn redirect_waiting<S: Sink>(&mut self, now: i64, i: usize, sink: &mut S) {
         self.sync(i, now, sink);
-        for (tag, id) in self.enqueued_on(i) {
-            if self.insts[i].waits_untouched(id) {
-                self.inst_mut(i).abort(id);
+        for (tag, _) in self.enqueued_on(i) {
+            if self.insts[i].waits_untouched(tag) {
+                self.inst_mut(i).abort(tag);
                 self.reroute(now, tag, sink);
             }
         }

@@ -274,8 +274,8 @@ impl Endpoint {
             return crate::sse::read_whole(resp, clock, cap).await;
         }
         // A stream was asked for. Some servers ignore `stream: true` and
-        // answer with the whole completion; a proxy may answer 200 with a
-        // page of its own.
+        // answer with the whole completion; a proxy may answer 200 with an
+        // HTML page of its own.
         let content_type = resp
             .headers()
             .get(CONTENT_TYPE)
@@ -291,7 +291,8 @@ impl Endpoint {
             );
             return Ok(());
         }
-        if content_type.starts_with("text/html") || content_type.starts_with("text/plain") {
+        // (Not text/plain: some proxies label a real event stream so.)
+        if content_type.starts_with("text/html") {
             let text = resp.text().await.unwrap_or_default();
             cap.last_us = Some(clock.now_us());
             return Err(Failure::new(

@@ -233,7 +233,7 @@ fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
 /// completion: each request is `ok`, with one chunk at the end, its
 /// server's usage, and a warning on the row and in the summary; a proxy's
 /// `200 OK` HTML page instead of a stream is a `malformed` error quoting
-/// the page's text.
+/// the page's text; a stream labelled `text/plain` is read as a stream.
 #[test]
 fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     let _g = crate::common::serial();
@@ -290,6 +290,19 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
             r.outcome.error_message,
             "malformed: HTTP 200 OK with text/html; charset=utf-8, not an event stream: 502 Bad Gateway upstream is restarting"
         );
+    }
+    // An event stream a proxy labels text/plain is read as a stream.
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/plain",
+            "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n",
+        ),
+        "plain",
+    );
+    assert_eq!(out.status.code(), Some(0));
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Ok));
+        assert_eq!(r.outcome.num_chunks, 2);
     }
 }
 

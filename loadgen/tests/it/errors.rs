@@ -195,6 +195,24 @@ fn a_server_that_is_not_openai_compatible_fails_the_run() {
     }
 }
 
+/// `blis-loadgen run` of 3 requests at 20 req/s against `url`, without
+/// scraping, with `--timeout-s timeout_s`, writing at `prefix`.
+fn three_requests(url: &str, prefix: &std::path::Path, timeout_s: &str) -> std::process::Output {
+    loadgen()
+        .args(["run", "--server-url", url, "--model", "m"])
+        .args([
+            "--rate",
+            "20",
+            "--num-requests",
+            "3",
+            "--timeout-s",
+            timeout_s,
+        ])
+        .args(["--scrape-interval-ms", "0", "--out", s(prefix)])
+        .output()
+        .unwrap()
+}
+
 /// A server that takes requests and never answers: the probes before the
 /// run wait no longer than the run's own `--timeout-s` (they used to wait
 /// 10 s per `/tokenize` form and 60 s for the calibration request, over a
@@ -206,12 +224,7 @@ fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
     let (url, _posts) = crate::common::start_http_server(true);
     let dir = tempfile::tempdir().unwrap();
     let prefix = dir.path().join("silent");
-    let out = loadgen()
-        .args(["run", "--server-url", &url, "--model", "m"])
-        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "1"])
-        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
-        .output()
-        .unwrap();
+    let out = three_requests(&url, &prefix, "1");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{stdout}\n{stderr}");
@@ -241,12 +254,7 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     let run = |reply, name: &str| {
         let (url, _posts) = crate::common::start_server_replying(reply);
         let prefix = dir.path().join(name);
-        let out = loadgen()
-            .args(["run", "--server-url", &url, "--model", "m"])
-            .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "5"])
-            .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
-            .output()
-            .unwrap();
+        let out = three_requests(&url, &prefix, "5");
         let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
         (out, t)
     };
@@ -319,12 +327,7 @@ fn a_stream_held_open_after_done_is_complete_at_done() {
     );
     let dir = tempfile::tempdir().unwrap();
     let prefix = dir.path().join("held");
-    let out = loadgen()
-        .args(["run", "--server-url", &url, "--model", "m"])
-        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "3"])
-        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
-        .output()
-        .unwrap();
+    let out = three_requests(&url, &prefix, "3");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     let t = Trace::read(&prefix.with_extension("yaml")).unwrap();

@@ -219,7 +219,7 @@ impl Script {
     /// # Errors
     /// The file, and the line that is neither, or an empty file.
     pub fn read(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
+        let text = blis_traces::text::read_text(path)
             .map_err(|e| format!("--script {}: {e}", path.display()))?;
         let mut completions = Vec::new();
         for (i, line) in text.lines().enumerate() {

@@ -344,7 +344,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         k
     });
     let hardware_text = match &args.hardware_config {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| ReplayError::Io {
+        Some(p) => blis_traces::text::read_text(p).map_err(|e| ReplayError::Io {
             path: p.clone(),
             error: e,
         })?,
@@ -365,7 +365,11 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     if let Some(a) = &arch {
         check_tensor_parallel(a, tp)?;
     }
-    let hw = Hardware::from_json(&hardware_text, &gpu);
+    let hardware_file = args.hardware_config.as_ref().map_or_else(
+        || "hardware_config.json (bundled)".to_string(),
+        |p| p.display().to_string(),
+    );
+    let hw = Hardware::from_json(&hardware_file, &hardware_text, &gpu);
     // The GPU, for the latency models that need it.
     let hardware = || hw.clone().map_err(ReplayError::from);
     let (latency, row_async) = latency_model(

@@ -346,7 +346,7 @@ impl TraceHeader {
     /// # Errors
     /// See [`TraceHeader::from_yaml`]; I/O errors name the file.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
         Self::from_yaml(path, &text)
     }
 

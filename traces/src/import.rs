@@ -122,7 +122,7 @@ struct MooncakeRow {
 /// # Errors
 /// A line that is not a Mooncake object, naming file:line.
 pub fn mooncake(path: &Path) -> Result<Trace> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
     let client: Arc<str> = Arc::from("mooncake");
     let mut records = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -275,7 +275,7 @@ struct InferencePerfFile {
 /// # Errors
 /// Malformed files, naming file:line.
 pub fn inference_perf(path: &Path, seed: u64) -> Result<Trace> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
     let file: InferencePerfFile =
         serde_saphyr::from_str(&text).map_err(|e| yaml_error(path, &text, &e))?;
     let spec = WorkloadSpec {
@@ -364,7 +364,7 @@ fn gt_shared_prefix(dir: &Path) -> Result<Option<crate::spec::InferencePerfShare
     }
     for name in ["results/config.yaml", "profile.yaml"] {
         let p = dir.join(name);
-        if let Ok(text) = std::fs::read_to_string(&p) {
+        if let Ok(text) = crate::text::read_text(&p) {
             let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
             if let Some(sp) = f.data.and_then(|d| d.shared_prefix) {
                 return Ok(Some(sp));
@@ -392,7 +392,7 @@ fn gt_request_timeout_s(dir: &Path) -> Result<f64> {
     }
     for name in ["results/config.yaml", "profile.yaml"] {
         let p = dir.join(name);
-        if let Ok(text) = std::fs::read_to_string(&p) {
+        if let Ok(text) = crate::text::read_text(&p) {
             let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
             if let Some(t) = f.load.and_then(|l| l.request_timeout).filter(|t| *t > 0.0) {
                 return Ok(t);
@@ -499,7 +499,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
 /// (`<exp>_ground_truth.json`).
 fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
     let exp_path = dir.join("exp-config.yaml");
-    let exp_text = std::fs::read_to_string(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
+    let exp_text = crate::text::read_text(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
     let exp: GtExpConfig =
         serde_saphyr::from_str(&exp_text).map_err(|e| yaml_error(&exp_path, &exp_text, &e))?;
     let rd = dir.join("replay_data");
@@ -522,7 +522,7 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
     let truth_path =
         truth_path.ok_or_else(|| Error::in_file(&rd, "no <exp>_ground_truth.json file"))?;
     let read_json =
-        |p: &Path| -> Result<String> { std::fs::read_to_string(p).map_err(|e| Error::io(p, e)) };
+        |p: &Path| -> Result<String> { crate::text::read_text(p).map_err(|e| Error::io(p, e)) };
     let json_err = |p: &Path, e: serde_json::Error| {
         Error::invalid(
             Location::at(p, e.line() as u64, e.column() as u64),

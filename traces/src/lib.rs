@@ -71,6 +71,7 @@ pub mod spec;
 pub mod stdio;
 pub mod step;
 pub mod summary;
+pub mod text;
 mod validate;
 
 pub use bundle::{ItlForm, Trace, TracePaths, TraceWriter};

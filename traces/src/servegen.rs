@@ -197,7 +197,7 @@ pub fn load(dir: &Path, only: Option<&[u32]>) -> Result<Vec<ServeGenClient>> {
 }
 
 fn read_trace_windows(path: &Path) -> Result<Vec<TraceWindow>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
     let mut rows: Vec<TraceWindow> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i as u64 + 1;
@@ -283,7 +283,7 @@ fn read_trace_windows(path: &Path) -> Result<Vec<TraceWindow>> {
 }
 
 fn read_datasets(path: &Path) -> Result<Vec<DatasetWindow>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         Error::invalid(
             Location::at(path, e.line() as u64, e.column() as u64),

@@ -592,7 +592,7 @@ impl WorkloadSpec {
     /// # Errors
     /// I/O errors; YAML or validation errors naming file:line and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(path, &text, base)
     }

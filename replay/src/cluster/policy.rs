@@ -133,7 +133,7 @@ impl PolicyBundle {
     /// An unreadable file, malformed YAML or an unknown field (with its
     /// line), or an invalid value.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::Unreadable {
+        let text = blis_traces::text::read_text(path).map_err(|e| PolicyError::Unreadable {
             path: path.to_path_buf(),
             error: e.to_string(),
         })?;

@@ -206,7 +206,7 @@ pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
     let mut summaries = Vec::new();
     for run in &args.runs {
         let path = summary_path(run);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let text = blis_traces::text::read_text(&path).map_err(|e| {
             CommandError::Usage(format!(
                 "{}: {e} (give a run's PREFIX.summary.json or its PREFIX)",
                 path.display()

@@ -74,11 +74,19 @@ pub enum ArchError {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum HardwareError {
     /// The file is not JSON (the parser's message).
-    #[error("hardware config: invalid JSON: {0}")]
-    Json(String),
+    #[error("{file}: invalid JSON: {why}")]
+    Json {
+        /// The hardware file.
+        file: String,
+        /// The parser's message, with line and column.
+        why: String,
+    },
     /// The file is not a JSON object of GPUs.
-    #[error("hardware config: expected a JSON object")]
-    NotAnObject,
+    #[error("{file}: expected a JSON object of GPUs by name (as the bundled hardware_config.json)")]
+    NotAnObject {
+        /// The hardware file.
+        file: String,
+    },
     /// No GPU of that name.
     #[error("unknown hardware {name:?} (known: {})", known.join(", "))]
     Unknown {
@@ -436,14 +444,20 @@ pub struct Hardware {
 }
 
 impl Hardware {
-    /// Reads `name` from a `hardware_config.json` text.
+    /// Reads `name` from the text of a `hardware_config.json`; `file`
+    /// names it in errors.
     ///
     /// # Errors
-    /// An unknown name (listing the known ones) or missing fields.
-    pub fn from_json(text: &str, name: &str) -> Result<Self, HardwareError> {
-        let root: Value =
-            serde_json::from_str(text).map_err(|e| HardwareError::Json(e.to_string()))?;
-        let obj = root.as_object().ok_or(HardwareError::NotAnObject)?;
+    /// Text that is not a JSON object, an unknown name (listing the known
+    /// ones) or missing fields.
+    pub fn from_json(file: &str, text: &str, name: &str) -> Result<Self, HardwareError> {
+        let root: Value = serde_json::from_str(text).map_err(|e| HardwareError::Json {
+            file: file.to_string(),
+            why: e.to_string(),
+        })?;
+        let obj = root.as_object().ok_or_else(|| HardwareError::NotAnObject {
+            file: file.to_string(),
+        })?;
         let (key, hw) = obj
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -496,7 +510,7 @@ impl Hardware {
     /// # Errors
     /// An unknown name.
     pub fn bundled(name: &str) -> Result<Self, HardwareError> {
-        Self::from_json(BUNDLED_HARDWARE, name)
+        Self::from_json("hardware_config.json (bundled)", BUNDLED_HARDWARE, name)
     }
 }
 

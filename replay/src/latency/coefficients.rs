@@ -302,7 +302,7 @@ impl CoefficientsFile {
     /// # Errors
     /// I/O or parse errors naming the file.
     pub fn read(path: &Path) -> Result<Self, CoefficientsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| CoefficientsError::Io {
+        let text = blis_traces::text::read_text(path).map_err(|e| CoefficientsError::Io {
             path: path.to_path_buf(),
             error: e,
         })?;

@@ -798,7 +798,7 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
         } else {
             p.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file).map_err(|error| ArchError::Read {
+        let text = blis_traces::text::read_text(&file).map_err(|error| ArchError::Read {
             path: file.clone(),
             error,
         })?;

@@ -221,6 +221,72 @@ fn errors_are_one_line_and_exit_nonzero() {
         .code(2);
 }
 
+/// Files saved by Windows editors start with a UTF-8 byte-order mark: a
+/// model's `config.json`, a GPU table and a Mooncake trace read the same
+/// with it as without (JSON's parser refused them at line 1 column 1),
+/// and a GPU table that is not JSON is an error naming its file.
+#[test]
+fn files_with_a_byte_order_mark_read_as_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let bom = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("\u{feff}{text}")).unwrap();
+        p
+    };
+    let config = bom(
+        "config.json",
+        &std::fs::read_to_string(shared().join("model-configs/llama-2-7b-hf/config.json")).unwrap(),
+    );
+    let gpus = bom(
+        "gpus.json",
+        &std::fs::read_to_string(shared().join("model-configs/hardware_config.json")).unwrap(),
+    );
+    let trace = bom(
+        "trace.jsonl",
+        "{\"timestamp\": 0, \"input_length\": 40, \"output_length\": 3, \"hash_ids\": [0]}\n\
+         {\"timestamp\": 5, \"input_length\": 40, \"output_length\": 3, \"hash_ids\": [0]}\n",
+    );
+    let out = dir.path().join("o");
+    replay()
+        .args(["run", "--import"])
+        .arg(format!("mooncake:{}", trace.display()))
+        .arg("--model-config")
+        .arg(&config)
+        .arg("--hardware-config")
+        .arg(&gpus)
+        .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 2);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+
+    let not_json = dir.path().join("gpus.txt");
+    std::fs::write(&not_json, "H100: fast\n").unwrap();
+    let a = replay()
+        .args(["run", "--import"])
+        .arg(format!("mooncake:{}", trace.display()))
+        .arg("--model-config")
+        .arg(&config)
+        .arg("--hardware-config")
+        .arg(&not_json)
+        .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
+        .arg(&out)
+        .assert()
+        .code(1);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("gpus.txt: invalid JSON: expected value at line 1 column 1"),
+        "{err}"
+    );
+}
+
 /// A spec whose arrivals run past what a trace can hold (2^53 µs) before
 /// its `num_requests` is an error naming the spec and the count, with a
 /// non-zero exit: a workload generated as the replay reads it never ends

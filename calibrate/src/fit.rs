@@ -65,6 +65,19 @@ pub enum FitError {
     /// A trace has too few completed requests to fit.
     #[error("{0}: fewer than 20 completed requests with send and completion times to fit")]
     TooFew(String),
+    /// A trained-physics fit needs first-token times: too few streamed
+    /// requests completed.
+    #[error(
+        "{trace}: {streamed} completed streamed requests of {completed} completed: a trained-physics fit needs at least 20 with a first-token time (send the workload with streaming on, or fit --latency-model blackbox)"
+    )]
+    TooFewStreamed {
+        /// The trace.
+        trace: String,
+        /// Completed requests with a first-token time.
+        streamed: u64,
+        /// Completed requests.
+        completed: u64,
+    },
     /// The optimiser failed.
     #[error("optimiser: {0}")]
     Optimiser(String),

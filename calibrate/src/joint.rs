@@ -343,7 +343,19 @@ impl JointRun {
         let basis = PhysicsBasis::new(&r.arch, &r.hw, r.tp);
         let real = RunStats::of(&trace.records);
         if real.completed < 20 {
-            return Err(FitError::TooFew(name.to_string()));
+            let completed = trace
+                .records
+                .iter()
+                .filter(|r| crate::fit::measured(r).is_some())
+                .count() as u64;
+            if completed < 20 {
+                return Err(FitError::TooFew(name.to_string()));
+            }
+            return Err(FitError::TooFewStreamed {
+                trace: name.to_string(),
+                streamed: real.completed,
+                completed,
+            });
         }
         Ok(Self {
             name: name.to_string(),

@@ -299,6 +299,16 @@ fn fit_traces(a: &FitArgs, kind: LatencyKind) -> Result<Vec<FitTrace>> {
 
 /// The fit's result as the command prints it: the parameters before and
 /// after, and each trace's errors on its fitted and held-out parts.
+/// A mean in ms to one decimal, or `—` when there is none (no streamed
+/// request: no TTFT).
+fn ms_or_dash(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.1}")
+    } else {
+        "—".to_string()
+    }
+}
+
 fn print_fit(r: &crate::fit::FitResult, path: &Path, out: &mut dyn Write) -> Result<()> {
     writeln!(
         out,
@@ -338,11 +348,11 @@ fn print_fit(r: &crate::fit::FitResult, path: &Path, out: &mut dyn Write) -> Res
             let (Some(b), Some(a)) = (b, a) else { continue };
             writeln!(
                 out,
-                "| {} | {part} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1}% → {:.1}% |",
+                "| {} | {part} | {} | {} / {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1}% → {:.1}% |",
                 t.trace,
                 a.n,
-                a.ttft_mean[0],
-                a.ttft_mean[1],
+                ms_or_dash(a.ttft_mean[0]),
+                ms_or_dash(a.ttft_mean[1]),
                 a.e2e_mean[0],
                 a.e2e_mean[1],
                 a.e2e_p99[0],

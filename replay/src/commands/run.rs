@@ -570,6 +570,15 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         "requests: {} total, {} completed, {} cancelled (client timeout), {} dropped (unservable), {} input errors, {} unfinished\n",
         c.total, c.completed, c.cancelled, c.dropped, c.input_errors, c.unfinished
     );
+    if let Some(why) = &s.first_drop_reason {
+        let _ = writeln!(
+            o,
+            "warning: {} of {} requests were dropped as unservable; the first: {why} (it needs {})\n",
+            c.dropped,
+            c.total,
+            s.first_drop_hint.unwrap_or("a larger engine")
+        );
+    }
     let _ = writeln!(o, "| metric (ms) | n | mean | p50 | p90 | p95 | p99 |");
     let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|");
     for (name, d) in [
@@ -578,15 +587,22 @@ pub fn render_summary(s: &Summary, r: &Resolved) -> String {
         ("TPOT", &s.tpot_ms),
         ("E2E", &s.e2e_ms),
     ] {
+        let v = |x: f64| {
+            if x.is_finite() {
+                format!("{x:.2}")
+            } else {
+                "—".to_string()
+            }
+        };
         let _ = writeln!(
             o,
-            "| {name} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             d.n.unwrap_or(0),
-            d.mean,
-            d.p50,
-            d.p90,
-            d.p95,
-            d.p99
+            v(d.mean),
+            v(d.p50),
+            v(d.p90),
+            v(d.p95),
+            v(d.p99)
         );
     }
     let t = &s.throughput;

@@ -141,6 +141,18 @@ pub enum DropReason {
     },
 }
 
+impl DropReason {
+    /// What a user can change so that such a request is served.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            DropReason::Unservable { .. } => {
+                "more KV blocks (--total-kv-blocks, or a GPU with more memory), or shorter requests"
+            }
+            DropReason::TooLong { .. } => "a larger --max-model-len, or shorter prompts",
+        }
+    }
+}
+
 impl std::fmt::Display for DropReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

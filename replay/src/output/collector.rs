@@ -91,6 +91,9 @@ pub struct Collector {
     slo: Option<(blis_traces::slo::Slo, u64)>,
     /// P/D: the time series' labels of each pool.
     pool_labels: Vec<(&'static str, Arc<str>)>,
+    /// Why the first request dropped as unservable was, and what would
+    /// serve it.
+    first_drop: Option<(String, &'static str)>,
 }
 
 impl Collector {
@@ -222,6 +225,7 @@ impl Collector {
             outcomes: None,
             slo: None,
             pool_labels: Vec::new(),
+            first_drop: None,
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -530,6 +534,8 @@ impl Collector {
                     goodput_per_s: per_s(attained as f64),
                 }
             }),
+            first_drop_hint: self.first_drop.as_ref().map(|d| d.1),
+            first_drop_reason: self.first_drop.map(|d| d.0),
         };
         Ok((summary, self.keep))
     }
@@ -665,7 +671,11 @@ impl Sink for Collector {
         let (status, msg) = match &why {
             NotServed::Dropped(d) => {
                 self.counts.dropped += 1;
-                (Status::Error, d.to_string())
+                let why = d.to_string();
+                if self.first_drop.is_none() {
+                    self.first_drop = Some((why.clone(), d.hint()));
+                }
+                (Status::Error, why)
             }
             NotServed::InputError => {
                 self.counts.input_errors += 1;

@@ -178,6 +178,13 @@ pub struct Summary {
     /// SLO attainment and goodput, with `--slo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo: Option<SloFigures>,
+    /// Why the first request dropped as unservable was dropped (its
+    /// trace row's `error_message`), when one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_drop_reason: Option<String>,
+    /// What would serve such a request (printed with the reason).
+    #[serde(skip)]
+    pub first_drop_hint: Option<&'static str>,
 }
 
 /// SLO attainment and goodput (DistServe's: requests meeting every bound

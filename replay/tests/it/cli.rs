@@ -287,6 +287,66 @@ fn files_with_a_byte_order_mark_read_as_without() {
     );
 }
 
+/// A run whose engine cannot serve its requests says why and what would
+/// serve them, and its latency table shows dashes where nothing was
+/// measured (it printed NaN).
+#[test]
+fn dropped_requests_are_explained_and_empty_latencies_are_dashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o");
+    for (flag, value, why, hint) in [
+        (
+            "--total-kv-blocks",
+            "1",
+            "the first: unservable: needs ",
+            "more KV blocks (--total-kv-blocks",
+        ),
+        (
+            "--max-model-len",
+            "16",
+            "reaches max_model_len 16",
+            "a larger --max-model-len",
+        ),
+    ] {
+        let a = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "5",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--latency-model",
+                "roofline",
+                flag,
+                value,
+                "--out",
+            ])
+            .arg(&out)
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&a.get_output().stdout).into_owned();
+        assert!(
+            stdout.contains("warning: 5 of 5 requests were dropped as unservable;"),
+            "{stdout}"
+        );
+        assert!(stdout.contains(why) && stdout.contains(hint), "{stdout}");
+        assert!(stdout.contains("| E2E | 0 | — | — |"), "{stdout}");
+        assert!(!stdout.contains("NaN"), "{stdout}");
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            summary["first_drop_reason"]
+                .as_str()
+                .unwrap()
+                .contains(why.trim_start_matches("the first: ")),
+            "{summary}"
+        );
+    }
+}
+
 /// A spec whose arrivals run past what a trace can hold (2^53 µs) before
 /// its `num_requests` is an error naming the spec and the count, with a
 /// non-zero exit: a workload generated as the replay reads it never ends

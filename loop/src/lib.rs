@@ -164,6 +164,12 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     if let Some(u) = &o.server_url {
         blis_loadgen::http::check_scheme(u).map_err(CommandError::Usage)?;
     }
+    if !(0.0..1.0).contains(&o.holdout_fraction) {
+        return Err(CommandError::Usage(format!(
+            "--holdout-fraction must be in [0, 1) (the share of the observed trace, at its end, kept out of the fit), got {}",
+            o.holdout_fraction
+        )));
+    }
     std::fs::create_dir_all(&o.out).step(|| format!("creating {}", o.out.display()))?;
     for name in DERIVED {
         let _ = std::fs::remove_file(o.out.join(name));
@@ -413,6 +419,34 @@ fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A held-out share outside [0, 1) is a usage error before anything
+    /// is started or written (1.5 ran the whole loop and, against a real
+    /// server, fitted on nothing).
+    #[test]
+    fn a_holdout_fraction_outside_zero_to_one_is_refused_up_front() {
+        let dir = tempfile::tempdir().unwrap();
+        for h in ["1.5", "1", "-0.1", "NaN"] {
+            let out = dir.path().join("out");
+            let o = LoopOpts::parse_from([
+                "blis-loop",
+                "--holdout-fraction",
+                h,
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            let mut lines = Vec::new();
+            let e = run_loop(&o, &mut |l| lines.push(l.to_string()))
+                .err()
+                .unwrap_or_else(|| panic!("--holdout-fraction {h} was accepted"));
+            assert!(
+                e.to_string()
+                    .contains("--holdout-fraction must be in [0, 1)"),
+                "{h}: {e}"
+            );
+            assert!(lines.is_empty() && !out.exists(), "{h}: {lines:?}");
+        }
+    }
 
     #[test]
     fn replay_args_are_read_by_blis_replays_parser_and_a_bad_flag_is_named() {

@@ -830,6 +830,13 @@ impl Report {
                 m.duplicate_rows.0, m.duplicate_rows.1
             );
         }
+        if m.out_of_order != (0, 0) {
+            let _ = writeln!(
+                o,
+                "warning: completed rows with times out of order (a first chunk before the send or after the last chunk): real {}, sim {}; their requests are not compared (a recorder's clock or a merge at fault?)",
+                m.out_of_order.0, m.out_of_order.1
+            );
+        }
     }
 
     /// Markdown: per tenant, SLO class or other grouping, TTFT and E2E.

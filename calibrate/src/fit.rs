@@ -102,6 +102,10 @@ pub(crate) fn measured(r: &TraceRecord) -> Option<Measured> {
         return None;
     }
     let (s, e) = (o.send_time_us?, o.last_chunk_time_us?);
+    // Times out of order are a recorder's fault, not a measurement.
+    if e < s || o.first_chunk_time_us.is_some_and(|f| f < s || f > e) {
+        return None;
+    }
     let ttft = o
         .first_chunk_time_us
         .filter(|_| r.request.streaming)

@@ -83,8 +83,26 @@ pub struct Matching {
     /// Rows whose request id an earlier row of the same trace already has
     /// (real, sim): only the last row of an id is compared.
     pub duplicate_rows: (u64, u64),
+    /// Completed rows whose times are out of order (real, sim): a first
+    /// chunk before the send or after the last chunk, or a last chunk
+    /// before the send. Their pairs are left out, as a recorder's fault.
+    #[serde(skip_serializing_if = "is_zero_pair")]
+    pub out_of_order: (u64, u64),
     /// Token mismatches among the pairs.
     pub token_mismatches: TokenMismatches,
+}
+
+fn is_zero_pair(x: &(u64, u64)) -> bool {
+    *x == (0, 0)
+}
+
+/// Whether a completed row's times are possible: send ≤ first chunk ≤
+/// last chunk (the first chunk when there is one).
+fn times_in_order(r: &TraceRecord, send: i64, last: i64) -> bool {
+    send <= last
+        && r.outcome
+            .first_chunk_time_us
+            .is_none_or(|f| send <= f && f <= last)
 }
 
 /// One compared request.
@@ -267,6 +285,15 @@ pub fn pair(real: &Trace, sim: &Trace, warmup: u64, rtt_ms: f64) -> Paired {
             out.matching.not_ok_on_a_side += 1;
             continue;
         };
+        let (a_ok, b_ok) = (
+            times_in_order(a, a_send, a_last),
+            times_in_order(b, b_send, b_last),
+        );
+        if !(a_ok && b_ok) {
+            out.matching.out_of_order.0 += u64::from(!a_ok);
+            out.matching.out_of_order.1 += u64::from(!b_ok);
+            continue;
+        }
         let tm = &mut out.matching.token_mismatches;
         let in_diff = a.effective_input_tokens() != b.effective_input_tokens();
         let out_diff = a.request.output_tokens != b.request.output_tokens;

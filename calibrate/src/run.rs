@@ -114,8 +114,16 @@ pub fn compare_traces(
     let c = compare(real, real_label, sim, sim_label, o);
     if c.report.matching.paired == 0 {
         let m = &c.report.matching;
+        let disorder = if m.out_of_order == (0, 0) {
+            String::new()
+        } else {
+            format!(
+                "; rows with times out of order, not compared: real {}, sim {}",
+                m.out_of_order.0, m.out_of_order.1
+            )
+        };
         return Err(CommandError::Usage(format!(
-            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up)",
+            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up{disorder})",
             m.real.total,
             m.real.ok,
             m.sim.total,

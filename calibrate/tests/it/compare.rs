@@ -77,6 +77,39 @@ fn rows_repeating_a_request_id_are_counted_and_reported() {
     );
 }
 
+/// A completed row whose first chunk comes before its send or after its
+/// last chunk (a recorder's clock at fault) is not compared: its TTFT
+/// would be negative. The report counts such rows per side.
+#[test]
+fn rows_with_times_out_of_order_are_left_out_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 50);
+    let (_, t) = replayed(dir.path(), "a", &w, &[]);
+    let mut bad = t.clone();
+    let o = &mut bad.records[3].outcome;
+    o.first_chunk_time_us = Some(o.send_time_us.unwrap() - 1_000);
+    let o = &mut bad.records[9].outcome;
+    o.last_chunk_time_us = Some(o.first_chunk_time_us.unwrap() - 1);
+    let c = compare(
+        &bad,
+        "real",
+        &t,
+        "sim",
+        &CompareOptions {
+            resamples: 50,
+            ..CompareOptions::default()
+        },
+    );
+    let m = &c.report.matching;
+    assert_eq!((m.out_of_order, m.paired), ((2, 0), 48));
+    assert_eq!(c.report.metrics["ttft"].n, 48);
+    let md = c.report.to_markdown();
+    assert!(
+        md.contains("warning: completed rows with times out of order (a first chunk before the send or after the last chunk): real 2, sim 0"),
+        "{md}"
+    );
+}
+
 /// The JSON schema pipelines rely on, and the files written.
 #[test]
 fn the_cli_writes_json_markdown_and_html() {

@@ -18,7 +18,7 @@ use std::collections::BinaryHeap;
 
 use blis_traces::content;
 use blis_traces::{SharedStr, Status, TraceRecord};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::cluster::Control;
 use crate::engine::instance::{
@@ -202,6 +202,7 @@ const TRANSFER: u8 = 2;
 const CANCEL: u8 = 3;
 
 mod autoscale;
+mod id_set;
 mod pd;
 mod step_clock;
 
@@ -430,7 +431,7 @@ impl<'a> Session<'a> {
             flow,
             gateway: BinaryHeap::new(),
             gateway_items: Vec::new(),
-            ids: private.then(FxHashSet::default),
+            ids: private.then(id_set::IdSet::default),
             by_id: FxHashMap::default(),
             transfers: FxHashMap::default(),
             transfer_queues: Vec::new(),
@@ -775,7 +776,7 @@ struct Driver<'a> {
     stale_events: usize,
     /// The request ids admitted so far, while blocks private to their
     /// request stay out of the hash indexes (which needs unique ids).
-    ids: Option<FxHashSet<u64>>,
+    ids: Option<id_set::IdSet>,
     /// Request id to tag and generation of the requests handed over by
     /// [`Session::submit`] and still in flight (for [`Session::abort`]).
     by_id: FxHashMap<u64, (u32, u32)>,

@@ -75,6 +75,8 @@ fn rows_repeating_a_request_id_are_counted_and_reported() {
         md.contains("warning: rows repeating a request id: real 2, sim 0"),
         "{md}"
     );
+    let html = blis_calibrate::html::render(&c).unwrap();
+    assert!(html.contains("Rows repeating a request id: real 2, sim 0;"));
 }
 
 /// A completed row whose first chunk comes before its send or after its
@@ -108,6 +110,14 @@ fn rows_with_times_out_of_order_are_left_out_and_counted() {
         md.contains("warning: completed rows with times out of order (a first chunk before the send or after the last chunk): real 2, sim 0"),
         "{md}"
     );
+    let html = blis_calibrate::html::render(&c).unwrap();
+    assert!(
+        html.contains("Completed rows with times out of order (a first chunk before the send or after the last chunk): real 2, sim 0;"),
+        "the HTML report says it too"
+    );
+    let ok = compare(&t, "real", &t, "sim", &CompareOptions::default());
+    let html = blis_calibrate::html::render(&ok).unwrap();
+    assert!(!html.contains("out of order") && !html.contains("repeating a request id"));
 }
 
 /// The JSON schema pipelines rely on, and the files written.

@@ -6,8 +6,8 @@ use blis_traces::step::StepContext;
 use std::io::Write;
 
 use blis_traces::{
-    ExtraColumn, GenerateOptions, Generator, Mode, TraceHeader, TraceRecord, TraceWriter,
-    WorkloadSpec, WorkloadSummary,
+    ExtraColumn, ExtraColumnTally, GenerateOptions, Generator, Mode, TraceHeader, TraceRecord,
+    TraceWriter, WorkloadSpec, WorkloadSummary, WorkloadTally,
 };
 
 use crate::options::{PlanOptions, Synthetic, WorkloadSource};
@@ -244,25 +244,50 @@ pub fn generate_command(args: &PlanOptions, out: &mut dyn Write) -> Result<()> {
             "--horizon-s must be a positive number of seconds, got {h}"
         )));
     }
-    let (mut header, mut records) = load_workload(&args.workload, &args.synthetic, &opts)?;
+    let (mut header, workload) = plan_workload(&args.workload, &args.synthetic, &opts)?;
     if args.keep_measured && header.mode != Mode::Real {
         return Err(CommandError::Usage("--keep-measured keeps what a real run measured, but this workload has no measurements (give --import of a real run, e.g. vllm-gt:RUN_DIR)".into()));
     }
-    // A generated trace is a plan: keep the requests, drop any outcome
-    // (unless asked to keep what was measured).
-    if header.mode == Mode::Real && !args.keep_measured {
-        header.mode = Mode::Generated;
-        for r in &mut records {
-            r.outcome = Default::default();
+    let create = |header: &TraceHeader, extras: &[ExtraColumn]| {
+        TraceWriter::create(&args.out, header, extras, None, false)
+            .step(|| format!("creating the trace at {}", args.out.display()))
+    };
+    let (w, summary) = match workload {
+        Workload::Loaded(mut records) => {
+            // A generated trace is a plan: keep the requests, drop any
+            // outcome (unless asked to keep what was measured).
+            if header.mode == Mode::Real && !args.keep_measured {
+                header.mode = Mode::Generated;
+                for r in &mut records {
+                    r.outcome = Default::default();
+                }
+            }
+            let summary = WorkloadSummary::of(records.iter().map(|r| &r.request));
+            let mut w = create(&header, &ExtraColumn::needed_for(&records))?;
+            for r in &records {
+                w.write_record(r)?;
+            }
+            (w, summary)
         }
-    }
-    let summary = WorkloadSummary::of(records.iter().map(|r| &r.request));
-    let extras = ExtraColumn::needed_for(&records);
-    let mut w = TraceWriter::create(&args.out, &header, &extras, None, false)
-        .step(|| format!("creating the trace at {}", args.out.display()))?;
-    for r in &records {
-        w.write_record(r)?;
-    }
+        Workload::Generated(g) => {
+            // Generated twice rather than held (a hundred million planned
+            // requests would take tens of GB): once for the columns the
+            // trace needs, once to write it. The same seed gives the same
+            // requests both times.
+            let mut extras = ExtraColumnTally::default();
+            for r in g.records()? {
+                extras.add(&r?);
+            }
+            let mut w = create(&header, &extras.columns())?;
+            let mut tally = WorkloadTally::default();
+            for r in g.records()? {
+                let r = r?;
+                tally.add(&r.request);
+                w.write_record(&r)?;
+            }
+            (w, tally.summary())
+        }
+    };
     let paths = w.finish(&header)?;
     write!(out, "{}", summary.to_markdown())?;
     writeln!(

@@ -105,22 +105,42 @@ impl ExtraColumn {
     /// canonical order (known columns first, then unknown ones by first
     /// appearance).
     pub fn needed_for<'a>(records: impl IntoIterator<Item = &'a TraceRecord>) -> Vec<ExtraColumn> {
-        let mut known = [false; 7];
-        let mut other: Vec<String> = Vec::new();
+        let mut t = ExtraColumnTally::default();
         for r in records {
-            known[0] |= r.request.think_time_us.is_some();
-            known[1] |= r.request.content_key.is_some();
-            known[2] |= r.request.hash_ids.is_some();
-            known[3] |= r.request.hash_ids.is_some();
-            known[4] |= r.outcome.http_status.is_some();
-            known[5] |= r.outcome.cached_tokens.is_some();
-            known[6] |= r.outcome.x_request_id.is_some();
-            for (name, _) in &r.other {
-                if !other.iter().any(|o| o == name) {
-                    other.push(name.clone());
-                }
+            t.add(r);
+        }
+        t.columns()
+    }
+}
+
+/// [`ExtraColumn::needed_for`] one record at a time, for records that are
+/// generated rather than held.
+#[derive(Debug, Clone, Default)]
+pub struct ExtraColumnTally {
+    known: [bool; 7],
+    other: Vec<String>,
+}
+
+impl ExtraColumnTally {
+    /// Notes the columns `r` needs.
+    pub fn add(&mut self, r: &TraceRecord) {
+        let known = &mut self.known;
+        known[0] |= r.request.think_time_us.is_some();
+        known[1] |= r.request.content_key.is_some();
+        known[2] |= r.request.hash_ids.is_some();
+        known[3] |= r.request.hash_ids.is_some();
+        known[4] |= r.outcome.http_status.is_some();
+        known[5] |= r.outcome.cached_tokens.is_some();
+        known[6] |= r.outcome.x_request_id.is_some();
+        for (name, _) in &r.other {
+            if !self.other.iter().any(|o| o == name) {
+                self.other.push(name.clone());
             }
         }
+    }
+
+    /// The columns needed by the records added, in the canonical order.
+    pub fn columns(self) -> Vec<ExtraColumn> {
         let all = [
             ExtraColumn::ThinkTimeUs,
             ExtraColumn::ContentKey,
@@ -132,10 +152,10 @@ impl ExtraColumn {
         ];
         let mut cols: Vec<ExtraColumn> = all
             .into_iter()
-            .zip(known)
+            .zip(self.known)
             .filter_map(|(c, k)| k.then_some(c))
             .collect();
-        cols.extend(other.into_iter().map(ExtraColumn::Other));
+        cols.extend(self.other.into_iter().map(ExtraColumn::Other));
         cols
     }
 }

@@ -76,7 +76,7 @@ mod validate;
 
 pub use bundle::{ItlForm, Trace, TracePaths, TraceWriter};
 pub use companions::{ChunkRecord, MetricSample};
-pub use csvio::{BASE_COLUMNS, ExtraColumn, RecordReader, RecordWriter};
+pub use csvio::{BASE_COLUMNS, ExtraColumn, ExtraColumnTally, RecordReader, RecordWriter};
 pub use error::{Error, Location, Result};
 pub use generate::{GenerateOptions, Generator, generate};
 pub use header::{
@@ -86,4 +86,4 @@ pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
 pub use slo::Slo;
 pub use spec::WorkloadSpec;
-pub use summary::{LatencyStats, WorkloadSummary, percentile, percentile_of_counts};
+pub use summary::{LatencyStats, WorkloadSummary, WorkloadTally, percentile, percentile_of_counts};

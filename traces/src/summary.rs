@@ -221,42 +221,68 @@ pub struct WorkloadSummary {
     pub clients: Vec<ClientSummary>,
 }
 
+/// [`WorkloadSummary::of`] one request at a time, for requests that are
+/// generated rather than held: 16 bytes per request (its two lengths).
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadTally {
+    requests: u64,
+    arrivals: Option<(i64, i64)>,
+    input_tokens_total: u64,
+    output_tokens_total: u64,
+    /// Per client: its requests' input and output lengths.
+    per: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+}
+
+impl WorkloadTally {
+    /// Counts `r`.
+    pub fn add(&mut self, r: &Request) {
+        self.requests += 1;
+        let t = r.arrival_time_us;
+        self.arrivals = Some(self.arrivals.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+        self.input_tokens_total += u64::from(r.input_tokens);
+        self.output_tokens_total += u64::from(r.output_tokens);
+        if !self.per.contains_key(r.client_id.as_ref() as &str) {
+            self.per.insert(r.client_id.to_string(), Default::default());
+        }
+        let e = self
+            .per
+            .get_mut(r.client_id.as_ref() as &str)
+            .expect("inserted above");
+        e.0.push(f64::from(r.input_tokens));
+        e.1.push(f64::from(r.output_tokens));
+    }
+
+    /// The summary of the requests counted.
+    pub fn summary(self) -> WorkloadSummary {
+        let (first_arrival_us, last_arrival_us) = self.arrivals.unwrap_or((0, 0));
+        WorkloadSummary {
+            requests: self.requests,
+            first_arrival_us,
+            last_arrival_us,
+            input_tokens_total: self.input_tokens_total,
+            output_tokens_total: self.output_tokens_total,
+            clients: self
+                .per
+                .into_iter()
+                .map(|(id, (i, o))| ClientSummary {
+                    client_id: id,
+                    requests: i.len() as u64,
+                    input: TokenStats::of(i),
+                    output: TokenStats::of(o),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl WorkloadSummary {
     /// Summarises `requests`.
     pub fn of<'a>(requests: impl IntoIterator<Item = &'a Request>) -> Self {
-        let mut per: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-        let mut s = Self {
-            requests: 0,
-            first_arrival_us: i64::MAX,
-            last_arrival_us: i64::MIN,
-            input_tokens_total: 0,
-            output_tokens_total: 0,
-            clients: Vec::new(),
-        };
+        let mut t = WorkloadTally::default();
         for r in requests {
-            s.requests += 1;
-            s.first_arrival_us = s.first_arrival_us.min(r.arrival_time_us);
-            s.last_arrival_us = s.last_arrival_us.max(r.arrival_time_us);
-            s.input_tokens_total += u64::from(r.input_tokens);
-            s.output_tokens_total += u64::from(r.output_tokens);
-            let e = per.entry(&r.client_id).or_default();
-            e.0.push(f64::from(r.input_tokens));
-            e.1.push(f64::from(r.output_tokens));
+            t.add(r);
         }
-        if s.requests == 0 {
-            s.first_arrival_us = 0;
-            s.last_arrival_us = 0;
-        }
-        s.clients = per
-            .into_iter()
-            .map(|(id, (i, o))| ClientSummary {
-                client_id: id.to_string(),
-                requests: i.len() as u64,
-                input: TokenStats::of(i),
-                output: TokenStats::of(o),
-            })
-            .collect();
-        s
+        t.summary()
     }
 
     /// Span from first to last arrival, seconds.

@@ -227,3 +227,58 @@ fn a_constant_rate_spaces_every_request_one_gap_apart() {
     assert!(what.starts_with("synthetic: poisson"), "{what}");
     assert!(gaps.iter().any(|&g| g != 5_000), "{gaps:?}");
 }
+
+/// A spec is generated twice rather than held (a first pass finds the
+/// columns the plan needs, a second writes it): a spec with sessions still
+/// gets its think-time column, and the plan holds exactly the requests the
+/// generator gives in memory.
+#[test]
+fn a_generated_plan_is_the_generators_requests_with_their_columns() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sessions");
+    let spec = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/chat-sessions.yaml");
+    loadgen()
+        .args(["generate", "--workload-spec"])
+        .arg(&spec)
+        .args(["--num-requests", "300", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let csv = std::fs::read_to_string(out.with_extension("csv")).unwrap();
+    assert!(
+        csv.lines().next().unwrap().contains("think_time_us"),
+        "{}",
+        csv.lines().next().unwrap()
+    );
+    // The same requests and columns as one pass over them in memory.
+    let w = blis_traces::WorkloadSpec::from_file(&spec).unwrap();
+    let opts = blis_traces::GenerateOptions {
+        num_requests: Some(300),
+        ..Default::default()
+    };
+    let records: Vec<blis_traces::TraceRecord> = blis_traces::generate(&w, &opts)
+        .unwrap()
+        .into_iter()
+        .map(blis_traces::TraceRecord::planned)
+        .collect();
+    assert!(records.iter().any(|r| r.request.think_time_us.is_some()));
+    let t = Trace::read(&out.with_extension("yaml")).unwrap();
+    let held = dir.path().join("held");
+    let mut wr = blis_traces::TraceWriter::create(
+        &held,
+        &t.header,
+        &blis_traces::ExtraColumn::needed_for(&records),
+        None,
+        false,
+    )
+    .unwrap();
+    for r in &records {
+        wr.write_record(r).unwrap();
+    }
+    wr.finish(&t.header).unwrap();
+    assert_eq!(
+        csv,
+        std::fs::read_to_string(held.with_extension("csv")).unwrap()
+    );
+}

@@ -102,8 +102,7 @@ pub(crate) fn measured(r: &TraceRecord) -> Option<Measured> {
         return None;
     }
     let (s, e) = (o.send_time_us?, o.last_chunk_time_us?);
-    // Times out of order are a recorder's fault, not a measurement.
-    if e < s || o.first_chunk_time_us.is_some_and(|f| f < s || f > e) {
+    if !crate::pairs::times_in_order(o, s, e) {
         return None;
     }
     let ttft = o

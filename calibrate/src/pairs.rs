@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use blis_traces::{ChunkRecord, Status, Trace, TraceRecord};
+use blis_traces::{ChunkRecord, Outcome, Status, Trace, TraceRecord};
 use serde::Serialize;
 
 /// Request counts by status of one side.
@@ -97,12 +97,10 @@ fn is_zero_pair(x: &(u64, u64)) -> bool {
 }
 
 /// Whether a completed row's times are possible: send ≤ first chunk ≤
-/// last chunk (the first chunk when there is one).
-fn times_in_order(r: &TraceRecord, send: i64, last: i64) -> bool {
-    send <= last
-        && r.outcome
-            .first_chunk_time_us
-            .is_none_or(|f| send <= f && f <= last)
+/// last chunk (the first chunk when there is one). Rows out of order are a
+/// recorder's fault, not a measurement: comparisons and fits leave them out.
+pub(crate) fn times_in_order(o: &Outcome, send: i64, last: i64) -> bool {
+    send <= last && o.first_chunk_time_us.is_none_or(|f| send <= f && f <= last)
 }
 
 /// One compared request.
@@ -286,8 +284,8 @@ pub fn pair(real: &Trace, sim: &Trace, warmup: u64, rtt_ms: f64) -> Paired {
             continue;
         };
         let (a_ok, b_ok) = (
-            times_in_order(a, a_send, a_last),
-            times_in_order(b, b_send, b_last),
+            times_in_order(&a.outcome, a_send, a_last),
+            times_in_order(&b.outcome, b_send, b_last),
         );
         if !(a_ok && b_ok) {
             out.matching.out_of_order.0 += u64::from(!a_ok);

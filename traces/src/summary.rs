@@ -241,15 +241,18 @@ impl WorkloadTally {
         self.arrivals = Some(self.arrivals.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
         self.input_tokens_total += u64::from(r.input_tokens);
         self.output_tokens_total += u64::from(r.output_tokens);
-        if !self.per.contains_key(r.client_id.as_ref() as &str) {
-            self.per.insert(r.client_id.to_string(), Default::default());
+        let id: &str = r.client_id.as_ref();
+        let lengths = (f64::from(r.input_tokens), f64::from(r.output_tokens));
+        match self.per.get_mut(id) {
+            Some(e) => {
+                e.0.push(lengths.0);
+                e.1.push(lengths.1);
+            }
+            None => {
+                self.per
+                    .insert(id.to_string(), (vec![lengths.0], vec![lengths.1]));
+            }
         }
-        let e = self
-            .per
-            .get_mut(r.client_id.as_ref() as &str)
-            .expect("inserted above");
-        e.0.push(f64::from(r.input_tokens));
-        e.1.push(f64::from(r.output_tokens));
     }
 
     /// The summary of the requests counted.

@@ -3,23 +3,31 @@
 
 use crate::common::{MODEL, calibrate, replayed, spec};
 
-#[test]
-fn the_fit_table_names_each_parameter_and_its_unit() {
-    let dir = tempfile::tempdir().unwrap();
-    let w = spec(dir.path(), 8.0, 120);
-    let (a, _) = replayed(dir.path(), "a", &w, &[]);
-    let out = calibrate(&[
+/// `blis-calibrate fit --trace TRACE --model MODEL --budget-evals 4 --out
+/// DIR/c.yaml` and `extra`: what it printed, or its error.
+fn fit(dir: &std::path::Path, trace: &std::path::Path, extra: &[&str]) -> anyhow::Result<String> {
+    let out = dir.join("c.yaml");
+    let mut args = vec![
         "fit",
         "--trace",
-        a.to_str().unwrap(),
+        trace.to_str().unwrap(),
         "--model",
         MODEL,
         "--budget-evals",
         "4",
         "--out",
-        dir.path().join("c.yaml").to_str().unwrap(),
-    ])
-    .unwrap();
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    calibrate(&args)
+}
+
+#[test]
+fn the_fit_table_names_each_parameter_and_its_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 120);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let out = fit(dir.path(), &a, &[]).unwrap();
     assert!(
         out.contains("| parameter | what (unit) | start | fitted |"),
         "{out}"
@@ -46,36 +54,12 @@ fn a_trace_without_streaming_says_what_it_lacks() {
     std::fs::write(&w, text.replace("streaming: true", "streaming: false")).unwrap();
     let (a, t) = replayed(dir.path(), "a", &w, &[]);
     assert!(t.records.iter().all(|r| !r.request.streaming));
-    let coefs = dir.path().join("c.yaml");
-    let out = calibrate(&[
-        "fit",
-        "--trace",
-        a.to_str().unwrap(),
-        "--model",
-        MODEL,
-        "--budget-evals",
-        "4",
-        "--out",
-        coefs.to_str().unwrap(),
-    ])
-    .unwrap();
+    let out = fit(dir.path(), &a, &[]).unwrap();
     assert!(!out.contains("NaN"), "{out}");
     assert!(out.contains("| fit | 84 | — / — |"), "{out}");
-    let err = calibrate(&[
-        "fit",
-        "--trace",
-        a.to_str().unwrap(),
-        "--model",
-        MODEL,
-        "--latency-model",
-        "trained-physics",
-        "--budget-evals",
-        "4",
-        "--out",
-        coefs.to_str().unwrap(),
-    ])
-    .unwrap_err()
-    .to_string();
+    let err = fit(dir.path(), &a, &["--latency-model", "trained-physics"])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("0 completed streamed requests of 120 completed"),
         "{err}"

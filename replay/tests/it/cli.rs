@@ -247,17 +247,19 @@ fn files_with_a_byte_order_mark_read_as_without() {
          {\"timestamp\": 5, \"input_length\": 40, \"output_length\": 3, \"hash_ids\": [0]}\n",
     );
     let out = dir.path().join("o");
-    replay()
-        .args(["run", "--import"])
-        .arg(format!("mooncake:{}", trace.display()))
-        .arg("--model-config")
-        .arg(&config)
-        .arg("--hardware-config")
-        .arg(&gpus)
-        .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
-        .arg(&out)
-        .assert()
-        .success();
+    let run = |gpus: &std::path::Path| {
+        replay()
+            .args(["run", "--import"])
+            .arg(format!("mooncake:{}", trace.display()))
+            .arg("--model-config")
+            .arg(&config)
+            .arg("--hardware-config")
+            .arg(gpus)
+            .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
+            .arg(&out)
+            .assert()
+    };
+    run(&gpus).success();
     let t = Trace::read(&out.with_extension("yaml")).unwrap();
     assert_eq!(t.records.len(), 2);
     assert!(
@@ -268,17 +270,7 @@ fn files_with_a_byte_order_mark_read_as_without() {
 
     let not_json = dir.path().join("gpus.txt");
     std::fs::write(&not_json, "H100: fast\n").unwrap();
-    let a = replay()
-        .args(["run", "--import"])
-        .arg(format!("mooncake:{}", trace.display()))
-        .arg("--model-config")
-        .arg(&config)
-        .arg("--hardware-config")
-        .arg(&not_json)
-        .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
-        .arg(&out)
-        .assert()
-        .code(1);
+    let a = run(&not_json).code(1);
     let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(

@@ -720,9 +720,9 @@ pub fn fit(traces: &[FitTrace], budget: u64) -> Result<FitResult, FitError> {
                 refine(problem, &[0, 2, 4 + slots], budget, u, best)?
             }
             None => {
-                return Err(FitError::Options(
-                    "a step-table fit recovers the server's steps from its streamed tokens: the trace needs its per-chunk companion (PREFIX.itl.csv) and at least 20 steps".into(),
-                ));
+                return Err(FitError::Options(crate::step_fit::no_steps_reason(
+                    traces.iter().map(|t| &t.trace),
+                )));
             }
         },
         _ => {

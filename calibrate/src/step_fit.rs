@@ -85,6 +85,13 @@ pub fn recover_steps(
             .max(0.0);
         info.insert(id, (s, l, input, input - cached));
     }
+    // A chunk of several tokens (a server that streams every few steps)
+    // hides its steps: such requests show no step boundaries.
+    for c in chunks {
+        if c.tokens.is_some_and(|n| n > 1) {
+            info.remove(&c.request_id);
+        }
+    }
     let mut events: Vec<Event> = chunks
         .iter()
         .filter(|c| info.contains_key(&c.request_id) && c.timestamp_us < cutoff)
@@ -165,6 +172,26 @@ pub fn recover_steps(
         steps.push(s);
     }
     (steps, idle_ttft)
+}
+
+/// Why no steps could be recovered from `traces`, for the fit's error: a
+/// missing per-chunk companion or too few steps, or chunks that carry
+/// several tokens each (the server streams every few steps, as vLLM's
+/// `--stream-interval` above 1 does), which hide where steps end.
+pub fn no_steps_reason<'a>(traces: impl Iterator<Item = &'a Trace>) -> String {
+    let most = traces
+        .filter_map(|t| t.chunks.as_ref())
+        .flatten()
+        .filter_map(|c| c.tokens)
+        .max()
+        .unwrap_or(1);
+    if most > 1 {
+        format!(
+            "a step-table fit recovers the server's steps from its streamed tokens, one token per chunk: this trace's chunks carry up to {most} tokens each (the server streams every few steps, e.g. vLLM's --stream-interval), so its steps cannot be told apart; fit --latency-model blackbox instead"
+        )
+    } else {
+        "a step-table fit recovers the server's steps from its streamed tokens: the trace needs its per-chunk companion (PREFIX.itl.csv) and at least 20 steps".into()
+    }
 }
 
 /// Joins the groups that are one step's tokens split by the HTTP path's
@@ -436,5 +463,20 @@ mod tests {
         assert_table_back(&synthetic_server(|k, j, step| {
             if k % 2 == 1 && j > 0 { step * 2 / 5 } else { 0 }
         }));
+    }
+
+    /// A server that sends two tokens per chunk shows no steps, and the
+    /// fit says why.
+    #[test]
+    fn chunks_of_several_tokens_show_no_steps_and_say_so() {
+        let mut trace = synthetic_server(|_, _, _| 0);
+        assert!(no_steps_reason(std::iter::once(&trace)).contains("per-chunk companion"));
+        for c in trace.chunks.as_mut().unwrap() {
+            c.tokens = Some(2);
+        }
+        let ids: BTreeSet<u64> = (0..4).collect();
+        assert!(step_start(std::iter::once((&trace, &ids, 0.0)), 4).is_none());
+        let why = no_steps_reason(std::iter::once(&trace));
+        assert!(why.contains("carry up to 2 tokens each"), "{why}");
     }
 }

@@ -212,18 +212,23 @@ fn merge_split_steps(
     last_us: &BTreeMap<u64, i64>,
 ) -> Vec<Vec<Event>> {
     let mut merged: Vec<Vec<Event>> = Vec::with_capacity(groups.len());
+    // The requests of the last merged group.
+    let mut ids: BTreeSet<u64> = BTreeSet::new();
     for g in groups {
         if let Some(s) = merged.last_mut() {
             let gap = g[0].0 - s.last().expect("non-empty").0;
-            let disjoint = g.iter().all(|e| s.iter().all(|x| x.1 != e.1));
+            let disjoint = g.iter().all(|e| !ids.contains(&e.1));
             let not_next = g.iter().any(|e| e.2 > 0)
                 || s.iter()
                     .any(|x| last_us.get(&x.1).is_some_and(|&l| l > x.0));
             if disjoint && not_next && gap < typical_us {
+                ids.extend(g.iter().map(|e| e.1));
                 s.extend(g);
                 continue;
             }
         }
+        ids.clear();
+        ids.extend(g.iter().map(|e| e.1));
         merged.push(g);
     }
     merged

@@ -1,7 +1,8 @@
 //! The workspace's structure: no module of a crate imports, directly or
 //! through others, a module that imports it back, no command-line type or
-//! clap derive is used below a crate's command layer, and every binary's
-//! `main.rs` is the same few lines.
+//! clap derive is used below a crate's command layer, every binary's
+//! `main.rs` is the same few lines, and every crate carries its package
+//! metadata.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -241,4 +242,53 @@ fn every_binary_has_the_same_thin_main() {
         assert_eq!(main(k), first, "{k}/src/main.rs differs from loadgen's");
     }
     assert!(first.len() < 400, "{first}");
+}
+
+/// Every crate of the workspace carries what a package needs: a
+/// description, a README that exists, keywords and categories, the
+/// workspace's licence (Apache-2.0, whose text is the root's LICENSE).
+#[test]
+fn every_crate_carries_its_package_metadata() {
+    let workspace = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        workspace.contains("license = \"Apache-2.0\""),
+        "workspace licence"
+    );
+    let licence = std::fs::read_to_string(root().join("LICENSE")).expect("a LICENSE file");
+    assert!(
+        licence.contains("Apache License") && licence.contains("Version 2.0, January 2004"),
+        "LICENSE is not the Apache-2.0 text"
+    );
+    let members = workspace
+        .split("members = [")
+        .nth(1)
+        .and_then(|s| s.split(']').next())
+        .expect("workspace members");
+    let crates: Vec<&str> = members
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(crates.len() >= 8, "{crates:?}");
+    for k in crates {
+        let manifest = std::fs::read_to_string(root().join(k).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{k}/Cargo.toml: {e}"));
+        let package = manifest.split("\n[").next().unwrap_or_default();
+        let value = |key: &str| {
+            package
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix('='))
+                .map(str::trim)
+                .unwrap_or_else(|| panic!("{k}/Cargo.toml has no `{key}`"))
+        };
+        assert!(value("description").len() > 20, "{k}: a description");
+        let readme = value("readme").trim_matches('"');
+        assert!(
+            root().join(k).join(readme).is_file(),
+            "{k}: readme {readme} is not a file"
+        );
+        assert!(value("keywords").contains("\","), "{k}: keywords");
+        assert!(value("categories").contains('"'), "{k}: categories");
+        assert!(package.contains("license.workspace = true"), "{k}: licence");
+    }
 }

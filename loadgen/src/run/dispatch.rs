@@ -239,8 +239,11 @@ pub(super) async fn dispatch_open_loop(
         let too_far = sh.max_behind.is_some_and(|m| behind > m);
         if sh.stopping() || too_far {
             let why = if too_far {
+                // Rounded up: a client stopped for being past the cap by
+                // less than a microsecond reports more than the cap.
+                let us = behind.as_nanos().div_ceil(1000).max(1);
                 sh.stopped_behind_us
-                    .store(behind.as_micros().max(1) as u64, Ordering::Relaxed);
+                    .store(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
                 format!(
                     "the client fell {:.2} s behind its schedule and stopped sending (--max-behind-s)",
                     behind.as_secs_f64()

@@ -87,10 +87,8 @@ pub fn recover_steps(
     }
     // A chunk of several tokens (a server that streams every few steps)
     // hides its steps: such requests show no step boundaries.
-    for c in chunks {
-        if c.tokens.is_some_and(|n| n > 1) {
-            info.remove(&c.request_id);
-        }
+    for c in chunks.iter().filter(|c| several_tokens(c)) {
+        info.remove(&c.request_id);
     }
     let mut events: Vec<Event> = chunks
         .iter()
@@ -174,6 +172,11 @@ pub fn recover_steps(
     (steps, idle_ttft)
 }
 
+/// Whether chunk `c` carries several tokens (its steps are hidden).
+fn several_tokens(c: &blis_traces::ChunkRecord) -> bool {
+    c.tokens.is_some_and(|n| n > 1)
+}
+
 /// Why no steps could be recovered from `traces`, for the fit's error: a
 /// missing per-chunk companion or too few steps, or chunks that carry
 /// several tokens each (the server streams every few steps, as vLLM's
@@ -182,10 +185,10 @@ pub fn no_steps_reason<'a>(traces: impl Iterator<Item = &'a Trace>) -> String {
     let most = traces
         .filter_map(|t| t.chunks.as_ref())
         .flatten()
+        .filter(|c| several_tokens(c))
         .filter_map(|c| c.tokens)
-        .max()
-        .unwrap_or(1);
-    if most > 1 {
+        .max();
+    if let Some(most) = most {
         format!(
             "a step-table fit recovers the server's steps from its streamed tokens, one token per chunk: this trace's chunks carry up to {most} tokens each (the server streams every few steps, e.g. vLLM's --stream-interval), so its steps cannot be told apart; fit --latency-model blackbox instead"
         )

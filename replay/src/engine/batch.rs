@@ -83,7 +83,7 @@ impl Instance {
             ends.push(now + dt);
             self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
             if ends.len() == min_left as usize {
-                self.prefetch_completions(&scheduled, min_left);
+                self.prefetch_completions();
             }
             self.run = Some(Run { scheduled, ends });
             return;
@@ -126,7 +126,7 @@ impl Instance {
         if decode_only && !preempted {
             self.fast_forward(now + transfer, limit, dt, &scheduled, min_left, &mut ends);
             if ends.len() == min_left as usize {
-                self.prefetch_completions(&scheduled, min_left);
+                self.prefetch_completions();
             }
         }
         self.run = Some(Run { scheduled, ends });
@@ -152,37 +152,45 @@ impl Instance {
         }
         self.clear_groups();
         self.shape.clear();
+        self.fewest_left.clear();
+        self.block_needs.clear();
         let mut min_left = u32::MAX;
         let mut need = 0u32;
         for &slot in &self.running {
             let a = self.slots[slot as usize].as_ref().expect("live slot");
             if a.generated == 0 || a.num_computed + 1 != a.num_tokens() {
+                scheduled.clear();
                 return None;
             }
-            need += self
+            let more = self
                 .kv
                 .blocks_for(a.num_computed + 1)
                 .saturating_sub(a.blocks.len() as u32);
+            if more > 0 {
+                need += more;
+                self.block_needs.push((slot, more));
+            }
             self.shape.decode_count += 1;
             self.shape.decode_context_sum += u64::from(a.num_computed);
-            min_left = min_left.min(a.target - a.generated);
+            let left = a.target - a.generated;
+            if left <= min_left {
+                if left < min_left {
+                    min_left = left;
+                    self.fewest_left.clear();
+                }
+                self.fewest_left.push(slot);
+            }
             self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
+            scheduled.push((slot, 1));
         }
         if need > self.kv.free() {
+            scheduled.clear();
             return None;
         }
-        for i in 0..n {
-            let slot = self.running[i];
+        for &(slot, more) in &self.block_needs {
             let a = self.slots[slot as usize].as_mut().expect("live slot");
-            let need = self
-                .kv
-                .blocks_for(a.num_computed + 1)
-                .saturating_sub(a.blocks.len() as u32);
-            if need > 0 {
-                let ok = self.kv.allocate(&mut a.blocks, &[], need);
-                debug_assert!(ok, "the free blocks were counted");
-            }
-            scheduled.push((slot, 1));
+            let ok = self.kv.allocate(&mut a.blocks, &[], more);
+            debug_assert!(ok, "the free blocks were counted");
         }
         Some(min_left)
     }
@@ -197,15 +205,12 @@ impl Instance {
     }
 
     /// Hints the CPU to fetch the KV blocks of the requests of a
-    /// decode-only run that complete at its end (`left` tokens each): they
-    /// are released then, and fetched now they arrive while the run is in
+    /// decode-only run that complete at its end (those with the fewest
+    /// tokens left, when the run lasts that many steps): they are released then, and fetched now they arrive while the run is in
     /// flight instead of stalling the release.
-    fn prefetch_completions(&self, scheduled: &[(u32, u32)], left: u32) {
-        for &(slot, _) in scheduled {
-            let a = self.act(slot);
-            if a.target - a.generated == left {
-                self.kv.prefetch(&a.blocks);
-            }
+    fn prefetch_completions(&self) {
+        for &slot in &self.fewest_left {
+            self.kv.prefetch(&self.act(slot).blocks);
         }
     }
 
@@ -401,6 +406,7 @@ impl Instance {
     fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
         self.clear_groups();
+        self.fewest_left.clear();
         let mut decode_only = true;
         let mut min_left = u32::MAX;
         for &(slot, n) in scheduled {
@@ -409,7 +415,14 @@ impl Instance {
             if is_decode {
                 self.shape.decode_count += 1;
                 self.shape.decode_context_sum += u64::from(a.num_computed);
-                min_left = min_left.min(a.target - a.generated);
+                let left = a.target - a.generated;
+                if left <= min_left {
+                    if left < min_left {
+                        min_left = left;
+                        self.fewest_left.clear();
+                    }
+                    self.fewest_left.push(slot);
+                }
                 // Its phase: after step j of a decode-only run, the
                 // requests of phase j % bs fill a block.
                 self.groups[self.kv.phase(a.num_computed) as usize].push(slot);

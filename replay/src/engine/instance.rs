@@ -647,6 +647,13 @@ pub struct Instance {
     pub(super) run_phase: Vec<u32>,
     /// Scratch: the requests completing in a run, in running order.
     pub(super) spare_done: Vec<u32>,
+    /// Scratch of a decode batch being formed: the requests that take new
+    /// KV blocks, with how many, in running order.
+    pub(super) block_needs: Vec<(u32, u32)>,
+    /// The decoding requests of the batch in flight with the fewest tokens
+    /// left, in running order: those that complete if its run reaches
+    /// that many steps.
+    pub(super) fewest_left: Vec<u32>,
     /// Waiting requests per SLO class (`class`, capped at 7).
     pub(super) waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
@@ -695,6 +702,8 @@ impl Instance {
             spare_ends: Vec::new(),
             run_phase: Vec::new(),
             spare_done: Vec::new(),
+            block_needs: Vec::new(),
+            fewest_left: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
             private_live: false,

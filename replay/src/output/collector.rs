@@ -12,6 +12,7 @@ use blis_traces::{
 };
 use rustc_hash::FxHashMap;
 
+use super::gap_counts::GapCounts;
 use super::summary::{
     Anomalies, ClassFigures, CpuTierFigures, KvFigures, PrefixCache, RequestCounts, SloFigures,
     Summary, Throughput, dist_of_counts, dist_of_us, jain,
@@ -67,8 +68,7 @@ pub struct Collector {
     ttft: Vec<f64>,
     e2e: Vec<f64>,
     tpot: Vec<f64>,
-    itl: FxHashMap<i64, u64>,
-    pending_itl: (i64, u64),
+    itl: GapCounts,
     /// The end times of the steps of the report being delivered, µs.
     report_ends: Vec<i64>,
     /// Inter-token gaps of the report being delivered counted per step: a
@@ -216,8 +216,7 @@ impl Collector {
             ttft: Vec::new(),
             e2e: Vec::new(),
             tpot: Vec::new(),
-            itl: FxHashMap::default(),
-            pending_itl: (i64::MIN, 0),
+            itl: GapCounts::default(),
             report_ends: Vec::new(),
             step_gaps: Vec::new(),
             tenant_tokens: std::collections::BTreeMap::new(),
@@ -237,16 +236,10 @@ impl Collector {
         }
     }
 
-    /// Counts `n` inter-token gaps of `gap` µs. Consecutive calls mostly
-    /// carry the same gap (all requests of a step), so one pending entry is
-    /// kept out of the map.
+    /// Counts `n` inter-token gaps of `gap` µs.
+    #[inline]
     fn add_itl(&mut self, gap: i64, n: u64) {
-        if gap == self.pending_itl.0 {
-            self.pending_itl.1 += n;
-        } else {
-            self.flush_itl();
-            self.pending_itl = (gap, n);
-        }
+        self.itl.add(gap, n);
     }
 
     /// Writes the open run of tokens of `tag` (step form).
@@ -407,15 +400,6 @@ impl Collector {
         }
     }
 
-    #[inline(never)]
-    fn flush_itl(&mut self) {
-        let (g, n) = self.pending_itl;
-        if n > 0 {
-            *self.itl.entry(g).or_default() += n;
-        }
-        self.pending_itl = (i64::MIN, 0);
-    }
-
     fn emit(&mut self, rec: TraceRecord) {
         match (&mut self.writer, &mut self.keep) {
             (Some(w), Some(k)) => {
@@ -440,7 +424,6 @@ impl Collector {
         latency_model: &str,
     ) -> Result<(Summary, Option<Vec<TraceRecord>>)> {
         self.flush_step_gaps();
-        self.flush_itl();
         self.write_pending_rows();
         for tag in 0..self.open_runs.len() {
             self.close_run(tag);
@@ -467,7 +450,7 @@ impl Collector {
             requests: self.counts,
             ttft_ms: dist_of_us(std::mem::take(&mut self.ttft)),
             e2e_ms: dist_of_us(std::mem::take(&mut self.e2e)),
-            itl_ms: dist_of_counts(&self.itl),
+            itl_ms: dist_of_counts(&self.itl.sorted()),
             tpot_ms: dist_of_us(std::mem::take(&mut self.tpot)),
             throughput: Throughput {
                 duration_s,
@@ -931,11 +914,9 @@ mod tests {
                 }
             }
             c.flush_step_gaps();
-            c.flush_itl();
             want.retain(|_, n| *n > 0);
-            let mut got: Vec<_> = c.itl.iter().filter(|(_, n)| **n > 0).collect();
-            let mut want: Vec<_> = want.iter().collect();
-            got.sort();
+            let got = c.itl.sorted();
+            let mut want: Vec<(i64, u64)> = want.into_iter().collect();
             want.sort();
             prop_assert_eq!(got, want);
         }

@@ -4,6 +4,7 @@
 
 pub mod collector;
 pub mod fitness;
+pub mod gap_counts;
 pub mod summary;
 
 pub use collector::{Collector, RequestOutcome};

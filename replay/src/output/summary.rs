@@ -2,7 +2,6 @@
 //! latencies in ms): request counts, latency distributions, throughput,
 //! cache and KV figures, per class, tenant and instance, and the fitness.
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 /// Latency statistics in milliseconds (`n` and the percentiles; no maximum).
@@ -13,10 +12,10 @@ pub fn dist_of_us(us: Vec<f64>) -> Dist {
     Dist::of_us_in_ms(us).without_max()
 }
 
-/// [`Dist`] of a counted multiset of µs values, in ms.
-pub fn dist_of_counts(counts: &FxHashMap<i64, u64>) -> Dist {
-    let mut v: Vec<(f64, u64)> = counts.iter().map(|(k, c)| (*k as f64, *c)).collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+/// [`Dist`] of a counted multiset of µs values, in ms; `sorted`: the
+/// values ascending, each with its count.
+pub fn dist_of_counts(sorted: &[(i64, u64)]) -> Dist {
+    let v: Vec<(f64, u64)> = sorted.iter().map(|&(k, c)| (k as f64, c)).collect();
     Dist::of_counts(&v, 1000.0).without_max()
 }
 

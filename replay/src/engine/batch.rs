@@ -206,8 +206,9 @@ impl Instance {
 
     /// Hints the CPU to fetch the KV blocks of the requests of a
     /// decode-only run that complete at its end (those with the fewest
-    /// tokens left, when the run lasts that many steps): they are released then, and fetched now they arrive while the run is in
-    /// flight instead of stalling the release.
+    /// tokens left, when the run lasts that many steps): they are released
+    /// then, and fetched now they arrive while the run is in flight instead
+    /// of stalling the release.
     fn prefetch_completions(&self) {
         for &slot in &self.fewest_left {
             self.kv.prefetch(&self.act(slot).blocks);

@@ -8,7 +8,9 @@
 # Each case: one warm-up, then RUNS runs (the 1M-request case: RUNS_BIG
 # runs, default 1, no warm-up); prints the median, min and max wall time
 # (the clock around the process) and the largest peak resident memory (GNU
-# time), with the machine's load average before and after. Engine settings
+# time; the clock is bash's EPOCHREALTIME, read around GNU time, which adds
+# its own fork and exec: about 1 ms), with the machine's load average
+# before and after. Engine settings
 # are the bench README's: Qwen2.5-7B on an H100, TP 1; the race cases with
 # 61,048 KV blocks, max_num_seqs 256, max_num_batched_tokens 2048,
 # max_model_len 32768, block_size 16, no async scheduling, round-robin.
@@ -49,13 +51,13 @@ case_() {
     local times=() peak=0
     for _ in $(seq 1 "$runs"); do
         local t0 t1 kb
-        t0=$(date +%s.%N)
+        t0=$EPOCHREALTIME
         /usr/bin/time -f '%M' -o "$dir/time" "$@" --out "$dir/out" >/dev/null 2>"$dir/err" || {
             echo "targets.sh: $name failed:" >&2
             cat "$dir/err" >&2
             exit 1
         }
-        t1=$(date +%s.%N)
+        t1=$EPOCHREALTIME
         times+=("$(echo "$t1 - $t0" | bc -l)")
         kb=$(tail -1 "$dir/time")
         [ "$kb" -gt "$peak" ] && peak=$kb

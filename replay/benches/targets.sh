@@ -7,9 +7,8 @@
 #
 # Each case: one warm-up, then RUNS runs (the 1M-request case: RUNS_BIG
 # runs, default 1, no warm-up); prints the median, min and max wall time
-# (the clock around the process) and the largest peak resident memory (GNU
-# time; the clock is bash's EPOCHREALTIME, read around GNU time, which adds
-# its own fork and exec: about 1 ms), with the machine's load average
+# (bash's EPOCHREALTIME around the process; each run writes new files) and
+# the peak resident memory (GNU time), with the machine's load average
 # before and after. Engine settings
 # are the bench README's: Qwen2.5-7B on an H100, TP 1; the race cases with
 # 61,048 KV blocks, max_num_seqs 256, max_num_batched_tokens 2048,
@@ -38,29 +37,40 @@ cluster=(--model qwen/qwen2.5-7b-instruct --hardware H100 --tp 1 --num-instances
 sed -e "s/^aggregate_rate: .*/aggregate_rate: $((22 * 64)).0/" \
     -e "s/^num_requests: .*/num_requests: 1000000/" "$B/race-1k-x1.yaml" >"$dir/race-1m-x64.yaml"
 
-# case NAME RUNS COMMAND...: times COMMAND --out DIR/out.
+# case NAME RUNS COMMAND...: times COMMAND --out DIR/out. Peak memory
+# comes from a run under GNU time (the warm-up; without one, every timed
+# run), the wall time from runs without it (its fork and exec would add a
+# few ms to the small cases).
 case_() {
     local name=$1 runs=$2
     shift 2
     if [ -n "${CASES:-}" ] && ! [[ " $CASES " == *" $name "* ]]; then
         return
     fi
-    if [ "$runs" = "$RUNS" ]; then
-        "$@" --out "$dir/out" >/dev/null 2>&1 # warm-up
-    fi
-    local times=() peak=0
-    for _ in $(seq 1 "$runs"); do
-        local t0 t1 kb
-        t0=$EPOCHREALTIME
-        /usr/bin/time -f '%M' -o "$dir/time" "$@" --out "$dir/out" >/dev/null 2>"$dir/err" || {
+    local times=() peak=0 wrap=(/usr/bin/time -f '%M' -o "$dir/time")
+    run_() {
+        "$@" --out "$dir/out" >/dev/null 2>"$dir/err" || {
             echo "targets.sh: $name failed:" >&2
             cat "$dir/err" >&2
             exit 1
         }
+        if [ "${1:-}" = /usr/bin/time ]; then
+            local kb
+            kb=$(tail -1 "$dir/time")
+            [ "$kb" -gt "$peak" ] && peak=$kb
+        fi
+    }
+    if [ "$runs" = "$RUNS" ]; then
+        run_ "${wrap[@]}" "$@" # warm-up
+        rm -f "$dir"/out.*
+        wrap=()
+    fi
+    for _ in $(seq 1 "$runs"); do
+        local t0 t1
+        t0=$EPOCHREALTIME
+        run_ "${wrap[@]}" "$@"
         t1=$EPOCHREALTIME
         times+=("$(echo "$t1 - $t0" | bc -l)")
-        kb=$(tail -1 "$dir/time")
-        [ "$kb" -gt "$peak" ] && peak=$kb
         rm -f "$dir"/out.*
     done
     printf '%s\n' "${times[@]}" | sort -n | awk -v name="$name" -v peak="$peak" '

@@ -24,7 +24,7 @@ B=../shared/bench
 GT=../shared/vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen
 [ -d "$B" ] || { echo "targets.sh: $B not found (the bench workloads live in ../shared/bench)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "targets.sh: needs GNU time (/usr/bin/time) for peak memory" >&2; exit 2; }
-cargo build -q --release -p blis-replay
+cargo build -q --release
 R=target/release/blis-replay
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

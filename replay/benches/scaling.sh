@@ -36,9 +36,8 @@ cargo build -q --release
 R=target/release/blis-replay
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-engine=(--model qwen/qwen2.5-7b-instruct --hardware H100 --tp 1 --total-kv-blocks 61048
-    --max-num-seqs 256 --max-num-batched-tokens 2048 --max-model-len 32768 --block-size 16
-    --async-scheduling false --routing round-robin)
+source replay/benches/race-engine.sh
+engine=("${RACE_ENGINE[@]}")
 
 mkdir -p "$(dirname "$OUT")"
 printf 'model\trequests\tinstances\trun\twall_s\tpeak_kb\n' >"$OUT.tsv"

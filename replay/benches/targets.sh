@@ -29,9 +29,8 @@ R=target/release/blis-replay
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-race=(--model qwen/qwen2.5-7b-instruct --hardware H100 --tp 1 --total-kv-blocks 61048
-    --max-num-seqs 256 --max-num-batched-tokens 2048 --max-model-len 32768 --block-size 16
-    --async-scheduling false --routing round-robin)
+source replay/benches/race-engine.sh
+race=("${RACE_ENGINE[@]}")
 cluster=(--model qwen/qwen2.5-7b-instruct --hardware H100 --tp 1 --num-instances 16
     --routing weighted --latency-model roofline)
 sed -e "s/^aggregate_rate: .*/aggregate_rate: $((22 * 64)).0/" \

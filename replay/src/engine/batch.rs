@@ -9,6 +9,19 @@ use blis_traces::itl_steps::round_to_i64;
 
 use crate::latency::{LatencyModel, Model, PrefillChunk};
 
+/// Keeps `fewest` the requests with the fewest tokens `left` seen so far
+/// (in the order seen) and `min_left` that number, as `slot` with `left`
+/// tokens to go is seen.
+fn note_fewest_left(fewest: &mut Vec<u32>, min_left: &mut u32, left: u32, slot: u32) {
+    if left < *min_left {
+        *min_left = left;
+        fewest.clear();
+    }
+    if left == *min_left {
+        fewest.push(slot);
+    }
+}
+
 impl Instance {
     /// Removes `victim` from the running set and puts it back to wait.
     fn preempt(&mut self, victim_pos: usize) -> u32 {
@@ -172,14 +185,12 @@ impl Instance {
             }
             self.shape.decode_count += 1;
             self.shape.decode_context_sum += u64::from(a.num_computed);
-            let left = a.target - a.generated;
-            if left <= min_left {
-                if left < min_left {
-                    min_left = left;
-                    self.fewest_left.clear();
-                }
-                self.fewest_left.push(slot);
-            }
+            note_fewest_left(
+                &mut self.fewest_left,
+                &mut min_left,
+                a.target - a.generated,
+                slot,
+            );
             self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
             scheduled.push((slot, 1));
         }
@@ -416,14 +427,12 @@ impl Instance {
             if is_decode {
                 self.shape.decode_count += 1;
                 self.shape.decode_context_sum += u64::from(a.num_computed);
-                let left = a.target - a.generated;
-                if left <= min_left {
-                    if left < min_left {
-                        min_left = left;
-                        self.fewest_left.clear();
-                    }
-                    self.fewest_left.push(slot);
-                }
+                note_fewest_left(
+                    &mut self.fewest_left,
+                    &mut min_left,
+                    a.target - a.generated,
+                    slot,
+                );
                 // Its phase: after step j of a decode-only run, the
                 // requests of phase j % bs fill a block.
                 self.groups[self.kv.phase(a.num_computed) as usize].push(slot);

@@ -19,7 +19,7 @@ use crate::bundle::Trace;
 use crate::error::{Error, Location, Result, yaml_error};
 use crate::generate::{GenerateOptions, generate};
 use crate::header::{Hardware, Mode, ServerConfig, TraceHeader};
-use crate::record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
+use crate::record::{HashIds, Outcome, Request, Status, TraceRecord};
 use crate::spec::{InferencePerfSpec, WorkloadSpec};
 
 /// The importable formats.
@@ -462,7 +462,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
     } else {
         replay.experiment.clone()
     };
-    let mut run = GtRun {
+    let run = GtRun {
         run_start: experiment_start_us(&exp_name).unwrap_or(0),
         client: Arc::from(if replay.profile.is_empty() {
             "vllm-gt"
@@ -481,13 +481,8 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             .filter(|n| *n > 0),
         prompts,
         planned: PlannedInputs::new(&replay.requests, cycle),
-        prompt_labels: Vec::new(),
         exp_name,
     };
-    if let Some((n, per, _)) = prompts {
-        let labelled = n.min(u32::try_from(replay.requests.len()).unwrap_or(u32::MAX));
-        run.prompt_labels = (0..labelled).map(|p| run.prompt_label(p, per)).collect();
-    }
     let mut records: Vec<TraceRecord> = replay
         .requests
         .iter()
@@ -622,21 +617,10 @@ struct GtRun {
     output_len: Option<u32>,
     /// (prompts in the cycle, prompts per group, system prompt tokens).
     prompts: Option<(u32, u32, u32)>,
-    /// [`GtRun::prompt_label`] of the first prompts of the cycle (as many
-    /// as there are requests), computed once each.
-    prompt_labels: Vec<(u64, SharedStr)>,
     planned: PlannedInputs,
 }
 
 impl GtRun {
-    /// Prompt `p`'s content key and prefix group (`per` prompts a group).
-    fn prompt_label(&self, p: u32, per: u32) -> (u64, SharedStr) {
-        (
-            xxhash_rust::xxh3::xxh3_64(format!("{}/prompt/{p}", self.exp_name).as_bytes()),
-            Arc::from(format!("ip-group-{}", p / per)),
-        )
-    }
-
     /// Request `r` with its measurements `t` (none: it failed).
     fn record(&self, r: &GtRequest, t: Option<&GtTruth>) -> TraceRecord {
         let failed = r.has_error || t.is_none_or(|t| t.has_error);
@@ -660,13 +644,11 @@ impl GtRun {
         };
         if let Some((n, per, system)) = self.prompts {
             let p = (r.index % u64::from(n)) as u32;
-            let (key, group) = match self.prompt_labels.get(p as usize) {
-                Some((key, group)) => (*key, group.clone()),
-                None => self.prompt_label(p, per),
-            };
-            request.content_key = Some(key);
+            request.content_key = Some(xxhash_rust::xxh3::xxh3_64(
+                format!("{}/prompt/{p}", self.exp_name).as_bytes(),
+            ));
             if system > 0 {
-                request.prefix_group = group;
+                request.prefix_group = Arc::from(format!("ip-group-{}", p / per));
                 request.prefix_length = system.min(input);
             }
         }

@@ -82,6 +82,18 @@ pub trait Sink {
     /// [`Instance::upcoming_tokens`]). A real-time owner hands them to
     /// their clients ahead of time.
     fn upcoming(&mut self, _instance: u32, _tokens: &[(u64, u32, i64)]) {}
+    /// Whether the sink takes each step report's tokens whole
+    /// ([`Sink::take_report`]) instead of through [`Sink::steps`] and
+    /// [`Sink::tokens`]; only for a sink that wants no records with them.
+    fn takes_reports(&self) -> bool {
+        false
+    }
+    /// The tokens of one step report of `instance`, when
+    /// [`Sink::takes_reports`]: what [`Sink::steps`] and [`Sink::tokens`]
+    /// would be given (`streaming` is indexed by span tag), except that the
+    /// sink may take `report.spans` (leaving any vector in its place). The
+    /// report's other fields are the driver's.
+    fn take_report(&mut self, _instance: u32, _report: &mut StepReport, _streaming: &[bool]) {}
 }
 
 /// A request that left the instance with a response (complete, or cut
@@ -1186,7 +1198,7 @@ impl Driver<'_> {
             now
         };
         if self.inst_mut(inst).split_at(at, &mut report) {
-            self.deliver(inst, &report, sink);
+            self.deliver(inst, &mut report, sink);
         }
         self.report = report;
     }
@@ -1194,7 +1206,7 @@ impl Driver<'_> {
     fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
         let mut report = std::mem::take(&mut self.report);
         self.inst_mut(inst).step(now, limit.max(now), &mut report);
-        self.deliver(inst, &report, sink);
+        self.deliver(inst, &mut report, sink);
         self.report = report;
         if self
             .transfer_queues
@@ -1216,12 +1228,14 @@ impl Driver<'_> {
     }
 
     /// Hands a step report's tokens and completions to `sink`.
-    fn deliver<S: Sink>(&mut self, inst: usize, report: &StepReport, sink: &mut S) {
+    fn deliver<S: Sink>(&mut self, inst: usize, report: &mut StepReport, sink: &mut S) {
         let wants = sink.wants_tokens();
-        if wants && !report.step_ends.is_empty() {
-            sink.steps(inst as u32, report.first_step, &report.step_ends);
-        }
-        if wants {
+        if wants && sink.takes_reports() {
+            sink.take_report(inst as u32, report, &self.streaming);
+        } else if wants {
+            if !report.step_ends.is_empty() {
+                sink.steps(inst as u32, report.first_step, &report.step_ends);
+            }
             let records = sink.wants_token_records();
             for span in &report.spans {
                 let rec = if records {

@@ -14,7 +14,7 @@ use blis_traces::ItlForm;
 use crate::cluster::DecisionRecord;
 use crate::commands::cli::{LatencyChoice, RunArgs};
 use crate::engine::instance::TokenTiming;
-use crate::output::{Collector, Summary};
+use crate::output::{Collector, SinkThread, Summary};
 use crate::setup::{Resolved, ServerArgs, resolve};
 use crate::sim::SimOptions;
 
@@ -198,6 +198,7 @@ fn simulate(
         sink.judge_slo(slo);
     }
     let input_failure = workload.failure.clone();
+    let mut threaded = SinkThread::new(sink).step(|| "starting the output thread")?;
     let ClusterRun {
         last,
         cluster,
@@ -211,9 +212,10 @@ fn simulate(
             sample_interval_us: sample_us,
             horizon_us: None,
         },
-        &mut sink,
+        &mut threaded,
         None,
     );
+    let sink = threaded.into_inner();
     input_failure.check()?;
     policy_failed(failure)?;
     let (mut summary, kept) = sink.finish(&header, &last, resolved.latency_name())?;
@@ -294,6 +296,8 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(slo) = args.slo {
         sink.judge_slo(slo);
     }
+    // The outputs are made on a second core beside the simulation.
+    let mut threaded = SinkThread::new(sink).step(|| "starting the output thread")?;
     let ClusterRun {
         last,
         cluster,
@@ -307,9 +311,10 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
             sample_interval_us: sample,
             horizon_us: None,
         },
-        &mut sink,
+        &mut threaded,
         trace_k,
     );
+    let sink = threaded.into_inner();
     bar.finish_and_clear();
     input_failure.check()?;
     policy_failed(failure)?;

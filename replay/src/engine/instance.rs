@@ -280,6 +280,12 @@ impl StepReport {
             (timing.per_token_us == 0.0).then(|| (itl.extra_us(1, false), itl.extra_us(1, true)));
     }
 
+    /// When its tokens become visible to the client
+    /// ([`StepReport::set_timing`]).
+    pub fn timing(&self) -> TokenTiming {
+        self.timing
+    }
+
     /// The client-visible times of `span`'s tokens, computed on demand.
     pub fn span_times<'a>(&'a self, span: &'a TokenSpan) -> SpanTimes<'a> {
         SpanTimes { report: self, span }

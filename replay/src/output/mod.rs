@@ -1,11 +1,14 @@
 //! What a replay writes: [`collector`] turns the simulator's events into the
 //! predicted trace (`PREFIX.yaml`/`.csv`, the ITL and metrics companions)
-//! and the [`summary`]; [`fitness`] scores a summary for policy search.
+//! and the [`summary`]; [`fitness`] scores a summary for policy search;
+//! [`sink_thread`] runs a sink on a second core beside the simulation.
 
 pub mod collector;
 pub mod fitness;
 pub mod gap_counts;
+pub mod sink_thread;
 pub mod summary;
 
 pub use collector::{Collector, RequestOutcome};
+pub use sink_thread::SinkThread;
 pub use summary::{Dist, Summary};

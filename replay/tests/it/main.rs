@@ -11,5 +11,6 @@ mod fast_forward;
 mod handoff; // an instance's side of prefill/decode disaggregation // runs of decode steps as one event give identical results
 mod invariants; // conservation, causality, monotone clock, work conservation (proptest)
 mod pd; // prefill/decode disaggregation through the cluster driver
+mod sink_thread; // the outputs on a thread of their own get the same calls
 mod stepping; // one stepping API: real-time owner and discrete-event run agree
 mod tiered; // the tiered KV cache: offload, reload, transfer time

@@ -34,7 +34,7 @@ use std::path::Path;
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
-use blis_replay::api::replay_trace_in_memory;
+use blis_replay::api::replay_records_in_memory;
 use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
 use blis_replay::latency::roofline::{Roofline, RooflineParams};
 use blis_replay::latency::step_table::{self, StepTable};
@@ -245,7 +245,7 @@ impl FitTrace {
             .collect();
         let mut resolved = self.base.clone();
         resolved.latency = model.clone();
-        let (_, predicted) = replay_trace_in_memory(&self.trace.header, records, &resolved, None);
+        let predicted = replay_records_in_memory(&self.trace.header, records, &resolved);
         predicted
             .iter()
             .filter_map(|r| {

@@ -47,7 +47,7 @@ use std::cell::Cell;
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
-use blis_replay::api::replay_trace_in_memory;
+use blis_replay::api::replay_records_in_memory;
 use blis_replay::latency::coefficients::{CoefficientRow, LatencyKind};
 use blis_replay::latency::physics::{
     HostOverheads, PhysicsBasis, TERM_NAMES, TERMS, TrainedPhysics,
@@ -371,13 +371,7 @@ impl JointRun {
     pub fn replay(&self, model: Model) -> Vec<TraceRecord> {
         let mut resolved = self.base.clone();
         resolved.latency = model;
-        replay_trace_in_memory(
-            &self.trace.header,
-            self.trace.records.clone(),
-            &resolved,
-            None,
-        )
-        .1
+        replay_records_in_memory(&self.trace.header, self.trace.records.clone(), &resolved)
     }
 
     /// The predicted statistics with coefficients `c`.

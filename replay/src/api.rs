@@ -2,7 +2,7 @@
 //! `blis-calibrate` and `blis-mockserver` call: load a workload
 //! ([`load_workload`]), configure a server ([`crate::setup::resolve`]),
 //! replay on one instance or a cluster ([`replay_on`]) or a whole trace in
-//! memory ([`replay_trace_in_memory`]), and name the result
+//! memory ([`replay_trace_in_memory`], [`replay_records_in_memory`]), and name the result
 //! ([`replay_header`]). Nothing here knows the command line.
 
 use std::path::PathBuf;
@@ -321,7 +321,30 @@ pub struct ClusterRun {
 }
 
 /// Replays a whole trace in memory with `resolved` settings and returns the
-/// predicted records (for `blis-calibrate` and tests).
+/// predicted records only, in completion order: the same records as
+/// [`replay_trace_in_memory`], without the per-token work its summary's
+/// ITL figures take (what fitting and the accuracy benchmarks read).
+pub fn replay_records_in_memory(
+    header: &TraceHeader,
+    records: Vec<TraceRecord>,
+    resolved: &Resolved,
+) -> Vec<TraceRecord> {
+    let inputs = trace_inputs(header, records);
+    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
+    let mut sink = Collector::records_only(header.run_start_unix_us.unwrap_or(0));
+    let opts = SimOptions {
+        sample_interval_us: None,
+        horizon_us: None,
+    };
+    let last = replay(&mut inst, inputs, &opts, &mut sink);
+    let (_, kept) = sink
+        .finish(header, &last, resolved.latency_name())
+        .expect("an in-memory collector writes no files");
+    kept.unwrap_or_default()
+}
+
+/// Replays a whole trace in memory with `resolved` settings and returns the
+/// summary and the predicted records (for `blis-calibrate` and tests).
 pub fn replay_trace_in_memory(
     header: &TraceHeader,
     records: Vec<TraceRecord>,

@@ -45,6 +45,8 @@ pub struct RequestOutcome {
 /// Accumulates statistics (and optionally writes the predicted trace).
 #[derive(Debug)]
 pub struct Collector {
+    /// Whether it takes the replay's tokens ([`Collector::records_only`]).
+    tokens: bool,
     /// The files, written by a thread of their own.
     writer: Option<BackgroundWriter>,
     keep: Option<Vec<TraceRecord>>,
@@ -137,6 +139,18 @@ impl Collector {
         c
     }
 
+    /// A collector that keeps the predicted records in memory and takes no
+    /// tokens: every record is what [`Collector::in_memory`] keeps (a
+    /// record comes from its request's completion alone), but the
+    /// summary's inter-token figures (ITL) stay empty. For callers that
+    /// read only the records (fitting, benchmarks), which then skip the
+    /// per-token work.
+    pub fn records_only(run_start_us: i64) -> Self {
+        let mut c = Self::in_memory(run_start_us);
+        c.tokens = false;
+        c
+    }
+
     /// Judges every completed request against `slo` (the summary's `slo`).
     pub fn judge_slo(&mut self, slo: blis_traces::slo::Slo) {
         self.slo = Some((slo, 0));
@@ -202,6 +216,7 @@ impl Collector {
 
     fn new(run_start_us: i64, itl: bool) -> Self {
         Self {
+            tokens: true,
             writer: None,
             keep: None,
             itl_companion: itl,
@@ -526,7 +541,7 @@ impl Collector {
 
 impl Sink for Collector {
     fn wants_tokens(&self) -> bool {
-        true
+        self.tokens
     }
 
     fn steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) {

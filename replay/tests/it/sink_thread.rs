@@ -1,6 +1,7 @@
 //! The outputs made on a thread of their own (`SinkThread`): the inner
 //! sink is given exactly the calls, in the same order and with the same
-//! token times, as on the simulation's thread.
+//! token times, as on the simulation's thread. And a collector that takes
+//! no tokens keeps the same records.
 
 use blis_replay::cluster::Control;
 use blis_replay::cluster::policy::PolicyBundle;
@@ -150,4 +151,63 @@ proptest! {
         let (direct, threaded) = both(seed, n, instances, kv_blocks);
         prop_assert_eq!(direct, threaded);
     }
+}
+
+/// A collector that takes no tokens keeps the same records as one that
+/// does (fitting and the accuracy benchmarks read only the records).
+#[test]
+fn a_records_only_collector_keeps_the_same_records() {
+    use blis_replay::output::Collector;
+    use blis_traces::{Mode, TraceHeader};
+    let reqs: Vec<_> = (0..300u64)
+        .map(|i| {
+            let mut r = req(
+                i,
+                i as i64 * 4_000,
+                30 + (i as u32 * 37) % 600,
+                1 + (i as u32 * 53) % 90,
+            );
+            r.streaming = i % 4 != 0;
+            if i % 9 == 0 {
+                r.deadline_us = Some(r.arrival_time_us + 150_000);
+            }
+            r
+        })
+        .collect();
+    let cfg = EngineConfig {
+        total_kv_blocks: 80,
+        max_num_seqs: 10,
+        ..EngineConfig::default()
+    };
+    let opts = SimOptions {
+        sample_interval_us: None,
+        horizon_us: None,
+    };
+    let mut kept = Vec::new();
+    for records_only in [false, true] {
+        let mut inst = Instance::new(cfg.clone(), simple_model());
+        let mut sink = if records_only {
+            Collector::records_only(0)
+        } else {
+            Collector::in_memory(0)
+        };
+        assert_eq!(sink.wants_tokens(), !records_only);
+        let last = blis_replay::replay(&mut inst, inputs(reqs.clone()), &opts, &mut sink);
+        let (summary, recs) = sink
+            .finish(&TraceHeader::new(Mode::Replayed), &last, "t")
+            .unwrap();
+        assert_eq!(
+            summary.itl_ms.n.unwrap_or(0) > 0,
+            !records_only,
+            "ITL only with tokens"
+        );
+        kept.push(recs.unwrap());
+    }
+    assert_eq!(kept[0].len(), 300);
+    assert!(
+        kept[0]
+            .iter()
+            .any(|r| r.outcome.status == Some(blis_traces::Status::Timeout))
+    );
+    assert_eq!(kept[0], kept[1]);
 }

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 
 use blis_replay::SchedulerPolicy;
-use blis_replay::api::replay_trace_in_memory;
+use blis_replay::api::replay_records_in_memory;
 use blis_replay::setup::{ServerArgs, resolve};
 use blis_traces::{Status, TraceRecord, percentile};
 
@@ -77,8 +77,7 @@ fn main() -> anyhow::Result<()> {
             ..ServerArgs::default()
         };
         let resolved = resolve(&args, Some(&trace.header))?;
-        let (_, pred) =
-            replay_trace_in_memory(&trace.header, trace.records.clone(), &resolved, None);
+        let pred = replay_records_in_memory(&trace.header, trace.records.clone(), &resolved);
         let real_ok: Vec<&TraceRecord> = trace
             .records
             .iter()

@@ -2,7 +2,7 @@
 //! `blis-calibrate` and `blis-mockserver` call: load a workload
 //! ([`load_workload`]), configure a server ([`crate::setup::resolve`]),
 //! replay on one instance or a cluster ([`replay_on`]) or a whole trace in
-//! memory ([`replay_trace_in_memory`], [`replay_records_in_memory`]), and name the result
+//! memory ([`replay_records_in_memory`]), and name the result
 //! ([`replay_header`]). Nothing here knows the command line.
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use blis_traces::{
 use crate::cluster::{ClusterSummary, Control, DecisionRecord, PolicyBundle};
 use crate::engine::instance::{Instance, Snapshot};
 use crate::error::{ReplayError, Result};
-use crate::output::{Collector, Summary};
+use crate::output::Collector;
 use crate::setup::Resolved;
 use crate::sim::{Input, SimOptions, merged, replay, replay_cluster};
 
@@ -321,9 +321,9 @@ pub struct ClusterRun {
 }
 
 /// Replays a whole trace in memory with `resolved` settings and returns the
-/// predicted records only, in completion order: the same records as
-/// [`replay_trace_in_memory`], without the per-token work its summary's
-/// ITL figures take (what fitting and the accuracy benchmarks read).
+/// predicted records, in completion order (for `blis-calibrate`'s fits and
+/// accuracy benchmarks): the records a full collector keeps, without the
+/// per-token work of a summary's ITL figures ([`Collector::records_only`]).
 pub fn replay_records_in_memory(
     header: &TraceHeader,
     records: Vec<TraceRecord>,
@@ -341,30 +341,4 @@ pub fn replay_records_in_memory(
         .finish(header, &last, resolved.latency_name())
         .expect("an in-memory collector writes no files");
     kept.unwrap_or_default()
-}
-
-/// Replays a whole trace in memory with `resolved` settings and returns the
-/// summary and the predicted records (for `blis-calibrate` and tests).
-pub fn replay_trace_in_memory(
-    header: &TraceHeader,
-    records: Vec<TraceRecord>,
-    resolved: &Resolved,
-    sample_interval_us: Option<i64>,
-) -> (Summary, Vec<TraceRecord>) {
-    let inputs = trace_inputs(header, records);
-    let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
-    let mut sink = Collector::in_memory(header.run_start_unix_us.unwrap_or(0));
-    let last = replay(
-        &mut inst,
-        inputs,
-        &SimOptions {
-            sample_interval_us,
-            horizon_us: None,
-        },
-        &mut sink,
-    );
-    let (summary, kept) = sink
-        .finish(header, &last, resolved.latency_name())
-        .expect("an in-memory collector writes no files");
-    (summary, kept.unwrap_or_default())
 }

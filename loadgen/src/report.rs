@@ -109,6 +109,9 @@ pub struct Summary {
     /// `ok` requests of a streaming run answered with the whole response
     /// at once (the server ignored `stream: true`): their TTFT is their E2E.
     pub unstreamed: u64,
+    /// `ok` requests whose stream ended cleanly after its `finish_reason`
+    /// but without `[DONE]`.
+    pub ended_without_done: u64,
     /// Prompt tokens the server served from its prefix cache
     /// (`usage.prompt_tokens_details.cached_tokens`), of all prompt tokens.
     pub cached_prompt_share: Option<f64>,
@@ -215,6 +218,7 @@ pub struct Tally {
     errors: BTreeMap<String, u64>,
     missing_usage: u64,
     unstreamed: u64,
+    ended_without_done: u64,
     /// Send lag of every sent request, ms.
     lags: Samples,
     /// Requests sent, and the first and last send time, µs.
@@ -257,6 +261,7 @@ impl Tally {
             errors: BTreeMap::new(),
             missing_usage: 0,
             unstreamed: 0,
+            ended_without_done: 0,
             lags: Samples::default(),
             sends: 0,
             first_send: i64::MAX,
@@ -310,6 +315,9 @@ impl Tally {
             }
             if o.error_message.contains("ignored stream: true") {
                 self.unstreamed += 1;
+            }
+            if o.error_message.contains(crate::sse::ENDED_WITHOUT_DONE) {
+                self.ended_without_done += 1;
             }
         }
         if r.request.request_id < self.warmup_below_id {
@@ -438,6 +446,7 @@ impl Tally {
             errors: self.errors,
             missing_usage: self.missing_usage,
             unstreamed: self.unstreamed,
+            ended_without_done: self.ended_without_done,
             cached_prompt_share,
             warm_cache_warning,
             latency_ms: latency,
@@ -725,6 +734,13 @@ impl Summary {
                 o,
                 "warning: {} ok responses came whole, not streamed (the server ignored stream: true): their TTFT is their E2E; --no-stream says so up front",
                 self.unstreamed
+            );
+        }
+        if self.ended_without_done > 0 {
+            let _ = writeln!(
+                o,
+                "warning: {} ok responses ended without [DONE] (after their finish_reason): the server or a proxy does not send it",
+                self.ended_without_done
             );
         }
         if let Some(c) = self.cached_prompt_share {

@@ -117,7 +117,25 @@ pub fn parse_sse(pieces: &[&[u8]], cap: &mut Capture) -> Result<(), Failure> {
     futures::executor::block_on(read_events(stream, || 0, cap))
 }
 
+/// The longest SSE line read, bytes (1 MiB). A chunk of an OpenAI-style
+/// stream is a few hundred bytes (a token, or a usage block); a line
+/// longer than this is a broken or hostile server, and reading on would
+/// hold it all in memory (and rescan it as each piece arrives). 16 times
+/// aiohttp's default line limit (64 KiB), which `vllm bench serve` reads
+/// its streams with.
+pub const MAX_SSE_LINE: usize = 1 << 20;
+
+/// The largest whole (non-streamed) response body read, bytes (64 MiB):
+/// ten times the text of the longest generation a 1M-token context holds.
+pub const MAX_BODY: usize = 64 << 20;
+
 /// The events of an SSE byte stream into `cap`, each timed by `now`.
+///
+/// A stream that ends cleanly (no transport error) without `[DONE]` is
+/// complete when a chunk carried its `finish_reason` (as `vllm bench
+/// serve` and guidellm read it; some OpenAI-compatible servers and
+/// proxies never send `[DONE]`), with a warning on the row; without one,
+/// it was cut off.
 async fn read_events<S, B, E>(
     stream: S,
     now: impl Fn() -> i64,
@@ -128,6 +146,24 @@ where
     B: AsRef<[u8]>,
     E: std::error::Error + 'static,
 {
+    // The bytes since the last line break; past MAX_SSE_LINE the stream
+    // is cut here and the response is malformed.
+    let too_long = std::sync::atomic::AtomicBool::new(false);
+    let stream = stream.scan(0usize, |run, piece| {
+        if let Ok(b) = &piece {
+            let b = b.as_ref();
+            *run = match b.iter().rposition(|&c| c == b'\n' || c == b'\r') {
+                Some(i) => b.len() - i - 1,
+                None => *run + b.len(),
+            };
+            if *run > MAX_SSE_LINE {
+                too_long.store(true, std::sync::atomic::Ordering::Relaxed);
+                return futures::future::ready(None);
+            }
+        }
+        futures::future::ready(Some(piece))
+    });
+    let stream = std::pin::pin!(stream);
     let mut events = stream.eventsource();
     let mut done = false;
     while let Some(ev) = events.next().await {
@@ -170,17 +206,36 @@ where
     if !cap.running_chunks {
         cap.chunk_tokens.clear();
     }
+    if too_long.load(std::sync::atomic::Ordering::Relaxed) {
+        cap.last_us = Some(now());
+        return Err(Failure::new(
+            ErrorKind::Malformed,
+            format!(
+                "an SSE line longer than {} MiB (after {} chunks): not an OpenAI-style stream",
+                MAX_SSE_LINE >> 20,
+                cap.chunk_times.len()
+            ),
+        ));
+    }
     if !done {
+        if !cap.finish_reason.is_empty() {
+            cap.warning = Some(format!("{ENDED_WITHOUT_DONE} (after finish_reason)"));
+            return Ok(());
+        }
         return Err(Failure::new(
             ErrorKind::Dropped,
             format!(
-                "stream ended without [DONE] after {} chunks",
+                "stream ended without [DONE] or a finish_reason after {} chunks",
                 cap.chunk_times.len()
             ),
         ));
     }
     Ok(())
 }
+
+/// The warning on a row whose stream ended cleanly after its
+/// `finish_reason` but without `[DONE]`.
+pub const ENDED_WITHOUT_DONE: &str = "the stream ended without [DONE]";
 
 /// Takes one SSE event's JSON chunk arriving at `now` (µs): its content
 /// (a chunk's time counts only when it carries content), finish reason
@@ -249,6 +304,12 @@ pub async fn read_whole(
                 if cap.first_us.is_none() {
                     cap.first_us = Some(now);
                 }
+                if body.len() + b.len() > MAX_BODY {
+                    return Err(Failure::new(
+                        ErrorKind::Malformed,
+                        format!("a response body over {} MiB", MAX_BODY >> 20),
+                    ));
+                }
                 body.extend_from_slice(&b);
             }
             Err(e) => {
@@ -285,4 +346,54 @@ pub async fn read_whole(
         apply_usage(cap, u);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(text: &str) -> String {
+        format!("data: {{\"choices\":[{{\"text\":\"{text}\"}}]}}\n\n")
+    }
+
+    /// A line past [`MAX_SSE_LINE`] ends the read as malformed, however
+    /// the network splits it, and whatever follows is not read; a long
+    /// line below the limit is read.
+    #[test]
+    fn a_line_past_the_limit_is_malformed_and_one_below_is_read() {
+        let first = chunk("a");
+        let piece = vec![b'A'; 64 << 10];
+        let mut pieces: Vec<&[u8]> = vec![first.as_bytes(), b"data: "];
+        pieces.extend(std::iter::repeat_n(&piece[..], 17));
+        pieces.push(b"\n\ndata: [DONE]\n\n");
+        let mut cap = Capture::default();
+        let err = parse_sse(&pieces, &mut cap).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Malformed);
+        assert_eq!(
+            err.detail,
+            "an SSE line longer than 1 MiB (after 1 chunks): not an OpenAI-style stream"
+        );
+        assert_eq!(cap.chunk_times.len(), 1, "the chunk before it is kept");
+
+        let long = chunk(&"b".repeat(MAX_SSE_LINE - 100));
+        let done = "data: [DONE]\n\n";
+        let halves = long.as_bytes().split_at(long.len() / 2);
+        let mut cap = Capture::new(true);
+        parse_sse(&[halves.0, halves.1, done.as_bytes()], &mut cap).unwrap();
+        assert_eq!(cap.chunk_times.len(), 1);
+        assert_eq!(cap.text.len(), MAX_SSE_LINE - 100);
+    }
+
+    /// Line breaks reset the count: a long stream of short lines is read
+    /// however long it is in all.
+    #[test]
+    fn many_short_lines_are_no_long_line() {
+        let body: String = (0..80_000).map(|_| chunk("token")).collect();
+        assert!(body.len() > 2 * MAX_SSE_LINE);
+        let body = body + "data: [DONE]\n\n";
+        let pieces: Vec<&[u8]> = body.as_bytes().chunks(4096).collect();
+        let mut cap = Capture::default();
+        parse_sse(&pieces, &mut cap).unwrap();
+        assert_eq!(cap.chunk_times.len(), 80_000);
+    }
 }

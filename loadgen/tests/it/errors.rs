@@ -339,6 +339,67 @@ fn a_stream_held_open_after_done_is_complete_at_done() {
     }
 }
 
+/// A stream that ends cleanly without `[DONE]` (some OpenAI-compatible
+/// servers and proxies never send it) is complete when its last chunk
+/// carried a `finish_reason`, as `vllm bench serve` reads it: `ok`, with a
+/// warning on the row and in the summary. Without a `finish_reason` it was
+/// cut off: a `dropped` error that keeps the chunks received.
+#[test]
+fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |reply, name: &str| {
+        let (url, _posts) = crate::common::start_server_replying(reply);
+        let prefix = dir.path().join(name);
+        let out = three_requests(&url, &prefix, "5");
+        let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+        (out, t)
+    };
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/event-stream",
+            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n",
+        ),
+        "finished",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("warning: 3 ok responses ended without [DONE] (after their finish_reason)"),
+        "{stdout}"
+    );
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{}", o.error_message);
+        assert_eq!((o.num_chunks, r.request.output_tokens), (2, 2));
+        assert_eq!(o.finish_reason, "length");
+        assert_eq!(
+            o.error_message,
+            "warning: the stream ended without [DONE] (after finish_reason)"
+        );
+    }
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/event-stream",
+            "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n",
+        ),
+        "cut",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Error));
+        assert_eq!(o.num_chunks, 2, "the chunks received are kept");
+        assert!(
+            o.error_message.starts_with(
+                "dropped: stream ended without [DONE] or a finish_reason after 2 chunks"
+            ),
+            "{}",
+            o.error_message
+        );
+    }
+}
+
 #[test]
 fn max_error_rate_sets_how_many_failures_fail_the_run() {
     let _g = crate::common::serial();

@@ -75,6 +75,12 @@ pub enum SettingsError {
     /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
     #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
     ZeroLimits,
+    /// `block_size` above [`crate::setup::MAX_BLOCK_SIZE`].
+    #[error(
+        "block_size {0} is above {max} tokens (vLLM's block sizes are 1 to 128 tokens; hybrid models' a few thousand)",
+        max = crate::setup::MAX_BLOCK_SIZE
+    )]
+    BlockSizeTooLarge(u32),
     /// Chunked prefill off with a token budget below `max_model_len`: a
     /// long prompt could never be scheduled (vLLM refuses to start so).
     #[error(

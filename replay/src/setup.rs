@@ -17,6 +17,12 @@ use crate::latency::physics::{BlisPhysics, HostOverheads, PhysicsBasis, TrainedP
 use crate::latency::roofline::{Roofline, RooflineParams};
 use crate::latency::{Blackbox, Model};
 
+/// The largest `block_size` accepted, tokens. vLLM's attention backends
+/// take 1 to 128; for hybrid attention/Mamba models it raises the
+/// attention block size to match the Mamba state's page (a few thousand
+/// tokens). Each instance keeps a list per block position.
+pub const MAX_BLOCK_SIZE: u32 = 65_536;
+
 pub use crate::error::SettingsError;
 
 /// Everything that can be set about a simulated server.
@@ -804,6 +810,9 @@ fn engine_config(
     if engine.max_num_seqs == 0 || engine.max_num_batched_tokens == 0 || engine.block_size == 0 {
         return Err(SettingsError::ZeroLimits.into());
     }
+    if engine.block_size > MAX_BLOCK_SIZE {
+        return Err(SettingsError::BlockSizeTooLarge(engine.block_size).into());
+    }
     Ok(engine)
 }
 
@@ -859,6 +868,31 @@ mod tests {
             e.to_string()
                 .contains("tensor_parallel 0: must be at least 1")
         }));
+    }
+
+    /// A `block_size` past [`MAX_BLOCK_SIZE`] is refused by name (it
+    /// used to run for minutes: each step cleared a list per block
+    /// position); the bound itself is accepted.
+    #[test]
+    fn a_block_size_past_the_bound_is_refused() {
+        let with = |bs| {
+            resolve(
+                &ServerArgs {
+                    model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
+                    block_size: Some(bs),
+                    ..args()
+                },
+                None,
+            )
+        };
+        assert_eq!(
+            with(MAX_BLOCK_SIZE + 1).unwrap_err().to_string(),
+            "block_size 65537 is above 65536 tokens (vLLM's block sizes are 1 to 128 tokens; hybrid models' a few thousand)"
+        );
+        assert_eq!(
+            with(MAX_BLOCK_SIZE).unwrap().engine.block_size,
+            MAX_BLOCK_SIZE
+        );
     }
 
     fn args() -> ServerArgs {

@@ -182,6 +182,8 @@ fn cases() -> Vec<Case> {
         case("a ground-truth folder that is not one", "blis-replay", &["run", "--import", "vllm-gt:{d}", "--out", "{d}/o"], &[]),
         case("a model with no config and no coefficients", "blis-replay", &["run", "--model", "acme/unknown-7b", "--latency-model", "roofline", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("max_num_seqs 0", "blis-replay", &["run", "--model", MODEL, "--max-num-seqs", "0", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a block size past any attention backend's", "blis-replay", &["run", "--model", MODEL, "--block-size", "1000000", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a cluster of 10^8 instances", "blis-replay", &["run", "--model", MODEL, "--num-instances", "100000000", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a TP degree the model's heads do not divide by", "blis-replay", &["run", "--model", MODEL, "--tp", "3", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("an unknown routing policy (usage)", "blis-replay", &["run", "--model", MODEL, "--routing", "fastest", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a policy bundle with a negative weight", "blis-replay", &["run", "--model", MODEL, "--policy-config", "{d}/p.yaml", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes()), ("p.yaml", b"routing: {policy: weighted, scorers: {queue-depth: -1}}\n")]),

@@ -31,6 +31,10 @@ use crate::cluster::priority::PriorityPolicy;
 use crate::cluster::routing::RoutingPolicy;
 use crate::cluster::scheduling::SchedulingPolicy;
 use crate::engine::kv_tier::CpuTierSettings;
+
+/// The most instances a cluster may have (each takes about 10 KB before
+/// any request: 100,000 take 1 GB).
+pub const MAX_INSTANCES: u32 = 100_000;
 use crate::engine::queue_order::SchedulerPolicy;
 use crate::error::Result;
 
@@ -162,6 +166,13 @@ impl PolicyBundle {
         };
         if self.num_instances == 0 {
             return range("num_instances", "at least 1", "0".into());
+        }
+        if self.num_instances > MAX_INSTANCES {
+            return range(
+                "num_instances",
+                "at most 100,000 (each instance takes about 10 KB before any request)",
+                self.num_instances.to_string(),
+            );
         }
         if let Some(pd) = &self.pd
             && let Err((field, must, got)) = pd.validate()
@@ -309,5 +320,15 @@ mod tests {
         assert!(e.contains("capacity"), "{e}");
         std::fs::write(&p, "num_instances: 0\n").unwrap();
         assert!(PolicyBundle::from_file(&p).is_err());
+        // A cluster past the bound is refused before anything is
+        // allocated (it used to abort allocating 10^8 instances).
+        std::fs::write(&p, "num_instances: 100000000\n").unwrap();
+        let e = PolicyBundle::from_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("num_instances must be at most 100,000") && e.contains("got 100000000"),
+            "{e}"
+        );
+        std::fs::write(&p, format!("num_instances: {MAX_INSTANCES}\n")).unwrap();
+        assert!(PolicyBundle::from_file(&p).is_ok());
     }
 }

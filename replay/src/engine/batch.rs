@@ -22,6 +22,17 @@ fn note_fewest_left(fewest: &mut Vec<u32>, min_left: &mut u32, left: u32, slot: 
     }
 }
 
+/// Adds decoding request `slot` to the group of `phase` in `groups`,
+/// noting in `used` a phase that was empty.
+#[inline]
+fn group_push(groups: &mut [Vec<u32>], used: &mut Vec<u32>, phase: u32, slot: u32) {
+    let g = &mut groups[phase as usize];
+    if g.is_empty() {
+        used.push(phase);
+    }
+    g.push(slot);
+}
+
 impl Instance {
     /// Removes `victim` from the running set and puts it back to wait.
     fn preempt(&mut self, victim_pos: usize) -> u32 {
@@ -191,7 +202,8 @@ impl Instance {
                 a.target - a.generated,
                 slot,
             );
-            self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
+            let phase = self.kv.phase(a.num_computed);
+            group_push(&mut self.groups, &mut self.used_phases, phase, slot);
             scheduled.push((slot, 1));
         }
         if need > self.kv.free() {
@@ -206,13 +218,17 @@ impl Instance {
         Some(min_left)
     }
 
-    /// Empties the phase groups (one per block position) for a new batch.
+    /// Empties the phase groups (one per block position) for a new batch:
+    /// those used, so that a large `block_size` costs nothing per step.
     fn clear_groups(&mut self) {
         let bs = self.kv.block_size() as usize;
-        self.groups.resize_with(bs, Vec::new);
-        for g in &mut self.groups {
-            g.clear();
+        if self.groups.len() != bs {
+            self.groups.resize_with(bs, Vec::new);
         }
+        for &p in &self.used_phases {
+            self.groups[p as usize].clear();
+        }
+        self.used_phases.clear();
     }
 
     /// Hints the CPU to fetch the KV blocks of the requests of a
@@ -435,7 +451,8 @@ impl Instance {
                 );
                 // Its phase: after step j of a decode-only run, the
                 // requests of phase j % bs fill a block.
-                self.groups[self.kv.phase(a.num_computed) as usize].push(slot);
+                let phase = self.kv.phase(a.num_computed);
+                group_push(&mut self.groups, &mut self.used_phases, phase, slot);
             } else {
                 decode_only = false;
                 self.shape.prefill.push(PrefillChunk {
@@ -472,8 +489,19 @@ impl Instance {
             // whose KV position crosses a block boundary: (c0 + j) % bs == 0,
             // i.e. j ≡ phase (mod bs) with phase = (bs - c0 % bs) % bs.
             let mut per_phase = std::mem::take(&mut self.run_phase);
-            per_phase.clear();
-            per_phase.extend(self.groups.iter().map(|g| g.len() as u32));
+            let bs = self.groups.len();
+            if per_phase.len() == bs {
+                for &p in &self.run_phases_used {
+                    per_phase[p as usize] = 0;
+                }
+            } else {
+                per_phase.clear();
+                per_phase.resize(bs, 0);
+            }
+            self.run_phases_used.clone_from(&self.used_phases);
+            for &p in &self.used_phases {
+                per_phase[p as usize] = self.groups[p as usize].len() as u32;
+            }
             let mut free = self.kv.free();
             let b = scheduled.len() as u64;
             let mut ctx = self.shape.decode_context_sum;

@@ -651,6 +651,10 @@ pub struct Instance {
     /// `j % bs` fill a block and take a new one. Valid while the run has
     /// more than one step.
     pub(super) run_phase: Vec<u32>,
+    /// The phases with a request in `groups` (the others are empty).
+    pub(super) used_phases: Vec<u32>,
+    /// The phases set in `run_phase` (the others are 0).
+    pub(super) run_phases_used: Vec<u32>,
     /// Scratch: the requests completing in a run, in running order.
     pub(super) spare_done: Vec<u32>,
     /// Scratch of a decode batch being formed: the requests that take new
@@ -707,6 +711,8 @@ impl Instance {
             spare_scheduled: Vec::new(),
             spare_ends: Vec::new(),
             run_phase: Vec::new(),
+            used_phases: Vec::new(),
+            run_phases_used: Vec::new(),
             spare_done: Vec::new(),
             block_needs: Vec::new(),
             fewest_left: Vec::new(),

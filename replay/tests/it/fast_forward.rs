@@ -95,6 +95,9 @@ proptest! {
         budget in 64u32..4096,
         sched in 0u8..3,
         tier in proptest::option::of((1u32..400, 0.0f64..1.0, any::<bool>())),
+        // Mostly vLLM's 16; odd sizes, and one larger than any request
+        // (each request then fills at most one block).
+        block_size in prop_oneof![6 => Just(16u32), 3 => 1u32..70, 1 => Just(4096u32)],
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, g))| {
             let r = req(i as u64, t, inp, out);
@@ -110,7 +113,9 @@ proptest! {
             block_bytes: 131_072.0,
             thrashing_window_us: 50_000,
         });
-        let cfg = EngineConfig { total_kv_blocks: blocks, max_num_seqs: seqs, max_num_batched_tokens: budget, scheduler, cpu_tier, ..EngineConfig::default() };
+        // The same KV capacity in tokens whatever the block size.
+        let total_kv_blocks = (blocks * 16).div_ceil(block_size).max(1);
+        let cfg = EngineConfig { total_kv_blocks, block_size, max_num_seqs: seqs, max_num_batched_tokens: budget, scheduler, cpu_tier, ..EngineConfig::default() };
         both(cfg, simple_model(), reqs, Some(20_000));
     }
 }

@@ -82,6 +82,22 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// The server's base URL for `server_url`: without a trailing `/`, and
+/// without a trailing `/v1`, `/v1/completions` or `/v1/chat/completions`
+/// (the OpenAI SDK's `base_url` ends in `/v1`, and people paste the
+/// endpoint itself), since the requests go to `BASE/v1/...` and the
+/// metrics to `BASE/metrics`. A path before them (a proxy's prefix) stays.
+pub fn base_url(server_url: &str) -> String {
+    let mut base = server_url.trim_end_matches('/');
+    for suffix in ["/v1/chat/completions", "/v1/completions", "/v1"] {
+        if let Some(b) = base.strip_suffix(suffix) {
+            base = b.trim_end_matches('/');
+            break;
+        }
+    }
+    base.to_string()
+}
+
 /// Whether this build can reach `server_url`: an `https://` server needs
 /// the `tls` feature (rustls), without which the HTTP client would only
 /// say "scheme is not http".
@@ -308,7 +324,7 @@ impl Endpoint {
 }
 
 /// The path of `api`'s requests.
-fn api_path(api: Api) -> &'static str {
+pub(crate) fn api_path(api: Api) -> &'static str {
     match api {
         Api::Completions => "/v1/completions",
         Api::Chat => "/v1/chat/completions",
@@ -318,6 +334,26 @@ fn api_path(api: Api) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_v1_or_endpoint_url_is_read_as_the_base() {
+        for (given, base) in [
+            ("http://h:8000", "http://h:8000"),
+            ("http://h:8000/", "http://h:8000"),
+            ("http://h:8000/v1", "http://h:8000"),
+            ("http://h:8000/v1/", "http://h:8000"),
+            ("http://h:8000/v1/completions", "http://h:8000"),
+            ("http://h:8000/v1/chat/completions/", "http://h:8000"),
+            (
+                "https://gw.example/team/llm/v1",
+                "https://gw.example/team/llm",
+            ),
+            ("http://h:8000/v10", "http://h:8000/v10"),
+            ("http://h:8000/api/v1x", "http://h:8000/api/v1x"),
+        ] {
+            assert_eq!(base_url(given), base, "{given}");
+        }
+    }
 
     fn ep(server: ServerType, api: Api) -> Endpoint {
         Endpoint::new(

@@ -135,6 +135,25 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
         .thread_name("blis-loadgen")
         .build()
         .step(|| "starting the async runtime")?;
+    let base = crate::http::base_url(&args.server_url);
+    let normalized;
+    let args = if base == args.server_url.trim_end_matches('/') {
+        args
+    } else {
+        blis_traces::diag!(
+            "note: --server-url {} read as the server's base URL {base}: requests go to {base}{}, metrics to {}",
+            args.server_url,
+            crate::http::api_path(args.api),
+            args.metrics_url
+                .clone()
+                .unwrap_or_else(|| format!("{base}/metrics"))
+        );
+        normalized = RunOptions {
+            server_url: base,
+            ..args.clone()
+        };
+        &normalized
+    };
     let summary = rt.block_on(run_async(args, slo))?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;

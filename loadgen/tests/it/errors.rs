@@ -454,3 +454,55 @@ fn max_error_rate_sets_how_many_failures_fail_the_run() {
     assert_eq!(out.status.code(), Some(1));
     assert!(one_line_error(&out).contains("--max-error-rate must be a fraction in [0, 1]"));
 }
+
+/// The OpenAI SDK's `base_url` ends in `/v1`, and people paste the
+/// endpoint itself: both are read as the server's base URL, with a note,
+/// so the requests and the metrics scrape reach the server (they used to
+/// go to `/v1/v1/completions`, a 404 that stopped the run).
+#[test]
+fn a_v1_url_is_read_as_the_base_url() {
+    let _g = crate::common::serial();
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    for (i, url) in [
+        format!("{}/v1", mock.url),
+        format!("{}/v1/completions/", mock.url),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let prefix = dir.path().join(format!("v1-{i}"));
+        let out = loadgen()
+            .args(["run", "--server-url", url, "--model", MODEL])
+            .args([
+                "--rate",
+                "20",
+                "--num-requests",
+                "3",
+                "--output-tokens",
+                "3",
+            ])
+            .args(["--scrape-interval-ms", "100", "--out", s(&prefix)])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "note: --server-url {url} read as the server's base URL {}: requests go to {}/v1/completions, metrics to {}/metrics",
+                mock.url, mock.url, mock.url
+            )),
+            "{stderr}"
+        );
+        let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+        assert!(
+            t.records
+                .iter()
+                .all(|r| r.outcome.status == Some(Status::Ok))
+        );
+        assert!(
+            t.metrics.as_ref().is_some_and(|m| !m.is_empty()),
+            "the metrics were scraped"
+        );
+    }
+}

@@ -286,18 +286,29 @@ impl Endpoint {
                 format!("HTTP {status}{retry}: {detail}"),
             ));
         }
-        if !stream {
-            return crate::sse::read_whole(resp, clock, cap).await;
-        }
-        // A stream was asked for. Some servers ignore `stream: true` and
-        // answer with the whole completion; a proxy may answer 200 with an
-        // HTML page of its own.
         let content_type = resp
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_ascii_lowercase();
+        if !stream {
+            if content_type.starts_with("text/event-stream") {
+                // A server (or gateway) that streams whatever was asked:
+                // its events are the response, ended by `[DONE]`.
+                crate::sse::read_stream(resp, clock, cap).await?;
+                let w = "the server streamed the response although stream: false was asked (text/event-stream)";
+                cap.warning = Some(match cap.warning.take() {
+                    Some(earlier) => format!("{w}; {earlier}"),
+                    None => w.into(),
+                });
+                return Ok(());
+            }
+            return crate::sse::read_whole(resp, clock, cap).await;
+        }
+        // A stream was asked for. Some servers ignore `stream: true` and
+        // answer with the whole completion; a proxy may answer 200 with an
+        // HTML page of its own.
         if content_type.starts_with("application/json") {
             crate::sse::read_whole(resp, clock, cap).await?;
             // One chunk, at the end, as a row of a `--no-stream` run.

@@ -112,6 +112,8 @@ pub struct Summary {
     /// `ok` requests whose stream ended cleanly after its `finish_reason`
     /// but without `[DONE]`.
     pub ended_without_done: u64,
+    /// `ok` requests of a `--no-stream` run the server streamed anyway.
+    pub streamed_unasked: u64,
     /// Prompt tokens the server served from its prefix cache
     /// (`usage.prompt_tokens_details.cached_tokens`), of all prompt tokens.
     pub cached_prompt_share: Option<f64>,
@@ -219,6 +221,7 @@ pub struct Tally {
     missing_usage: u64,
     unstreamed: u64,
     ended_without_done: u64,
+    streamed_unasked: u64,
     /// Send lag of every sent request, ms.
     lags: Samples,
     /// Requests sent, and the first and last send time, µs.
@@ -262,6 +265,7 @@ impl Tally {
             missing_usage: 0,
             unstreamed: 0,
             ended_without_done: 0,
+            streamed_unasked: 0,
             lags: Samples::default(),
             sends: 0,
             first_send: i64::MAX,
@@ -318,6 +322,9 @@ impl Tally {
             }
             if o.error_message.contains(crate::sse::ENDED_WITHOUT_DONE) {
                 self.ended_without_done += 1;
+            }
+            if o.error_message.contains("although stream: false was asked") {
+                self.streamed_unasked += 1;
             }
         }
         if r.request.request_id < self.warmup_below_id {
@@ -447,6 +454,7 @@ impl Tally {
             missing_usage: self.missing_usage,
             unstreamed: self.unstreamed,
             ended_without_done: self.ended_without_done,
+            streamed_unasked: self.streamed_unasked,
             cached_prompt_share,
             warm_cache_warning,
             latency_ms: latency,
@@ -741,6 +749,13 @@ impl Summary {
                 o,
                 "warning: {} ok responses ended without [DONE] (after their finish_reason): the server or a proxy does not send it",
                 self.ended_without_done
+            );
+        }
+        if self.streamed_unasked > 0 {
+            let _ = writeln!(
+                o,
+                "warning: {} ok responses were streamed although stream: false was asked (read as streams; TTFT is the first chunk's)",
+                self.streamed_unasked
             );
         }
         if let Some(c) = self.cached_prompt_share {

@@ -506,3 +506,42 @@ fn a_v1_url_is_read_as_the_base_url() {
         );
     }
 }
+
+/// A server (or gateway) that streams whatever was asked: the test
+/// request before the run (`stream: false`) and a `--no-stream` run read
+/// its events as the response, with a warning on each row; the test
+/// request no longer warns that the run's requests will fail.
+#[test]
+fn a_server_that_always_streams_is_read_when_no_stream_was_asked() {
+    let _g = crate::common::serial();
+    let (url, _posts) = crate::common::start_server_replying(crate::common::PostReply::Ok(
+        "text/event-stream",
+        "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("always");
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m", "--no-stream"])
+        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "5"])
+        .args(["--scrape-interval-ms", "0", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("test request"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("warning: 3 ok responses were streamed although stream: false was asked"),
+        "{stdout}"
+    );
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{}", o.error_message);
+        assert_eq!((o.num_chunks, r.request.output_tokens), (1, 2));
+        assert_eq!(
+            o.error_message,
+            "warning: the server streamed the response although stream: false was asked (text/event-stream)"
+        );
+    }
+}

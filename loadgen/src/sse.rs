@@ -217,6 +217,7 @@ where
             ),
         ));
     }
+    ended_by_the_server(cap)?;
     if !done {
         if !cap.finish_reason.is_empty() {
             cap.warning = Some(format!("{ENDED_WITHOUT_DONE} (after finish_reason)"));
@@ -226,6 +227,26 @@ where
             ErrorKind::Dropped,
             format!(
                 "stream ended without [DONE] or a finish_reason after {} chunks",
+                cap.chunk_times.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A response the server ended with `finish_reason` `abort` or `error`
+/// (vLLM's for a request it aborted or that failed in the engine) did not
+/// complete: a `server_error` that keeps what arrived.
+///
+/// # Errors
+/// That failure.
+fn ended_by_the_server(cap: &Capture) -> Result<(), Failure> {
+    if matches!(cap.finish_reason.as_str(), "abort" | "error") {
+        return Err(Failure::new(
+            ErrorKind::ServerError,
+            format!(
+                "the server ended the response with finish_reason {} after {} chunks",
+                cap.finish_reason,
                 cap.chunk_times.len()
             ),
         ));
@@ -345,7 +366,7 @@ pub async fn read_whole(
     if let Some(u) = &v.usage {
         apply_usage(cap, u);
     }
-    Ok(())
+    ended_by_the_server(cap)
 }
 
 #[cfg(test)]
@@ -382,6 +403,36 @@ mod tests {
         parse_sse(&[halves.0, halves.1, done.as_bytes()], &mut cap).unwrap();
         assert_eq!(cap.chunk_times.len(), 1);
         assert_eq!(cap.text.len(), MAX_SSE_LINE - 100);
+    }
+
+    /// A response ended with `finish_reason` `abort` or `error` (vLLM's
+    /// for an aborted or failed request) is a `server_error` keeping its
+    /// chunks, `[DONE]` or not; `stop` and `length` complete it.
+    #[test]
+    fn an_aborted_response_is_a_server_error() {
+        let body = |reason: &str| {
+            format!(
+                "{}data: {{\"choices\":[{{\"text\":\"b\",\"finish_reason\":\"{reason}\"}}]}}\n\ndata: [DONE]\n\n",
+                chunk("a")
+            )
+        };
+        for reason in ["abort", "error"] {
+            let b = body(reason);
+            let mut cap = Capture::default();
+            let err = parse_sse(&[b.as_bytes()], &mut cap).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::ServerError);
+            assert_eq!(
+                err.detail,
+                format!("the server ended the response with finish_reason {reason} after 2 chunks")
+            );
+            assert_eq!(cap.chunk_times.len(), 2);
+        }
+        for reason in ["stop", "length"] {
+            let b = body(reason);
+            let mut cap = Capture::default();
+            parse_sse(&[b.as_bytes()], &mut cap).unwrap();
+            assert_eq!(cap.finish_reason, reason);
+        }
     }
 
     /// Line breaks reset the count: a long stream of short lines is read

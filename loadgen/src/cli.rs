@@ -245,6 +245,17 @@ pub struct RunArgs {
     /// Client timeout per request, seconds.
     #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_TIMEOUT_S)]
     pub timeout_s: f64,
+    /// Wait up to this many seconds for a server that is still starting
+    /// (connection refused, or HTTP 503 from /v1/models or /health) before
+    /// the run, as `vllm bench serve --ready-check-timeout-sec` does (0: a
+    /// refused connection is an error at once; a 503 is waited on for 60 s)
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        default_value_t = 0.0,
+        value_name = "S"
+    )]
+    pub wait_for_server_s: f64,
     /// Leading requests marked as warm-up (excluded from statistics).
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub warmup_requests: u64,
@@ -425,6 +436,7 @@ impl From<RunArgs> for options::RunOptions {
             concurrency: a.concurrency,
             max_in_flight: a.max_in_flight,
             timeout_s: a.timeout_s,
+            wait_for_server_s: a.wait_for_server_s,
             warmup_requests: a.warmup_requests,
             duration_s: a.duration_s,
             num_requests: a.num_requests,

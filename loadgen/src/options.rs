@@ -90,6 +90,9 @@ pub struct RunOptions {
     pub max_in_flight: Option<usize>,
     /// Client timeout per request, seconds.
     pub timeout_s: f64,
+    /// Seconds to wait for a server still starting (connection refused,
+    /// or 503) before the run; 0: a refused connection fails at once.
+    pub wait_for_server_s: f64,
     /// Leading requests marked as warm-up (excluded from statistics).
     pub warmup_requests: u64,
     /// Stop sending after this many seconds.
@@ -188,6 +191,7 @@ impl RunOptions {
             concurrency: None,
             max_in_flight: None,
             timeout_s: Self::DEFAULT_TIMEOUT_S,
+            wait_for_server_s: 0.0,
             warmup_requests: 0,
             duration_s: None,
             num_requests: None,

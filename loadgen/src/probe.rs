@@ -101,7 +101,9 @@ pub enum ProbeError {
 }
 
 /// Checks that the server answers and serves `model`, waiting up to
-/// `wait` while it reports 503 (starting up), and measures the round trip.
+/// `wait` while it reports 503 (starting up) on `/v1/models` or `/health`,
+/// and up to `wait_refused` while it refuses connections (not listening
+/// yet), and measures the round trip.
 ///
 /// # Errors
 /// Unreachable server, rejected API key, or a model it does not serve; each
@@ -112,22 +114,66 @@ pub async fn check_server(
     model: &str,
     api_key: Option<&str>,
     wait: Duration,
+    wait_refused: Duration,
 ) -> Result<ServerInfo, ProbeError> {
-    let url = format!("{}/v1/models", base.trim_end_matches('/'));
-    let deadline = Instant::now() + wait;
+    let base = base.trim_end_matches('/');
+    let url = format!("{base}/v1/models");
+    let start = Instant::now();
+    let deadline = start + wait.max(wait_refused);
+    let refused_deadline = start + wait_refused;
+    let mut said = false;
+    let mut waiting = |why: &str| {
+        if !said {
+            said = true;
+            blis_traces::diag!(
+                "waiting for the server at {base} ({why}), up to {:.0} s",
+                if why.starts_with("HTTP 503") {
+                    wait.max(wait_refused)
+                } else {
+                    wait_refused
+                }
+                .as_secs_f64()
+            );
+        }
+    };
     let resp = loop {
-        let r = get(client, &url, api_key)
-            .await
-            .map_err(|e| ProbeError::Unreachable {
-                base: base.to_string(),
-                why: describe(&e),
-            })?;
+        let r = match get(client, &url, api_key).await {
+            Ok(r) => r,
+            Err(e) if Instant::now() < refused_deadline => {
+                waiting(&format!("not answering: {}", describe(&e)));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => {
+                return Err(ProbeError::Unreachable {
+                    base: base.to_string(),
+                    why: describe(&e),
+                });
+            }
+        };
         if r.status() == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline {
+            waiting("HTTP 503 from /v1/models");
             tokio::time::sleep(Duration::from_millis(250)).await;
             continue;
         }
         break r;
     };
+    // vLLM's /health answers 503 while its engine is not serving; a
+    // server without one (404) or that does not answer it is not held up.
+    let health = format!("{base}/health");
+    while let Ok(r) = get(client, &health, api_key).await {
+        if r.status() != StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(ProbeError::NotReady {
+                base: base.to_string(),
+                waited_s: start.elapsed().as_secs_f64(),
+            });
+        }
+        waiting("HTTP 503 from /health");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let status = resp.status();
     let mut info = ServerInfo::default();
     match status {
@@ -140,7 +186,7 @@ pub async fn check_server(
         StatusCode::SERVICE_UNAVAILABLE => {
             return Err(ProbeError::NotReady {
                 base: base.to_string(),
-                waited_s: wait.as_secs_f64(),
+                waited_s: start.elapsed().as_secs_f64(),
             });
         }
         s if s.is_success() => {

@@ -44,6 +44,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         &args.model,
         args.api_key.as_deref(),
         Duration::from_secs(60),
+        Duration::from_secs_f64(args.wait_for_server_s),
     )
     .await?;
     let ep = Endpoint::new(

@@ -545,3 +545,68 @@ fn a_server_that_always_streams_is_read_when_no_stream_was_asked() {
         );
     }
 }
+
+/// A server still starting: one that answers 503 on `/health` is waited
+/// on (up to 60 s) before the first send, so no request meets the 503s;
+/// one not listening yet is waited on with `--wait-for-server-s` (as
+/// `vllm bench serve --ready-check-timeout-sec`), and without it, or past
+/// it, is the one-line `cannot reach` error.
+#[test]
+fn a_server_still_starting_is_waited_for() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |url: &str, name: &str, extra: &[&str]| {
+        loadgen()
+            .args(["run", "--server-url", url, "--model", MODEL])
+            .args([
+                "--rate",
+                "20",
+                "--num-requests",
+                "3",
+                "--output-tokens",
+                "3",
+            ])
+            .args(["--scrape-interval-ms", "0", "--out"])
+            .arg(dir.path().join(name))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let mock = Mock::start(&["--startup-delay-ms", "1500"]);
+    let out = run(&mock.url, "loading", &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("(HTTP 503 from /health), up to 60 s"),
+        "{stderr}"
+    );
+    let t = Trace::read(&dir.path().join("loading.yaml")).unwrap();
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+
+    // A port nobody listens on until a mock starts there 1 s later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        Mock::start(&["--port", &port.to_string()])
+    });
+    let out = run(&url, "late", &["--wait-for-server-s", "30"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("waiting for the server at"), "{stderr}");
+    drop(late.join().unwrap());
+
+    let t0 = std::time::Instant::now();
+    let out = run(&url, "gone", &["--wait-for-server-s", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(1));
+    assert!(one_line_error(&out).starts_with(&format!("error: cannot reach the server at {url}")));
+}

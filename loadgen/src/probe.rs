@@ -190,10 +190,21 @@ pub async fn check_server(
             });
         }
         s if s.is_success() => {
-            let v: Value = resp.json().await.map_err(|e| ProbeError::Unreadable {
-                url: url.clone(),
-                why: describe(&e),
-            })?;
+            // A gateway may answer any GET with a page of its own: a list
+            // that is not JSON is no list (the requests tell).
+            let v: Value = match resp.json().await {
+                Ok(v) => v,
+                Err(e) => {
+                    blis_traces::diag!(
+                        "warning: {}; going on without the server's model list",
+                        ProbeError::Unreadable {
+                            url: url.clone(),
+                            why: describe(&e),
+                        }
+                    );
+                    Value::Null
+                }
+            };
             for m in v["data"].as_array().into_iter().flatten() {
                 if let Some(id) = m["id"].as_str() {
                     info.models.push(id.to_string());

@@ -124,6 +124,9 @@ pub enum PostReply {
     /// `200 OK`, an event stream with this text, and then nothing: the
     /// chunked body is never ended and the connection stays open.
     StreamThenHang(&'static str),
+    /// As `Ok` for POSTs, and every GET a `200 OK` HTML page (a gateway's
+    /// catch-all page).
+    OkWithPageGets(&'static str, &'static str),
 }
 
 /// A server that is not OpenAI-compatible, answering like
@@ -177,6 +180,23 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                         return;
                     }
                     PostReply::Ok(content_type, text) if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
+                            text.len()
+                        );
+                        return;
+                    }
+                    PostReply::OkWithPageGets(content_type, text) => {
+                        let (content_type, text) = if post {
+                            (content_type, text)
+                        } else {
+                            (
+                                "text/html",
+                                "<html><body>Welcome to the gateway</body></html>",
+                            )
+                        };
                         let mut conn = r.into_inner();
                         let _ = write!(
                             conn,

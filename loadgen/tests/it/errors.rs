@@ -610,3 +610,34 @@ fn a_server_still_starting_is_waited_for() {
     assert!(t0.elapsed() >= std::time::Duration::from_secs(1));
     assert!(one_line_error(&out).starts_with(&format!("error: cannot reach the server at {url}")));
 }
+
+/// A gateway that answers every GET with a page of its own (no model list,
+/// no `/tokenize`, no `/metrics`) but serves completions: the run goes on
+/// with a warning naming the list's URL (it used to stop there).
+#[test]
+fn a_model_list_that_is_not_json_is_a_warning() {
+    let _g = crate::common::serial();
+    let (url, _posts) = crate::common::start_server_replying(
+        crate::common::PostReply::OkWithPageGets(
+            "text/event-stream",
+            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("gateway");
+    let out = three_requests(&url, &prefix, "5");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: reading {url}/v1/models: error decoding response body"
+        )) && stderr.contains("going on without the server's model list"),
+        "{stderr}"
+    );
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+}

@@ -76,6 +76,16 @@ pub struct LoopOpts {
     /// Stop sending after this many seconds of the workload.
     #[arg(allow_negative_numbers = true, long)]
     pub duration_s: Option<f64>,
+    /// Wait up to this many seconds for a server not listening yet (as
+    /// `blis-loadgen run --wait-for-server-s`; 0: a refused connection is
+    /// an error at once).
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        default_value_t = 0.0,
+        value_name = "S"
+    )]
+    pub wait_for_server_s: f64,
     /// Extra `blis-replay run` flags for a real server's settings, e.g.
     /// "--max-num-seqs 4 --max-num-batched-tokens 2048 --total-kv-blocks 2048".
     #[arg(long, default_value = "", allow_hyphen_values = true)]
@@ -116,19 +126,24 @@ pub struct LoopResult {
     pub served: Vec<blis_mockserver::server::Served>,
 }
 
-async fn first_model(url: &str) -> Result<String> {
+/// The first model `url` lists, waiting up to `wait` for a server that
+/// refuses connections (not listening yet).
+async fn first_model(url: &str, wait: std::time::Duration) -> Result<String> {
     let models = format!("{url}/v1/models");
-    let v: serde_json::Value = reqwest::Client::builder()
+    let client = reqwest::Client::builder()
         .no_proxy()
         .build()
-        .map_err(CommandError::library)?
-        .get(&models)
-        .send()
-        .await
-        .step(|| format!("cannot reach the server at {url}"))?
-        .json()
-        .await
-        .step(|| format!("reading {models}"))?;
+        .map_err(CommandError::library)?;
+    let deadline = std::time::Instant::now() + wait;
+    let resp = loop {
+        match client.get(&models).send().await {
+            Err(e) if e.is_connect() && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            r => break r.step(|| format!("cannot reach the server at {url}"))?,
+        }
+    };
+    let v: serde_json::Value = resp.json().await.step(|| format!("reading {models}"))?;
     v["data"][0]["id"]
         .as_str()
         .map(str::to_string)
@@ -164,6 +179,12 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     if let Some(u) = &o.server_url {
         blis_loadgen::http::check_scheme(u).map_err(CommandError::Usage)?;
     }
+    if !(0.0..=86_400.0).contains(&o.wait_for_server_s) {
+        return Err(CommandError::Usage(format!(
+            "--wait-for-server-s must be a number of seconds in [0, 86400], got {}",
+            o.wait_for_server_s
+        )));
+    }
     if !(0.0..1.0).contains(&o.holdout_fraction) {
         return Err(CommandError::Usage(format!(
             "--holdout-fraction must be in [0, 1) (the share of the observed trace, at its end, kept out of the fit), got {}",
@@ -181,7 +202,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
         .build()?;
     let mut mock = None;
     let url = match &o.server_url {
-        Some(u) => u.trim_end_matches('/').to_string(),
+        Some(u) => blis_loadgen::http::base_url(u),
         None => {
             // The mock's own defaults (its command line's), on any free port.
             let mut opts = blis_mockserver::Opts::try_parse_from(["blis-mockserver"])
@@ -200,7 +221,10 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     };
     let model = match &o.model {
         Some(m) => m.clone(),
-        None => rt.block_on(first_model(&url))?,
+        None => rt.block_on(first_model(
+            &url,
+            std::time::Duration::from_secs_f64(o.wait_for_server_s),
+        ))?,
     };
     let real_h = observe(o, &url, &model, log)?;
     let sim = o.out.join("sim");
@@ -287,6 +311,7 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
     run.scrape_interval_ms = 500;
     run.aggregate_rate = o.aggregate_rate;
     run.duration_s = o.duration_s;
+    run.wait_for_server_s = o.wait_for_server_s;
     log(&format!(
         "observing {url} with {} (blis-loadgen run)",
         spec.display()

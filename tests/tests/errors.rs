@@ -197,6 +197,7 @@ fn cases() -> Vec<Case> {
         case("a server that wants an API key (401)", "blis-loadgen", &["run", "--server-url", "{auth}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("an https server, with a build that has no TLS", "blis-loadgen", &["run", "--server-url", "https://127.0.0.1:9", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a negative rate (usage)", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--rate", "-5", "--num-requests", "3", "--out", "{d}/o"], &[]),
+        case("a wait for the server that is not a number (usage)", "blis-loop", &["--wait-for-server-s", "nan", "--out", "{d}/o"], &[]),
         // Calibration.
         case("comparing traces of different requests", "blis-calibrate", &["compare", "--real", "{d}/t.yaml", "--sim", "{d}/u.yaml", "--out", "{d}/r"], &[("t.yaml", HEADER), ("t.csv", CSV), ("u.yaml", b"trace_version: 3\ndata_file: u.csv\n"), ("u.csv", b"request_id,input_tokens,output_tokens,arrival_time_us\n7,10,5,0\n")]),
         case("fitting on a folder with no runs", "blis-calibrate", &["fit", "--runs", "{d}", "--out", "{d}/f"], &[]),

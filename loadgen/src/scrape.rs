@@ -74,9 +74,24 @@ pub async fn scrape_once(
     if !resp.status().is_success() {
         return Err(format!("HTTP {}", resp.status()));
     }
-    let text = resp.text().await.map_err(|e| describe(&e))?;
-    prom::parse(&text)
+    let mut resp = resp;
+    let mut body = Vec::new();
+    while let Some(piece) = resp.chunk().await.map_err(|e| describe(&e))? {
+        if body.len() + piece.len() > MAX_METRICS_BYTES {
+            return Err(format!(
+                "a metrics page over {} MiB",
+                MAX_METRICS_BYTES >> 20
+            ));
+        }
+        body.extend_from_slice(&piece);
+    }
+    prom::parse(&String::from_utf8_lossy(&body))
 }
+
+/// The largest `/metrics` page read, bytes (16 MiB): vLLM's is tens to
+/// hundreds of KB; a larger one is a broken endpoint, not read into
+/// memory every scrape.
+pub const MAX_METRICS_BYTES: usize = 16 << 20;
 
 /// What the scraper task needs.
 #[derive(Debug)]

@@ -641,3 +641,51 @@ fn a_model_list_that_is_not_json_is_a_warning() {
             .all(|r| r.outcome.status == Some(Status::Ok))
     );
 }
+
+/// A `/metrics` page past 16 MiB is a failed scrape with its reason, not
+/// read into memory at every scrape; a normal page is read.
+#[test]
+fn a_metrics_page_past_the_limit_is_a_failed_scrape() {
+    use std::io::{Read, Write};
+    let serve = |body: Vec<u8>| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            if let Ok((mut c, _)) = listener.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(&body);
+            }
+        });
+        url
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = blis_loadgen::http::client().unwrap();
+    let scrape = |url: String| {
+        rt.block_on(blis_loadgen::scrape::scrape_once(
+            &client,
+            &url,
+            None,
+            std::time::Duration::from_secs(20),
+        ))
+    };
+    let line = b"vllm:num_requests_running{model_name=\"m\"} 1\n";
+    let huge: Vec<u8> = line
+        .iter()
+        .copied()
+        .cycle()
+        .take(blis_loadgen::scrape::MAX_METRICS_BYTES + line.len())
+        .collect();
+    assert_eq!(
+        scrape(serve(huge)).unwrap_err(),
+        "a metrics page over 16 MiB"
+    );
+    let ok = scrape(serve(line.to_vec())).unwrap();
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].name, "vllm:num_requests_running");
+}

@@ -213,6 +213,20 @@ fn three_requests(url: &str, prefix: &std::path::Path, timeout_s: &str) -> std::
         .unwrap()
 }
 
+/// Three requests to a hand-written server answering `reply`, written at
+/// `dir/name`: the command's output and the trace.
+fn three_requests_to(
+    reply: crate::common::PostReply,
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::process::Output, Trace) {
+    let (url, _posts) = crate::common::start_server_replying(reply);
+    let prefix = dir.join(name);
+    let out = three_requests(&url, &prefix, "5");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    (out, t)
+}
+
 /// A server that takes requests and never answers: the probes before the
 /// run wait no longer than the run's own `--timeout-s` (they used to wait
 /// 10 s per `/tokenize` form and 60 s for the calibration request, over a
@@ -251,13 +265,7 @@ fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
 fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let run = |reply, name: &str| {
-        let (url, _posts) = crate::common::start_server_replying(reply);
-        let prefix = dir.path().join(name);
-        let out = three_requests(&url, &prefix, "5");
-        let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
-        (out, t)
-    };
+    let run = |reply, name: &str| three_requests_to(reply, dir.path(), name);
     let (out, t) = run(
         crate::common::PostReply::Ok(
             "application/json",
@@ -348,13 +356,7 @@ fn a_stream_held_open_after_done_is_complete_at_done() {
 fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
     let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let run = |reply, name: &str| {
-        let (url, _posts) = crate::common::start_server_replying(reply);
-        let prefix = dir.path().join(name);
-        let out = three_requests(&url, &prefix, "5");
-        let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
-        (out, t)
-    };
+    let run = |reply, name: &str| three_requests_to(reply, dir.path(), name);
     let (out, t) = run(
         crate::common::PostReply::Ok(
             "text/event-stream",

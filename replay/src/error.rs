@@ -75,12 +75,16 @@ pub enum SettingsError {
     /// `max_num_seqs`, `max_num_batched_tokens` or `block_size` is 0.
     #[error("max_num_seqs, max_num_batched_tokens and block_size must be positive")]
     ZeroLimits,
-    /// `block_size` above [`crate::setup::MAX_BLOCK_SIZE`].
+    /// `block_size` above the largest accepted.
     #[error(
-        "block_size {0} is above {max} tokens (vLLM's block sizes are 1 to 128 tokens; hybrid models' a few thousand)",
-        max = crate::setup::MAX_BLOCK_SIZE
+        "block_size {block_size} is above {max} tokens (vLLM's block sizes are 1 to 128 tokens; hybrid models' a few thousand)"
     )]
-    BlockSizeTooLarge(u32),
+    BlockSizeTooLarge {
+        /// The block size asked for.
+        block_size: u32,
+        /// The largest accepted.
+        max: u32,
+    },
     /// Chunked prefill off with a token budget below `max_model_len`: a
     /// long prompt could never be scheduled (vLLM refuses to start so).
     #[error(

@@ -811,7 +811,11 @@ fn engine_config(
         return Err(SettingsError::ZeroLimits.into());
     }
     if engine.block_size > MAX_BLOCK_SIZE {
-        return Err(SettingsError::BlockSizeTooLarge(engine.block_size).into());
+        return Err(SettingsError::BlockSizeTooLarge {
+            block_size: engine.block_size,
+            max: MAX_BLOCK_SIZE,
+        }
+        .into());
     }
     Ok(engine)
 }

@@ -225,9 +225,10 @@ pub struct RunArgs {
     /// Output prefix: PREFIX.yaml, .csv, .itl.csv, .metrics.csv.
     #[arg(long, value_name = "PREFIX")]
     pub out: PathBuf,
-    /// API to use.
-    #[arg(long, value_enum, default_value = "completions")]
-    pub api: ApiArg,
+    /// API to use [default: chat when --server-url ends in
+    /// /v1/chat/completions, else completions]
+    #[arg(long, value_enum)]
+    pub api: Option<ApiArg>,
     /// Server family.
     #[arg(long, value_enum, default_value = "vllm")]
     pub server_type: ServerTypeArg,
@@ -422,15 +423,29 @@ impl From<GenerateArgs> for options::PlanOptions {
     }
 }
 
+/// `--api` when not given: chat for a `--server-url` that names the chat
+/// endpoint itself, else completions.
+fn default_api(server_url: &str) -> ApiArg {
+    if server_url
+        .trim_end_matches('/')
+        .ends_with("/v1/chat/completions")
+    {
+        ApiArg::Chat
+    } else {
+        ApiArg::Completions
+    }
+}
+
 impl From<RunArgs> for options::RunOptions {
     fn from(a: RunArgs) -> Self {
+        let api = a.api.unwrap_or_else(|| default_api(&a.server_url));
         options::RunOptions {
             server_url: a.server_url,
             model: a.model,
             workload: a.workload.into(),
             synthetic: a.synthetic.into(),
             out: a.out,
-            api: a.api.into(),
+            api: api.into(),
             server_type: a.server_type.into(),
             no_stream: a.no_stream,
             concurrency: a.concurrency,
@@ -462,6 +477,35 @@ impl From<RunArgs> for options::RunOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `--server-url` naming the chat endpoint itself asks for the chat
+    /// API unless `--api` says otherwise; any other URL, completions.
+    #[test]
+    fn a_chat_endpoint_url_chooses_the_chat_api() {
+        let api = |url: &str, extra: &[&str]| {
+            let mut v = vec!["blis-loadgen", "run", "--server-url", url];
+            v.extend(["--model", "m", "--rate", "1", "--out", "o"]);
+            v.extend(extra);
+            match Opts::parse_from(v).command {
+                Command::Run(a) => options::RunOptions::from(*a).api,
+                _ => unreachable!("a run"),
+            }
+        };
+        assert_eq!(
+            api("http://h:1/v1/chat/completions", &[]),
+            options::Api::Chat
+        );
+        assert_eq!(
+            api("http://h:1/v1/chat/completions/", &[]),
+            options::Api::Chat
+        );
+        assert_eq!(
+            api("http://h:1/v1/chat/completions", &["--api", "completions"]),
+            options::Api::Completions
+        );
+        assert_eq!(api("http://h:1/v1", &[]), options::Api::Completions);
+        assert_eq!(api("http://h:1", &["--api", "chat"]), options::Api::Chat);
+    }
 
     #[test]
     fn the_library_defaults_are_the_command_lines() {

@@ -297,7 +297,7 @@ impl Endpoint {
                 // A server (or gateway) that streams whatever was asked:
                 // its events are the response, ended by `[DONE]`.
                 crate::sse::read_stream(resp, clock, cap).await?;
-                let w = "the server streamed the response although stream: false was asked (text/event-stream)";
+                let w = crate::response::STREAMED_UNASKED;
                 cap.warning = Some(match cap.warning.take() {
                     Some(earlier) => format!("{w}; {earlier}"),
                     None => w.into(),
@@ -313,9 +313,7 @@ impl Endpoint {
             crate::sse::read_whole(resp, clock, cap).await?;
             // One chunk, at the end, as a row of a `--no-stream` run.
             cap.chunk_times.extend(cap.last_us);
-            cap.warning = Some(
-                "the server ignored stream: true and sent the whole response at once (application/json): TTFT is the time to the whole response; --no-stream says so up front".into(),
-            );
+            cap.warning = Some(crate::response::UNSTREAMED.into());
             return Ok(());
         }
         // (Not text/plain: some proxies label a real event stream so.)

@@ -161,6 +161,20 @@ impl Default for Synthetic {
     }
 }
 
+/// Checks a `--wait-for-server-s` value (seconds, 0 to a day).
+///
+/// # Errors
+/// The one-line message naming the flag.
+pub fn check_wait_for_server(s: f64) -> Result<(), String> {
+    if (0.0..=86_400.0).contains(&s) {
+        Ok(())
+    } else {
+        Err(format!(
+            "--wait-for-server-s must be a number of seconds in [0, 86400], got {s}"
+        ))
+    }
+}
+
 impl RunOptions {
     /// `--timeout-s` by default.
     pub const DEFAULT_TIMEOUT_S: f64 = 300.0;

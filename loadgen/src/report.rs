@@ -317,15 +317,11 @@ impl Tally {
             if o.error_message.contains("no usage in the response") {
                 self.missing_usage += 1;
             }
-            if o.error_message.contains("ignored stream: true") {
-                self.unstreamed += 1;
-            }
-            if o.error_message.contains(crate::sse::ENDED_WITHOUT_DONE) {
-                self.ended_without_done += 1;
-            }
-            if o.error_message.contains("although stream: false was asked") {
-                self.streamed_unasked += 1;
-            }
+            use crate::response::{ENDED_WITHOUT_DONE, STREAMED_UNASKED, UNSTREAMED};
+            let m = &o.error_message;
+            self.unstreamed += u64::from(m.contains(UNSTREAMED));
+            self.ended_without_done += u64::from(m.contains(ENDED_WITHOUT_DONE));
+            self.streamed_unasked += u64::from(m.contains(STREAMED_UNASKED));
         }
         if r.request.request_id < self.warmup_below_id {
             self.counts.warmup += 1;
@@ -730,33 +726,27 @@ impl Summary {
                 .collect();
             let _ = writeln!(o, "not ok by kind: {}", list.join(", "));
         }
-        if self.missing_usage > 0 {
-            let _ = writeln!(
-                o,
-                "warning: {} ok responses had no usage (output tokens counted from chunks)",
-                self.missing_usage
-            );
-        }
-        if self.unstreamed > 0 {
-            let _ = writeln!(
-                o,
-                "warning: {} ok responses came whole, not streamed (the server ignored stream: true): their TTFT is their E2E; --no-stream says so up front",
-                self.unstreamed
-            );
-        }
-        if self.ended_without_done > 0 {
-            let _ = writeln!(
-                o,
-                "warning: {} ok responses ended without [DONE] (after their finish_reason): the server or a proxy does not send it",
-                self.ended_without_done
-            );
-        }
-        if self.streamed_unasked > 0 {
-            let _ = writeln!(
-                o,
-                "warning: {} ok responses were streamed although stream: false was asked (read as streams; TTFT is the first chunk's)",
-                self.streamed_unasked
-            );
+        for (n, what) in [
+            (
+                self.missing_usage,
+                "had no usage (output tokens counted from chunks)",
+            ),
+            (
+                self.unstreamed,
+                "came whole, not streamed (the server ignored stream: true): their TTFT is their E2E; --no-stream says so up front",
+            ),
+            (
+                self.ended_without_done,
+                "ended without [DONE] (after their finish_reason): the server or a proxy does not send it",
+            ),
+            (
+                self.streamed_unasked,
+                "were streamed although stream: false was asked (read as streams; TTFT is the first chunk's)",
+            ),
+        ] {
+            if n > 0 {
+                let _ = writeln!(o, "warning: {n} ok responses {what}");
+            }
         }
         if let Some(c) = self.cached_prompt_share {
             let _ = writeln!(

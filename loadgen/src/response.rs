@@ -75,6 +75,17 @@ impl Failure {
     }
 }
 
+/// The row warning of a stream asked for and a whole JSON body sent.
+pub const UNSTREAMED: &str = "the server ignored stream: true and sent the whole response at once (application/json): TTFT is the time to the whole response; --no-stream says so up front";
+
+/// The row warning of a whole response asked for and a stream sent.
+pub const STREAMED_UNASKED: &str =
+    "the server streamed the response although stream: false was asked (text/event-stream)";
+
+/// The row warning of a stream that ended cleanly after its
+/// `finish_reason` but without `[DONE]`.
+pub const ENDED_WITHOUT_DONE: &str = "the stream ended without [DONE] (after finish_reason)";
+
 /// What was received of one response. Times are Unix µs.
 #[derive(Debug, Default, Clone)]
 pub struct Capture {

@@ -220,7 +220,7 @@ where
     ended_by_the_server(cap)?;
     if !done {
         if !cap.finish_reason.is_empty() {
-            cap.warning = Some(format!("{ENDED_WITHOUT_DONE} (after finish_reason)"));
+            cap.warning = Some(crate::response::ENDED_WITHOUT_DONE.into());
             return Ok(());
         }
         return Err(Failure::new(
@@ -253,10 +253,6 @@ fn ended_by_the_server(cap: &Capture) -> Result<(), Failure> {
     }
     Ok(())
 }
-
-/// The warning on a row whose stream ended cleanly after its
-/// `finish_reason` but without `[DONE]`.
-pub const ENDED_WITHOUT_DONE: &str = "the stream ended without [DONE]";
 
 /// Takes one SSE event's JSON chunk arriving at `now` (µs): its content
 /// (a chunk's time counts only when it carries content), finish reason

@@ -179,12 +179,8 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     if let Some(u) = &o.server_url {
         blis_loadgen::http::check_scheme(u).map_err(CommandError::Usage)?;
     }
-    if !(0.0..=86_400.0).contains(&o.wait_for_server_s) {
-        return Err(CommandError::Usage(format!(
-            "--wait-for-server-s must be a number of seconds in [0, 86400], got {}",
-            o.wait_for_server_s
-        )));
-    }
+    blis_loadgen::options::check_wait_for_server(o.wait_for_server_s)
+        .map_err(CommandError::Usage)?;
     if !(0.0..1.0).contains(&o.holdout_fraction) {
         return Err(CommandError::Usage(format!(
             "--holdout-fraction must be in [0, 1) (the share of the observed trace, at its end, kept out of the fit), got {}",

@@ -66,12 +66,7 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
             args.timeout_s
         )));
     }
-    if !(args.wait_for_server_s >= 0.0 && args.wait_for_server_s <= 86_400.0) {
-        return Err(CommandError::Usage(format!(
-            "--wait-for-server-s must be a number of seconds in [0, 86400], got {}",
-            args.wait_for_server_s
-        )));
-    }
+    crate::options::check_wait_for_server(args.wait_for_server_s).map_err(CommandError::Usage)?;
     if !(args.grace_s >= 0.0 && args.grace_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--grace-s must be a non-negative number of seconds, got {}",

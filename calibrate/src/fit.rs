@@ -359,7 +359,8 @@ pub fn parameter_meaning(name: &str) -> &'static str {
         "overhead_us" => "fixed overhead per step (µs)",
         "allreduce_latency_us" => "latency of one tensor-parallel all-reduce, two per layer (µs)",
         "prompt_token" => "step time per prompt token computed (µs/token)",
-        "context_token" => "step time per token of context attended (µs/token)",
+        "context_token" => "step time per token of context a decoding request attends (µs/token)",
+        "prompt_pair" => "step time per query–key pair of a prompt's causal attention (µs/pair)",
         _ => "",
     }
 }
@@ -393,7 +394,11 @@ impl Space {
                     .map(|s| s.to_string())
                     .collect();
                 v.extend((0..=*slots).map(step_table::decode_key));
-                v.extend(["prompt_token".to_string(), "context_token".to_string()]);
+                v.extend(
+                    ["prompt_token", "context_token", "prompt_pair"]
+                        .iter()
+                        .map(|s| s.to_string()),
+                );
                 return v;
             }
         };
@@ -407,6 +412,7 @@ impl Space {
             decode_us: theta[3..4 + slots].to_vec(),
             prompt_token_us: theta[4 + slots],
             context_token_us: theta[5 + slots],
+            prompt_pair_us: theta[6 + slots],
         }
     }
 
@@ -458,7 +464,7 @@ impl Space {
             Model::StepTable(t) => {
                 let mut v = t.alpha.to_vec();
                 v.extend(&t.decode_us);
-                v.extend([t.prompt_token_us, t.context_token_us]);
+                v.extend([t.prompt_token_us, t.context_token_us, t.prompt_pair_us]);
                 (
                     Space::StepTable {
                         slots: t.decode_us.len().saturating_sub(1),
@@ -1060,6 +1066,7 @@ pub fn server_args(
             decode_us: (0..=slots).map(|i| 1000.0 + 500.0 * i as f64).collect(),
             prompt_token_us: 10.0,
             context_token_us: 0.0,
+            prompt_pair_us: 0.0,
             alpha: [1000.0, 0.0, 0.0],
         };
         rows.rows.push(CoefficientRow {

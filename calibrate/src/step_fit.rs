@@ -16,13 +16,14 @@
 //! before.
 //!
 //! ```text
-//! duration_k ≈ decode_us[D_k] + prompt_token_us · P_k + context_token_us · C_k
+//! duration_k ≈ decode_us[D_k] + prompt_token_us · P_k + prompt_pair_us · Q_k
+//!              + context_token_us · C_k
 //! ```
 //!
 //! with `D_k` the decoding requests, `P_k` the uncached prompt tokens of the
-//! prefills finished in step k and `C_k` the context they attend (each
-//! decoding request's prompt and tokens so far; each prefill's causal
-//! context), fitted by non-negative least squares on relative errors.
+//! prefills finished in step k, `Q_k` their causal attention's query–key
+//! pairs and `C_k` the context the decoding requests attend (each one's
+//! prompt and tokens so far), fitted by non-negative least squares.
 //! Entries no step measured are interpolated between their neighbours (or
 //! continued from the last slope). The queueing delay is the median of
 //! (TTFT − network round trip − predicted prefill step) over requests that
@@ -41,8 +42,10 @@ pub struct Step {
     pub decoding: usize,
     /// Uncached prompt tokens of the prefills it finished.
     pub prompt_tokens: f64,
-    /// Context attended.
+    /// Context attended by the decoding requests.
     pub context_tokens: f64,
+    /// Query–key pairs of the prefills' causal attention.
+    pub prompt_pairs: f64,
     /// Duration, µs.
     pub duration_us: f64,
 }
@@ -154,6 +157,7 @@ pub fn recover_steps(
             decoding: 0,
             prompt_tokens: 0.0,
             context_tokens: 0.0,
+            prompt_pairs: 0.0,
             duration_us: (t - t_prev) as f64,
         };
         for e in g {
@@ -161,7 +165,7 @@ pub fn recover_steps(
             if e.2 == 0 {
                 let (n, before) = (i.3, i.2 - i.3);
                 s.prompt_tokens += n;
-                s.context_tokens += n * before + n * (n + 1.0) / 2.0;
+                s.prompt_pairs += n * before + n * (n + 1.0) / 2.0;
             } else {
                 s.decoding += 1;
                 s.context_tokens += i.2 + f64::from(e.2);
@@ -239,7 +243,7 @@ fn merge_split_steps(
 
 /// The starting parameters of a step-table fit with entries for 0 to
 /// `slots` decoding requests, in the fit's order (α0, α1, α2, decode_0 …
-/// decode_slots, prompt_token, context_token); `None` when the traces have
+/// decode_slots, prompt_token, context_token, prompt_pair); `None` when the traces have
 /// no streamed tokens to recover steps from.
 pub fn step_start<'a>(
     traces: impl Iterator<Item = (&'a Trace, &'a BTreeSet<u64>, f64)>,
@@ -256,7 +260,7 @@ pub fn step_start<'a>(
         return None;
     }
     let n = slots + 1;
-    let cols = n + 2;
+    let cols = n + 3;
     let mut g = vec![vec![0.0; cols]; cols];
     let mut c = vec![0.0; cols];
     let mut seen = vec![false; n];
@@ -267,6 +271,7 @@ pub fn step_start<'a>(
         x[d] = 1.0;
         x[n] = s.prompt_tokens;
         x[n + 1] = s.context_tokens;
+        x[n + 2] = s.prompt_pairs;
         // Absolute errors: the table must give the mean step time, which
         // is what adds up along a request (relative errors would pull it
         // toward the many short steps of a skewed distribution).
@@ -285,16 +290,16 @@ pub fn step_start<'a>(
     let mut table: Vec<Option<f64>> = (0..n).map(|i| seen[i].then_some(beta[i])).collect();
     fill_gaps(&mut table);
     let decode: Vec<f64> = table.into_iter().map(|v| v.unwrap_or(0.0)).collect();
-    let (prompt, context) = (beta[n], beta[n + 1]);
+    let (prompt, context, pair) = (beta[n], beta[n + 1], beta[n + 2]);
     let mut host: Vec<f64> = idle
         .iter()
-        .map(|(ttft, p)| ttft - decode[0] - prompt * p - context * p * (p + 1.0) / 2.0)
+        .map(|(ttft, p)| ttft - decode[0] - prompt * p - pair * p * (p + 1.0) / 2.0)
         .collect();
     host.sort_by(f64::total_cmp);
     let alpha0 = host.get(host.len() / 2).copied().unwrap_or(0.0).max(0.0);
     let mut theta = vec![alpha0, 0.0, 0.0];
     theta.extend(decode);
-    theta.extend([prompt, context]);
+    theta.extend([prompt, context, pair]);
     Some(theta)
 }
 
@@ -348,7 +353,9 @@ mod tests {
     }
 
     /// A synthetic server with steps of 1000 + 700·D µs (D decoding
-    /// requests, at most 4) and 2 µs per prompt token: four requests
+    /// requests, at most 4), 2 µs per prompt token, 0.01 µs per query–key
+    /// pair of a prompt's causal attention and 0.2 µs per token of context
+    /// a decoding request attends: four requests
     /// overlapping, each step's tokens reaching the client `late(k, j,
     /// step)` µs after step k's end (j: the token's place in the step,
     /// step: its duration).
@@ -382,7 +389,16 @@ mod tests {
             }
             let d = state.len();
             let p: u32 = waiting.iter().map(|&i| reqs[i].1).sum();
-            let step = (table[d] + 2.0 * f64::from(p)) as i64;
+            let pairs: f64 = waiting
+                .iter()
+                .map(|&i| {
+                    let n = f64::from(reqs[i].1);
+                    n * (n + 1.0) / 2.0
+                })
+                .sum();
+            let context: u32 = state.iter().map(|&(i, n)| reqs[i].1 + n).sum();
+            let step = (table[d] + 2.0 * f64::from(p) + PAIR * pairs + CONTEXT * f64::from(context))
+                as i64;
             t += step;
             let mut j = 0;
             for (i, n) in state.iter_mut() {
@@ -443,8 +459,12 @@ mod tests {
     }
 
     const TABLE: [f64; 5] = [1000.0, 1700.0, 2400.0, 3100.0, 3800.0];
+    const PAIR: f64 = 0.01;
+    const CONTEXT: f64 = 0.2;
 
-    /// The table and prompt cost fitted from `trace` match the server's.
+    /// The table, the prompt cost and the two attention costs fitted from
+    /// `trace` match the server's: a prompt's pairs and a decoding
+    /// request's context are told apart, though they differ 20×.
     fn assert_table_back(trace: &Trace) {
         let ids: BTreeSet<u64> = (0..4).collect();
         let theta = step_start(std::iter::once((trace, &ids, 0.0)), 4).unwrap();
@@ -456,6 +476,16 @@ mod tests {
             );
         }
         assert!((theta[8] - 2.0).abs() < 0.2, "prompt token {}", theta[8]);
+        assert!(
+            (theta[9] - CONTEXT).abs() < 0.2 * CONTEXT,
+            "context token {}",
+            theta[9]
+        );
+        assert!(
+            (theta[10] - PAIR).abs() < 0.2 * PAIR,
+            "prompt pair {}",
+            theta[10]
+        );
     }
 
     #[test]

@@ -1,14 +1,22 @@
 //! The `step-table` latency model: one server's own measured step time for
 //! each number of requests decoding in the step, plus a cost per prompt
-//! token computed and per token of context attended.
+//! token computed, per query–key pair of the prompts' causal attention, and
+//! per token of context a decoding request attends.
 //!
 //! ```text
-//! step_us = decode_us[D] + prompt_token_us · (prefill tokens) + context_token_us · (context attended)
+//! step_us = decode_us[D] + prompt_token_us · (prefill tokens)
+//!         + prompt_pair_us · Σ (n·c + n(n+1)/2) + context_token_us · (decode context)
 //! ```
 //!
 //! with `D` the requests decoding in the step (past the table's end, its
-//! last slope continues) and the context attended the decoding requests'
-//! context plus each prefill chunk's. The host overheads are those of
+//! last slope continues), each prefill chunk of `n` tokens after `c`
+//! computed, and the decode context the decoding requests' tokens so far.
+//! The two attention costs are separate because they differ by an order of
+//! magnitude: a decoding request reads its whole KV cache for one query,
+//! while a prompt's queries are batched into matrix products (charged at
+//! the decode rate, a 725-token prompt on llama.cpp's CPU server was
+//! predicted 2× its measured TTFT). A row without `prompt_pair` charges
+//! the pairs at `context_token`, as rows written before it did. The host overheads are those of
 //! trained-physics: a queueing delay per request (and per input token) and
 //! an output hop per token, neither blocking the engine.
 //!
@@ -33,8 +41,11 @@ pub struct StepTable {
     pub decode_us: Vec<f64>,
     /// Per prompt token computed in the step, µs.
     pub prompt_token_us: f64,
-    /// Per token of context attended by the step's requests, µs.
+    /// Per token of context attended by the step's decoding requests, µs.
     pub context_token_us: f64,
+    /// Per query–key pair of the step's prefill chunks' causal attention,
+    /// µs.
+    pub prompt_pair_us: f64,
     /// Queueing delay (µs), per input token (µs), output hop (µs).
     pub alpha: [f64; 3],
 }
@@ -46,7 +57,8 @@ pub fn decode_key(i: usize) -> String {
 
 impl StepTable {
     /// The model of a coefficients row's `terms` (`decode_0`, `decode_1`,
-    /// …, `prompt_token`, `context_token`) and `alpha`.
+    /// …, `prompt_token`, `context_token`, `prompt_pair`) and `alpha`; a
+    /// row without `prompt_pair` charges the pairs at `context_token`.
     ///
     /// # Errors
     /// No `decode_0`, a gap in the table, or a value that is not a finite
@@ -62,10 +74,11 @@ impl StepTable {
         for k in terms.keys() {
             let known = k == "prompt_token"
                 || k == "context_token"
+                || k == "prompt_pair"
                 || (k.starts_with("decode_") && (0..decode_us.len()).any(|i| *k == decode_key(i)));
             if !known {
                 return Err(format!(
-                    "step-table term `{k}` is not decode_0…decode_{} (without gaps), prompt_token or context_token",
+                    "step-table term `{k}` is not decode_0…decode_{} (without gaps), prompt_token, context_token or prompt_pair",
                     decode_us.len() - 1
                 ));
             }
@@ -76,10 +89,15 @@ impl StepTable {
                 return Err(format!("step-table `{k}` must be a number ≥ 0, got {v}"));
             }
         }
+        let context_token_us = terms.get("context_token").copied().unwrap_or(0.0);
         Ok(Self {
             decode_us,
             prompt_token_us: terms.get("prompt_token").copied().unwrap_or(0.0),
-            context_token_us: terms.get("context_token").copied().unwrap_or(0.0),
+            context_token_us,
+            prompt_pair_us: terms
+                .get("prompt_pair")
+                .copied()
+                .unwrap_or(context_token_us),
             alpha,
         })
     }
@@ -94,6 +112,7 @@ impl StepTable {
             .collect();
         t.insert("prompt_token".into(), self.prompt_token_us);
         t.insert("context_token".into(), self.context_token_us);
+        t.insert("prompt_pair".into(), self.prompt_pair_us);
         t
     }
 
@@ -120,14 +139,18 @@ impl LatencyModel for StepTable {
         if b.is_empty() || self.decode_us.is_empty() {
             return 1.0;
         }
-        let mut context = b.decode_context_sum as f64;
-        for c in &b.prefill {
-            let n = f64::from(c.new_tokens);
-            context += n * f64::from(c.computed_before) + n * (n + 1.0) / 2.0;
-        }
+        let pairs: f64 = b
+            .prefill
+            .iter()
+            .map(|c| {
+                let n = f64::from(c.new_tokens);
+                n * f64::from(c.computed_before) + n * (n + 1.0) / 2.0
+            })
+            .sum();
         let t = self.decode_part(b.decode_count)
             + self.prompt_token_us * b.prefill_tokens() as f64
-            + self.context_token_us * context;
+            + self.prompt_pair_us * pairs
+            + self.context_token_us * b.decode_context_sum as f64;
         t.max(1.0)
     }
 
@@ -158,6 +181,7 @@ mod tests {
             decode_us: vec![500.0, 1700.0, 3200.0, 4000.0, 4100.0],
             prompt_token_us: 0.4,
             context_token_us: 0.001,
+            prompt_pair_us: 0.0002,
             alpha: [100.0, 0.0, 50.0],
         }
     }
@@ -171,8 +195,9 @@ mod tests {
             decode_context_sum: 3000,
         };
         assert!((t.step_time_us(&b) - (4000.0 + 3.0)).abs() < 1e-9);
-        // 100 prompt tokens after 20 cached: 100 × 0.4 µs, and their
-        // causal attention over 20·100 + 100·101/2 tokens.
+        // 100 prompt tokens after 20 cached: 100 × 0.4 µs, their causal
+        // attention's 20·100 + 100·101/2 pairs at the pair rate, and the
+        // decoding request's 500 tokens of context at the context rate.
         let b = BatchShape {
             prefill: vec![PrefillChunk {
                 computed_before: 20,
@@ -181,8 +206,10 @@ mod tests {
             decode_count: 1,
             decode_context_sum: 500,
         };
-        let ctx = 500.0 + 2000.0 + 5050.0;
-        assert!((t.step_time_us(&b) - (1700.0 + 40.0 + 0.001 * ctx)).abs() < 1e-9);
+        let pairs = 2000.0 + 5050.0;
+        assert!(
+            (t.step_time_us(&b) - (1700.0 + 40.0 + 0.0002 * pairs + 0.001 * 500.0)).abs() < 1e-9
+        );
         // Past the table: its last slope (100 µs per request) continues.
         assert_eq!(t.decode_part(6), 4300.0);
         assert_eq!(t.step_time_us(&BatchShape::default()), 1.0);
@@ -209,5 +236,11 @@ mod tests {
                 .unwrap_err()
                 .contains("decode_0")
         );
+        // A row written before the pair rate existed charges the pairs at
+        // the context rate, as it was fitted.
+        let mut terms = t.terms();
+        terms.remove("prompt_pair");
+        let old = StepTable::from_terms(&terms, t.alpha).unwrap();
+        assert_eq!(old.prompt_pair_us, t.context_token_us);
     }
 }

@@ -67,6 +67,18 @@ pub enum CoefficientsError {
         /// The term.
         term: String,
     },
+    /// A trained-physics row fitted before prefill attention and the
+    /// routed-expert GEMMs got terms of their own (its `attention_compute`
+    /// and `expert_compute` mean something else now).
+    #[error(
+        "{name}: rows[{row}].terms: no prefill_attention term: the row was fitted with an earlier set of trained-physics terms, whose attention_compute also charged prompts and whose expert_compute was a fitted factor; fit it again (blis-calibrate fit --latency-model trained-physics)"
+    )]
+    EarlierTermSet {
+        /// The file.
+        name: String,
+        /// The row's index.
+        row: usize,
+    },
     /// A negative trained-physics term.
     #[error("{name}: rows[{row}].terms.{term}: must be ≥ 0, got {value}")]
     Negative {
@@ -275,6 +287,14 @@ impl CoefficientsFile {
                     )?;
                     continue;
                 }
+                if r.latency_model == LatencyKind::TrainedPhysics
+                    && !t.contains_key("prefill_attention")
+                {
+                    return Err(CoefficientsError::EarlierTermSet {
+                        name: name.to_string(),
+                        row: i,
+                    });
+                }
                 for (k, v) in t {
                     if !crate::latency::physics::TERM_NAMES.contains(&k.as_str()) {
                         return Err(CoefficientsError::UnknownTerm {
@@ -396,5 +416,29 @@ mod tests {
                 .contains("needs `beta`")
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A trained-physics row fitted with the earlier term set (one
+    /// attention coefficient for decode and prompts, a fitted expert
+    /// factor) is refused by name rather than read with new meanings.
+    #[test]
+    fn a_trained_physics_row_of_the_earlier_term_set_is_refused() {
+        let row = |terms: &str| {
+            format!(
+                "rows:\n  - model: \"*\"\n    gpu: H100\n    latency_model: trained-physics\n    alpha: [0, 0, 0]\n    terms: {{{terms}}}\n"
+            )
+        };
+        let e = CoefficientsFile::parse(
+            "old.yaml",
+            &row("layer: 65, attention_compute: 46, expert_compute: 6.5"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("old.yaml: rows[0].terms: no prefill_attention"),
+            "{e}"
+        );
+        assert!(e.contains("fit it again"), "{e}");
+        CoefficientsFile::parse("new.yaml", &row("layer: 65, prefill_attention: 2.2")).unwrap();
     }
 }

@@ -1786,6 +1786,10 @@ fn the_every_kind_example_runs() {
                 .unwrap(),
             "--num-requests",
             "3000",
+            // 1.5× the spec's rate: its 40 req/s of 3,000 requests leave
+            // four replicas below the autoscaler tree's thresholds.
+            "--aggregate-rate",
+            "60",
             "--model",
             "meta-llama/Llama-3.1-8B-Instruct",
             "--total-kv-blocks",

@@ -59,7 +59,7 @@
 //! the experts touched (below). The expert term's coefficient is fixed at
 //! 1, not fitted: on an H100, vLLM's fused-MoE Triton kernel with a tuned
 //! configuration took the touched experts' weights at peak bandwidth (the
-//! weight term) plus these padded FLOPs at peak, within −16%…+5% from 16 to
+//! weight term) plus these padded FLOPs at peak, within −14%…+5% from 16 to
 //! 2,048 tokens, for Mixtral-8x7B at TP2 and Qwen3-30B-A3B at TP1
 //! (`docs/trained-physics.md`). The MoE runs decode slower than those
 //! kernels explain; `x_expert_decode`, the routed-expert FLOPs of the

@@ -685,8 +685,9 @@ fn prefill_terms(iv: &[(f64, Interval)], basis: &PhysicsBasis) -> (Vec<f64>, Vec
         basis.terms(&shape, &mut x);
         let mut y = [0.0; TERMS];
         // Only what a prefill adds to a step that runs anyway: its
-        // request, KV, GEMMs, expert rows, all-reduce bytes and attention.
-        for j in [3usize, 5, 6, 8, 9, 10, 13] {
+        // request, KV, GEMMs, expert rows, all-reduce bytes and attention
+        // (decode attention, term 8, is 0 for a prefill).
+        for j in [3usize, 5, 6, 9, 10, 13] {
             y[j] = x[j];
         }
         pf.push((v.first, y));

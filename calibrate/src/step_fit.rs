@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use blis_replay::latency::causal_pairs;
 use blis_traces::{Status, Trace};
 
 use crate::nnls::nnls;
@@ -165,7 +166,7 @@ pub fn recover_steps(
             if e.2 == 0 {
                 let (n, before) = (i.3, i.2 - i.3);
                 s.prompt_tokens += n;
-                s.prompt_pairs += n * before + n * (n + 1.0) / 2.0;
+                s.prompt_pairs += causal_pairs(n, before);
             } else {
                 s.decoding += 1;
                 s.context_tokens += i.2 + f64::from(e.2);

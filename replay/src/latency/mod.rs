@@ -17,7 +17,7 @@ pub mod shape;
 pub mod step_table;
 
 pub use blackbox::Blackbox;
-pub use shape::{BatchShape, LatencyModel, PrefillChunk};
+pub use shape::{BatchShape, LatencyModel, PrefillChunk, causal_pairs};
 
 use physics::{BlisPhysics, TrainedPhysics};
 use roofline::Roofline;

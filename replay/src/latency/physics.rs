@@ -253,7 +253,7 @@ impl PhysicsBasis {
             let n = f64::from(c.new_tokens);
             let before = f64::from(c.computed_before);
             prefill_flops += self.linear_flops * n + self.logits_flops;
-            prefill_pairs += n * before + n * (n + 1.0) / 2.0;
+            prefill_pairs += c.attention_pairs();
             prefill_ctx += before;
         }
         let dn = f64::from(b.decode_count);

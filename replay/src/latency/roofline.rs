@@ -112,7 +112,7 @@ impl Roofline {
         for c in &b.prefill {
             let n = f64::from(c.new_tokens);
             let before = f64::from(c.computed_before);
-            let ctx_sum = n * before + n * (n + 1.0) / 2.0;
+            let ctx_sum = c.attention_pairs();
             prefill_flops += self.linear_flops_per_token * n
                 + self.attn_core_flops_per_ctx_token * ctx_sum
                 + self.logits_flops;

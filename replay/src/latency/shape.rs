@@ -12,6 +12,21 @@ pub struct PrefillChunk {
     pub new_tokens: u32,
 }
 
+impl PrefillChunk {
+    /// Query–key pairs of the chunk's causal attention
+    /// ([`causal_pairs`]).
+    pub fn attention_pairs(&self) -> f64 {
+        causal_pairs(f64::from(self.new_tokens), f64::from(self.computed_before))
+    }
+}
+
+/// Query–key pairs of the causal attention of `new` tokens computed after
+/// `before` tokens of context: each new token attends to the context and
+/// to the new tokens up to itself, `new·before + new(new+1)/2`.
+pub fn causal_pairs(new: f64, before: f64) -> f64 {
+    new * before + new * (new + 1.0) / 2.0
+}
+
 /// The composition of one batch step.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BatchShape {

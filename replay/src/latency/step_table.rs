@@ -32,7 +32,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::latency::{BatchShape, LatencyModel};
+use crate::latency::{BatchShape, LatencyModel, PrefillChunk};
 
 /// A server's measured step-time table.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -139,14 +139,7 @@ impl LatencyModel for StepTable {
         if b.is_empty() || self.decode_us.is_empty() {
             return 1.0;
         }
-        let pairs: f64 = b
-            .prefill
-            .iter()
-            .map(|c| {
-                let n = f64::from(c.new_tokens);
-                n * f64::from(c.computed_before) + n * (n + 1.0) / 2.0
-            })
-            .sum();
+        let pairs: f64 = b.prefill.iter().map(PrefillChunk::attention_pairs).sum();
         let t = self.decode_part(b.decode_count)
             + self.prompt_token_us * b.prefill_tokens() as f64
             + self.prompt_pair_us * pairs

@@ -26,7 +26,7 @@ use crate::engine::instance::{Finished, Snapshot, StepReport, TokenSpan, TokenTi
 use crate::sim::{Done, NotServed, Sink};
 
 /// Events per batch handed to the sink's thread.
-pub const BATCH_EVENTS: usize = 64;
+pub const BATCH_EVENTS: usize = 256;
 /// Batches that may wait for the sink's thread.
 pub const BATCHES_IN_FLIGHT: usize = 4;
 

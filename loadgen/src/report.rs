@@ -112,6 +112,9 @@ pub struct Summary {
     /// `ok` requests whose stream ended cleanly after its `finish_reason`
     /// but without `[DONE]`.
     pub ended_without_done: u64,
+    /// `ok` requests whose stream finished (a `finish_reason`) without a
+    /// token: no TTFT, 0 output tokens unless the usage said otherwise.
+    pub finished_without_token: u64,
     /// `ok` requests of a `--no-stream` run the server streamed anyway.
     pub streamed_unasked: u64,
     /// Prompt tokens the server served from its prefix cache
@@ -221,6 +224,7 @@ pub struct Tally {
     missing_usage: u64,
     unstreamed: u64,
     ended_without_done: u64,
+    finished_without_token: u64,
     streamed_unasked: u64,
     /// Send lag of every sent request, ms.
     lags: Samples,
@@ -265,6 +269,7 @@ impl Tally {
             missing_usage: 0,
             unstreamed: 0,
             ended_without_done: 0,
+            finished_without_token: 0,
             streamed_unasked: 0,
             lags: Samples::default(),
             sends: 0,
@@ -317,10 +322,13 @@ impl Tally {
             if o.error_message.contains("no usage in the response") {
                 self.missing_usage += 1;
             }
-            use crate::response::{ENDED_WITHOUT_DONE, STREAMED_UNASKED, UNSTREAMED};
+            use crate::response::{
+                ENDED_WITHOUT_DONE, FINISHED_WITHOUT_TOKEN, STREAMED_UNASKED, UNSTREAMED,
+            };
             let m = &o.error_message;
             self.unstreamed += u64::from(m.contains(UNSTREAMED));
             self.ended_without_done += u64::from(m.contains(ENDED_WITHOUT_DONE));
+            self.finished_without_token += u64::from(m.contains(FINISHED_WITHOUT_TOKEN));
             self.streamed_unasked += u64::from(m.contains(STREAMED_UNASKED));
         }
         if r.request.request_id < self.warmup_below_id {
@@ -450,6 +458,7 @@ impl Tally {
             missing_usage: self.missing_usage,
             unstreamed: self.unstreamed,
             ended_without_done: self.ended_without_done,
+            finished_without_token: self.finished_without_token,
             streamed_unasked: self.streamed_unasked,
             cached_prompt_share,
             warm_cache_warning,
@@ -742,6 +751,10 @@ impl Summary {
             (
                 self.streamed_unasked,
                 "were streamed although stream: false was asked (read as streams; TTFT is the first chunk's)",
+            ),
+            (
+                self.finished_without_token,
+                "finished without a token (no content before their finish_reason): no TTFT; output tokens from the usage, else 0",
             ),
         ] {
             if n > 0 {

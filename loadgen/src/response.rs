@@ -86,6 +86,11 @@ pub const STREAMED_UNASKED: &str =
 /// `finish_reason` but without `[DONE]`.
 pub const ENDED_WITHOUT_DONE: &str = "the stream ended without [DONE] (after finish_reason)";
 
+/// The row warning of a stream that finished (a `finish_reason`) without
+/// one chunk of content: no token, so no TTFT.
+pub const FINISHED_WITHOUT_TOKEN: &str =
+    "the stream finished without a token (no content before its finish_reason)";
+
 /// What was received of one response. Times are Unix µs.
 #[derive(Debug, Default, Clone)]
 pub struct Capture {
@@ -120,6 +125,9 @@ pub struct Capture {
     pub warning: Option<String>,
     pub(crate) running_completion: u32,
     pub(crate) running_chunks: bool,
+    /// A stream that finished without a content chunk: its output is the
+    /// server's count, else 0 (not the planned length).
+    pub(crate) streamed_no_token: bool,
 }
 
 impl Capture {
@@ -134,6 +142,9 @@ impl Capture {
     /// Output tokens: the server's count, else the tokens carried by the
     /// content chunks (for a stream without usage).
     pub fn output_tokens(&self) -> Option<u32> {
+        if self.streamed_no_token {
+            return Some(self.completion_tokens.unwrap_or(0));
+        }
         self.completion_tokens.or_else(|| {
             if self.chunk_tokens.len() == self.chunk_times.len() && !self.chunk_tokens.is_empty() {
                 Some(self.chunk_tokens.iter().sum())

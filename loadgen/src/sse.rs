@@ -218,9 +218,32 @@ where
         ));
     }
     ended_by_the_server(cap)?;
+    if cap.chunk_times.is_empty() {
+        if cap.finish_reason.is_empty() {
+            if done {
+                // `[DONE]` with neither a token nor a finish_reason before
+                // it: nothing was generated and nothing says why (`vllm
+                // bench serve` fails such a request: "Never received a
+                // valid chunk to calculate TTFT").
+                return Err(Failure::new(
+                    ErrorKind::Malformed,
+                    "the stream ended at [DONE] without a token or a finish_reason".to_string(),
+                ));
+            }
+        } else {
+            // A generation that finished at once (its first token was the
+            // end of sequence): complete, with no token.
+            cap.streamed_no_token = true;
+            cap.warning = Some(crate::response::FINISHED_WITHOUT_TOKEN.into());
+        }
+    }
     if !done {
         if !cap.finish_reason.is_empty() {
-            cap.warning = Some(crate::response::ENDED_WITHOUT_DONE.into());
+            let w = crate::response::ENDED_WITHOUT_DONE;
+            cap.warning = Some(match cap.warning.take() {
+                Some(first) => format!("{first}; {w}"),
+                None => w.into(),
+            });
             return Ok(());
         }
         return Err(Failure::new(

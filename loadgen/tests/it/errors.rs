@@ -402,6 +402,63 @@ fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
     }
 }
 
+/// A stream that reaches `[DONE]` without a token or a `finish_reason`
+/// (only empty `choices`) generated nothing and says nothing: a
+/// `malformed` error, not an `ok` row claiming the planned output with no
+/// first token (as `vllm bench serve` fails it). One that finishes at once
+/// (its first token the end of sequence: an empty text with its
+/// `finish_reason`) is complete: `ok`, no TTFT, the usage's output
+/// tokens or else 0, with a warning on the row and in the summary.
+#[test]
+fn a_stream_without_a_token_is_an_error_unless_it_finished() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |reply, name: &str| three_requests_to(reply, dir.path(), name);
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/event-stream",
+            "data: {\"choices\":[]}\n\ndata: {\"choices\":[]}\n\ndata: [DONE]\n\n",
+        ),
+        "empty",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Error));
+        assert_eq!(
+            o.error_message,
+            "malformed: the stream ended at [DONE] without a token or a finish_reason"
+        );
+        assert_eq!(o.first_chunk_time_us, None);
+    }
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/event-stream",
+            "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+        ),
+        "eos",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("warning: 3 ok responses finished without a token"),
+        "{stdout}"
+    );
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{}", o.error_message);
+        assert_eq!((o.num_chunks, r.request.output_tokens), (0, 0));
+        assert_eq!(o.first_chunk_time_us, None);
+        assert_eq!(o.finish_reason, "stop");
+        assert!(
+            o.error_message
+                .starts_with("warning: the stream finished without a token"),
+            "{}",
+            o.error_message
+        );
+    }
+}
+
 #[test]
 fn max_error_rate_sets_how_many_failures_fail_the_run() {
     let _g = crate::common::serial();

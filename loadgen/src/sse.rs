@@ -218,24 +218,22 @@ where
         ));
     }
     ended_by_the_server(cap)?;
-    if cap.chunk_times.is_empty() {
-        if cap.finish_reason.is_empty() {
-            if done {
-                // `[DONE]` with neither a token nor a finish_reason before
-                // it: nothing was generated and nothing says why (`vllm
-                // bench serve` fails such a request: "Never received a
-                // valid chunk to calculate TTFT").
-                return Err(Failure::new(
-                    ErrorKind::Malformed,
-                    "the stream ended at [DONE] without a token or a finish_reason".to_string(),
-                ));
-            }
-        } else {
-            // A generation that finished at once (its first token was the
-            // end of sequence): complete, with no token.
-            cap.streamed_no_token = true;
-            cap.warning = Some(crate::response::FINISHED_WITHOUT_TOKEN.into());
-        }
+    let no_token = cap.chunk_times.is_empty();
+    if no_token && cap.finish_reason.is_empty() && done {
+        // `[DONE]` with neither a token nor a finish_reason before it:
+        // nothing was generated and nothing says why (`vllm bench serve`
+        // fails such a request: "Never received a valid chunk to calculate
+        // TTFT").
+        return Err(Failure::new(
+            ErrorKind::Malformed,
+            "the stream ended at [DONE] without a token or a finish_reason".to_string(),
+        ));
+    }
+    if no_token && !cap.finish_reason.is_empty() {
+        // A generation that finished at once (its first token was the end
+        // of sequence): complete, with no token.
+        cap.streamed_no_token = true;
+        cap.warning = Some(crate::response::FINISHED_WITHOUT_TOKEN.into());
     }
     if !done {
         if !cap.finish_reason.is_empty() {

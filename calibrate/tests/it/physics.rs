@@ -240,6 +240,121 @@ fn recorded_failures_never_reach_a_prediction() {
     assert!(flips > 1000, "the run has failures to flip: {flips}");
 }
 
+/// The ground-truth run `run` prepared for replays as the benchmark does,
+/// or `None` (with a message) when `../shared` is not beside the checkout.
+fn ground_truth_run(run: &str) -> Option<JointRun> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/vllm-ground-truth/train")
+        .join(run);
+    if !dir.exists() {
+        eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        return None;
+    }
+    let trace = import(
+        &ImportSource {
+            kind: ImportKind::VllmGt,
+            path: dir,
+        },
+        42,
+    )
+    .unwrap();
+    let args = ServerArgs {
+        prefix_caching: true,
+        async_scheduling: Some(true),
+        ..ServerArgs::default()
+    };
+    Some(JointRun::new(run, trace, &args).unwrap())
+}
+
+/// The bundled trained-physics row's coefficients.
+fn bundled_physics() -> blis_calibrate::joint::PhysicsCoefficients {
+    let bundled = CoefficientsFile::bundled();
+    let row = bundled
+        .find("*", "H100", 1, LatencyKind::TrainedPhysics)
+        .unwrap();
+    blis_calibrate::joint::PhysicsCoefficients::from_row(row)
+}
+
+/// Requests completed by a fluid first-come-first-served queue under a
+/// client timeout (docs/trained-physics.md): `requests` arrive at `rate`
+/// per second; `batch` requests decode `output` tokens each at `step_ms`
+/// per step, so each is served in `S = output·step` at `μ = batch/S` per
+/// second; a request sent at `t` waits `t·(rate − μ)/μ`, and completes
+/// while wait plus service stays within `timeout_s`.
+fn fluid_completed(
+    requests: f64,
+    rate: f64,
+    batch: f64,
+    output: f64,
+    step_ms: f64,
+    timeout_s: f64,
+) -> f64 {
+    let service = output * step_ms / 1e3;
+    let mu = batch / service;
+    if mu >= rate {
+        return requests;
+    }
+    let sent_until = (timeout_s - service).max(0.0) * mu / (rate - mu);
+    (rate * sent_until).min(requests)
+}
+
+/// The fluid queue, fed a run's measured mean ITL, its arrival rate,
+/// `max_num_seqs`, output length and client timeout, gives the number of
+/// requests that complete within 5%: of the real run, and of its replay
+/// (fed the replay's own ITL). So a completed count is the full-batch step
+/// time seen through a steep function: 2.5-5% of the count per 1% of step
+/// time, as docs/trained-physics.md says.
+#[test]
+fn overloaded_completions_follow_a_fluid_queue_of_the_step_time() {
+    for run in [
+        "20260218-065057-llama-2-70b-hf-tp4-reasoning",
+        "20260218-135247-mixtral-8x7b-v0-1-tp2-reasoning",
+    ] {
+        let Some(jr) = ground_truth_run(run) else {
+            return;
+        };
+        let records = &jr.trace().records;
+        let first = records
+            .iter()
+            .map(|r| r.request.arrival_time_us)
+            .min()
+            .unwrap();
+        let last = records
+            .iter()
+            .map(|r| r.request.arrival_time_us)
+            .max()
+            .unwrap();
+        let n = records.len() as f64;
+        let rate = (n - 1.0) / ((last - first) as f64 / 1e6);
+        let output = records
+            .iter()
+            .map(|r| f64::from(r.request.output_tokens))
+            .sum::<f64>()
+            / n;
+        let r0 = &records[0].request;
+        let timeout_s = (r0.deadline_us.unwrap() - r0.arrival_time_us) as f64 / 1e6;
+        let batch = f64::from(jr.server().engine.max_num_seqs);
+        let fluid = |itl_ms: f64| fluid_completed(n, rate, batch, output, itl_ms, timeout_s);
+        // The steepness: the count lost to 1% more step time.
+        let s = jr.real.itl_mean;
+        let per_percent = 100.0 * (1.0 - fluid(1.01 * s) / fluid(s));
+        eprintln!("{run}: {per_percent:.1}% of the count per 1% of step time");
+        assert!((2.5..5.0).contains(&per_percent), "{per_percent}");
+        let sim = jr.predict(&bundled_physics());
+        for (side, stats) in [("real", &jr.real), ("replay", &sim)] {
+            let (got, want) = (fluid(stats.itl_mean), stats.completed as f64);
+            eprintln!(
+                "{run} {side}: ITL {:.2} ms, fluid {got:.0}, completed {want}",
+                stats.itl_mean
+            );
+            assert!(
+                (got - want).abs() <= 0.05 * want,
+                "{run} {side}: fluid {got:.0}, completed {want}"
+            );
+        }
+    }
+}
+
 /// Under overload the completed count is decided by the client's 300 s
 /// deadline on a first-come-first-served queue (the engine aborts a
 /// request whose client went away): with step times that reproduce a
@@ -247,7 +362,7 @@ fn recorded_failures_never_reach_a_prediction() {
 /// count within 10%, on the two saturated runs whose KV cache holds the
 /// batch (Llama-2-70B and Mixtral reasoning). What a prediction gets wrong
 /// about completions is therefore its step time at a full batch, which the
-/// count magnifies (about 4% per 1% of ITL; docs/trained-physics.md).
+/// count magnifies (2.6-4% per 1% of step time: the fluid-queue test above).
 #[test]
 fn saturated_completions_follow_from_the_step_time_and_the_client_deadline() {
     for (run, completed, timed_out) in [
@@ -262,32 +377,10 @@ fn saturated_completions_follow_from_the_step_time_and_the_client_deadline() {
             3294.0,
         ),
     ] {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/vllm-ground-truth/train")
-            .join(run);
-        if !dir.exists() {
-            eprintln!("skipped: ../shared/vllm-ground-truth is not beside the checkout");
+        let Some(jr) = ground_truth_run(run) else {
             return;
-        }
-        let trace = import(
-            &ImportSource {
-                kind: ImportKind::VllmGt,
-                path: dir,
-            },
-            42,
-        )
-        .unwrap();
-        let args = ServerArgs {
-            prefix_caching: true,
-            async_scheduling: Some(true),
-            ..ServerArgs::default()
         };
-        let jr = JointRun::new(run, trace, &args).unwrap();
-        let bundled = CoefficientsFile::bundled();
-        let row = bundled
-            .find("*", "H100", 1, LatencyKind::TrainedPhysics)
-            .unwrap();
-        let mut c = blis_calibrate::joint::PhysicsCoefficients::from_row(row);
+        let mut c = bundled_physics();
         let mut sim = jr.predict(&c);
         // Every term scaled alike scales every step alike: a few fixed-point
         // steps bring the mean ITL of the completed requests to the run's.

@@ -227,6 +227,19 @@ fn three_requests_to(
     (out, t)
 }
 
+/// Three requests to a server answering each with the event stream `body`,
+/// written at `dir/name`: the exit code, standard output and the trace.
+fn three_streams(
+    dir: &std::path::Path,
+    name: &str,
+    body: &'static str,
+) -> (Option<i32>, String, Trace) {
+    let reply = crate::common::PostReply::Ok("text/event-stream", body);
+    let (out, t) = three_requests_to(reply, dir, name);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code(), stdout, t)
+}
+
 /// A server that takes requests and never answers: the probes before the
 /// run wait no longer than the run's own `--timeout-s` (they used to wait
 /// 10 s per `/tokenize` form and 60 s for the calibration request, over a
@@ -356,16 +369,12 @@ fn a_stream_held_open_after_done_is_complete_at_done() {
 fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
     let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let run = |reply, name: &str| three_requests_to(reply, dir.path(), name);
-    let (out, t) = run(
-        crate::common::PostReply::Ok(
-            "text/event-stream",
-            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n",
-        ),
+    let (code, stdout, t) = three_streams(
+        dir.path(),
         "finished",
+        "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n",
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(code, Some(0), "{stdout}");
     assert!(
         stdout.contains("warning: 3 ok responses ended without [DONE] (after their finish_reason)"),
         "{stdout}"
@@ -380,14 +389,12 @@ fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
             "warning: the stream ended without [DONE] (after finish_reason)"
         );
     }
-    let (out, t) = run(
-        crate::common::PostReply::Ok(
-            "text/event-stream",
-            "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n",
-        ),
+    let (code, _, t) = three_streams(
+        dir.path(),
         "cut",
+        "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n",
     );
-    assert_eq!(out.status.code(), Some(5));
+    assert_eq!(code, Some(5));
     for r in &t.records {
         let o = &r.outcome;
         assert_eq!(o.status, Some(Status::Error));
@@ -413,15 +420,12 @@ fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
 fn a_stream_without_a_token_is_an_error_unless_it_finished() {
     let _g = crate::common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let run = |reply, name: &str| three_requests_to(reply, dir.path(), name);
-    let (out, t) = run(
-        crate::common::PostReply::Ok(
-            "text/event-stream",
-            "data: {\"choices\":[]}\n\ndata: {\"choices\":[]}\n\ndata: [DONE]\n\n",
-        ),
+    let (code, _, t) = three_streams(
+        dir.path(),
         "empty",
+        "data: {\"choices\":[]}\n\ndata: {\"choices\":[]}\n\ndata: [DONE]\n\n",
     );
-    assert_eq!(out.status.code(), Some(5));
+    assert_eq!(code, Some(5));
     for r in &t.records {
         let o = &r.outcome;
         assert_eq!(o.status, Some(Status::Error));
@@ -431,15 +435,12 @@ fn a_stream_without_a_token_is_an_error_unless_it_finished() {
         );
         assert_eq!(o.first_chunk_time_us, None);
     }
-    let (out, t) = run(
-        crate::common::PostReply::Ok(
-            "text/event-stream",
-            "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
-        ),
+    let (code, stdout, t) = three_streams(
+        dir.path(),
         "eos",
+        "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(code, Some(0), "{stdout}");
     assert!(
         stdout.contains("warning: 3 ok responses finished without a token"),
         "{stdout}"

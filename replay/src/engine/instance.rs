@@ -236,7 +236,7 @@ pub struct Finished {
 }
 
 /// What a call to [`Instance::step`] produced.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StepReport {
     /// End times of the steps completed by this call (several for a
     /// fast-forwarded run), µs.
@@ -256,6 +256,28 @@ pub struct StepReport {
     /// The instance's index of the first step in `step_ends` (counting
     /// every step since its start).
     pub first_step: u64,
+}
+
+impl Default for StepReport {
+    /// An empty report whose timing is [`TokenTiming::default`] (no delay),
+    /// with its constant delays derived as [`StepReport::set_timing`]
+    /// derives them. (A derived `Default` left them unset: a sink fed
+    /// reports of a model without output delays then never got its timing
+    /// set, as it was already the default, and counted every inter-token
+    /// gap one at a time instead of per step.)
+    fn default() -> Self {
+        let mut r = Self {
+            step_ends: Vec::new(),
+            spans: Vec::new(),
+            finished: Vec::new(),
+            timing: TokenTiming::default(),
+            constant_extras: None,
+            steps: 0,
+            first_step: 0,
+        };
+        r.set_timing(TokenTiming::default());
+        r
+    }
 }
 
 impl StepReport {
@@ -1490,5 +1512,33 @@ impl Instance {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new report is in the state `set_timing` gives its (default)
+    /// timing, so that a sink counts its spans' gaps per step: the output
+    /// thread's report never has its timing set when the model adds no
+    /// output delay.
+    #[test]
+    fn a_default_report_counts_gaps_per_step() {
+        let mut set = StepReport::default();
+        set.set_timing(TokenTiming::default());
+        let d = StepReport::default();
+        assert_eq!(d.constant_extras, set.constant_extras);
+        let span = TokenSpan {
+            id: 0,
+            tag: 0,
+            first_index: 1,
+            first_step: 0,
+            join: 0,
+            count: 3,
+            target: 10,
+            previous_us: None,
+        };
+        assert_eq!(d.span_times(&span).step_gap_tokens(), Some(3));
     }
 }

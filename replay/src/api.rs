@@ -140,6 +140,7 @@ pub struct WorkloadOptions {
 /// positive number of seconds.
 pub fn load_workload(source: &WorkloadSource, o: &WorkloadOptions) -> Result<Workload> {
     check_timeout(o)?;
+    horizon_us(o)?;
     let input = |what: String| {
         move |error| ReplayError::Input {
             what,
@@ -174,6 +175,17 @@ fn check_timeout(o: &WorkloadOptions) -> Result<()> {
     }
 }
 
+/// `o.horizon_s` in whole µs (at least 1), checked: NaN, a negative or
+/// zero horizon, or one that rounds to 0 µs is an error naming the flag
+/// (an infinite one is left to the generator's 2^53 µs bound).
+fn horizon_us(o: &WorkloadOptions) -> Result<Option<u64>> {
+    match o.horizon_s {
+        None => Ok(None),
+        Some(s) if s > 0.0 && (s * 1e6).round() >= 1.0 => Ok(Some((s * 1e6).round() as u64)),
+        Some(s) => Err(crate::setup::SettingsError::Horizon(s).into()),
+    }
+}
+
 /// The workload of a whole trace (read or imported), cut and timed out as
 /// `o` says: its requests in entry order ([`trace_inputs`]).
 pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
@@ -185,6 +197,12 @@ pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
             .timeout_s = Some(t);
     }
     let mut records = trace.records;
+    // As a spec's horizon: the requests that arrive before it (an invalid
+    // horizon, which load_workload refuses, cuts nothing).
+    if let Ok(Some(h)) = horizon_us(o) {
+        let h = i64::try_from(h).unwrap_or(i64::MAX);
+        records.retain(|r| r.request.arrival_time_us < h);
+    }
     if let Some(n) = o.num_requests {
         records.sort_by_key(|r| r.request.request_id);
         records.truncate(n as usize);
@@ -212,7 +230,7 @@ pub fn spec_workload(spec: &WorkloadSpec, label: &str, o: &WorkloadOptions) -> R
     check_timeout(o)?;
     let opts = GenerateOptions {
         seed: o.seed,
-        horizon_us: o.horizon_s.map(|s| (s * 1e6).round() as u64),
+        horizon_us: horizon_us(o)?,
         num_requests: o.num_requests,
         aggregate_rate: o.aggregate_rate,
     };

@@ -60,9 +60,19 @@ pub enum SettingsError {
         "cannot tell the KV cache size: give --total-kv-blocks (or --model with a known config)"
     )]
     UnknownKvSize,
-    /// `total_kv_blocks` is 0.
-    #[error("total_kv_blocks must be positive")]
-    NoKvBlocks,
+    /// `total_kv_blocks` is 0 (or beyond what a KV cache can index); the
+    /// text says where the figure came from.
+    #[error("total_kv_blocks: {0}")]
+    NoKvBlocks(String),
+    /// `gpu_memory_utilization` outside (0, 1] (vLLM refuses it at
+    /// start-up).
+    #[error(
+        "gpu_memory_utilization {0}: must be a fraction of GPU memory in (0, 1] (vLLM's --gpu-memory-utilization)"
+    )]
+    GpuMemoryUtilization(f64),
+    /// `--horizon-s` is not a positive number of seconds.
+    #[error("--horizon-s must be a positive number of seconds, got {0}")]
+    Horizon(f64),
     /// A tensor-parallel degree the model cannot be split by (vLLM refuses
     /// it at start-up), or 0.
     #[error("tensor_parallel {tp}: {why}")]

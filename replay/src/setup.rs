@@ -635,6 +635,17 @@ fn engine_config(
         Some(16),
     )
     .unwrap_or(16) as u32;
+    // (Checked before the KV estimate, which divides by it.)
+    if block_size == 0 {
+        return Err(SettingsError::ZeroLimits.into());
+    }
+    if block_size > MAX_BLOCK_SIZE {
+        return Err(SettingsError::BlockSizeTooLarge {
+            block_size,
+            max: MAX_BLOCK_SIZE,
+        }
+        .into());
+    }
     // A row's KV cache size is a measurement of the server (vLLM's log),
     // whichever latency model the row is for.
     let row_blocks = coefs
@@ -649,6 +660,9 @@ fn engine_config(
         .gpu_memory_utilization
         .or_else(|| hs.and_then(|s| s.gpu_memory_utilization))
         .unwrap_or(0.9);
+    if !(util > 0.0 && util <= 1.0) {
+        return Err(SettingsError::GpuMemoryUtilization(util).into());
+    }
     let estimated = match (arch, hw) {
         (Some(a), Some(h)) => Some(u64::from(estimate_kv_blocks(a, h, tp, util, block_size))),
         _ => None,
@@ -678,10 +692,30 @@ fn engine_config(
         hs.and_then(|s| s.total_kv_blocks),
         kv_default,
     )
-    .ok_or(SettingsError::UnknownKvSize)? as u32;
-    if total_kv_blocks == 0 {
-        return Err(SettingsError::NoKvBlocks.into());
+    .ok_or(SettingsError::UnknownKvSize)?;
+    if total_kv_blocks == 0 || total_kv_blocks > u64::from(u32::MAX) {
+        let value = if total_kv_blocks == 0 {
+            "0".to_string()
+        } else {
+            format!("{total_kv_blocks} is above {}", u32::MAX)
+        };
+        let why = if args.total_kv_blocks.is_some() {
+            format!("{value} (--total-kv-blocks)")
+        } else if hs.and_then(|s| s.total_kv_blocks).is_some() {
+            format!("{value} (the trace header's server.total_kv_blocks)")
+        } else if slots_kv.is_some() {
+            format!("{value} (max_num_seqs slots of max_model_len tokens)")
+        } else if row_blocks.is_some() {
+            format!("{value} (the coefficients row's total_kv_blocks)")
+        } else {
+            format!(
+                "{value}: {model}'s weights leave no room for a KV block in {util} of {tp} {gpu}'s memory \
+                 (raise --gpu-memory-utilization or --tp, or give --total-kv-blocks)"
+            )
+        };
+        return Err(SettingsError::NoKvBlocks(why).into());
     }
+    let total_kv_blocks = total_kv_blocks as u32;
     use crate::server_defaults::{resolve_bool, vllm_version};
     let version = vllm_version(hs);
     if let Some(v) = version.filter(|v| !v.v1_engine()) {
@@ -897,6 +931,40 @@ mod tests {
             with(MAX_BLOCK_SIZE).unwrap().engine.block_size,
             MAX_BLOCK_SIZE
         );
+    }
+
+    /// The KV estimate takes the GPU memory fraction from the flag, else
+    /// the trace header (the command line's default of 0.9 used to hide
+    /// the header's), else 0.9; a fraction outside (0, 1] is refused, as
+    /// vLLM refuses it, and a fraction too small for the weights says so.
+    #[test]
+    fn the_kv_estimate_follows_the_recorded_gpu_memory_fraction() {
+        // (A model without a bundled row, whose measured KV size would win.)
+        let model = |util: Option<f64>| ServerArgs {
+            model: Some("qwen/qwen2.5-7b-instruct".into()),
+            hardware: Some("H100".into()),
+            gpu_memory_utilization: util,
+            ..args()
+        };
+        let blocks =
+            |a: &ServerArgs, h: Option<&TraceHeader>| resolve(a, h).unwrap().engine.total_kv_blocks;
+        let default = blocks(&model(None), None);
+        let h = header(ServerConfig {
+            gpu_memory_utilization: Some(0.5),
+            ..ServerConfig::default()
+        });
+        let recorded = blocks(&model(None), Some(&h));
+        assert!(recorded < default / 2, "{recorded} vs {default}");
+        assert_eq!(blocks(&model(Some(0.9)), Some(&h)), default);
+        for bad in [0.0, 1.5, f64::NAN] {
+            let e = resolve(&model(Some(bad)), None).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("gpu_memory_utilization {bad}: must be")),
+                "{e}"
+            );
+        }
+        let e = resolve(&model(Some(0.1)), None).unwrap_err().to_string();
+        assert!(e.contains("weights leave no room for a KV block"), "{e}");
     }
 
     fn args() -> ServerArgs {

@@ -134,13 +134,13 @@ impl Generator {
         if let Some(h) = horizon
             && !(1..=crate::csvio::MAX_TIME_US).contains(&h)
         {
-            return Err(Error::in_file(
-                spec_path(spec),
-                format!(
-                    "horizon: {} µs is beyond 2^53 µs (285 years)",
-                    opts.horizon_us.or(spec.horizon_us).unwrap_or(0)
-                ),
-            ));
+            let h = opts.horizon_us.or(spec.horizon_us).unwrap_or(0);
+            let why = if h == 0 {
+                "horizon: 0 µs: a horizon must be at least 1 µs".to_string()
+            } else {
+                format!("horizon: {h} µs is beyond 2^53 µs (285 years)")
+            };
+            return Err(Error::in_file(spec_path(spec), why));
         }
         if let Some(n) = limit
             && n > MAX_PLANNED_REQUESTS

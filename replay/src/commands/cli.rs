@@ -470,9 +470,10 @@ pub struct RunArgs {
     #[arg(allow_negative_numbers = true, long, value_name = "S")]
     pub client_timeout_s: Option<f64>,
 
-    /// Fraction of GPU memory for weights and KV cache, for the KV estimate.
-    #[arg(allow_negative_numbers = true, long, default_value_t = 0.9)]
-    pub gpu_memory_utilization: f64,
+    /// Fraction of GPU memory for weights and KV cache, for the KV estimate
+    /// (default: the trace header's, else vLLM's 0.9).
+    #[arg(allow_negative_numbers = true, long, value_name = "FRACTION")]
+    pub gpu_memory_utilization: Option<f64>,
     /// Wait-queue order: fcfs, priority-fcfs, sjf, reverse-priority.
     #[arg(long, default_value = "fcfs")]
     pub scheduler: crate::engine::queue_order::SchedulerPolicy,
@@ -482,7 +483,9 @@ pub struct RunArgs {
     /// Seed for generated or imported workloads.
     #[arg(allow_negative_numbers = true, long)]
     pub seed: Option<u64>,
-    /// Workload horizon for specs, seconds.
+    /// Workload horizon, seconds: only the requests that arrive before it
+    /// (a spec's are generated up to it; a trace's later ones are left
+    /// out).
     #[arg(allow_negative_numbers = true, long, value_name = "S")]
     pub horizon_s: Option<f64>,
     /// Stop generating or reading after this many requests.

@@ -62,7 +62,7 @@ pub fn server_args(args: &RunArgs, bundle: &crate::cluster::PolicyBundle) -> Ser
         hardware: args.hardware.clone(),
         hardware_config: args.hardware_config.clone(),
         tp: args.tp,
-        gpu_memory_utilization: Some(args.gpu_memory_utilization),
+        gpu_memory_utilization: args.gpu_memory_utilization,
         scheduler: args.scheduler,
         prefix_caching: !args.no_prefix_caching,
         fast_forward: !args.no_fast_forward,

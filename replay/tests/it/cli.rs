@@ -221,6 +221,118 @@ fn errors_are_one_line_and_exit_nonzero() {
         .code(2);
 }
 
+/// An out-of-range server setting or horizon is a one-line error that
+/// names the setting and says why, not a symptom further down (a block
+/// size of 0 was reported as "total_kv_blocks must be positive", a NaN or
+/// negative horizon as "0 µs is beyond 2^53 µs"), and a GPU memory
+/// fraction above 1 is refused as vLLM refuses it, not turned into a KV
+/// cache larger than the GPU.
+#[test]
+fn bad_settings_are_named_in_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 8] = [
+        (&["--block-size", "0"], "block_size must be positive"),
+        (
+            &["--block-size", "4294967295"],
+            "block_size 4294967295 is above",
+        ),
+        (
+            &["--gpu-memory-utilization", "2"],
+            "gpu_memory_utilization 2: must be a fraction of GPU memory in (0, 1]",
+        ),
+        (
+            &["--gpu-memory-utilization", "NaN"],
+            "gpu_memory_utilization NaN",
+        ),
+        (
+            &["--gpu-memory-utilization", "0.01"],
+            "total_kv_blocks: 0: qwen/qwen2.5-7b-instruct's weights leave no room for a KV block in 0.01 of 1 H100's memory",
+        ),
+        (
+            &["--total-kv-blocks", "0"],
+            "total_kv_blocks: 0 (--total-kv-blocks)",
+        ),
+        (
+            &["--horizon-s", "NaN"],
+            "--horizon-s must be a positive number of seconds, got NaN",
+        ),
+        (
+            &["--horizon-s", "-1"],
+            "--horizon-s must be a positive number of seconds, got -1",
+        ),
+    ];
+    for (flags, want) in cases {
+        let a = replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "10",
+                "--model",
+                "qwen/qwen2.5-7b-instruct",
+                "--hardware",
+                "H100",
+                "--latency-model",
+                "roofline",
+            ])
+            .args(flags)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .assert()
+            .code(1);
+        let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+}
+
+/// `--horizon-s` cuts a trace as it cuts a spec: only the requests that
+/// arrive before it are replayed (it was accepted and ignored for a trace).
+#[test]
+fn a_horizon_cuts_a_trace_at_its_arrivals() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--num-requests",
+            "200",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--out",
+        ])
+        .arg(&first)
+        .assert()
+        .success();
+    let t = Trace::read(&first.with_extension("yaml")).unwrap();
+    let mut arrivals: Vec<i64> = t
+        .records
+        .iter()
+        .map(|r| r.request.arrival_time_us)
+        .collect();
+    arrivals.sort_unstable();
+    let horizon_us = arrivals[100];
+    let before = arrivals.iter().filter(|&&a| a < horizon_us).count();
+    assert!((50..200).contains(&before), "{before}");
+    let cut = dir.path().join("cut");
+    replay()
+        .args(["run", "--trace"])
+        .arg(first.with_extension("yaml"))
+        .args(["--horizon-s", &format!("{}", horizon_us as f64 / 1e6)])
+        .arg("--out")
+        .arg(&cut)
+        .assert()
+        .success();
+    let c = Trace::read(&cut.with_extension("yaml")).unwrap();
+    assert_eq!(c.records.len(), before);
+    assert!(
+        c.records
+            .iter()
+            .all(|r| r.request.arrival_time_us < horizon_us)
+    );
+}
+
 /// Files saved by Windows editors start with a UTF-8 byte-order mark: a
 /// model's `config.json`, a GPU table and a Mooncake trace read the same
 /// with it as without (JSON's parser refused them at line 1 column 1),

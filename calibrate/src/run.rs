@@ -178,6 +178,11 @@ pub fn compare_files(
     })
 }
 
+/// The most bootstrap resamples `compare` takes: the 95% intervals settle
+/// long before (the default is 1,000), and each resample keeps about 150
+/// bytes per metric (100 billion aborted the process on allocation).
+pub const MAX_RESAMPLES: usize = 100_000;
+
 /// `blis-calibrate compare`.
 ///
 /// # Errors
@@ -190,10 +195,11 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
             "--rtt-ms must be a non-negative number, got {r}"
         )));
     }
-    if a.resamples == 1 {
-        return Err(CommandError::Usage(
-            "--resamples must be 0 (no intervals) or at least 2".into(),
-        ));
+    if a.resamples == 1 || a.resamples > MAX_RESAMPLES {
+        return Err(CommandError::Usage(format!(
+            "--resamples must be 0 (no intervals) or 2 to {MAX_RESAMPLES}, got {}",
+            a.resamples
+        )));
     }
     let slo = a
         .slo
@@ -245,6 +251,9 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
             "--budget-evals must be at least 1".into(),
         ));
     }
+    // Checked whatever is fitted: a bad value is an error even where the
+    // fit does not use it.
+    a.joint.options(1)?;
     let kind = match a.latency_model {
         Some(c) => c.kind(),
         None if a.runs.is_some() => LatencyKind::TrainedPhysics,

@@ -337,3 +337,29 @@ fn a_comparison_with_no_pairs_is_an_error_with_the_reason() {
     );
     assert!(!dir.path().join("r.md").exists());
 }
+
+/// A resample count past what fits in memory is a usage error naming the
+/// bound (100 billion aborted the process on allocation).
+#[test]
+fn too_many_resamples_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 30);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let e = calibrate(&[
+        "compare",
+        "--real",
+        a.to_str().unwrap(),
+        "--sim",
+        a.to_str().unwrap(),
+        "--out",
+        dir.path().join("r").to_str().unwrap(),
+        "--resamples",
+        "100000000000",
+    ])
+    .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("--resamples must be 0 (no intervals) or 2 to 100000, got 100000000000"),
+        "{msg}"
+    );
+}

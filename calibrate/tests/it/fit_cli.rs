@@ -65,3 +65,24 @@ fn a_trace_without_streaming_says_what_it_lacks() {
         "{err}"
     );
 }
+
+/// An overloaded-run weight that is not a number ≥ 0 is refused whatever
+/// is fitted (a blackbox fit, which does not weigh runs, took NaN and -1
+/// and wrote coefficients).
+#[test]
+fn a_bad_overloaded_weight_is_refused_by_every_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 30);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    for weight in ["NaN", "-1"] {
+        let e = fit(dir.path(), &a, &["--overloaded-weight", weight]).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains(&format!(
+                "--overloaded-weight must be a number ≥ 0, got {weight}"
+            )),
+            "{msg}"
+        );
+    }
+    assert!(!dir.path().join("c.yaml").exists());
+}

@@ -57,6 +57,11 @@ use self::{
     signals::Signals,
 };
 
+/// The most `--client-threads`: each is an OS thread of the async
+/// runtime, whose start-up aborts the process when the OS refuses one
+/// (beyond `ulimit -u`), and past a few per core they only add contention.
+pub const MAX_CLIENT_THREADS: usize = 1024;
+
 /// Validated numeric options.
 fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
     crate::http::check_scheme(&args.server_url).map_err(CommandError::Usage)?;
@@ -71,6 +76,18 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
         return Err(CommandError::Usage(format!(
             "--grace-s must be a non-negative number of seconds, got {}",
             args.grace_s
+        )));
+    }
+    if !(args.max_behind_s >= 0.0 && args.max_behind_s.is_finite()) {
+        return Err(CommandError::Usage(format!(
+            "--max-behind-s must be a non-negative number of seconds (0: never stop), got {}",
+            args.max_behind_s
+        )));
+    }
+    if args.client_threads > MAX_CLIENT_THREADS {
+        return Err(CommandError::Usage(format!(
+            "--client-threads {}: at most {MAX_CLIENT_THREADS} (0: one per CPU core)",
+            args.client_threads
         )));
     }
     if !(args.max_send_lag_ms > 0.0 && args.max_send_lag_ms.is_finite()) {

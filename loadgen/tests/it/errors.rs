@@ -72,6 +72,18 @@ fn bad_options_are_rejected_before_anything_is_sent() {
             "--rate must be a positive number of requests/s, got -5",
         ),
         ("--timeout-s", "-1", "--timeout-s must be a positive"),
+        // Accepted and ignored before: a NaN never stops the sender.
+        (
+            "--max-behind-s",
+            "NaN",
+            "--max-behind-s must be a non-negative number of seconds",
+        ),
+        // Aborted the process before: the OS refused the runtime's threads.
+        (
+            "--client-threads",
+            "100000",
+            "--client-threads 100000: at most 1024",
+        ),
     ] {
         let out = loadgen()
             .args(["run", "--server-url", "http://127.0.0.1:9", "--model", "m"])

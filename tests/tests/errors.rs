@@ -183,6 +183,10 @@ fn cases() -> Vec<Case> {
         case("a model with no config and no coefficients", "blis-replay", &["run", "--model", "acme/unknown-7b", "--latency-model", "roofline", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("max_num_seqs 0", "blis-replay", &["run", "--model", MODEL, "--max-num-seqs", "0", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a block size past any attention backend's", "blis-replay", &["run", "--model", MODEL, "--block-size", "1000000", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a block size of 0", "blis-replay", &["run", "--model", MODEL, "--block-size", "0", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a GPU memory fraction above 1", "blis-replay", &["run", "--model", MODEL, "--gpu-memory-utilization", "2", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a GPU memory fraction too small for the weights", "blis-replay", &["run", "--model", "qwen/qwen2.5-7b-instruct", "--hardware", "H100", "--gpu-memory-utilization", "0.1", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a horizon that is not a number", "blis-replay", &["run", "--model", MODEL, "--horizon-s", "nan", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a cluster of 10^8 instances", "blis-replay", &["run", "--model", MODEL, "--num-instances", "100000000", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a TP degree the model's heads do not divide by", "blis-replay", &["run", "--model", MODEL, "--tp", "3", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("an unknown routing policy (usage)", "blis-replay", &["run", "--model", MODEL, "--routing", "fastest", "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
@@ -197,10 +201,12 @@ fn cases() -> Vec<Case> {
         case("a server that wants an API key (401)", "blis-loadgen", &["run", "--server-url", "{auth}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("an https server, with a build that has no TLS", "blis-loadgen", &["run", "--server-url", "https://127.0.0.1:9", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a negative rate (usage)", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--rate", "-5", "--num-requests", "3", "--out", "{d}/o"], &[]),
+        case("more client threads than the OS gives (usage)", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--rate", "1", "--num-requests", "3", "--client-threads", "100000", "--out", "{d}/o"], &[]),
         case("a wait for the server that is not a number (usage)", "blis-loop", &["--wait-for-server-s", "nan", "--out", "{d}/o"], &[]),
         // Calibration.
         case("comparing traces of different requests", "blis-calibrate", &["compare", "--real", "{d}/t.yaml", "--sim", "{d}/u.yaml", "--out", "{d}/r"], &[("t.yaml", HEADER), ("t.csv", CSV), ("u.yaml", b"trace_version: 3\ndata_file: u.csv\n"), ("u.csv", b"request_id,input_tokens,output_tokens,arrival_time_us\n7,10,5,0\n")]),
         case("fitting on a folder with no runs", "blis-calibrate", &["fit", "--runs", "{d}", "--out", "{d}/f"], &[]),
+        case("more bootstrap resamples than fit in memory (usage)", "blis-calibrate", &["compare", "--real", "{d}/t.yaml", "--sim", "{d}/t.yaml", "--resamples", "100000000000", "--out", "{d}/r"], &[("t.yaml", HEADER), ("t.csv", CSV)]),
     ]);
     v
 }

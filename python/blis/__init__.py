@@ -429,9 +429,11 @@ def fit(
     ``settings``: ``blis-calibrate fit``'s flags with ``_`` for ``-``
     (``latency_model``, ``holdout_fraction``, ``budget_evals``, ``model``,
     ``hardware``, ...). ``out``: the coefficients file to write (default: a
-    new temporary file, kept, named in ``coefficients_path``).
+    new temporary file, kept, named in ``coefficients_path``; removed again
+    when the fit fails).
     """
     temp: List[str] = []
+    made_out = False
     try:
         if traces is None:
             items: List[Union[Trace, PathLike]] = []
@@ -451,6 +453,7 @@ def fit(
             f = tempfile.NamedTemporaryFile(prefix="blis-coefficients-", suffix=".yaml", delete=False)
             f.close()
             out = f.name
+            made_out = True
         flags += ["--out", os.fspath(out)]
         for key, value in settings.items():
             if value is None:
@@ -467,8 +470,15 @@ def fit(
         result = Fit(json.loads(report))
         result.coefficients_path = os.fspath(out)
         result.coefficients_yaml = coefficients
+        made_out = False  # the caller's now, named in coefficients_path
         return result
     finally:
+        if made_out:
+            # A fit that failed leaves no empty temporary file behind.
+            try:
+                os.unlink(os.fspath(out))
+            except OSError:
+                pass
         import shutil
 
         for d in temp:

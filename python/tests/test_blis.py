@@ -5,6 +5,7 @@ Arrow tables, one-line errors, and replays in parallel threads."""
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -229,7 +230,7 @@ def test_a_real_run_is_imported_replayed_and_compared(root):
         blis.import_trace(f"vllm-gt:{gt}/nope")
 
 
-def test_fit_writes_coefficients_that_replay_reads(root, tmp_path):
+def test_fit_writes_coefficients_that_replay_reads(root, tmp_path, monkeypatch):
     gt = root.parent / "shared" / "vllm-ground-truth" / "train" / "20260217-155451-llama-2-7b-tp1-codegen"
     if not gt.is_dir():
         pytest.skip(f"{gt} is not beside the checkout")
@@ -242,10 +243,15 @@ def test_fit_writes_coefficients_that_replay_reads(root, tmp_path):
     r = blis.replay(real, coefficients=out, latency_model="blackbox")
     assert r.summary["latency_model"] == "blackbox"
     assert r.summary["requests"]["total"] == 800
+    # A fit that fails leaves no temporary coefficients file behind.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with pytest.raises(blis.BlisError, match="holdout"):
         blis.fit(real, holdout_fraction=2.0)
     with pytest.raises(blis.BlisError, match="unexpected argument"):
         blis.fit(real, no_such_flag=1)
+    assert list(scratch.iterdir()) == []
 
 
 def test_the_walk_through_runs(root):

@@ -84,7 +84,9 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as out:
             result = run_evolution(
                 initial_program=os.path.join(HERE, "initial_program.rhai"),
-                evaluator=evaluator.evaluate,
+                # The file, as openevolve-run takes it: a callable would be
+                # pickled into the system's temporary folder and left there.
+                evaluator=os.path.join(HERE, "evaluator.py"),
                 config=config,
                 iterations=a.iterations,
                 output_dir=out,

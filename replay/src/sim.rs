@@ -199,7 +199,9 @@ impl Input {
     /// with an earlier planned deadline keeps it).
     pub fn with_client_timeout(mut self, timeout_us: Option<i64>) -> Self {
         if let Some(t) = timeout_us {
-            let at = self.entry_us + t;
+            // (Saturating: a timeout of 1e300 s is no timeout, not an
+            // overflow to a deadline before the send.)
+            let at = self.entry_us.saturating_add(t);
             self.cancel_at_us = Some(self.cancel_at_us.map_or(at, |c| c.min(at)));
         }
         self

@@ -102,11 +102,12 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
             args.max_error_rate
         )));
     }
+    let max_s = blis_traces::csvio::MAX_TIME_US as f64 / 1e6;
     if let Some(d) = args.duration_s
-        && !(d > 0.0 && d.is_finite())
+        && !(d > 0.0 && d <= max_s)
     {
         return Err(CommandError::Usage(format!(
-            "--duration-s must be a positive number of seconds, got {d}"
+            "--duration-s must be a positive number of seconds up to 2^53 µs (285 years), got {d}"
         )));
     }
     if args.concurrency == Some(0) {

@@ -78,6 +78,12 @@ fn bad_options_are_rejected_before_anything_is_sent() {
             "NaN",
             "--max-behind-s must be a non-negative number of seconds",
         ),
+        // Named the spec's horizon before.
+        (
+            "--duration-s",
+            "1e300",
+            "--duration-s must be a positive number of seconds up to 2^53 µs",
+        ),
         // Aborted the process before: the OS refused the runtime's threads.
         (
             "--client-threads",

@@ -286,6 +286,39 @@ fn bad_settings_are_named_in_one_line_errors() {
     }
 }
 
+/// A client timeout too long to matter is no timeout: 1e300 s overflowed
+/// each request's deadline to before its send, and cancelled 195 of 200.
+#[test]
+fn an_enormous_client_timeout_cancels_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for t in ["300", "1e300"] {
+        let out = dir.path().join(format!("t{t}"));
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "200",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "--client-timeout-s",
+                t,
+                "--out",
+            ])
+            .arg(&out)
+            .assert()
+            .success();
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            summary["requests"]["completed"], 200,
+            "--client-timeout-s {t}"
+        );
+    }
+}
+
 /// `--horizon-s` cuts a trace as it cuts a spec: only the requests that
 /// arrive before it are replayed (it was accepted and ignored for a trace).
 #[test]

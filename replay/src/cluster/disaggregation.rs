@@ -64,10 +64,12 @@ impl PdConfig {
         if self.decode_instances == 0 {
             return bad("decode_instances", "at least 1", "0".into());
         }
-        if !(self.transfer_latency_us.is_finite() && self.transfer_latency_us >= 0.0) {
+        if !(self.transfer_latency_us >= 0.0
+            && self.transfer_latency_us <= blis_traces::csvio::MAX_TIME_US as f64)
+        {
             return bad(
                 "transfer_latency_us",
-                "≥ 0",
+                "≥ 0 and at most 2^53 µs (285 years)",
                 self.transfer_latency_us.to_string(),
             );
         }

@@ -216,8 +216,10 @@ impl PolicyBundle {
                 self.snapshot_refresh_interval_us,
             ),
         ] {
-            if v < 0 {
-                return range(name, "≥ 0", v.to_string());
+            // (Past 2^53 µs, 285 years, a time overflows the clock it is
+            // added to.)
+            if !(0..=blis_traces::csvio::MAX_TIME_US).contains(&v) {
+                return range(name, "≥ 0 and at most 2^53 µs (285 years)", v.to_string());
             }
         }
         if self.prefix_index_capacity == 0 {

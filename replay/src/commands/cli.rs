@@ -13,6 +13,11 @@ use crate::cluster::routing::{self, RoutingPolicy};
 use crate::commands::{CommandError, Result};
 use crate::error::ReplayError;
 
+/// The longest `--sample-interval-ms`: 2^53 µs (285 years) in ms (beyond
+/// it the interval in µs overflowed to a negative one, and the sampler
+/// never ended).
+pub const MAX_SAMPLE_INTERVAL_MS: u64 = (1 << 53) / 1000;
+
 /// Predict how a vLLM-style server serves a workload, request by request.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "blis-replay", version, about, long_about = None)]
@@ -496,8 +501,14 @@ pub struct RunArgs {
     /// and `rate_scale`).
     #[arg(allow_negative_numbers = true, long, value_name = "R")]
     pub aggregate_rate: Option<f64>,
-    /// Time-series sample interval, ms (0: no time series).
-    #[arg(allow_negative_numbers = true, long, default_value_t = 100)]
+    /// Time-series sample interval, ms (0: no time series; at most 2^53 µs
+    /// in ms).
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u64).range(0..=MAX_SAMPLE_INTERVAL_MS)
+    )]
     pub sample_interval_ms: u64,
     /// Do not write the per-token ITL companion.
     #[arg(long)]

@@ -110,9 +110,11 @@ impl CpuTierConfig {
                 self.transfer_bandwidth_gb_s
             ));
         }
-        if !(self.transfer_base_latency_us.is_finite() && self.transfer_base_latency_us >= 0.0) {
+        let max_us = blis_traces::csvio::MAX_TIME_US;
+        if !(self.transfer_base_latency_us >= 0.0 && self.transfer_base_latency_us <= max_us as f64)
+        {
             return Err(format!(
-                "--kv-transfer-base-latency-us must be a non-negative number, not {}",
+                "--kv-transfer-base-latency-us must be a non-negative number up to 2^53 µs, not {}",
                 self.transfer_base_latency_us
             ));
         }
@@ -122,8 +124,11 @@ impl CpuTierConfig {
                 self.block_bytes
             ));
         }
-        if self.thrashing_window_us < 0 {
-            return Err("--kv-thrashing-window-us must not be negative".into());
+        if !(0..=max_us).contains(&self.thrashing_window_us) {
+            return Err(format!(
+                "--kv-thrashing-window-us must be from 0 to 2^53 µs, not {}",
+                self.thrashing_window_us
+            ));
         }
         Ok(())
     }

@@ -286,6 +286,58 @@ fn bad_settings_are_named_in_one_line_errors() {
     }
 }
 
+/// Times past 2^53 µs are refused by name: a sample interval of 2^64 - 1
+/// ms overflowed to a negative one and the replay never ended, and an
+/// admission latency of 2^63 - 1 µs overflowed the clock it was added to.
+#[test]
+fn times_past_2_pow_53_us_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |flags: &[&str]| {
+        replay()
+            .args(["run", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args([
+                "--num-requests",
+                "10",
+                "--model",
+                "meta-llama/Llama-3.1-8B-Instruct",
+            ])
+            .args(flags)
+            .arg("--out")
+            .arg(dir.path().join("x"))
+            .timeout(std::time::Duration::from_secs(60))
+            .assert()
+    };
+    let max = "9223372036854775807";
+    for (flags, want) in [
+        (
+            vec!["--admission-latency-us", max],
+            "admission_latency_us must be ≥ 0 and at most 2^53 µs (285 years), got 9223372036854775807",
+        ),
+        (
+            vec![
+                "--num-instances",
+                "2",
+                "--snapshot-refresh-interval-us",
+                max,
+            ],
+            "snapshot_refresh_interval_us must be ≥ 0 and at most 2^53 µs",
+        ),
+        (
+            vec!["--kv-cpu-blocks", "100", "--kv-thrashing-window-us", max],
+            "--kv-thrashing-window-us must be from 0 to 2^53 µs",
+        ),
+    ] {
+        let a = run(&flags).code(1);
+        let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+    let a = run(&["--sample-interval-ms", "18446744073709551615"]).code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("--sample-interval-ms"), "{err}");
+}
+
 /// A client timeout too long to matter is no timeout: 1e300 s overflowed
 /// each request's deadline to before its send, and cancelled 195 of 200.
 #[test]

@@ -970,7 +970,12 @@ impl Instance {
             .key(req.priority, req.input_tokens, self.seq);
         self.seq += 1;
         let mut req = req;
-        let hashes = std::mem::take(&mut req.block_hashes);
+        let mut hashes = std::mem::take(&mut req.block_hashes);
+        // Its blocks and their hashes, reserved for its whole life: growing
+        // them a block at a time reallocated and copied each about
+        // log2(blocks) times per request.
+        let lifetime = self.kv.blocks_for(req.input_tokens.saturating_add(target)) as usize;
+        hashes.reserve(lifetime.saturating_sub(hashes.len()));
         #[cfg(debug_assertions)]
         if !hashes.is_empty() {
             let mut own = Vec::new();
@@ -998,7 +1003,7 @@ impl Instance {
             capped,
             num_computed: 0,
             generated: 0,
-            blocks: Vec::new(),
+            blocks: Vec::with_capacity(lifetime),
             hashed: 0,
             private_pending: u32::MAX,
             hashes,

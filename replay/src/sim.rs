@@ -121,6 +121,9 @@ pub enum NotServed {
     CancelledWaiting,
     /// The replay stopped (horizon) before it completed.
     Unfinished,
+    /// The replay was stopped early ([`stop_flag`], Ctrl-C) before it
+    /// completed.
+    Interrupted,
     /// The cluster's admission policy (named) rejected it.
     Rejected(&'static str),
     /// Its replica was scaled down with the `immediate` drain policy
@@ -373,11 +376,29 @@ pub struct Session<'a> {
     last_t: i64,
     /// Past the horizon: nothing more happens.
     ended: bool,
+    /// Ended by the stop flag ([`stop_flag`]), not the horizon.
+    stopped: bool,
     /// When a request last left (completed, dropped, cancelled), µs.
     last_exit: i64,
     /// Periodic events (samples, refreshes, autoscaler evaluations) in a
     /// row with nothing in the system.
     idle_periods: u32,
+}
+
+/// The process-wide request to stop every replay at its next event
+/// ([`stop_flag`]).
+static STOP: std::sync::LazyLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The flag that, once set, stops every replay of this process at its next
+/// event, as a horizon reached then would: the requests in the system and
+/// those not yet sent are reported unfinished, and the outputs are written
+/// as usual. A command line's Ctrl-C sets it (`blis-replay run`, through
+/// `signal_hook::flag::register`); a library caller that wants to cut one
+/// replay of several sets its horizon instead. Nothing clears it but its
+/// owner.
+pub fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    std::sync::Arc::clone(&STOP)
 }
 
 /// Idle periodic events kept before a quiet stretch is skipped: after this
@@ -461,6 +482,7 @@ impl<'a> Session<'a> {
             next_refresh: refresh.map(|_| 0i64),
             last_t: i64::MIN,
             ended: false,
+            stopped: false,
             last_exit: 0,
             idle_periods: 0,
         }
@@ -498,7 +520,13 @@ impl<'a> Session<'a> {
         sink: &mut S,
     ) -> bool {
         let horizon = self.opts.horizon_us.unwrap_or(i64::MAX);
+        let stop = &**STOP;
         while !self.ended {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                self.ended = true;
+                self.stopped = true;
+                break;
+            }
             let Some(next) = self.next_event(inputs) else {
                 break;
             };
@@ -717,21 +745,26 @@ impl<'a> Session<'a> {
                 inst.pause_private_blocks();
             }
         }
-        // Whatever is left at the horizon did not finish.
+        // Whatever is left at the horizon (or the stop) did not finish.
+        let why = if self.stopped {
+            NotServed::Interrupted
+        } else {
+            NotServed::Unfinished
+        };
         for f in d.flights.into_iter().flatten() {
-            sink.not_served(f.rec, f.entry_us, NotServed::Unfinished);
+            sink.not_served(f.rec, f.entry_us, why.clone());
         }
         while let Some(input) = inputs.next_input() {
-            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+            sink.not_served(input.rec, input.entry_us, why.clone());
         }
         for (_, inputs) in d.waiting_rounds {
-            sink.not_served(inputs.rec, inputs.entry_us, NotServed::Unfinished);
+            sink.not_served(inputs.rec, inputs.entry_us, why.clone());
         }
         for input in d.deferred.into_iter().flatten() {
-            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+            sink.not_served(input.rec, input.entry_us, why.clone());
         }
         for input in d.gateway_items.into_iter().flatten() {
-            sink.not_served(input.rec, input.entry_us, NotServed::Unfinished);
+            sink.not_served(input.rec, input.entry_us, why.clone());
         }
     }
 }

@@ -4,6 +4,8 @@
 use crate::commands::{CommandError, Result};
 use blis_traces::step::StepContext;
 use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -296,6 +298,10 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     if let Some(slo) = args.slo {
         sink.judge_slo(slo);
     }
+    // Ctrl-C (or SIGTERM) stops the replay at its next event; the outputs
+    // are then written as usual, the rest of the requests unfinished.
+    let stop = stop_on_signals().step(|| "setting up Ctrl-C")?;
+    stop.store(false, Ordering::Relaxed);
     // The outputs are made on a second core beside the simulation.
     let mut threaded = SinkThread::new(sink).step(|| "starting the output thread")?;
     let ClusterRun {
@@ -314,6 +320,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         &mut threaded,
         trace_k,
     );
+    let interrupted = stop.load(Ordering::Relaxed);
     let sink = threaded.into_inner();
     bar.finish_and_clear();
     input_failure.check()?;
@@ -367,7 +374,46 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         summary.steps,
         elapsed.as_secs_f64() * 1e3
     );
+    if interrupted {
+        return Err(CommandError::Ended {
+            code: blis_traces::exit_code::INTERRUPTED,
+            message: format!(
+                "interrupted: the replay stopped early; {} of {} requests completed, and {} are recorded as unfinished in {}.csv (the summary covers the replay up to the stop)",
+                summary.requests.completed,
+                summary.requests.total,
+                summary.requests.unfinished,
+                prefix.display()
+            ),
+        });
+    }
     Ok(())
+}
+
+/// The replays' stop flag ([`crate::sim::stop_flag`]), set from now on by
+/// SIGINT and SIGTERM; a second signal once it is set ends the process at
+/// once (exit code 130 or 143). Registered once per process (a handler
+/// cannot be removed without leaving the signal ignored).
+///
+/// # Errors
+/// The OS refused a handler.
+fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+    static REGISTERED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let stop = crate::sim::stop_flag();
+    REGISTERED
+        .get_or_init(|| {
+            use signal_hook::consts::{SIGINT, SIGTERM};
+            for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+                // The shutdown first: it sees the flag as the earlier
+                // signal left it.
+                signal_hook::flag::register_conditional_shutdown(signal, code, Arc::clone(&stop))
+                    .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(std::io::Error::other)?;
+    Ok(stop)
 }
 
 fn progress(len: Option<u64>) -> ProgressBar {

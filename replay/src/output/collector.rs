@@ -690,6 +690,13 @@ impl Sink for Collector {
                 self.counts.unfinished += 1;
                 (Status::Cancelled, "replay horizon reached".to_string())
             }
+            NotServed::Interrupted => {
+                self.counts.unfinished += 1;
+                (
+                    Status::Cancelled,
+                    "replay interrupted before it finished".to_string(),
+                )
+            }
             NotServed::ScaledDown => {
                 self.counts.scaled_down += 1;
                 (

@@ -172,6 +172,14 @@ pub fn parse(body: &[u8], chat: bool) -> Result<Parsed, String> {
     {
         return Err(format!("min_tokens must be non-negative, got {m}"));
     }
+    // vLLM's SamplingParams refuses the same.
+    if let (Some(lo), Some(hi)) = (raw.min_tokens, max)
+        && lo > hi
+    {
+        return Err(format!(
+            "min_tokens must be less than or equal to max_tokens={hi}, got {lo}"
+        ));
+    }
     let so = raw.stream_options.unwrap_or_default();
     let stream = raw.stream.unwrap_or(false);
     if raw.stream_options.is_some() && !stream {
@@ -308,6 +316,23 @@ mod tests {
             parse(br#"{"model":"m","prompt":"x","max_tokens":-3}"#, false)
                 .unwrap_err()
                 .contains("at least 1")
+        );
+        // min_tokens above max_tokens: refused, as vLLM refuses it (it
+        // was served with max_tokens tokens).
+        assert_eq!(
+            parse(
+                br#"{"model":"m","prompt":"x","max_tokens":2,"min_tokens":5}"#,
+                false
+            )
+            .unwrap_err(),
+            "min_tokens must be less than or equal to max_tokens=2, got 5"
+        );
+        assert!(
+            parse(
+                br#"{"model":"m","prompt":"x","max_tokens":5,"min_tokens":5}"#,
+                false
+            )
+            .is_ok()
         );
         assert_eq!(
             parse(br#"{"model":"m"}"#, true).unwrap_err(),

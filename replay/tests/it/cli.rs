@@ -9,6 +9,16 @@ fn replay() -> Command {
     Command::cargo_bin("blis-replay").expect("binary built")
 }
 
+/// `blis-replay run` of the design's two-client workload cut to `n`
+/// requests, for `model` (more flags and `--out` to add).
+fn two_clients(n: u32, model: &str) -> Command {
+    let mut c = replay();
+    c.args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args(["--num-requests", &n.to_string(), "--model", model]);
+    c
+}
+
 #[test]
 fn a_spec_replays_to_a_readable_trace_summary_and_time_series() {
     let dir = tempfile::tempdir().unwrap();
@@ -262,19 +272,8 @@ fn bad_settings_are_named_in_one_line_errors() {
         ),
     ];
     for (flags, want) in cases {
-        let a = replay()
-            .args(["run", "--workload-spec"])
-            .arg(shared().join("examples/two-client-workload.yaml"))
-            .args([
-                "--num-requests",
-                "10",
-                "--model",
-                "qwen/qwen2.5-7b-instruct",
-                "--hardware",
-                "H100",
-                "--latency-model",
-                "roofline",
-            ])
+        let a = two_clients(10, "qwen/qwen2.5-7b-instruct")
+            .args(["--hardware", "H100", "--latency-model", "roofline"])
             .args(flags)
             .arg("--out")
             .arg(dir.path().join("x"))
@@ -367,15 +366,7 @@ fn ctrl_c_stops_a_replay_and_keeps_every_request() {
 fn times_past_2_pow_53_us_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let run = |flags: &[&str]| {
-        replay()
-            .args(["run", "--workload-spec"])
-            .arg(shared().join("examples/two-client-workload.yaml"))
-            .args([
-                "--num-requests",
-                "10",
-                "--model",
-                "meta-llama/Llama-3.1-8B-Instruct",
-            ])
+        two_clients(10, "meta-llama/Llama-3.1-8B-Instruct")
             .args(flags)
             .arg("--out")
             .arg(dir.path().join("x"))
@@ -419,18 +410,8 @@ fn an_enormous_client_timeout_cancels_nothing() {
     let dir = tempfile::tempdir().unwrap();
     for t in ["300", "1e300"] {
         let out = dir.path().join(format!("t{t}"));
-        replay()
-            .args(["run", "--workload-spec"])
-            .arg(shared().join("examples/two-client-workload.yaml"))
-            .args([
-                "--num-requests",
-                "200",
-                "--model",
-                "meta-llama/Llama-3.1-8B-Instruct",
-                "--client-timeout-s",
-                t,
-                "--out",
-            ])
+        two_clients(200, "meta-llama/Llama-3.1-8B-Instruct")
+            .args(["--client-timeout-s", t, "--out"])
             .arg(&out)
             .assert()
             .success();
@@ -445,22 +426,63 @@ fn an_enormous_client_timeout_cancels_nothing() {
     }
 }
 
+/// A trace header's `gpu_memory_utilization` sizes the KV cache when the
+/// header gives no `total_kv_blocks` (the flag's default of 0.9 used to
+/// hide it); the flag still wins.
+#[test]
+fn the_headers_gpu_memory_fraction_sizes_the_kv_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    two_clients(20, "qwen/qwen2.5-7b-instruct")
+        .args(["--hardware", "H100", "--latency-model", "roofline", "--out"])
+        .arg(&first)
+        .assert()
+        .success();
+    // The same trace, its header saying 0.5 of the GPU and no KV size.
+    let header = std::fs::read_to_string(first.with_extension("yaml")).unwrap();
+    let header: String = header
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("total_kv_blocks:"))
+        .map(|l| {
+            if l == "server:" {
+                "server:\n  gpu_memory_utilization: 0.5\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(header.contains("gpu_memory_utilization: 0.5"), "{header}");
+    std::fs::write(first.with_extension("yaml"), header).unwrap();
+    let blocks = |flags: &[&str]| {
+        let out = dir.path().join("again");
+        replay()
+            .args(["run", "--trace"])
+            .arg(first.with_extension("yaml"))
+            .args(["--latency-model", "roofline"])
+            .args(flags)
+            .arg("--out")
+            .arg(&out)
+            .assert()
+            .success();
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
+        )
+        .unwrap();
+        summary["kv"]["total_blocks"].as_u64().unwrap()
+    };
+    let recorded = blocks(&[]);
+    let flagged = blocks(&["--gpu-memory-utilization", "0.9"]);
+    assert!(recorded < flagged / 2, "{recorded} vs {flagged}");
+}
+
 /// `--horizon-s` cuts a trace as it cuts a spec: only the requests that
 /// arrive before it are replayed (it was accepted and ignored for a trace).
 #[test]
 fn a_horizon_cuts_a_trace_at_its_arrivals() {
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first");
-    replay()
-        .args(["run", "--workload-spec"])
-        .arg(shared().join("examples/two-client-workload.yaml"))
-        .args([
-            "--num-requests",
-            "200",
-            "--model",
-            "meta-llama/Llama-3.1-8B-Instruct",
-            "--out",
-        ])
+    two_clients(200, "meta-llama/Llama-3.1-8B-Instruct")
+        .arg("--out")
         .arg(&first)
         .assert()
         .success();

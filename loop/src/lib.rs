@@ -247,8 +247,10 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     }
     log("replaying the observed trace (blis-replay run)");
     let mut out = Vec::new();
-    blis_replay::commands::run::run_replay(&replay, &mut out)
-        .step(|| "replaying the trace (blis-replay run)")?;
+    replay_ended(
+        blis_replay::commands::run::run_replay(&replay, &mut out),
+        &real_h,
+    )?;
     let on_mock = mock.is_some();
     let mut served = Vec::new();
     if let Some(server) = mock.take() {
@@ -339,6 +341,23 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
                 "observing the server ended with exit code {code}; nothing was replayed or compared"
             ),
         }),
+    }
+}
+
+/// The replay step's result: an early end (Ctrl-C) keeps its exit code and
+/// says what the loop kept; any other failure names the step.
+fn replay_ended(r: Result<()>, real_h: &Path) -> Result<()> {
+    match r {
+        Err(CommandError::Ended { code, message }) => Err(CommandError::Ended {
+            code,
+            message: format!(
+                "{message}; the observed trace is {}; nothing was compared",
+                real_h.display()
+            ),
+        }),
+        r => r
+            .step(|| "replaying the trace (blis-replay run)")
+            .map_err(Into::into),
     }
 }
 
@@ -477,5 +496,31 @@ mod tests {
         let o = LoopOpts::parse_from(["blis-loop", "--replay-args", "--bogus 3"]);
         let e = replay_settings(&o).unwrap_err().to_string();
         assert!(e.contains("--replay-args") && e.contains("--bogus"), "{e}");
+    }
+
+    /// A replay stopped by Ctrl-C ends the loop with the replay's exit code
+    /// (4, as `blis-replay run` alone), not as a failed step (1); a failure
+    /// still names the step.
+    #[test]
+    fn an_interrupted_replay_keeps_its_exit_code() {
+        let real = Path::new("out/loop/real.yaml");
+        let e = replay_ended(
+            Err(CommandError::Ended {
+                code: exit_code::INTERRUPTED,
+                message: "interrupted: the replay stopped early".into(),
+            }),
+            real,
+        )
+        .unwrap_err();
+        assert_eq!(e.exit_code(), exit_code::INTERRUPTED);
+        let m = e.to_string();
+        assert!(
+            m.starts_with("interrupted") && m.contains("out/loop/real.yaml"),
+            "{m}"
+        );
+        let e = replay_ended(Err(CommandError::Usage("bad".into())), real).unwrap_err();
+        assert_eq!(e.exit_code(), exit_code::ERROR);
+        assert!(e.to_string().contains("replaying the trace"), "{e}");
+        assert!(replay_ended(Ok(()), real).is_ok());
     }
 }

@@ -279,7 +279,13 @@ impl<S: Sink + Send + 'static> Sink for SinkThread<S> {
         self.batch
             .flags
             .extend(report.spans.iter().map(|s| streaming[s.tag as usize]));
-        let fresh = self.spare_spans.pop().unwrap_or_default();
+        // A fresh vector is sized for a report like this one: grown from
+        // empty, each of the (up to a few thousand) vectors in flight was
+        // reallocated about log2(batch) times before the first came back.
+        let fresh = self
+            .spare_spans
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(report.spans.len()));
         self.batch
             .spans
             .push(std::mem::replace(&mut report.spans, fresh));

@@ -313,12 +313,44 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         (None, Some(p)) => CoefficientsFile::read(p)?,
         (None, None) => CoefficientsFile::bundled(),
     };
-    // The architecture, when a model or config names one (read once).
+    // The architecture, when a model or config names one (read once); a
+    // model with no config bundled or given falls back on the shape its
+    // run recorded, when it recorded one.
     let found = (args.model_config.is_some() || !model.is_empty()).then(|| {
-        find_model(
+        match find_model(
             (!model.is_empty()).then_some(model.as_str()),
             args.model_config.as_deref(),
-        )
+        ) {
+            Err(crate::latency::arch::ArchError::NotBundled { .. })
+                if let Some(shape) = hs.and_then(|s| s.model_shape.as_ref()) =>
+            {
+                let a = crate::latency::hf_config::from_shape(
+                    shape,
+                    hs.and_then(|s| s.max_model_len),
+                );
+                if a.is_ok() {
+                    prov.push(format!(
+                        "architecture of {model} from the shape its run recorded (no config.json of it is bundled or given; --model-config gives one): {} layers, hidden {}, {} query / {} KV heads, MLP {}{}; assumed: {}",
+                        shape.num_hidden_layers,
+                        shape.hidden_size,
+                        shape.num_attention_heads,
+                        shape.num_key_value_heads,
+                        shape.intermediate_size,
+                        if shape.num_local_experts > 1 {
+                            format!(
+                                ", {} experts, top {}",
+                                shape.num_local_experts, shape.num_experts_per_tok
+                            )
+                        } else {
+                            String::new()
+                        },
+                        crate::latency::hf_config::SHAPE_ASSUMPTIONS
+                    ));
+                }
+                a
+            }
+            r => r,
+        }
     });
     let bundled = args.coefficient_rows.is_none() && args.coefficients.is_none();
     let llamacpp = is_llamacpp(
@@ -931,6 +963,67 @@ mod tests {
             with(MAX_BLOCK_SIZE).unwrap().engine.block_size,
             MAX_BLOCK_SIZE
         );
+    }
+
+    /// A model with no bundled config is read from the shape its run
+    /// recorded (the vLLM ground truth's `model_config`), says so, and is
+    /// then predicted by trained-physics as a bundled model would be; a
+    /// config given with --model-config still wins, and without a
+    /// recorded shape the model is an error naming the way out.
+    #[test]
+    fn a_model_without_a_config_is_read_from_its_recorded_shape() {
+        let shape = blis_traces::ModelShape {
+            num_hidden_layers: 40,
+            hidden_size: 5120,
+            num_attention_heads: 40,
+            num_key_value_heads: 8,
+            intermediate_size: 17408,
+            vocab_size: 151936,
+            ..Default::default()
+        };
+        let mut h = header(ServerConfig {
+            max_model_len: Some(8192),
+            model_shape: Some(shape),
+            ..ServerConfig::default()
+        });
+        h.server.as_mut().unwrap().model = Some("acme/unreleased-14b".into());
+        let default = || ServerArgs {
+            latency: None,
+            ..args()
+        };
+        let r = resolve(&default(), Some(&h)).unwrap();
+        assert_eq!(r.latency_name(), "trained-physics");
+        assert!(
+            r.provenance.iter().any(|p| p.starts_with(
+                "architecture of acme/unreleased-14b from the shape its run recorded"
+            )),
+            "{:?}",
+            r.provenance
+        );
+        // The same model with its config given: the config, not the shape.
+        let given = resolve(
+            &ServerArgs {
+                model_config: Some(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../shared/model-configs/qwen3-14b/config.json"),
+                ),
+                ..default()
+            },
+            Some(&h),
+        )
+        .unwrap();
+        assert!(
+            !given
+                .provenance
+                .iter()
+                .any(|p| p.contains("the shape its run recorded")),
+            "{:?}",
+            given.provenance
+        );
+        let mut bare = h.clone();
+        bare.server.as_mut().unwrap().model_shape = None;
+        let e = resolve(&default(), Some(&bare)).unwrap_err().to_string();
+        assert!(e.contains("no bundled config for model"), "{e}");
     }
 
     /// The KV estimate takes the GPU memory fraction from the flag, else

@@ -76,6 +76,46 @@ pub struct ServerConfig {
     /// vLLM's `--enable-chunked-prefill`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_chunked_prefill: Option<bool>,
+    /// The model's shape as the run recorded it (the vLLM ground truth's
+    /// `model_config`), for a simulator that has no `config.json` of the
+    /// model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_shape: Option<ModelShape>,
+}
+
+/// A transformer's shape in Hugging Face `config.json` field names, as a
+/// run may record it beside its measurements (the vLLM ground truth's
+/// `replay_data/<exp>.json` → `model_config`). Enough for a latency model
+/// of a Llama-style decoder (with Mixtral-style routed experts when
+/// `num_local_experts` > 1); what it does not say (data types, tied
+/// embeddings, sliding windows, shared experts) a reader must assume and
+/// say so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    /// Decoder layers.
+    pub num_hidden_layers: u32,
+    /// Hidden (model) width.
+    pub hidden_size: u32,
+    /// Query heads.
+    pub num_attention_heads: u32,
+    /// Key/value heads (grouped-query attention; equal to the query heads
+    /// for multi-head attention).
+    pub num_key_value_heads: u32,
+    /// Width of the MLP (of each routed expert in an MoE model).
+    pub intermediate_size: u32,
+    /// Vocabulary.
+    pub vocab_size: u32,
+    /// Routed experts per MoE layer (0: a dense model).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub num_local_experts: u32,
+    /// Experts each token is routed to.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub num_experts_per_tok: u32,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Accelerators the server ran on.
@@ -422,6 +462,16 @@ mod tests {
             version: Some("0.15.1".into()),
             enable_prefix_caching: Some(true),
             enable_chunked_prefill: Some(false),
+            model_shape: Some(ModelShape {
+                num_hidden_layers: 32,
+                hidden_size: 4096,
+                num_attention_heads: 32,
+                num_key_value_heads: 8,
+                intermediate_size: 14336,
+                vocab_size: 32000,
+                num_local_experts: 8,
+                num_experts_per_tok: 2,
+            }),
         });
         h.hardware = Some(Hardware {
             gpu: Some("H100".into()),

@@ -322,7 +322,41 @@ struct GtReplay {
     #[serde(default)]
     profile: String,
     config: GtConfig,
+    /// The model's shape (absent from older files).
+    #[serde(default)]
+    model_config: Option<GtModelConfig>,
     requests: Vec<GtRequest>,
+}
+
+/// `model_config` of a ground-truth replay file, in its own field names.
+#[derive(Deserialize)]
+struct GtModelConfig {
+    num_layers: u32,
+    hidden_dim: u32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    intermediate_dim: u32,
+    #[serde(default)]
+    num_local_experts: u32,
+    #[serde(default)]
+    num_experts_per_tok: u32,
+    vocab_size: u32,
+}
+
+impl GtModelConfig {
+    /// In Hugging Face names.
+    fn shape(&self) -> crate::header::ModelShape {
+        crate::header::ModelShape {
+            num_hidden_layers: self.num_layers,
+            hidden_size: self.hidden_dim,
+            num_attention_heads: self.num_heads,
+            num_key_value_heads: self.num_kv_heads,
+            intermediate_size: self.intermediate_dim,
+            vocab_size: self.vocab_size,
+            num_local_experts: self.num_local_experts,
+            num_experts_per_tok: self.num_experts_per_tok,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -432,7 +466,10 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// the client did. Failed requests (client timeouts) have status `timeout`;
 /// their prompt length, not recorded, is the plan's (the median length of
 /// the same prompt of the cycle). Send times are `run_start_unix_us` (the
-/// experiment name's timestamp, read as UTC) plus `arrival_time_us`.
+/// experiment name's timestamp, read as UTC) plus `arrival_time_us`. The
+/// replay file's `model_config` becomes the header's
+/// `server.model_shape` (Hugging Face names), which a simulator without
+/// the model's `config.json` can read.
 ///
 /// # Errors
 /// Missing or malformed files, naming them.
@@ -700,6 +737,7 @@ fn gt_header(exp: &GtExpConfig, replay: &GtReplay) -> TraceHeader {
         gpu_memory_utilization: None,
         max_model_len: exp.max_model_len,
         total_kv_blocks: replay.config.kv_blocks_total_gpu,
+        model_shape: replay.model_config.as_ref().map(GtModelConfig::shape),
         // The runs record no vLLM version or flags beyond these.
         ..ServerConfig::default()
     });

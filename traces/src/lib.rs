@@ -80,7 +80,8 @@ pub use csvio::{BASE_COLUMNS, ExtraColumn, ExtraColumnTally, RecordReader, Recor
 pub use error::{Error, Location, Result};
 pub use generate::{GenerateOptions, Generator, generate};
 pub use header::{
-    Hardware, LoadGeneratorInfo, Mode, NetworkInfo, ServerConfig, ShardInfo, TraceHeader,
+    Hardware, LoadGeneratorInfo, Mode, ModelShape, NetworkInfo, ServerConfig, ShardInfo,
+    TraceHeader,
 };
 pub use import::{ImportKind, ImportSource, import};
 pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};

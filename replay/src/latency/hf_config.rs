@@ -824,6 +824,50 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
     })
 }
 
+/// The architecture of a model known only by the shape a run recorded
+/// ([`blis_traces::ModelShape`], e.g. the vLLM ground truth's
+/// `model_config`), read as the Hugging Face `config.json` of a Llama-style
+/// decoder with those fields (`MixtralForCausalLM`'s routed experts when it
+/// has more than one) would be, with `max_position_embeddings` from the
+/// run's `max_model_len` when it gives one. What the shape does not say is
+/// assumed as in those configs: 16-bit weights and KV cache, untied
+/// embeddings, no sliding window, no shared experts
+/// ([`SHAPE_ASSUMPTIONS`]).
+///
+/// # Errors
+/// A shape the parser refuses (zero layers, hidden size or heads; more
+/// experts per token than experts), as for a `config.json`.
+pub fn from_shape(
+    shape: &blis_traces::ModelShape,
+    max_model_len: Option<u64>,
+) -> Result<ModelArch, ArchError> {
+    let moe = shape.num_local_experts > 1;
+    let mut c = serde_json::json!({
+        "architectures": [if moe { "MixtralForCausalLM" } else { "LlamaForCausalLM" }],
+        "model_type": if moe { "mixtral" } else { "llama" },
+        "num_hidden_layers": shape.num_hidden_layers,
+        "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "intermediate_size": shape.intermediate_size,
+        "vocab_size": shape.vocab_size,
+        "torch_dtype": "float16",
+        "tie_word_embeddings": false,
+    });
+    if moe {
+        c["num_local_experts"] = shape.num_local_experts.into();
+        c["num_experts_per_tok"] = shape.num_experts_per_tok.into();
+    }
+    if let Some(n) = max_model_len.filter(|n| *n > 0) {
+        c["max_position_embeddings"] = n.into();
+    }
+    parse("the run's recorded model_config", &c.to_string())
+}
+
+/// What [`from_shape`] assumes of a model it knows only by its shape.
+pub const SHAPE_ASSUMPTIONS: &str =
+    "16-bit weights and KV cache, untied embeddings, no sliding window, no shared experts";
+
 /// The architecture table of `models` as Markdown (one row per model; the
 /// columns of `docs/architectures.md`).
 pub fn table(models: &[ModelArch]) -> String {
@@ -930,6 +974,53 @@ mod tests {
 
     fn m(name: &str) -> ModelArch {
         find_model(Some(name), None).unwrap()
+    }
+
+    /// A model known only by the shape its run recorded reads as its
+    /// config.json does: for the four models of the vLLM ground truth, the
+    /// shapes of their `replay_data` files give the bundled configs'
+    /// architectures field for field (but the name, and the context length,
+    /// which the run's `max_model_len` gives instead).
+    #[test]
+    fn a_recorded_shape_reads_as_the_models_config() {
+        let shape = |l, h, q, kv, i, e, k| blis_traces::ModelShape {
+            num_hidden_layers: l,
+            hidden_size: h,
+            num_attention_heads: q,
+            num_key_value_heads: kv,
+            intermediate_size: i,
+            vocab_size: 32000,
+            num_local_experts: e,
+            num_experts_per_tok: k,
+        };
+        for (model, s) in [
+            (
+                "meta-llama/Llama-2-7b-hf",
+                shape(32, 4096, 32, 32, 11008, 0, 0),
+            ),
+            (
+                "meta-llama/Llama-2-70b-hf",
+                shape(80, 8192, 64, 8, 28672, 0, 0),
+            ),
+            (
+                "mistralai/Mixtral-8x7B-v0.1",
+                shape(32, 4096, 32, 8, 14336, 8, 2),
+            ),
+            (
+                "codellama/CodeLlama-34b-Instruct-hf",
+                shape(48, 8192, 64, 8, 22016, 0, 0),
+            ),
+        ] {
+            let bundled = m(model);
+            let mut a = from_shape(&s, Some(4096)).unwrap();
+            assert_eq!(a.max_context, Some(4096), "{model}");
+            a.name = bundled.name.clone();
+            a.max_context = bundled.max_context;
+            assert_eq!(a, bundled, "{model}");
+        }
+        // A shape the parser refuses is refused as a config would be.
+        let e = from_shape(&shape(32, 4096, 32, 8, 14336, 8, 9), None).unwrap_err();
+        assert!(e.to_string().contains("num_experts_per_tok"), "{e}");
     }
 
     /// (dense layers, MoE layers), (experts, per token, shared, shared

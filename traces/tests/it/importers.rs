@@ -90,6 +90,26 @@ fn vllm_ground_truth_run() {
     assert_eq!(server.block_size, Some(16));
     assert_eq!(server.total_kv_blocks, Some(7462));
     assert_eq!(server.max_model_len, Some(4096));
+    // The model's shape as the run recorded it (`model_config`), in
+    // Hugging Face names, for a simulator without its config.json.
+    assert_eq!(
+        server.model_shape,
+        Some(blis_traces::ModelShape {
+            num_hidden_layers: 32,
+            hidden_size: 4096,
+            num_attention_heads: 32,
+            num_key_value_heads: 32,
+            intermediate_size: 11008,
+            vocab_size: 32000,
+            num_local_experts: 0,
+            num_experts_per_tok: 0,
+        })
+    );
+    // It survives the header's YAML.
+    let yaml = t.header.to_yaml();
+    assert!(yaml.contains("num_key_value_heads: 32"), "{yaml}");
+    let back = blis_traces::TraceHeader::from_yaml(std::path::Path::new("h.yaml"), &yaml).unwrap();
+    assert_eq!(back.server.unwrap().model_shape, server.model_shape);
     let (n, first, last, input, output) = totals(&t);
     assert_eq!((n, first, last, input), (9000, 0, 1_203_964_878, 5_324_670));
     // Output is the requested output_len (247) for every request.

@@ -321,8 +321,12 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
             (!model.is_empty()).then_some(model.as_str()),
             args.model_config.as_deref(),
         ) {
+            // (The shape is the header's model's: not another's named by
+            // --model.)
             Err(crate::latency::arch::ArchError::NotBundled { .. })
-                if let Some(shape) = hs.and_then(|s| s.model_shape.as_ref()) =>
+                if let Some(shape) = hs
+                    .filter(|s| s.model.as_deref() == Some(model.as_str()))
+                    .and_then(|s| s.model_shape.as_ref()) =>
             {
                 let a = crate::latency::hf_config::from_shape(
                     shape,
@@ -1024,6 +1028,17 @@ mod tests {
         bare.server.as_mut().unwrap().model_shape = None;
         let e = resolve(&default(), Some(&bare)).unwrap_err().to_string();
         assert!(e.contains("no bundled config for model"), "{e}");
+        // Another unbundled model named by --model does not take the
+        // recorded model's shape.
+        let other = ServerArgs {
+            model: Some("acme/another-70b".into()),
+            ..default()
+        };
+        let e = resolve(&other, Some(&h)).unwrap_err().to_string();
+        assert!(
+            e.contains("no bundled config for model \"acme/another-70b\""),
+            "{e}"
+        );
     }
 
     /// The KV estimate takes the GPU memory fraction from the flag, else

@@ -112,6 +112,11 @@ pub struct ModelShape {
     /// Experts each token is routed to.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub num_experts_per_tok: u32,
+    /// Fields the run recorded beside these that its importer does not
+    /// understand (e.g. a head width or shared experts): a reader must not
+    /// build the model from this shape while any is listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_understood: Vec<String>,
 }
 
 fn is_zero(x: &u32) -> bool {
@@ -471,6 +476,7 @@ mod tests {
                 vocab_size: 32000,
                 num_local_experts: 8,
                 num_experts_per_tok: 2,
+                not_understood: vec!["head_dim".into()],
             }),
         });
         h.hardware = Some(Hardware {

@@ -341,6 +341,9 @@ struct GtModelConfig {
     #[serde(default)]
     num_experts_per_tok: u32,
     vocab_size: u32,
+    /// Any other field (kept by name: the shape is not to be used).
+    #[serde(flatten)]
+    other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl GtModelConfig {
@@ -355,6 +358,7 @@ impl GtModelConfig {
             vocab_size: self.vocab_size,
             num_local_experts: self.num_local_experts,
             num_experts_per_tok: self.num_experts_per_tok,
+            not_understood: self.other.keys().cloned().collect(),
         }
     }
 }
@@ -776,5 +780,23 @@ mod tests {
             Some(1_771_343_691_000_000)
         );
         assert_eq!(experiment_start_us("x"), None);
+    }
+
+    /// A ground-truth `model_config` becomes a shape in Hugging Face
+    /// names; a field beside the known ones is kept by name, not dropped.
+    #[test]
+    fn a_recorded_model_config_keeps_what_it_does_not_know() {
+        let c: GtModelConfig = serde_json::from_str(
+            r#"{"num_layers": 40, "hidden_dim": 5120, "num_heads": 40, "num_kv_heads": 8,
+                "intermediate_dim": 17408, "num_local_experts": 0, "num_experts_per_tok": 0,
+                "vocab_size": 151936, "head_dim": 128}"#,
+        )
+        .unwrap();
+        let s = c.shape();
+        assert_eq!(
+            (s.num_hidden_layers, s.hidden_size, s.num_key_value_heads),
+            (40, 5120, 8)
+        );
+        assert_eq!(s.not_understood, vec!["head_dim".to_string()]);
     }
 }

@@ -836,11 +836,21 @@ pub fn find_model(model: Option<&str>, config: Option<&Path>) -> Result<ModelArc
 ///
 /// # Errors
 /// A shape the parser refuses (zero layers, hidden size or heads; more
-/// experts per token than experts), as for a `config.json`.
+/// experts per token than experts), as for a `config.json`; one recorded
+/// with fields not understood ([`blis_traces::ModelShape::not_understood`]),
+/// naming the first.
 pub fn from_shape(
     shape: &blis_traces::ModelShape,
     max_model_len: Option<u64>,
 ) -> Result<ModelArch, ArchError> {
+    const NAME: &str = "the run's recorded model_config";
+    if let Some(field) = shape.not_understood.first() {
+        return Err(not_understood(
+            NAME,
+            field,
+            "recorded beside the shape and not understood, so the shape alone may misdescribe the model (give --model-config)",
+        ));
+    }
     let moe = shape.num_local_experts > 1;
     let mut c = serde_json::json!({
         "architectures": [if moe { "MixtralForCausalLM" } else { "LlamaForCausalLM" }],
@@ -861,7 +871,7 @@ pub fn from_shape(
     if let Some(n) = max_model_len.filter(|n| *n > 0) {
         c["max_position_embeddings"] = n.into();
     }
-    parse("the run's recorded model_config", &c.to_string())
+    parse(NAME, &c.to_string())
 }
 
 /// What [`from_shape`] assumes of a model it knows only by its shape.
@@ -992,6 +1002,7 @@ mod tests {
             vocab_size: 32000,
             num_local_experts: e,
             num_experts_per_tok: k,
+            not_understood: Vec::new(),
         };
         for (model, s) in [
             (
@@ -1021,6 +1032,12 @@ mod tests {
         // A shape the parser refuses is refused as a config would be.
         let e = from_shape(&shape(32, 4096, 32, 8, 14336, 8, 9), None).unwrap_err();
         assert!(e.to_string().contains("num_experts_per_tok"), "{e}");
+        // A field recorded beside the shape that nothing reads is named,
+        // never dropped.
+        let mut s = shape(32, 4096, 32, 8, 14336, 0, 0);
+        s.not_understood = vec!["head_dim".into()];
+        let e = from_shape(&s, None).unwrap_err().to_string();
+        assert!(e.contains("`head_dim`"), "{e}");
     }
 
     /// (dense layers, MoE layers), (experts, per token, shared, shared

@@ -103,6 +103,7 @@ fn vllm_ground_truth_run() {
             vocab_size: 32000,
             num_local_experts: 0,
             num_experts_per_tok: 0,
+            not_understood: Vec::new(),
         })
     );
     // It survives the header's YAML.

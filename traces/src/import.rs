@@ -303,7 +303,7 @@ pub fn inference_perf(path: &Path, seed: u64) -> Result<Trace> {
 #[derive(Deserialize)]
 struct GtExpConfig {
     model: String,
-    #[serde(default)]
+    #[serde(default, alias = "tensor_parallel_size")]
     tensor_parallelism: Option<u32>,
     #[serde(default)]
     max_model_len: Option<u64>,
@@ -311,6 +311,18 @@ struct GtExpConfig {
     max_num_batched_tokens: Option<u32>,
     #[serde(default)]
     max_num_seqs: Option<u32>,
+    // vLLM's flags, when a run records them (none of the bundled runs
+    // does): they then reach the header as the server's settings.
+    #[serde(default)]
+    gpu_memory_utilization: Option<f64>,
+    #[serde(default)]
+    block_size: Option<u32>,
+    #[serde(default)]
+    enable_prefix_caching: Option<bool>,
+    #[serde(default)]
+    enable_chunked_prefill: Option<bool>,
+    #[serde(default)]
+    async_scheduling: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -473,7 +485,11 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// experiment name's timestamp, read as UTC) plus `arrival_time_us`. The
 /// replay file's `model_config` becomes the header's
 /// `server.model_shape` (Hugging Face names), which a simulator without
-/// the model's `config.json` can read.
+/// the model's `config.json` can read; vLLM flags `exp-config.yaml`
+/// records (`gpu_memory_utilization`, `block_size`,
+/// `enable_prefix_caching`, `enable_chunked_prefill`, `async_scheduling`;
+/// `tensor_parallel_size` for `tensor_parallelism`) become the header's
+/// server settings.
 ///
 /// # Errors
 /// Missing or malformed files, naming them.
@@ -737,12 +753,15 @@ fn gt_header(exp: &GtExpConfig, replay: &GtReplay) -> TraceHeader {
         tensor_parallel: Some(tp),
         max_num_seqs: exp.max_num_seqs,
         max_num_batched_tokens: exp.max_num_batched_tokens,
-        block_size: replay.config.block_size,
-        gpu_memory_utilization: None,
+        block_size: replay.config.block_size.or(exp.block_size),
+        gpu_memory_utilization: exp.gpu_memory_utilization,
         max_model_len: exp.max_model_len,
         total_kv_blocks: replay.config.kv_blocks_total_gpu,
+        enable_prefix_caching: exp.enable_prefix_caching,
+        enable_chunked_prefill: exp.enable_chunked_prefill,
+        async_scheduling: exp.async_scheduling,
         model_shape: replay.model_config.as_ref().map(GtModelConfig::shape),
-        // The runs record no vLLM version or flags beyond these.
+        // The runs record no vLLM version.
         ..ServerConfig::default()
     });
     header.hardware = Some(Hardware {

@@ -131,6 +131,44 @@ fn vllm_ground_truth_run() {
     assert!((e2e - 2080.740).abs() < 0.01, "{e2e}");
 }
 
+/// vLLM flags a run's `exp-config.yaml` records (vLLM's names; none of
+/// the bundled runs has them) reach the header as the server's settings,
+/// so a replay follows them instead of assuming vLLM's defaults.
+#[test]
+fn vllm_ground_truth_recorded_flags_reach_the_header() {
+    let from = shared().join("vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen");
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("replay_data")).unwrap();
+    for entry in std::fs::read_dir(from.join("replay_data")).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, run.join("replay_data").join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        run.join("exp-config.yaml"),
+        "model: meta-llama/Llama-2-7b-hf\ntensor_parallel_size: 2\nmax_model_len: 4096\n\
+         max_num_batched_tokens: 8192\nmax_num_seqs: 64\ngpu_memory_utilization: 0.8\n\
+         enable_prefix_caching: false\nenable_chunked_prefill: true\nasync_scheduling: false\n",
+    )
+    .unwrap();
+    let t = import(&format!("vllm-gt:{}", run.display()).parse().unwrap(), 1).unwrap();
+    let s = t.header.server.unwrap();
+    assert_eq!(
+        (s.tensor_parallel, s.max_num_seqs, s.max_num_batched_tokens),
+        (Some(2), Some(64), Some(8192))
+    );
+    assert_eq!(s.gpu_memory_utilization, Some(0.8));
+    assert_eq!(
+        (
+            s.enable_prefix_caching,
+            s.enable_chunked_prefill,
+            s.async_scheduling
+        ),
+        (Some(false), Some(true), Some(false))
+    );
+    assert_eq!(s.block_size, Some(16), "the replay file's block size");
+}
+
 #[test]
 fn vllm_ground_truth_failed_requests_are_timeouts_with_median_prompt() {
     let run = "vllm-ground-truth/train/20260217-170634-llama-2-7b-tp1-reasoning";

@@ -271,6 +271,45 @@ fn check_tensor_parallel(a: &ModelArch, tp: u32) -> Result<()> {
     }
 }
 
+/// The architecture of `model` (`config` when given, else its bundled
+/// config); a model with neither falls back on the shape its run recorded
+/// (the header's `model_shape`, when the header's model is this one), and
+/// says so in `prov`.
+fn architecture(
+    model: &str,
+    config: Option<&std::path::Path>,
+    hs: Option<&ServerConfig>,
+    prov: &mut Vec<String>,
+) -> std::result::Result<ModelArch, crate::latency::arch::ArchError> {
+    let found = find_model((!model.is_empty()).then_some(model), config);
+    let recorded = hs
+        .filter(|s| s.model.as_deref() == Some(model))
+        .and_then(|s| s.model_shape.as_ref());
+    let (Err(crate::latency::arch::ArchError::NotBundled { .. }), Some(shape)) = (&found, recorded)
+    else {
+        return found;
+    };
+    let a = crate::latency::hf_config::from_shape(shape, hs.and_then(|s| s.max_model_len))?;
+    let experts = if shape.num_local_experts > 1 {
+        format!(
+            ", {} experts, top {}",
+            shape.num_local_experts, shape.num_experts_per_tok
+        )
+    } else {
+        String::new()
+    };
+    prov.push(format!(
+        "architecture of {model} from the shape its run recorded (no config.json of it is bundled or given; --model-config gives one): {} layers, hidden {}, {} query / {} KV heads, MLP {}{experts}; assumed: {}",
+        shape.num_hidden_layers,
+        shape.hidden_size,
+        shape.num_attention_heads,
+        shape.num_key_value_heads,
+        shape.intermediate_size,
+        crate::latency::hf_config::SHAPE_ASSUMPTIONS
+    ));
+    Ok(a)
+}
+
 /// Missing or invalid descriptions, saying which flag would fix it.
 pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolved> {
     let hs = header.and_then(|h| h.server.as_ref());
@@ -313,49 +352,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         (None, Some(p)) => CoefficientsFile::read(p)?,
         (None, None) => CoefficientsFile::bundled(),
     };
-    // The architecture, when a model or config names one (read once); a
-    // model with no config bundled or given falls back on the shape its
-    // run recorded, when it recorded one.
-    let found = (args.model_config.is_some() || !model.is_empty()).then(|| {
-        match find_model(
-            (!model.is_empty()).then_some(model.as_str()),
-            args.model_config.as_deref(),
-        ) {
-            // (The shape is the header's model's: not another's named by
-            // --model.)
-            Err(crate::latency::arch::ArchError::NotBundled { .. })
-                if let Some(shape) = hs
-                    .filter(|s| s.model.as_deref() == Some(model.as_str()))
-                    .and_then(|s| s.model_shape.as_ref()) =>
-            {
-                let a = crate::latency::hf_config::from_shape(
-                    shape,
-                    hs.and_then(|s| s.max_model_len),
-                );
-                if a.is_ok() {
-                    prov.push(format!(
-                        "architecture of {model} from the shape its run recorded (no config.json of it is bundled or given; --model-config gives one): {} layers, hidden {}, {} query / {} KV heads, MLP {}{}; assumed: {}",
-                        shape.num_hidden_layers,
-                        shape.hidden_size,
-                        shape.num_attention_heads,
-                        shape.num_key_value_heads,
-                        shape.intermediate_size,
-                        if shape.num_local_experts > 1 {
-                            format!(
-                                ", {} experts, top {}",
-                                shape.num_local_experts, shape.num_experts_per_tok
-                            )
-                        } else {
-                            String::new()
-                        },
-                        crate::latency::hf_config::SHAPE_ASSUMPTIONS
-                    ));
-                }
-                a
-            }
-            r => r,
-        }
-    });
+    // The architecture, when a model or config names one (read once).
+    let found = (args.model_config.is_some() || !model.is_empty())
+        .then(|| architecture(&model, args.model_config.as_deref(), hs, &mut prov));
     let bundled = args.coefficient_rows.is_none() && args.coefficients.is_none();
     let llamacpp = is_llamacpp(
         args.server_type

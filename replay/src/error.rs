@@ -73,6 +73,21 @@ pub enum SettingsError {
     /// `--horizon-s` is not a positive number of seconds.
     #[error("--horizon-s must be a positive number of seconds, got {0}")]
     Horizon(f64),
+    /// The latency model gives a step longer than
+    /// [`crate::setup::MAX_STEP_US`] (or not a number) for a batch the
+    /// engine can form: a model config, hardware config or coefficients
+    /// far outside any deployment.
+    #[error(
+        "the {latency} latency model gives {seconds:.3e} s for one step of {batch} (a year at most): check the model's config.json (layers, sizes), the hardware config and the coefficients"
+    )]
+    StepTime {
+        /// The latency model.
+        latency: &'static str,
+        /// The batch.
+        batch: &'static str,
+        /// Its step time, s.
+        seconds: f64,
+    },
     /// A tensor-parallel degree the model cannot be split by (vLLM refuses
     /// it at start-up), or 0.
     #[error("tensor_parallel {tp}: {why}")]

@@ -434,6 +434,7 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         row_async,
         &mut prov,
     )?;
+    check_step_times(&latency, &engine)?;
     Ok(Resolved {
         engine,
         latency,
@@ -443,6 +444,58 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         provenance: prov,
         kv_bytes_per_token: arch.as_ref().map(ModelArch::kv_bytes_per_token),
     })
+}
+
+/// The longest step a replay accepts, µs: a year (365.25 days). A longer
+/// step comes from a config, hardware table or coefficients outside any
+/// deployment (a `config.json` with billions of layers gave steps of
+/// 10^17 s, and the replay's clock wrapped to negative latencies). Slow
+/// but real hardware stays within it: a 2,048-token prompt chunk of a 70B
+/// model on this project's 2-core CPU table is about 3 hours.
+pub const MAX_STEP_US: f64 = 365.25 * 86_400.0 * 1e6;
+
+/// Refuses a latency model whose step, for the largest batches `e` can
+/// form (every sequence decoding with the KV cache full, or a whole
+/// prefill chunk), is longer than [`MAX_STEP_US`] or not a number.
+fn check_step_times(latency: &Model, e: &EngineConfig) -> Result<()> {
+    use crate::latency::shape::BatchShape;
+    use crate::latency::{LatencyModel, PrefillChunk};
+    let kv_tokens = u64::from(e.total_kv_blocks) * u64::from(e.block_size);
+    let context = match e.max_model_len {
+        0 => kv_tokens,
+        n => (u64::from(e.max_num_seqs) * u64::from(n)).min(kv_tokens),
+    };
+    let decode = BatchShape {
+        prefill: Vec::new(),
+        decode_count: e.max_num_seqs.max(1),
+        decode_context_sum: context,
+    };
+    let prefill = BatchShape {
+        prefill: vec![PrefillChunk {
+            computed_before: 0,
+            new_tokens: e.max_num_batched_tokens.max(1),
+        }],
+        decode_count: 0,
+        decode_context_sum: 0,
+    };
+    for (batch, b) in [
+        (
+            "max_num_seqs requests decoding with the KV cache full",
+            decode,
+        ),
+        ("a prefill chunk of max_num_batched_tokens tokens", prefill),
+    ] {
+        let t = latency.step_time_us(&b);
+        if !(t.is_finite() && t <= MAX_STEP_US) {
+            return Err(SettingsError::StepTime {
+                latency: latency.name(),
+                batch,
+                seconds: t / 1e6,
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// The latency model when none is named: blackbox when the coefficients
@@ -743,6 +796,11 @@ fn engine_config(
         } else if row_blocks.is_some() {
             format!("{value} (the coefficients row's total_kv_blocks)")
         } else {
+            // (With --model-config alone the model has no name: its config's.)
+            let model = match (model, arch) {
+                ("", Some(a)) => a.name.as_str(),
+                (m, _) => m,
+            };
             format!(
                 "{value}: {model}'s weights leave no room for a KV block in {util} of {tp} {gpu}'s memory \
                  (raise --gpu-memory-utilization or --tp, or give --total-kv-blocks)"
@@ -1038,6 +1096,68 @@ mod tests {
             e.contains("no bundled config for model \"acme/another-70b\""),
             "{e}"
         );
+    }
+
+    /// A config whose step times leave any deployment behind (billions of
+    /// layers: its replay's clock wrapped to negative latencies) is
+    /// refused by name; slow but real hardware is not (a 70B model's
+    /// prompt chunk on this project's CPU table takes hours).
+    #[test]
+    fn a_step_beyond_a_year_is_refused_and_a_slow_cpu_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        let refused = |json: &str| {
+            std::fs::write(&cfg, json).unwrap();
+            resolve(
+                &ServerArgs {
+                    model_config: Some(cfg.clone()),
+                    total_kv_blocks: Some(1000),
+                    ..args()
+                },
+                None,
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        // Sizes beyond any model are refused as they are read...
+        let e = refused(
+            r#"{"num_hidden_layers": 4000000000, "hidden_size": 4096,
+                "num_attention_heads": 32, "intermediate_size": 11008, "vocab_size": 32000}"#,
+        );
+        assert!(
+            e.contains("`num_hidden_layers`: 4000000000 is beyond any model"),
+            "{e}"
+        );
+        // ...and sizes within those bounds whose step takes years, by it.
+        let e = refused(
+            r#"{"num_hidden_layers": 65536, "hidden_size": 16777216,
+                "num_attention_heads": 32, "intermediate_size": 16777216, "vocab_size": 32000}"#,
+        );
+        assert!(
+            e.starts_with("the roofline latency model gives") && e.contains("(a year at most)"),
+            "{e}"
+        );
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cpu = resolve(
+            &ServerArgs {
+                model: Some("meta-llama/Llama-3.1-70B-Instruct".into()),
+                hardware: Some("CPU".into()),
+                hardware_config: Some(root.join("examples/realserver/cpu-hardware.json")),
+                total_kv_blocks: Some(10_000),
+                ..args()
+            },
+            None,
+        )
+        .unwrap();
+        let prompt = crate::latency::shape::BatchShape {
+            prefill: vec![crate::latency::PrefillChunk {
+                computed_before: 0,
+                new_tokens: 2048,
+            }],
+            ..Default::default()
+        };
+        use crate::latency::LatencyModel;
+        assert!(cpu.latency.step_time_us(&prompt) > 3.6e9);
     }
 
     /// The KV estimate takes the GPU memory fraction from the flag, else

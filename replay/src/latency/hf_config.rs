@@ -200,10 +200,57 @@ fn not_understood(name: &str, field: &str, why: &str) -> ArchError {
     }
 }
 
-/// Refuses a key of `obj` that is neither read nor ignored and looks
+/// The largest value read for a size field of the architecture: 65,536
+/// layers (the largest models have about a hundred), 2^24 for a width, a
+/// head, expert or vocabulary count (the largest vocabularies are about
+/// 2^18). Beyond them a config describes no model, and its sizes would
+/// only overflow the step's arithmetic or loop over billions of layers.
+fn size_bound(key: &str) -> Option<u64> {
+    const WIDTHS: &[&str] = &[
+        "hidden_size",
+        "intermediate_size",
+        "intermediate_size_mlp",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "vocab_size",
+        "head_dim",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_local_experts",
+        "n_routed_experts",
+        "num_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "qk_head_dim",
+        "v_head_dim",
+        "index_topk",
+        "index_head_dim",
+        "index_n_heads",
+    ];
+    match key {
+        "num_hidden_layers" | "num_nextn_predict_layers" => Some(1 << 16),
+        k if WIDTHS.contains(&k) => Some(1 << 24),
+        _ => None,
+    }
+}
+
+/// Refuses a key of `obj` that is neither read nor ignored and looks/// Refuses a key of `obj` that is neither read nor ignored and looks
 /// architectural (`prefix` names the object, e.g. `text_config.`).
 fn check_keys(name: &str, prefix: &str, obj: &Map<String, Value>) -> Result<(), ArchError> {
-    for k in obj.keys() {
+    for (k, v) in obj {
+        if let Some(max) = size_bound(k)
+            && v.as_u64().is_some_and(|n| n > max)
+        {
+            return Err(not_understood(
+                name,
+                &format!("{prefix}{k}"),
+                &format!("{v} is beyond any model (at most {max} is read)"),
+            ));
+        }
         if READ.contains(&k.as_str()) || IGNORED.contains(&k.as_str()) {
             continue;
         }
@@ -532,7 +579,7 @@ pub fn parse(name: &str, text: &str) -> Result<ModelArch, ArchError> {
     let llama4 = model_type.starts_with("llama4") || c.get("interleave_moe_layer_step").is_some();
     let kv_heads = get("num_key_value_heads").unwrap_or(heads).max(1);
     let head_dim = get("head_dim").unwrap_or(hidden / heads);
-    let intermediate_size = get("intermediate_size").unwrap_or(4 * hidden);
+    let intermediate_size = get("intermediate_size").unwrap_or_else(|| hidden.saturating_mul(4));
     let intermediate = if llama4 {
         get("intermediate_size_mlp").unwrap_or(intermediate_size)
     } else {
@@ -1038,6 +1085,57 @@ mod tests {
         s.not_understood = vec!["head_dim".into()];
         let e = from_shape(&s, None).unwrap_err().to_string();
         assert!(e.contains("`head_dim`"), "{e}");
+    }
+
+    /// Any integer field of a bundled config set to an absurd size
+    /// (4,000,000,000) is read without a panic (debug builds check
+    /// overflow), and the derived sizes stay numbers: a hostile config is
+    /// refused later by what it implies (a step beyond a year), not by a
+    /// crash here.
+    #[test]
+    fn absurd_sizes_in_any_field_do_not_panic() {
+        for (name, text) in BUNDLED_MODELS {
+            let root: Value = serde_json::from_str(text).unwrap();
+            let paths: Vec<(Option<&str>, String)> = root
+                .as_object()
+                .unwrap()
+                .iter()
+                .flat_map(|(k, v)| match v {
+                    Value::Number(_) => vec![(None, k.clone())],
+                    Value::Object(o) if k == "text_config" => o
+                        .iter()
+                        .filter(|(_, v)| v.is_number())
+                        .map(|(k2, _)| (Some("text_config"), k2.clone()))
+                        .collect(),
+                    _ => vec![],
+                })
+                .collect();
+            for (parent, key) in paths {
+                let mut v = root.clone();
+                let slot = match parent {
+                    Some(p) => &mut v[p][&key],
+                    None => &mut v[&key],
+                };
+                if !slot.is_u64() {
+                    continue;
+                }
+                *slot = 4_000_000_000u64.into();
+                let r = parse(name, &v.to_string());
+                if size_bound(&key).is_some() {
+                    let e = r
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
+                    assert!(e.contains("is beyond any model"), "{name} {key}: {e}");
+                }
+                if let Ok(a) = r {
+                    let w = a.resident_weight_bytes();
+                    let kv = a.kv_bytes_per_token();
+                    assert!(!w.is_nan() && !kv.is_nan(), "{name} {key}");
+                }
+            }
+        }
     }
 
     /// (dense layers, MoE layers), (experts, per token, shared, shared

@@ -55,35 +55,14 @@ use crate::latency::arch::{
     ArchError, AttentionWindow, BUNDLED_MODELS, Mla, ModelArch, SparseAttention, model_key,
 };
 
-/// Keys read by [`parse`].
+/// Keys read by [`parse`] besides its size fields ([`SIZES`]).
 pub const READ: &[&str] = &[
-    "num_hidden_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "intermediate_size_mlp",
-    "vocab_size",
-    "num_local_experts",
-    "n_routed_experts",
-    "num_experts",
-    "num_experts_per_tok",
-    "n_shared_experts",
-    "shared_expert_intermediate_size",
-    "moe_intermediate_size",
     "first_k_dense_replace",
     "moe_layer_freq",
     "interleave_moe_layer_step",
     "moe_layers",
     "decoder_sparse_step",
     "mlp_only_layers",
-    "kv_lora_rank",
-    "q_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
-    "qk_head_dim",
-    "v_head_dim",
     "sliding_window",
     "use_sliding_window",
     "max_window_layers",
@@ -91,10 +70,6 @@ pub const READ: &[&str] = &[
     "attention_chunk_size",
     "no_rope_layers",
     "no_rope_layer_interval",
-    "index_topk",
-    "index_head_dim",
-    "index_n_heads",
-    "num_nextn_predict_layers",
     "tie_word_embeddings",
     "torch_dtype",
     "dtype",
@@ -200,56 +175,53 @@ fn not_understood(name: &str, field: &str, why: &str) -> ArchError {
     }
 }
 
-/// The largest value read for a size field of the architecture: 65,536
-/// layers (the largest models have about a hundred), 2^24 for a width, a
-/// head, expert or vocabulary count (the largest vocabularies are about
-/// 2^18). Beyond them a config describes no model, and its sizes would
-/// only overflow the step's arithmetic or loop over billions of layers.
-fn size_bound(key: &str) -> Option<u64> {
-    const WIDTHS: &[&str] = &[
-        "hidden_size",
-        "intermediate_size",
-        "intermediate_size_mlp",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-        "vocab_size",
-        "head_dim",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "num_local_experts",
-        "n_routed_experts",
-        "num_experts",
-        "num_experts_per_tok",
-        "n_shared_experts",
-        "kv_lora_rank",
-        "q_lora_rank",
-        "qk_rope_head_dim",
-        "qk_nope_head_dim",
-        "qk_head_dim",
-        "v_head_dim",
-        "index_topk",
-        "index_head_dim",
-        "index_n_heads",
-    ];
-    match key {
-        "num_hidden_layers" | "num_nextn_predict_layers" => Some(1 << 16),
-        k if WIDTHS.contains(&k) => Some(1 << 24),
-        _ => None,
-    }
-}
+/// The size fields [`parse`] reads, each with the largest value it
+/// accepts: 65,536 layers (the largest models have about a hundred), 2^24
+/// for a width, a head, expert or vocabulary count (the largest
+/// vocabularies are about 2^18). Beyond them a config describes no model,
+/// and its sizes would only overflow the step's arithmetic or loop over
+/// billions of layers.
+pub const SIZES: &[(&str, u64)] = &[
+    ("num_hidden_layers", 1 << 16),
+    ("num_nextn_predict_layers", 1 << 16),
+    ("hidden_size", 1 << 24),
+    ("intermediate_size", 1 << 24),
+    ("intermediate_size_mlp", 1 << 24),
+    ("moe_intermediate_size", 1 << 24),
+    ("shared_expert_intermediate_size", 1 << 24),
+    ("vocab_size", 1 << 24),
+    ("head_dim", 1 << 24),
+    ("num_attention_heads", 1 << 24),
+    ("num_key_value_heads", 1 << 24),
+    ("num_local_experts", 1 << 24),
+    ("n_routed_experts", 1 << 24),
+    ("num_experts", 1 << 24),
+    ("num_experts_per_tok", 1 << 24),
+    ("n_shared_experts", 1 << 24),
+    ("kv_lora_rank", 1 << 24),
+    ("q_lora_rank", 1 << 24),
+    ("qk_rope_head_dim", 1 << 24),
+    ("qk_nope_head_dim", 1 << 24),
+    ("qk_head_dim", 1 << 24),
+    ("v_head_dim", 1 << 24),
+    ("index_topk", 1 << 24),
+    ("index_head_dim", 1 << 24),
+    ("index_n_heads", 1 << 24),
+];
 
 /// Refuses a key of `obj` that is neither read nor ignored and looks/// Refuses a key of `obj` that is neither read nor ignored and looks
 /// architectural (`prefix` names the object, e.g. `text_config.`).
 fn check_keys(name: &str, prefix: &str, obj: &Map<String, Value>) -> Result<(), ArchError> {
     for (k, v) in obj {
-        if let Some(max) = size_bound(k)
-            && v.as_u64().is_some_and(|n| n > max)
-        {
-            return Err(not_understood(
-                name,
-                &format!("{prefix}{k}"),
-                &format!("{v} is beyond any model (at most {max} is read)"),
-            ));
+        if let Some(&(_, max)) = SIZES.iter().find(|(s, _)| s == k) {
+            if v.as_u64().is_some_and(|n| n > max) {
+                return Err(not_understood(
+                    name,
+                    &format!("{prefix}{k}"),
+                    &format!("{v} is beyond any model (at most {max} is read)"),
+                ));
+            }
+            continue;
         }
         if READ.contains(&k.as_str()) || IGNORED.contains(&k.as_str()) {
             continue;
@@ -1121,7 +1093,7 @@ mod tests {
                 }
                 *slot = 4_000_000_000u64.into();
                 let r = parse(name, &v.to_string());
-                if size_bound(&key).is_some() {
+                if SIZES.iter().any(|(s, _)| *s == key) {
                     let e = r
                         .as_ref()
                         .err()

@@ -11,6 +11,12 @@ fn replay() -> Command {
 
 /// `blis-replay run` of the design's two-client workload cut to `n`
 /// requests, for `model` (more flags and `--out` to add).
+/// The summary (`OUT.summary.json`) of a replay written to `out`.
+fn summary_of(out: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
+        .unwrap()
+}
+
 fn two_clients(n: u32, model: &str) -> Command {
     let mut c = replay();
     c.args(["run", "--workload-spec"])
@@ -68,9 +74,7 @@ fn a_spec_replays_to_a_readable_trace_summary_and_time_series() {
             .any(|m| m.name == "vllm:num_requests_running")
     );
     assert!(metrics.iter().any(|m| m.name == "vllm:kv_cache_usage_perc"));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
-            .unwrap();
+    let summary = summary_of(&out);
     assert_eq!(summary["requests"]["completed"], 300);
     assert!(summary["ttft_ms"]["p99"].as_f64().unwrap() > 0.0);
 }
@@ -415,10 +419,7 @@ fn an_enormous_client_timeout_cancels_nothing() {
             .arg(&out)
             .assert()
             .success();
-        let summary: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
-        )
-        .unwrap();
+        let summary = summary_of(&out);
         assert_eq!(
             summary["requests"]["completed"], 200,
             "--client-timeout-s {t}"
@@ -464,10 +465,7 @@ fn the_headers_gpu_memory_fraction_sizes_the_kv_cache() {
             .arg(&out)
             .assert()
             .success();
-        let summary: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
-        )
-        .unwrap();
+        let summary = summary_of(&out);
         summary["kv"]["total_blocks"].as_u64().unwrap()
     };
     let recorded = blocks(&[]);
@@ -618,10 +616,7 @@ fn dropped_requests_are_explained_and_empty_latencies_are_dashes() {
         assert!(stdout.contains(why) && stdout.contains(hint), "{stdout}");
         assert!(stdout.contains("| E2E | 0 | — | — |"), "{stdout}");
         assert!(!stdout.contains("NaN"), "{stdout}");
-        let summary: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(out.with_extension("summary.json")).unwrap(),
-        )
-        .unwrap();
+        let summary = summary_of(&out);
         assert!(
             summary["first_drop_reason"]
                 .as_str()
@@ -1092,9 +1087,7 @@ fn a_pd_split_reports_its_pools_and_hand_offs() {
         stdout.contains("P/D: 2 prefill + 3 decode instances"),
         "{stdout}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
-            .unwrap();
+    let s = summary_of(&out);
     assert_eq!(s["requests"]["completed"], 300);
     // Generous SLOs: every request attains them.
     assert_eq!(s["slo"]["attained"], 300);
@@ -1216,9 +1209,7 @@ fn an_autoscaled_run_reports_its_replicas_cost_and_scale_events() {
         stdout.contains("autoscaler (threshold, 1–4 replicas, ready 5 s after a scale-up)"),
         "{stdout}"
     );
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.with_extension("summary.json")).unwrap())
-            .unwrap();
+    let s = summary_of(&out);
     assert_eq!(s["requests"]["completed"], 2000);
     let a = &s["cluster"]["autoscale"];
     assert_eq!(s["cluster"]["num_instances"], 4);

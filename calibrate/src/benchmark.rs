@@ -28,6 +28,7 @@ use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
 
 use crate::fit::{FitTrace, fit, server_args};
+use crate::goodput::{DeadlineCliff, client_timeout_us, deadline_cliff};
 use crate::joint::{JointOptions, JointRun, OVERLOADED_TTFT_MS, RunStats, describe, fit_joint};
 use crate::runs::{RunDir, runs_in, workload_of};
 
@@ -83,6 +84,9 @@ pub struct RunResult {
     pub fitted_on: Vec<String>,
     /// The coefficients used (none for roofline and blis-physics).
     pub coefficients: Option<CoefficientRow>,
+    /// Of a run saturated in reality under a client timeout: the deadline
+    /// cliff of each side, real / predicted ([`crate::goodput`]).
+    pub cliff: Option<[Option<DeadlineCliff>; 2]>,
 }
 
 /// Median absolute relative errors over the predicted runs, %.
@@ -402,6 +406,13 @@ fn result_of(
     coefficients: Option<CoefficientRow>,
 ) -> RunResult {
     let real = &jr.real;
+    let cliff = real.overloaded().then(|| {
+        let t = client_timeout_us(jr.trace());
+        [
+            deadline_cliff(&jr.trace().records, t),
+            deadline_cliff(sim_records, t),
+        ]
+    });
     RunResult {
         name: run.name.clone(),
         model: run.model.clone(),
@@ -429,6 +440,7 @@ fn result_of(
         saturated: [real.overloaded(), sim.overloaded()],
         fitted_on,
         coefficients,
+        cliff,
     }
 }
 
@@ -569,6 +581,7 @@ impl BenchmarkReport {
                 s.saturated_completed_max
             );
         }
+        self.md_cliffs(&mut o);
         let _ = writeln!(
             o,
             "\nTimes in ms, each side over its own completed requests (ITL per generated token, (E2E − TTFT) / (output − 1)); saturated: mean TTFT above {:.0} s; E2E MAPE per request over requests completed on both sides.",
@@ -578,6 +591,59 @@ impl BenchmarkReport {
             let _ = writeln!(o, "- skipped {name}: {why}");
         }
         o
+    }
+
+    /// Markdown: the deadline cliff of each run saturated in reality
+    /// ([`crate::goodput`]), when any.
+    fn md_cliffs(&self, o: &mut String) {
+        let rows: Vec<(&RunResult, &DeadlineCliff, Option<&DeadlineCliff>)> = self
+            .runs
+            .iter()
+            .filter_map(|r| {
+                let [real, sim] = r.cliff.as_ref()?;
+                Some((r, real.as_ref()?, sim.as_ref()))
+            })
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nUnder overload the client's timeout decides the counts (the deadline cliff): a server that starts requests in send order completes the earliest sends, up to the one whose wait plus decode reaches the timeout. The cliff's count from each side's own decode time (first token to last) and requests decoding at once, against the count; and how far a count moves per 1% of decode time:\n"
+        );
+        let _ = writeln!(
+            o,
+            "| model | workload | decode s real / sim | decoding at once real / sim | cliff's count real / sim | ok real / sim | ok among the earliest sends real / sim | count moves per 1% decode time |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---:|");
+        let f = |x: Option<f64>, d: usize| match x {
+            Some(v) if v.is_finite() => format!("{v:.d$}"),
+            _ => "-".into(),
+        };
+        for (r, real, sim) in rows {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} / {} | {} / {} | {} ({}) / {} ({}) | {} / {} | {}% / {}% | {}% |",
+                r.model,
+                r.workload,
+                f(Some(real.decode_s), 1),
+                f(sim.map(|c| c.decode_s), 1),
+                f(Some(real.concurrency), 1),
+                f(sim.map(|c| c.concurrency), 1),
+                f(Some(real.predicted_completed), 0),
+                pct(real.completed as f64, real.predicted_completed),
+                f(sim.map(|c| c.predicted_completed), 0),
+                sim.map_or("-".into(), |c| pct(
+                    c.completed as f64,
+                    c.predicted_completed
+                )),
+                r.completed[0],
+                r.completed[1],
+                f(Some(100.0 * real.in_order), 1),
+                f(sim.map(|c| 100.0 * c.in_order), 1),
+                f(Some(real.elasticity), 1),
+            );
+        }
     }
 }
 

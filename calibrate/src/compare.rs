@@ -9,6 +9,7 @@ use blis_traces::{Slo, Status, Trace, TraceRecord};
 use serde::Serialize;
 
 use crate::bootstrap::{Paired as BootPaired, bootstrap_many};
+use crate::goodput::{DeadlineCliff, client_timeout_us, deadline_cliff};
 use crate::metrics::{MetricReport, QUANTILES, report};
 use crate::pairs::{Matching, Paired, Series, pair, warmup_below};
 use crate::saturation::Saturation;
@@ -195,6 +196,11 @@ pub struct Report {
     pub prefix_cache_hit_rate: HitRates,
     /// Saturation verdicts.
     pub saturation: Saturation,
+    /// When either side is saturated under a client timeout: each side's
+    /// deadline cliff, real / sim ([`crate::goodput`]): what decides its
+    /// completed count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<[Option<DeadlineCliff>; 2]>,
     /// What this comparison cannot tell.
     pub limitations: Vec<String>,
 }
@@ -373,6 +379,15 @@ pub fn compare(
         .map(|t| t.0.prefix_cache_hit_rate)
         .unwrap_or_else(|| crate::timeseries::hit_rates(real, sim));
     let saturation = crate::saturation::compare(&real.records, &sim.records);
+    let goodput = (saturation.real.saturated || saturation.sim.saturated)
+        .then(|| {
+            let t = client_timeout_us(real).or_else(|| client_timeout_us(sim));
+            [
+                deadline_cliff(&real.records, t),
+                deadline_cliff(&sim.records, t),
+            ]
+        })
+        .filter(|c| c.iter().any(Option::is_some));
     let limitations = limitations(real, sim, &p, &metrics, ts.is_some(), rtt);
     let (timeseries, aligned) = match ts {
         Some((t, a)) => (Some(t), a),
@@ -406,6 +421,7 @@ pub fn compare(
         timeseries,
         prefix_cache_hit_rate: hit,
         saturation,
+        goodput,
         limitations,
     };
     Comparison {
@@ -807,6 +823,38 @@ impl Report {
             side(&s.real),
             side(&s.sim)
         );
+        if let Some(g) = &self.goodput {
+            let side = |c: &Option<DeadlineCliff>| match c {
+                Some(c) if c.in_order < 0.9 => format!(
+                    "not a deadline cliff: only {:.1}% of its {} completed requests are the earliest sent (the timeout cut long requests mid-decode, or another order chose)",
+                    100.0 * c.in_order,
+                    c.completed
+                ),
+                Some(c) => match c.cliff_s {
+                    Some(t) => format!(
+                        "completes its earliest sends up to {t:.0} s after the first ({:.1}% of its {} completed are the earliest sent): about {:.0} requests from {:.1} s of decode each, {:.1} at once, at {:.2} sent per s; 1% more decode time, {:.1}% fewer",
+                        100.0 * c.in_order,
+                        c.completed,
+                        c.predicted_completed,
+                        c.decode_s,
+                        c.concurrency,
+                        c.rate_per_s,
+                        c.elasticity
+                    ),
+                    None => format!(
+                        "no deadline cliff within the run ({:.1} s of decode each, {:.1} at once, {:.2} finished against {:.2} sent per s)",
+                        c.decode_s, c.concurrency, c.service_per_s, c.rate_per_s
+                    ),
+                },
+                None => "no queue under a client timeout to read".into(),
+            };
+            let _ = writeln!(
+                o,
+                "goodput under overload (the client's timeout, the deadline cliff): real {}; sim {}",
+                side(&g[0]),
+                side(&g[1])
+            );
+        }
         let m = &self.matching;
         let _ = writeln!(
             o,

@@ -30,6 +30,7 @@ pub mod bootstrap;
 pub mod cli;
 pub mod compare;
 pub mod fit;
+pub mod goodput;
 pub mod html;
 pub mod joint;
 pub mod metrics;

@@ -108,6 +108,18 @@ fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
         .unwrap();
     assert_eq!(reasoning["saturated"][0], true);
     assert_eq!(codegen["saturated"][0], false);
+    // The saturated run's counts are read as a deadline cliff on both
+    // sides: the completed requests are the earliest sent, and the cliff
+    // from each side's decode time and concurrency gives its count.
+    assert!(codegen["cliff"].is_null());
+    for side in 0..2 {
+        let c = &reasoning["cliff"][side];
+        let count = reasoning["completed"][side].as_f64().unwrap();
+        let predicted = c["predicted_completed"].as_f64().unwrap();
+        assert!((predicted / count - 1.0).abs() < 0.1, "side {side}: {c}");
+        assert!(c["in_order"].as_f64().unwrap() > 0.99, "side {side}: {c}");
+    }
+    assert!(md.contains("the deadline cliff"), "{md}");
 
     // BLIS's published coefficients: nothing fitted, the same runs.
     let blis = dir.path().join("blis");

@@ -195,6 +195,47 @@ fn disagreeing_saturation_is_flagged() {
     );
 }
 
+/// A saturated side under a client timeout reads as a deadline cliff: it
+/// completes its earliest sends, about as many as its decode time and
+/// concurrency give; a side that keeps up has no cliff.
+#[test]
+fn goodput_under_overload_is_read_as_a_deadline_cliff() {
+    let dir = tempfile::tempdir().unwrap();
+    // Fixed lengths, evenly spaced sends, a client that gives up after
+    // 15 s: 16 requests of 400 tokens at once cannot keep up with 8/s.
+    let w = dir.path().join("w.yaml");
+    std::fs::write(
+        &w,
+        "aggregate_rate: 8\nnum_requests: 600\nseed: 3\nclients:\n  - id: c\n    rate_fraction: 1.0\n    streaming: true\n    timeout_us: 15000000\n    arrival: {process: constant}\n    input_distribution: {type: constant, params: {value: 200}}\n    output_distribution: {type: constant, params: {value: 400}}\n",
+    )
+    .unwrap();
+    let (_, stable) = replayed(dir.path(), "stable", &w, &[]);
+    let (_, saturated) = replayed(dir.path(), "sat", &w, &["--max-num-seqs", "16"]);
+    let c = compare(
+        &saturated,
+        "sat",
+        &stable,
+        "stable",
+        &CompareOptions {
+            resamples: 0,
+            ..CompareOptions::default()
+        },
+    );
+    let g = c.report.goodput.as_ref().expect("a saturated side");
+    let real = g[0].as_ref().unwrap();
+    assert!(real.cliff_s.is_some(), "{real:?}");
+    assert!(real.in_order > 0.99, "{real:?}");
+    let err = real.predicted_completed / real.completed as f64 - 1.0;
+    assert!(err.abs() < 0.1, "{real:?}");
+    assert!(real.completed < 500, "{real:?}");
+    assert!(g[1].as_ref().is_none_or(|c| c.cliff_s.is_none()), "{g:?}");
+    let md = c.report.to_markdown();
+    assert!(
+        md.contains("deadline cliff): real completes its earliest sends up to"),
+        "{md}"
+    );
+}
+
 #[test]
 fn a_missing_trace_is_a_one_line_error_naming_it() {
     let e = calibrate(&[

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use blis_calibrate::goodput::fluid_completed;
 use blis_calibrate::joint::{JointRun, PRIOR};
 use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};
 use blis_replay::setup::ServerArgs;
@@ -275,29 +276,6 @@ fn bundled_physics() -> blis_calibrate::joint::PhysicsCoefficients {
     blis_calibrate::joint::PhysicsCoefficients::from_row(row)
 }
 
-/// Requests completed by a fluid first-come-first-served queue under a
-/// client timeout (docs/trained-physics.md): `requests` arrive at `rate`
-/// per second; `batch` requests decode `output` tokens each at `step_ms`
-/// per step, so each is served in `S = output·step` at `μ = batch/S` per
-/// second; a request sent at `t` waits `t·(rate − μ)/μ`, and completes
-/// while wait plus service stays within `timeout_s`.
-fn fluid_completed(
-    requests: f64,
-    rate: f64,
-    batch: f64,
-    output: f64,
-    step_ms: f64,
-    timeout_s: f64,
-) -> f64 {
-    let service = output * step_ms / 1e3;
-    let mu = batch / service;
-    if mu >= rate {
-        return requests;
-    }
-    let sent_until = (timeout_s - service).max(0.0) * mu / (rate - mu);
-    (rate * sent_until).min(requests)
-}
-
 /// The fluid queue, fed a run's measured mean ITL, its arrival rate,
 /// `max_num_seqs`, output length and client timeout, gives the number of
 /// requests that complete within 5%: of the real run, and of its replay
@@ -334,7 +312,8 @@ fn overloaded_completions_follow_a_fluid_queue_of_the_step_time() {
         let r0 = &records[0].request;
         let timeout_s = (r0.deadline_us.unwrap() - r0.arrival_time_us) as f64 / 1e6;
         let batch = f64::from(jr.server().engine.max_num_seqs);
-        let fluid = |itl_ms: f64| fluid_completed(n, rate, batch, output, itl_ms, timeout_s);
+        // Each request decodes `output` tokens at the ITL: μ = batch / D.
+        let fluid = |itl_ms: f64| fluid_completed(n, rate, batch, output * itl_ms / 1e3, timeout_s);
         // The steepness: the count lost to 1% more step time.
         let s = jr.real.itl_mean;
         let per_percent = 100.0 * (1.0 - fluid(1.01 * s) / fluid(s));

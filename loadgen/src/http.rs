@@ -8,13 +8,13 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::RunClock;
 pub use crate::response::{Capture, ErrorKind, Failure, describe, error_label};
-use crate::response::{error_body_text, error_text};
+use crate::response::{error_body_text, error_text, one_line};
 
 /// The API a run speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,7 +275,7 @@ impl Endpoint {
                 .and_then(|v| v.to_str().ok())
                 .map(|v| format!(" (Retry-After: {v})"))
                 .unwrap_or_default();
-            let text = resp.text().await.unwrap_or_default();
+            let text = error_body(resp).await;
             cap.last_us = Some(clock.now_us());
             let detail = serde_json::from_str::<Value>(&text)
                 .ok()
@@ -292,6 +292,23 @@ impl Endpoint {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_ascii_lowercase();
+        // No encoding is asked for (no Accept-Encoding), so a compressed
+        // body is a misbehaving server or proxy: say so, rather than fail
+        // on its bytes as a malformed stream.
+        if let Some(enc) = resp
+            .headers()
+            .get(CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"))
+        {
+            let enc = one_line(enc, 40);
+            cap.last_us = Some(clock.now_us());
+            return Err(Failure::new(
+                ErrorKind::Malformed,
+                format!("HTTP {status} with Content-Encoding: {enc}, which was not asked for"),
+            ));
+        }
         if !stream {
             if content_type.starts_with("text/event-stream") {
                 // A server (or gateway) that streams whatever was asked:
@@ -318,7 +335,7 @@ impl Endpoint {
         }
         // (Not text/plain: some proxies label a real event stream so.)
         if content_type.starts_with("text/html") {
-            let text = resp.text().await.unwrap_or_default();
+            let text = error_body(resp).await;
             cap.last_us = Some(clock.now_us());
             return Err(Failure::new(
                 ErrorKind::Malformed,
@@ -329,6 +346,41 @@ impl Endpoint {
             ));
         }
         crate::sse::read_stream(resp, clock, cap).await
+    }
+}
+
+/// Reads at most `max` bytes of `resp`'s body: the bytes read and whether
+/// the body went on past them (the rest is not read). A hostile or broken
+/// server's endless or huge body costs at most `max` bytes of memory.
+///
+/// # Errors
+/// The connection failing mid-body.
+pub async fn read_capped(
+    mut resp: reqwest::Response,
+    max: usize,
+) -> reqwest::Result<(Vec<u8>, bool)> {
+    let mut body = Vec::new();
+    while let Some(piece) = resp.chunk().await? {
+        let room = max - body.len();
+        if piece.len() > room {
+            body.extend_from_slice(&piece[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok((body, false))
+}
+
+/// The most of an error or HTML page read for its message, bytes (64 KiB).
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// The text of an error response's body for its message: its first
+/// [`MAX_ERROR_BODY`] bytes, lossily decoded; empty when the connection
+/// failed.
+async fn error_body(resp: reqwest::Response) -> String {
+    match read_capped(resp, MAX_ERROR_BODY).await {
+        Ok((b, _)) => String::from_utf8_lossy(&b).into_owned(),
+        Err(_) => String::new(),
     }
 }
 

@@ -38,6 +38,22 @@ pub struct ServerInfo {
 }
 
 /// A GET with the API key.
+/// The most of a probe's JSON answer read (`/v1/models`, `/tokenize`,
+/// `/props`, `/version`), bytes (8 MiB): a list of thousands of models is
+/// under 1 MiB; a longer answer is a broken endpoint, not read into memory.
+pub const MAX_PROBE_BODY: usize = 8 << 20;
+
+/// `resp`'s body as JSON, read up to [`MAX_PROBE_BODY`]; why not, in words.
+async fn json_capped(resp: reqwest::Response) -> Result<Value, String> {
+    let (body, more) = crate::http::read_capped(resp, MAX_PROBE_BODY)
+        .await
+        .map_err(|e| describe(&e))?;
+    if more {
+        return Err(format!("an answer over {} MiB", MAX_PROBE_BODY >> 20));
+    }
+    serde_json::from_slice(&body).map_err(|e| e.to_string())
+}
+
 async fn get(
     client: &reqwest::Client,
     url: &str,
@@ -192,14 +208,14 @@ pub async fn check_server(
         s if s.is_success() => {
             // A gateway may answer any GET with a page of its own: a list
             // that is not JSON is no list (the requests tell).
-            let v: Value = match resp.json().await {
+            let v: Value = match json_capped(resp).await {
                 Ok(v) => v,
-                Err(e) => {
+                Err(why) => {
                     blis_traces::diag!(
                         "warning: {}; going on without the server's model list",
                         ProbeError::Unreadable {
                             url: url.clone(),
-                            why: describe(&e),
+                            why,
                         }
                     );
                     Value::Null
@@ -261,7 +277,7 @@ pub async fn tokens_per_word(
         }
         if let Ok(resp) = r.send().await
             && resp.status().is_success()
-            && let Ok(v) = resp.json::<Value>().await
+            && let Ok(v) = json_capped(resp).await
             && let Some(n) = prompt::tokens_from_tokenize_response(&v)
             && n > 0
         {
@@ -367,7 +383,7 @@ pub async fn llamacpp_props(
     if !r.status().is_success() {
         return None;
     }
-    let v: Value = r.json().await.ok()?;
+    let v: Value = json_capped(r).await.ok()?;
     let slots = u32::try_from(v.get("total_slots")?.as_u64()?).ok()?;
     Some(LlamaCppProps {
         slots,
@@ -396,7 +412,7 @@ pub async fn server_version(
     if !r.status().is_success() {
         return None;
     }
-    let v: Value = r.json().await.ok()?;
+    let v: Value = json_capped(r).await.ok()?;
     let s = v.get("version")?.as_str()?.trim();
     (!s.is_empty() && s.len() <= 64).then(|| s.to_string())
 }
@@ -441,7 +457,12 @@ pub async fn warm_connections(
     let url = format!("{base}/v1/models");
     let gets = (0..n).map(|_| async {
         match get(client, &url, api_key).await {
-            Ok(r) => r.bytes().await.is_ok(),
+            // Read to its end, so the connection returns to the pool; a
+            // page past the probe limit is not worth its connection.
+            Ok(r) => matches!(
+                crate::http::read_capped(r, MAX_PROBE_BODY).await,
+                Ok((_, false))
+            ),
             Err(_) => false,
         }
     });

@@ -127,6 +127,12 @@ pub enum PostReply {
     /// As `Ok` for POSTs, and every GET a `200 OK` HTML page (a gateway's
     /// catch-all page).
     OkWithPageGets(&'static str, &'static str),
+    /// As `Ok` for POSTs, and every GET a `200 OK` JSON body that never
+    /// ends (`[` and then spaces, for as long as the client reads).
+    OkWithEndlessGets(&'static str, &'static str),
+    /// Every POST an `HTTP 500` whose body never ends (the same line
+    /// repeated for as long as the client reads).
+    EndlessError,
 }
 
 /// A server that is not OpenAI-compatible, answering like
@@ -203,6 +209,35 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
                             text.len()
                         );
+                        return;
+                    }
+                    PostReply::OkWithEndlessGets(_, _) if !post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n["
+                        );
+                        let spaces = [b' '; 1 << 16];
+                        while conn.write_all(&spaces).is_ok() {}
+                        return;
+                    }
+                    PostReply::OkWithEndlessGets(content_type, text) if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
+                            text.len()
+                        );
+                        return;
+                    }
+                    PostReply::EndlessError if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+                        );
+                        let line = b"out of memory; out of memory; out of memory\n".repeat(1024);
+                        while conn.write_all(&line).is_ok() {}
                         return;
                     }
                     PostReply::StreamThenHang(text) if post => {

@@ -291,7 +291,8 @@ fn a_server_that_never_answers_costs_the_probes_no_more_than_the_timeout() {
 /// completion: each request is `ok`, with one chunk at the end, its
 /// server's usage, and a warning on the row and in the summary; a proxy's
 /// `200 OK` HTML page instead of a stream is a `malformed` error quoting
-/// the page's text; a stream labelled `text/plain` is read as a stream.
+/// the page's text; a stream labelled `text/plain` is read as a stream; a
+/// compressed body no one asked for is named.
 #[test]
 fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     let _g = crate::common::serial();
@@ -350,6 +351,23 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     for r in &t.records {
         assert_eq!(r.outcome.status, Some(Status::Ok));
         assert_eq!(r.outcome.num_chunks, 2);
+    }
+    // A compressed body nobody asked for (a proxy's gzip) is named as
+    // such, not as bytes that are not an event stream.
+    let (out, t) = run(
+        crate::common::PostReply::Ok(
+            "text/event-stream\r\nContent-Encoding: gzip",
+            "\u{1f}\u{8b}\u{8}\u{0}",
+        ),
+        "gzip",
+    );
+    assert_eq!(out.status.code(), Some(5));
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Error));
+        assert_eq!(
+            r.outcome.error_message,
+            "malformed: HTTP 200 OK with Content-Encoding: gzip, which was not asked for"
+        );
     }
 }
 
@@ -708,7 +726,7 @@ fn a_model_list_that_is_not_json_is_a_warning() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "warning: reading {url}/v1/models: error decoding response body"
+            "warning: reading {url}/v1/models: expected value at line 1 column 1"
         )) && stderr.contains("going on without the server's model list"),
         "{stderr}"
     );
@@ -766,4 +784,57 @@ fn a_metrics_page_past_the_limit_is_a_failed_scrape() {
     let ok = scrape(serve(line.to_vec())).unwrap();
     assert_eq!(ok.len(), 1);
     assert_eq!(ok[0].name, "vllm:num_requests_running");
+}
+
+/// A broken server's endless bodies cost a bounded read, not memory nor
+/// the timeout: a model list that never ends is a warning after 8 MiB
+/// (the run goes on), and an HTTP 500 whose page never ends is recorded as
+/// that error at once, its message from the page's start.
+#[test]
+fn endless_bodies_are_read_up_to_a_limit() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _posts) = crate::common::start_server_replying(
+        crate::common::PostReply::OkWithEndlessGets(
+            "text/event-stream",
+            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
+        ),
+    );
+    let prefix = dir.path().join("list");
+    let out = three_requests(&url, &prefix, "30");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: reading {url}/v1/models: an answer over 8 MiB; going on without the server's model list"
+        )),
+        "{stderr}"
+    );
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+
+    let (url, _posts) =
+        crate::common::start_server_replying(crate::common::PostReply::EndlessError);
+    let prefix = dir.path().join("e500");
+    let t0 = std::time::Instant::now();
+    let out = three_requests(&url, &prefix, "30");
+    // The requests' 30 s timeout is never reached: each page is cut short.
+    assert!(t0.elapsed() < std::time::Duration::from_secs(25), "{out:?}");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 3);
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Error));
+        assert_eq!(r.outcome.http_status, Some(500));
+        assert!(
+            r.outcome
+                .error_message
+                .starts_with("http_500: HTTP 500 Internal Server Error: out of memory"),
+            "{}",
+            r.outcome.error_message
+        );
+    }
 }

@@ -519,6 +519,11 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
     } else {
         replay.experiment.clone()
     };
+    // (Request ids are 0-based and dense: the prompts they reach.)
+    let cached = |n: u32| {
+        n.min(GT_CACHED_PROMPTS)
+            .min(u32::try_from(replay.requests.len()).unwrap_or(u32::MAX))
+    };
     let run = GtRun {
         run_start: experiment_start_us(&exp_name).unwrap_or(0),
         client: Arc::from(if replay.profile.is_empty() {
@@ -538,6 +543,14 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             .filter(|n| *n > 0),
         prompts,
         planned: PlannedInputs::new(&replay.requests, cycle),
+        keys: prompts.map_or_else(Vec::new, |(n, _, _)| {
+            (0..cached(n))
+                .map(|p| gt_content_key(&exp_name, p))
+                .collect()
+        }),
+        groups: prompts.map_or_else(Vec::new, |(n, per, _)| {
+            (0..cached(n).div_ceil(per)).map(gt_group).collect()
+        }),
         exp_name,
     };
     let mut records: Vec<TraceRecord> = replay
@@ -586,10 +599,20 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
             format!("invalid JSON: {e}"),
         )
     };
-    let replay: GtReplay =
-        serde_json::from_str(&read_json(&replay_path)?).map_err(|e| json_err(&replay_path, e))?;
-    let truth: Vec<GtTruth> =
-        serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))?;
+    // The two files are read and parsed at once (the measurements on a
+    // second thread): neither depends on the other.
+    let (replay, truth) = std::thread::scope(|scope| {
+        let truth = scope.spawn(|| -> Result<Vec<GtTruth>> {
+            serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))
+        });
+        let replay: Result<GtReplay> = read_json(&replay_path)
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| json_err(&replay_path, e)));
+        let truth = truth
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (replay, truth)
+    });
+    let (replay, truth) = (replay?, truth?);
     // Times the trace can hold (±2^53 µs, durations within a year).
     let max = crate::csvio::MAX_TIME_US;
     if let Some(r) = replay
@@ -675,7 +698,16 @@ struct GtRun {
     /// (prompts in the cycle, prompts per group, system prompt tokens).
     prompts: Option<(u32, u32, u32)>,
     planned: PlannedInputs,
+    /// The content keys of the cycle's first prompts, by prompt (a cycle
+    /// longer than this computes the rest per request).
+    keys: Vec<u64>,
+    /// The group names of those prompts' groups, by group.
+    groups: Vec<Arc<str>>,
 }
+
+/// Prompts of a cycle whose content keys and group names are computed
+/// once (a longer cycle computes the rest per request).
+const GT_CACHED_PROMPTS: u32 = 4096;
 
 impl GtRun {
     /// Request `r` with its measurements `t` (none: it failed).
@@ -701,11 +733,19 @@ impl GtRun {
         };
         if let Some((n, per, system)) = self.prompts {
             let p = (r.index % u64::from(n)) as u32;
-            request.content_key = Some(xxhash_rust::xxh3::xxh3_64(
-                format!("{}/prompt/{p}", self.exp_name).as_bytes(),
-            ));
+            request.content_key = Some(
+                self.keys
+                    .get(p as usize)
+                    .copied()
+                    .unwrap_or_else(|| gt_content_key(&self.exp_name, p)),
+            );
             if system > 0 {
-                request.prefix_group = Arc::from(format!("ip-group-{}", p / per));
+                let g = p / per;
+                request.prefix_group = self
+                    .groups
+                    .get(g as usize)
+                    .cloned()
+                    .unwrap_or_else(|| gt_group(g));
                 request.prefix_length = system.min(input);
             }
         }
@@ -715,6 +755,16 @@ impl GtRun {
             other: vec![("client_output_tokens".into(), r.output_tokens.to_string())],
         }
     }
+}
+
+/// The content key of prompt `p` of run `exp_name`'s cycle.
+fn gt_content_key(exp_name: &str, p: u32) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{exp_name}/prompt/{p}").as_bytes())
+}
+
+/// The prefix group of the prompts of group `g`.
+fn gt_group(g: u32) -> Arc<str> {
+    Arc::from(format!("ip-group-{g}"))
 }
 
 /// A ground-truth request's outcome: sent at `send` (µs), timed by `t`.

@@ -35,25 +35,49 @@ pub struct ServerInfo {
     pub max_model_len: Option<u64>,
     /// Minimum HTTP round trip to `/v1/models`, ms.
     pub rtt_ms: Option<f64>,
+    /// The model list's body stalled past its timeout after its headers:
+    /// the server's answers may stall so (the connection warm-up is
+    /// skipped).
+    pub stalls_bodies: bool,
 }
 
-/// A GET with the API key.
 /// The most of a probe's JSON answer read (`/v1/models`, `/tokenize`,
 /// `/props`, `/version`), bytes (8 MiB): a list of thousands of models is
 /// under 1 MiB; a longer answer is a broken endpoint, not read into memory.
 pub const MAX_PROBE_BODY: usize = 8 << 20;
 
-/// `resp`'s body as JSON, read up to [`MAX_PROBE_BODY`]; why not, in words.
-async fn json_capped(resp: reqwest::Response) -> Result<Value, String> {
-    let (body, more) = crate::http::read_capped(resp, MAX_PROBE_BODY)
-        .await
-        .map_err(|e| describe(&e))?;
-    if more {
-        return Err(format!("an answer over {} MiB", MAX_PROBE_BODY >> 20));
-    }
-    serde_json::from_slice(&body).map_err(|e| e.to_string())
+/// Why a probe's answer could not be read.
+#[derive(Debug)]
+struct Unread {
+    /// In words.
+    why: String,
+    /// Its body stalled past the request's timeout (a server that sends
+    /// headers and then nothing).
+    timed_out: bool,
 }
 
+/// `resp`'s body as JSON, read up to [`MAX_PROBE_BODY`].
+async fn json_capped(resp: reqwest::Response) -> Result<Value, Unread> {
+    let (body, more) = crate::http::read_capped(resp, MAX_PROBE_BODY)
+        .await
+        .map_err(|e| Unread {
+            why: describe(&e),
+            timed_out: e.is_timeout(),
+        })?;
+    let unread = |why| Unread {
+        why,
+        timed_out: false,
+    };
+    if more {
+        return Err(unread(format!(
+            "an answer over {} MiB",
+            MAX_PROBE_BODY >> 20
+        )));
+    }
+    serde_json::from_slice(&body).map_err(|e| unread(e.to_string()))
+}
+
+/// A GET with the API key.
 async fn get(
     client: &reqwest::Client,
     url: &str,
@@ -210,12 +234,13 @@ pub async fn check_server(
             // that is not JSON is no list (the requests tell).
             let v: Value = match json_capped(resp).await {
                 Ok(v) => v,
-                Err(why) => {
+                Err(e) => {
+                    info.stalls_bodies = e.timed_out;
                     blis_traces::diag!(
                         "warning: {}; going on without the server's model list",
                         ProbeError::Unreadable {
                             url: url.clone(),
-                            why,
+                            why: e.why,
                         }
                     );
                     Value::Null
@@ -275,17 +300,28 @@ pub async fn tokens_per_word(
         if let Some(v) = api_key.and_then(bearer) {
             r = r.header(AUTHORIZATION, v);
         }
-        if let Ok(resp) = r.send().await
-            && resp.status().is_success()
-            && let Ok(v) = json_capped(resp).await
-            && let Some(n) = prompt::tokens_from_tokenize_response(&v)
-            && n > 0
-        {
-            return TokensPerWord {
-                value: prompt::measure_tokens_per_word(n, words),
-                source: "tokenize",
-                calibration_failure: None,
-            };
+        let v = match r.send().await {
+            Ok(resp) if resp.status().is_success() => json_capped(resp).await,
+            Ok(_) => continue,
+            Err(e) => Err(Unread {
+                why: String::new(),
+                timed_out: e.is_timeout(),
+            }),
+        };
+        match v {
+            Ok(v) => {
+                if let Some(n) = prompt::tokens_from_tokenize_response(&v).filter(|n| *n > 0) {
+                    return TokensPerWord {
+                        value: prompt::measure_tokens_per_word(n, words),
+                        source: "tokenize",
+                        calibration_failure: None,
+                    };
+                }
+            }
+            // A server that did not answer one form within the wait will
+            // not answer the other: no second wait.
+            Err(e) if e.timed_out => break,
+            Err(_) => {}
         }
     }
     // One short request; its prompt_tokens include any chat template, which

@@ -104,14 +104,20 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
             }
         }
     }
-    let props = if args.server_type == ServerType::Llamacpp {
+    // (Informational: not asked of a server whose model list stalled after
+    // its head, which would stall these the same way.)
+    let props = if args.server_type == ServerType::Llamacpp && !info.stalls_bodies {
         probe::llamacpp_props(&client, &base, args.api_key.as_deref()).await
     } else {
         None
     };
-    let version = match probe::server_version(&client, &base, args.api_key.as_deref()).await {
-        Some(v) => Some(v),
-        None => props.as_ref().and_then(|p| p.build.clone()),
+    let version = if info.stalls_bodies {
+        None
+    } else {
+        match probe::server_version(&client, &base, args.api_key.as_deref()).await {
+            Some(v) => Some(v),
+            None => props.as_ref().and_then(|p| p.build.clone()),
+        }
     };
     blis_traces::diag!(
         "server {base}: model {}{}, round trip {}, {:.3} tokens per word ({}){}",

@@ -207,11 +207,17 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         () = signals.recv() => return Err(interrupted()),
     };
 
-    let warm = probe::connections_to_warm(
-        plan.facts.requested_rate,
-        args.concurrency,
-        args.max_in_flight,
-    );
+    // A server whose model list stalled after its headers would stall
+    // the warm-up's reads the same way, for nothing.
+    let warm = if server.info.stalls_bodies {
+        0
+    } else {
+        probe::connections_to_warm(
+            plan.facts.requested_rate,
+            args.concurrency,
+            args.max_in_flight,
+        )
+    };
     let opened = tokio::select! {
         n = probe::warm_connections(&server.client, base, args.api_key.as_deref(), warm) => n,
         () = signals.recv() => return Err(interrupted()),

@@ -133,6 +133,9 @@ pub enum PostReply {
     /// Every POST an `HTTP 500` whose body never ends (the same line
     /// repeated for as long as the client reads).
     EndlessError,
+    /// Every request, GET or POST, a `200 OK` head and then nothing (the
+    /// connection stays open until the client closes it).
+    HeadersThenStall,
 }
 
 /// A server that is not OpenAI-compatible, answering like
@@ -228,6 +231,22 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
                             text.len()
                         );
+                        return;
+                    }
+                    PostReply::HeadersThenStall => {
+                        let mut conn = r.into_inner();
+                        let content_type = if post {
+                            "text/event-stream"
+                        } else {
+                            "application/json"
+                        };
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: 100\r\n\r\n"
+                        );
+                        let _ = conn.flush();
+                        let mut rest = Vec::new();
+                        let _ = conn.read_to_end(&mut rest);
                         return;
                     }
                     PostReply::EndlessError if post => {

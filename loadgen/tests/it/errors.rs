@@ -838,3 +838,34 @@ fn endless_bodies_are_read_up_to_a_limit() {
         );
     }
 }
+
+/// A server that answers every request with its head and then nothing:
+/// the probes wait for it once, not once each. The model list's read waits
+/// its 10 s, `/tokenize` one form's wait, the test request the run's
+/// timeout; the connection warm-up and the version probes, which would
+/// stall the same way, are skipped (with `--timeout-s 2`: 38 s before the
+/// run ended, 16 s now).
+#[test]
+fn a_server_whose_answers_stall_after_their_head_is_waited_for_once() {
+    let _g = crate::common::serial();
+    let (url, _posts) =
+        crate::common::start_server_replying(crate::common::PostReply::HeadersThenStall);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("stall");
+    let t0 = std::time::Instant::now();
+    let out = three_requests(&url, &prefix, "2");
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        took < std::time::Duration::from_secs(22),
+        "{took:?}: {stderr}"
+    );
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 3);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Timeout))
+    );
+}

@@ -168,6 +168,24 @@ fn the_cli_writes_json_markdown_and_html() {
     assert!(html.contains("Calibration report"));
 }
 
+/// `saturated` (as the real side) compared with `stable`, without the
+/// bootstrap.
+fn saturated_against_stable(
+    saturated: &blis_traces::Trace,
+    stable: &blis_traces::Trace,
+) -> blis_calibrate::compare::Comparison {
+    compare(
+        saturated,
+        "sat",
+        stable,
+        "stable",
+        &CompareOptions {
+            resamples: 0,
+            ..CompareOptions::default()
+        },
+    )
+}
+
 /// A stable simulation of a saturated server is flagged loudly.
 #[test]
 fn disagreeing_saturation_is_flagged() {
@@ -175,16 +193,7 @@ fn disagreeing_saturation_is_flagged() {
     let w = spec(dir.path(), 12.0, 600);
     let (_, stable) = replayed(dir.path(), "stable", &w, &[]);
     let (_, saturated) = replayed(dir.path(), "sat", &w, &["--max-num-seqs", "2"]);
-    let c = compare(
-        &saturated,
-        "sat",
-        &stable,
-        "stable",
-        &CompareOptions {
-            resamples: 0,
-            ..CompareOptions::default()
-        },
-    );
+    let c = saturated_against_stable(&saturated, &stable);
     let s = &c.report.saturation;
     assert!(s.real.saturated && !s.sim.saturated, "{s:?}");
     assert!(!s.agree);
@@ -211,16 +220,7 @@ fn goodput_under_overload_is_read_as_a_deadline_cliff() {
     .unwrap();
     let (_, stable) = replayed(dir.path(), "stable", &w, &[]);
     let (_, saturated) = replayed(dir.path(), "sat", &w, &["--max-num-seqs", "16"]);
-    let c = compare(
-        &saturated,
-        "sat",
-        &stable,
-        "stable",
-        &CompareOptions {
-            resamples: 0,
-            ..CompareOptions::default()
-        },
-    );
+    let c = saturated_against_stable(&saturated, &stable);
     let g = c.report.goodput.as_ref().expect("a saturated side");
     let real = g[0].as_ref().unwrap();
     assert!(real.cliff_s.is_some(), "{real:?}");

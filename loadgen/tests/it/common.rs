@@ -188,7 +188,10 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                         let _ = r.read_to_end(&mut body);
                         return;
                     }
-                    PostReply::Ok(content_type, text) if post => {
+                    PostReply::Ok(content_type, text)
+                    | PostReply::OkWithEndlessGets(content_type, text)
+                        if post =>
+                    {
                         let mut conn = r.into_inner();
                         let _ = write!(
                             conn,
@@ -214,7 +217,7 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                         );
                         return;
                     }
-                    PostReply::OkWithEndlessGets(_, _) if !post => {
+                    PostReply::OkWithEndlessGets(..) => {
                         let mut conn = r.into_inner();
                         let _ = write!(
                             conn,
@@ -222,15 +225,6 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                         );
                         let spaces = [b' '; 1 << 16];
                         while conn.write_all(&spaces).is_ok() {}
-                        return;
-                    }
-                    PostReply::OkWithEndlessGets(content_type, text) if post => {
-                        let mut conn = r.into_inner();
-                        let _ = write!(
-                            conn,
-                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
-                            text.len()
-                        );
                         return;
                     }
                     PostReply::HeadersThenStall => {

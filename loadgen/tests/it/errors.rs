@@ -324,21 +324,23 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
             o.error_message
         );
     }
-    let (out, t) = run(
+    // Every request a `malformed` row with `message`, the run failed.
+    let all_malformed = |reply, name: &str, message: &str| {
+        let (out, t) = run(reply, name);
+        assert_eq!(out.status.code(), Some(5));
+        for r in &t.records {
+            assert_eq!(r.outcome.status, Some(Status::Error));
+            assert_eq!(r.outcome.error_message, message);
+        }
+    };
+    all_malformed(
         crate::common::PostReply::Ok(
             "text/html; charset=utf-8",
             "<html><body><h1>502 Bad Gateway</h1><p>upstream is restarting</p></body></html>",
         ),
         "page",
+        "malformed: HTTP 200 OK with text/html; charset=utf-8, not an event stream: 502 Bad Gateway upstream is restarting",
     );
-    assert_eq!(out.status.code(), Some(5));
-    for r in &t.records {
-        assert_eq!(r.outcome.status, Some(Status::Error));
-        assert_eq!(
-            r.outcome.error_message,
-            "malformed: HTTP 200 OK with text/html; charset=utf-8, not an event stream: 502 Bad Gateway upstream is restarting"
-        );
-    }
     // An event stream a proxy labels text/plain is read as a stream.
     let (out, t) = run(
         crate::common::PostReply::Ok(
@@ -354,21 +356,14 @@ fn a_whole_json_answer_to_a_stream_is_kept_and_an_html_page_is_named() {
     }
     // A compressed body nobody asked for (a proxy's gzip) is named as
     // such, not as bytes that are not an event stream.
-    let (out, t) = run(
+    all_malformed(
         crate::common::PostReply::Ok(
             "text/event-stream\r\nContent-Encoding: gzip",
             "\u{1f}\u{8b}\u{8}\u{0}",
         ),
         "gzip",
+        "malformed: HTTP 200 OK with Content-Encoding: gzip, which was not asked for",
     );
-    assert_eq!(out.status.code(), Some(5));
-    for r in &t.records {
-        assert_eq!(r.outcome.status, Some(Status::Error));
-        assert_eq!(
-            r.outcome.error_message,
-            "malformed: HTTP 200 OK with Content-Encoding: gzip, which was not asked for"
-        );
-    }
 }
 
 /// `[DONE]` ends a response, as OpenAI's clients read it: a server (or a
@@ -713,29 +708,38 @@ fn a_server_still_starting_is_waited_for() {
 #[test]
 fn a_model_list_that_is_not_json_is_a_warning() {
     let _g = crate::common::serial();
-    let (url, _posts) = crate::common::start_server_replying(
-        crate::common::PostReply::OkWithPageGets(
-            "text/event-stream",
-            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
-        ),
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = dir.path().join("gateway");
-    let out = three_requests(&url, &prefix, "5");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (url, stderr) = all_ok_despite_the_model_list(crate::common::PostReply::OkWithPageGets(
+        "text/event-stream",
+        ONE_TOKEN_STREAM,
+    ));
     assert!(
         stderr.contains(&format!(
             "warning: reading {url}/v1/models: expected value at line 1 column 1"
         )) && stderr.contains("going on without the server's model list"),
         "{stderr}"
     );
+}
+
+/// A stream of one token that finished, with its usage.
+const ONE_TOKEN_STREAM: &str = "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+
+/// Three requests (30 s timeout) to a server answering `reply`, whose
+/// model list is not read: the run succeeds with every request `ok`; the
+/// server's URL and the standard error.
+fn all_ok_despite_the_model_list(reply: crate::common::PostReply) -> (String, String) {
+    let (url, _posts) = crate::common::start_server_replying(reply);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("list");
+    let out = three_requests(&url, &prefix, "30");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
     let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
     assert!(
         t.records
             .iter()
             .all(|r| r.outcome.status == Some(Status::Ok))
     );
+    (url, stderr)
 }
 
 /// A `/metrics` page past 16 MiB is a failed scrape with its reason, not
@@ -793,29 +797,17 @@ fn a_metrics_page_past_the_limit_is_a_failed_scrape() {
 #[test]
 fn endless_bodies_are_read_up_to_a_limit() {
     let _g = crate::common::serial();
-    let dir = tempfile::tempdir().unwrap();
-    let (url, _posts) = crate::common::start_server_replying(
-        crate::common::PostReply::OkWithEndlessGets(
-            "text/event-stream",
-            "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
-        ),
-    );
-    let prefix = dir.path().join("list");
-    let out = three_requests(&url, &prefix, "30");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (url, stderr) = all_ok_despite_the_model_list(crate::common::PostReply::OkWithEndlessGets(
+        "text/event-stream",
+        ONE_TOKEN_STREAM,
+    ));
     assert!(
         stderr.contains(&format!(
             "warning: reading {url}/v1/models: an answer over 8 MiB; going on without the server's model list"
         )),
         "{stderr}"
     );
-    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
-    assert!(
-        t.records
-            .iter()
-            .all(|r| r.outcome.status == Some(Status::Ok))
-    );
+    let dir = tempfile::tempdir().unwrap();
 
     let (url, _posts) =
         crate::common::start_server_replying(crate::common::PostReply::EndlessError);

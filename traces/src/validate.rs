@@ -415,10 +415,59 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
     {
         return e(
             format!("{p}.arrival.cv"),
-            format!("weibull cv must be within [0.01, 20], got {}", cv.0),
+            format!("weibull cv must be within [0.01, 20], got {}", short(cv.0)),
         );
     }
+    // A Gamma of shape 1/cv² below 1e-4 (cv above 100) sends its requests
+    // as one burst or, once the shape underflows, none at all: a spec
+    // that asked for that many requests is refused rather than run empty.
+    if a.process == ArrivalProcess::Gamma
+        && a.shape.is_none()
+        && let Some(cv) = a.cv
+        && cv.0 > MAX_GAMMA_CV
+    {
+        return e(
+            format!("{p}.arrival.cv"),
+            format!(
+                "gamma cv must be at most {MAX_GAMMA_CV}, got {}",
+                short(cv.0)
+            ),
+        );
+    }
+    // An explicit shape, likewise: the Gamma's at least 1e-4, the
+    // Weibull's at least 0.01 (its mean, scale·Γ(1 + 1/k), overflows below
+    // about 0.006; ServeGen's fitted windows go down to 0.18).
+    if let Some(k) = a.shape {
+        let (name, least) = match a.process {
+            ArrivalProcess::Gamma => ("gamma", 1.0 / (MAX_GAMMA_CV * MAX_GAMMA_CV)),
+            ArrivalProcess::Weibull => ("weibull", 0.01),
+            _ => ("", 0.0),
+        };
+        if k.0 < least {
+            return e(
+                format!("{p}.arrival.shape"),
+                format!(
+                    "{name} shape must be at least {}, got {}",
+                    short(least),
+                    short(k.0)
+                ),
+            );
+        }
+    }
     Ok(())
+}
+
+/// The largest Gamma arrival CV (shape 1e-4).
+const MAX_GAMMA_CV: f64 = 100.0;
+
+/// `v` as written in a spec: exponent notation for the very large and
+/// very small (`1e300`, not 301 digits).
+fn short(v: f64) -> String {
+    if v != 0.0 && (v.abs() >= 1e6 || v.abs() < 1e-3) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
 }
 
 /// A client's on/off windows: at least one, each ending after it starts,

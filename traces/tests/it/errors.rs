@@ -105,6 +105,25 @@ fn malformed_specs_name_file_line_and_field() {
             ":11:5: ",
             "empirical distribution requires `pmf` or `file`",
         ),
+        // A CV whose shape 1/cv² underflows ran with no request at all.
+        (
+            "      cv: 2\n",
+            "      cv: 1e300\n",
+            ":10:7: ",
+            "clients[0].arrival.cv: gamma cv must be at most 100, got 1e300",
+        ),
+        (
+            "      cv: 2\n",
+            "      shape: 1e-320\n",
+            ":10:7: ",
+            "clients[0].arrival.shape: gamma shape must be at least 1e-4, got 1e-320",
+        ),
+        (
+            "      process: gamma\n      cv: 2\n",
+            "      process: weibull\n      shape: 0.001\n",
+            ":10:7: ",
+            "clients[0].arrival.shape: weibull shape must be at least 0.01, got 0.001",
+        ),
     ];
     for (from, to, prefix, words) in cases {
         assert!(SPEC.contains(from), "{from}");

@@ -131,7 +131,8 @@ pub fn parse_pmf_literal(s: &str) -> std::result::Result<Vec<(f64, f64)>, String
 /// # Errors
 /// I/O errors, or content that is none of those.
 pub fn read_pmf_file(path: &Path) -> Result<Vec<(f64, f64)>> {
-    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
+    // (A PMF of every token count up to a million is a few MB.)
+    let text = crate::text::read_text_limited(path, 64 << 20).map_err(|e| Error::io(path, e))?;
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
         match v {
             serde_json::Value::Object(map) => {

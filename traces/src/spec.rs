@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn zero_fraction_sum_is_rejected() {
         let text = OK.replace("rate_fraction: 1", "rate_fraction: 0");
-        assert!(err(&text).contains("must sum to a positive number"));
+        assert!(err(&text).contains("must sum to a positive, finite number, got 0"));
     }
 
     #[test]

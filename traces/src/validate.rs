@@ -91,10 +91,10 @@ impl WorkloadSpec {
             validate_client(c, &format!("clients[{i}]"))?;
             sum += c.rate_fraction.map_or(1.0, |f| f.0);
         }
-        if sum <= 0.0 {
+        if !(sum > 0.0 && sum.is_finite()) {
             return e(
                 "clients[0].rate_fraction",
-                "rate fractions must sum to a positive number".into(),
+                format!("rate fractions must sum to a positive, finite number, got {sum}"),
             );
         }
         match self.aggregate_rate {

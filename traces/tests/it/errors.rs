@@ -67,7 +67,7 @@ fn malformed_specs_name_file_line_and_field() {
             "    rate_fraction: 1\n",
             "    rate_fraction: 0\n",
             ":7:5: ",
-            "rate fractions must sum to a positive number",
+            "rate fractions must sum to a positive, finite number, got 0",
         ),
         (
             "aggregate_rate: 10\n",
@@ -309,4 +309,22 @@ fn a_hostile_header_names_no_file_outside_its_folder() {
             "{name}: read the derived t.csv, not the outside file"
         );
     }
+}
+
+/// Rate fractions that each parse but sum past f64 (two of 1e308) are an
+/// error naming the field; the run planned its requests and sent none.
+#[test]
+fn rate_fractions_that_overflow_are_refused() {
+    let two = SPEC.replace(
+        "clients:\n  - id: a\n    rate_fraction: 1\n",
+        "clients:\n  - id: b\n    rate_fraction: 1e308\n    input_distribution: {type: constant, params: {value: 10}}\n    output_distribution: {type: constant, params: {value: 10}}\n  - id: a\n    rate_fraction: 1e308\n",
+    );
+    assert_ne!(two, SPEC);
+    let dir = tempdir();
+    let p = write(dir.path(), "two.yaml", &two);
+    let msg = one_line(&WorkloadSpec::from_file(&p).unwrap_err());
+    assert!(
+        msg.contains("clients[0].rate_fraction: rate fractions must sum to a positive, finite number, got inf"),
+        "{msg}"
+    );
 }

@@ -116,18 +116,58 @@ struct MooncakeRow {
     hash_ids: Vec<u64>,
 }
 
+/// The longest line of a Mooncake trace read, bytes (1 MiB; a request of
+/// a million prompt tokens names 2,000 blocks in about 16 KB).
+const MOONCAKE_MAX_LINE: u64 = 1 << 20;
+
 /// Mooncake JSONL: one request per line, `timestamp` in ms from the trace
 /// start, `hash_ids` naming 512-token prefix blocks.
 ///
 /// # Errors
 /// A line that is not a Mooncake object, naming file:line.
 pub fn mooncake(path: &Path) -> Result<Trace> {
-    let text = crate::text::read_text(path).map_err(|e| Error::io(path, e))?;
+    use std::io::{BufRead, Read};
+    // Read a line at a time (a trace of any length), each line at most
+    // MOONCAKE_MAX_LINE bytes and the requests at most a run's plan.
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut reader = std::io::BufReader::new(file);
     let client: Arc<str> = Arc::from("mooncake");
     let mut records = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    let mut buf = String::new();
+    for i in 0usize.. {
+        buf.clear();
+        let n = (&mut reader)
+            .take(MOONCAKE_MAX_LINE + 1)
+            .read_line(&mut buf)
+            .map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        if buf.len() as u64 > MOONCAKE_MAX_LINE {
+            return Err(Error::invalid(
+                Location::line(path, i as u64 + 1),
+                format!(
+                    "a line longer than {} KiB: not a Mooncake request",
+                    MOONCAKE_MAX_LINE >> 10
+                ),
+            ));
+        }
+        let mut line = buf.strip_suffix('\n').unwrap_or(&buf);
+        line = line.strip_suffix('\r').unwrap_or(line);
+        if i == 0 {
+            line = line.strip_prefix('\u{feff}').unwrap_or(line);
+        }
         if line.trim().is_empty() {
             continue;
+        }
+        if records.len() as u64 >= crate::generate::MAX_PLANNED_REQUESTS {
+            return Err(Error::invalid(
+                Location::line(path, i as u64 + 1),
+                format!(
+                    "more than the {} requests a run may plan",
+                    crate::generate::MAX_PLANNED_REQUESTS
+                ),
+            ));
         }
         let row: MooncakeRow = serde_json::from_str(line).map_err(|e| {
             Error::invalid(

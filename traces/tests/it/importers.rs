@@ -56,6 +56,39 @@ fn mooncake_conversation_and_synthetic() {
     assert_eq!(totals(&t), (300, 0, 86_790_000, 3_853_165, 57_331));
 }
 
+/// A Mooncake trace is read a line at a time: CRLF ends, a byte-order
+/// mark and blank lines read as before; a line past 1 MiB (an endless
+/// stream such as `/dev/zero`) is a one-line error naming it, not a
+/// process that grows until it is killed.
+#[test]
+fn mooncake_lines_are_read_one_at_a_time_up_to_a_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.jsonl");
+    let row = |t: u64| {
+        format!(
+            r#"{{"timestamp": {t}, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}}"#
+        )
+    };
+    std::fs::write(
+        &p,
+        format!("\u{feff}{}\r\n\n{}\r\n{}", row(0), row(5), row(7)),
+    )
+    .unwrap();
+    let m = |p: &std::path::Path| import(&format!("mooncake:{}", p.display()).parse().unwrap(), 1);
+    let t = m(&p).unwrap();
+    assert_eq!(totals(&t), (3, 0, 7_000, 30, 6));
+    std::fs::write(&p, format!("{}\n{}\n", row(0), "x".repeat(2 << 20))).unwrap();
+    let e = m(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("m.jsonl:2: a line longer than 1024 KiB: not a Mooncake request"),
+        "{e}"
+    );
+    let e = m(std::path::Path::new("/dev/zero"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/dev/zero:1: a line longer than"), "{e}");
+}
+
 #[test]
 fn azure_code_and_conv() {
     let t = import(

@@ -118,13 +118,7 @@ pub fn timeout_from_deadlines(records: &[TraceRecord]) -> Option<i64> {
 /// The client's timeout of `trace`, µs: the header's
 /// `load_generator.timeout_s`, else [`timeout_from_deadlines`].
 pub fn client_timeout_us(trace: &Trace) -> Option<i64> {
-    trace
-        .header
-        .load_generator
-        .as_ref()
-        .and_then(|l| l.timeout_s)
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .map(|t| (t * 1e6).round() as i64)
+    blis_replay::api::client_timeout_us(&trace.header)
         .or_else(|| timeout_from_deadlines(&trace.records))
 }
 

@@ -129,6 +129,14 @@ pub fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> Error {
     if let Some(idx) = message.rfind(" at line ") {
         message.truncate(idx);
     }
+    // serde-saphyr's hint names one of its own options; a user needs only
+    // the fact (the key is named below).
+    if let Some(idx) = message.find(", set DuplicateKeyPolicy") {
+        message.truncate(idx);
+    }
+    if message.starts_with("duplicate mapping key") {
+        message = "this key appears twice in its mapping".to_string();
+    }
     match err.location() {
         Some(loc) if loc.line() > 0 => {
             let line = loc.line();
@@ -142,6 +150,17 @@ pub fn yaml_error(path: &Path, text: &str, err: &serde_saphyr::Error) -> Error {
         }
         _ => Error::in_file(path, message),
     }
+}
+
+/// A JSON error's message without serde_json's "at line L column C" (the
+/// caller names the position itself, e.g. the line of a JSON Lines file,
+/// where serde_json's own line is always 1).
+pub fn json_message(err: &serde_json::Error) -> String {
+    let mut message = err.to_string();
+    if let Some(idx) = message.rfind(" at line ") {
+        message.truncate(idx);
+    }
+    message
 }
 
 /// In a flow mapping (`{a: 1, b: .nan}`), the key whose value is at or

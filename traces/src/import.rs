@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::bundle::Trace;
-use crate::error::{Error, Location, Result, yaml_error};
+use crate::error::{Error, Location, Result, json_message, yaml_error};
 use crate::generate::{GenerateOptions, generate};
 use crate::header::{Hardware, Mode, ServerConfig, TraceHeader};
 use crate::record::{HashIds, Outcome, Request, Status, TraceRecord};
@@ -172,7 +172,7 @@ pub fn mooncake(path: &Path) -> Result<Trace> {
         let row: MooncakeRow = serde_json::from_str(line).map_err(|e| {
             Error::invalid(
                 Location::at(path, i as u64 + 1, e.column() as u64),
-                format!("not a Mooncake request: {e}"),
+                format!("not a Mooncake request: {}", json_message(&e)),
             )
         })?;
         let arrival_time_us = row
@@ -636,7 +636,7 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
     let json_err = |p: &Path, e: serde_json::Error| {
         Error::invalid(
             Location::at(p, e.line() as u64, e.column() as u64),
-            format!("invalid JSON: {e}"),
+            format!("invalid JSON: {}", json_message(&e)),
         )
     };
     // The two files are read and parsed at once (the measurements on a

@@ -287,7 +287,7 @@ fn read_datasets(path: &Path) -> Result<Vec<DatasetWindow>> {
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         Error::invalid(
             Location::at(path, e.line() as u64, e.column() as u64),
-            format!("invalid JSON: {e}"),
+            format!("invalid JSON: {}", crate::error::json_message(&e)),
         )
     })?;
     let obj = v

@@ -124,6 +124,14 @@ fn malformed_specs_name_file_line_and_field() {
             ":10:7: ",
             "clients[0].arrival.shape: weibull shape must be at least 0.01, got 0.001",
         ),
+        // A key written twice: named, without the YAML library's advice
+        // about its own options.
+        (
+            "    rate_fraction: 1\n",
+            "    rate_fraction: 1\n    rate_fraction: 2\n",
+            ":8:5: ",
+            "rate_fraction: this key appears twice in its mapping",
+        ),
     ];
     for (from, to, prefix, words) in cases {
         assert!(SPEC.contains(from), "{from}");
@@ -136,6 +144,7 @@ fn malformed_specs_name_file_line_and_field() {
             "{msg:?} should start with {expect:?}"
         );
         assert!(msg.contains(words), "{msg:?} should contain {words:?}");
+        assert!(!msg.contains("Options"), "{msg:?}");
     }
 }
 

@@ -87,6 +87,24 @@ fn mooncake_lines_are_read_one_at_a_time_up_to_a_limit() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("/dev/zero:1: a line longer than"), "{e}");
+    // A malformed line is named by its own line and column, not by
+    // serde_json's position inside that one line ("line 1").
+    std::fs::write(
+        &p,
+        format!(
+            "{}\n{}\n",
+            row(0),
+            r#"{"timestamp": 5, "input_length": -1}"#
+        ),
+    )
+    .unwrap();
+    let e = m(&p).unwrap_err().to_string();
+    assert!(e.contains("m.jsonl:2:"), "{e}");
+    assert!(
+        e.contains("not a Mooncake request: invalid value: integer `-1`"),
+        "{e}"
+    );
+    assert!(!e.contains("at line 1"), "{e}");
 }
 
 #[test]

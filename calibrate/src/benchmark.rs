@@ -621,9 +621,20 @@ impl BenchmarkReport {
             _ => "-".into(),
         };
         for (r, real, sim) in rows {
+            // A side that did not saturate has no cliff: one dash.
+            let sim_cliff = sim.map_or("-".into(), |c| {
+                format!(
+                    "{} ({})",
+                    f(Some(c.predicted_completed), 0),
+                    pct(c.completed as f64, c.predicted_completed)
+                )
+            });
+            let sim_in_order = sim.map_or("-".into(), |c| {
+                format!("{}%", f(Some(100.0 * c.in_order), 1))
+            });
             let _ = writeln!(
                 o,
-                "| {} | {} | {} / {} | {} / {} | {} ({}) / {} ({}) | {} / {} | {}% / {}% | {}% |",
+                "| {} | {} | {} / {} | {} / {} | {} ({}) / {} | {} / {} | {}% / {} | {}% |",
                 r.model,
                 r.workload,
                 f(Some(real.decode_s), 1),
@@ -632,15 +643,11 @@ impl BenchmarkReport {
                 f(sim.map(|c| c.concurrency), 1),
                 f(Some(real.predicted_completed), 0),
                 pct(real.completed as f64, real.predicted_completed),
-                f(sim.map(|c| c.predicted_completed), 0),
-                sim.map_or("-".into(), |c| pct(
-                    c.completed as f64,
-                    c.predicted_completed
-                )),
+                sim_cliff,
                 r.completed[0],
                 r.completed[1],
                 f(Some(100.0 * real.in_order), 1),
-                f(sim.map(|c| 100.0 * c.in_order), 1),
+                sim_in_order,
                 f(Some(real.elasticity), 1),
             );
         }

@@ -90,6 +90,32 @@ async fn get(
     r.send().await
 }
 
+/// Where `url` redirects to (its `Location`, resolved against it) when it
+/// answers a GET with a redirect: the diagnosis of an error met after
+/// following one. `None` when it does not redirect or cannot be asked.
+async fn redirect_target(url: &str, api_key: Option<&str>) -> Option<String> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let mut r = client.get(url).timeout(Duration::from_secs(5));
+    if let Some(v) = api_key.and_then(bearer) {
+        r = r.header(AUTHORIZATION, v);
+    }
+    let resp = r.send().await.ok()?;
+    if !resp.status().is_redirection() {
+        return None;
+    }
+    let to = resp
+        .headers()
+        .get(reqwest::header::LOCATION)?
+        .to_str()
+        .ok()?;
+    Some(reqwest::Url::parse(url).ok()?.join(to).ok()?.to_string())
+}
+
 /// Why a server cannot be used for a run (each message one line naming its
 /// URL).
 #[derive(Debug, thiserror::Error)]
@@ -185,9 +211,19 @@ pub async fn check_server(
                 continue;
             }
             Err(e) => {
+                // Followed redirects fail under the first URL's name: say
+                // where the server sent the request, lest a user look for
+                // the fault in a server that answered.
+                let why = match redirect_target(&url, api_key).await {
+                    Some(to) => format!(
+                        "its {url} redirects to {to}, which fails: {}",
+                        describe(&e.without_url())
+                    ),
+                    None => describe(&e),
+                };
                 return Err(ProbeError::Unreachable {
                     base: base.to_string(),
-                    why: describe(&e),
+                    why,
                 });
             }
         };

@@ -33,6 +33,58 @@ fn an_unreachable_server_is_a_one_line_error() {
     );
 }
 
+/// A server that answers with a redirect to a place that fails: the error
+/// names where it was sent (the failure is not the first server's), and a
+/// redirect loop is named as one.
+#[test]
+fn a_redirect_that_fails_names_where_it_went() {
+    let _g = crate::common::serial();
+    let redirecting = |to: Option<&'static str>| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { return };
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                // No `to`: back to the same path (a loop).
+                let loc = to.unwrap_or("/v1/models");
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 301 Moved\r\nLocation: {loc}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+        url
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (to, words) in [
+        (
+            Some("http://127.0.0.1:9/v1/models"),
+            "redirects to http://127.0.0.1:9/v1/models, which fails: ",
+        ),
+        (None, "/v1/models, which fails: error following redirect"),
+    ] {
+        let url = redirecting(to);
+        let out = loadgen()
+            .args(["run", "--server-url", &url, "--model", "m"])
+            .args(["--rate", "1", "--num-requests", "1", "--out"])
+            .arg(dir.path().join("x"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let e = one_line_error(&out);
+        assert!(
+            e.starts_with(&format!(
+                "error: cannot reach the server at {url}: its {url}/v1/models redirects to "
+            )),
+            "{e}"
+        );
+        assert!(e.contains(words), "{e}");
+    }
+}
+
 #[test]
 fn a_model_the_server_does_not_serve_is_named() {
     let _g = crate::common::serial();

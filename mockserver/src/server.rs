@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -316,8 +317,33 @@ impl AppState {
     }
 }
 
+/// The largest request body the server reads, in bytes: room for a prompt
+/// of `max_model_len` tokens however it is written (text of up to 32 bytes
+/// a token, JSON escapes included, or token ids), at least 16 MiB and at
+/// most 1 GiB. vLLM reads any body; a web framework's default (axum's
+/// 2 MiB) would refuse long-context prompts vLLM serves.
+pub fn body_limit(max_model_len: u32) -> usize {
+    (u64::from(max_model_len) * 32).clamp(16 << 20, 1 << 30) as usize
+}
+
+/// A body that could not be read (over [`body_limit`], or cut off), as an
+/// OpenAI-style error.
+fn unread_body(r: BytesRejection, limit: usize) -> Response {
+    let status = r.status();
+    let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!(
+            "the request body is over this server's {} MiB (sized for a prompt of its max_model_len tokens)",
+            limit >> 20
+        )
+    } else {
+        format!("reading the request body: {}", r.body_text())
+    };
+    err(status, "BadRequestError", &msg)
+}
+
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {
+    let limit = body_limit(state.engine_cfg.max_model_len);
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -328,6 +354,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -406,7 +433,15 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response
     )
 }
 
-async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return unread_body(r, body_limit(st.engine_cfg.max_model_len)),
+    };
     if !st.authorized(&headers) {
         return err(
             StatusCode::UNAUTHORIZED,
@@ -439,12 +474,26 @@ async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Byt
     )
 }
 
-async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(st, headers, body, false).await
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match body {
+        Ok(b) => generate(st, headers, b, false).await,
+        Err(r) => unread_body(r, body_limit(st.engine_cfg.max_model_len)),
+    }
 }
 
-async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(st, headers, body, true).await
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match body {
+        Ok(b) => generate(st, headers, b, true).await,
+        Err(r) => unread_body(r, body_limit(st.engine_cfg.max_model_len)),
+    }
 }
 
 fn unix_s() -> u64 {

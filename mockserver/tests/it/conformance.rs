@@ -233,6 +233,51 @@ async fn errors_are_clear_and_auth_is_enforced() {
     .await
     .unwrap();
     assert_eq!(r.status(), 404);
+    // A long prompt (3 MB, past a web framework's 2 MiB default) is read
+    // and judged as vLLM judges it: against the context length.
+    let prompt = "a ".repeat(3 << 19);
+    let r = post(
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 1}).to_string(),
+        Some("sekret"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length"),
+        "{v}"
+    );
+    // A body past what any prompt of the context could take is an
+    // OpenAI-style 413. (The client sends one byte past the limit and
+    // stops, so the server has read all it sent when it answers and
+    // closes: a socket closed with unread bytes would reset the answer.)
+    let addr = url.trim_start_matches("http://").to_string();
+    let raw = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let limit = 16usize << 20;
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            limit + 1000
+        )
+        .unwrap();
+        c.write_all(&vec![b' '; limit + 1]).unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(raw.starts_with("HTTP/1.1 413"), "{raw}");
+    assert!(raw.contains(r#""object":"error""#), "{raw}");
+    assert!(raw.contains("over this server's 16 MiB"), "{raw}");
     // /health and /metrics need no key.
     assert_eq!(
         c.get(format!("{url}/health"))

@@ -56,14 +56,5 @@ async fn past_its_queue_bound_the_mock_answers_503_and_stays_responsive() {
         }
     }
     assert!(refused >= 100, "{refused} of 200 refused");
-    // A body above the limit (2 MiB).
-    let big = "a".repeat(3 << 20);
-    let r = c
-        .post(format!("{url}/v1/completions"))
-        .json(&json!({"model": MODEL, "prompt": big, "max_tokens": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 413);
     drop(s);
 }

@@ -313,7 +313,8 @@ pub struct RunArgs {
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
     #[arg(allow_negative_numbers = true, long, default_value_t = options::RunOptions::DEFAULT_GRACE_S)]
     pub grace_s: f64,
-    /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000.
+    /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000 (or vLLM's
+    /// `--goodput` form ttft:500,tpot:50,e2el:10000).
     #[arg(long)]
     pub slo: Option<String>,
     /// Print the summary as JSON.

@@ -126,7 +126,8 @@ pub struct RunOptions {
     pub max_behind_s: f64,
     /// On SIGINT/SIGTERM, wait this long for requests in flight, seconds.
     pub grace_s: f64,
-    /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000.
+    /// Goodput SLOs, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=10000 (or vLLM's
+    /// `--goodput` form ttft:500,tpot:50,e2el:10000).
     pub slo: Option<String>,
     /// Print the summary as JSON.
     pub json: bool,

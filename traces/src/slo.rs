@@ -36,11 +36,24 @@ impl std::str::FromStr for Slo {
     type Err = String;
 
     /// `ttft_ms=500,tpot_ms=50,e2e_ms=10000` (any subset, at least one).
+    /// vLLM's `--goodput` spelling reads too: `ttft:500,tpot:50,e2el:10000`
+    /// (`KEY:MS`, keys without `_ms`; `e2el` is vLLM's name for E2E).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut slo = Slo::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((k, v)) = part.split_once('=') else {
+            let Some((k, v)) = part.split_once('=').or_else(|| part.split_once(':')) else {
                 return Err(format!("--slo: expected KEY=MS, got {part:?}"));
+            };
+            let k = k.trim();
+            let field = match k {
+                "ttft_ms" | "ttft" => &mut slo.ttft_ms,
+                "tpot_ms" | "tpot" => &mut slo.tpot_ms,
+                "e2e_ms" | "e2e" | "e2el" => &mut slo.e2e_ms,
+                other => {
+                    return Err(format!(
+                        "--slo: unknown key {other:?} (ttft_ms, tpot_ms, e2e_ms)"
+                    ));
+                }
             };
             let v: f64 = v
                 .trim()
@@ -51,16 +64,7 @@ impl std::str::FromStr for Slo {
                     "--slo: {k} must be a positive number of ms, got {v}"
                 ));
             }
-            match k.trim() {
-                "ttft_ms" => slo.ttft_ms = Some(v),
-                "tpot_ms" => slo.tpot_ms = Some(v),
-                "e2e_ms" => slo.e2e_ms = Some(v),
-                other => {
-                    return Err(format!(
-                        "--slo: unknown key {other:?} (ttft_ms, tpot_ms, e2e_ms)"
-                    ));
-                }
-            }
+            *field = Some(v);
         }
         if slo == Slo::default() {
             return Err("--slo: give at least one of ttft_ms, tpot_ms, e2e_ms".into());
@@ -75,6 +79,19 @@ mod tests {
 
     #[test]
     fn parsing_and_attainment() {
+        // vLLM's --goodput spelling is the same SLO.
+        let v: Slo = "ttft:100,e2el:1000".parse().unwrap();
+        assert_eq!(v, "ttft_ms=100,e2e_ms=1000".parse().unwrap());
+        assert_eq!(
+            "tpot=nan".parse::<Slo>().unwrap_err(),
+            "--slo: tpot must be a positive number of ms, got NaN"
+        );
+        assert!(
+            "itl:5"
+                .parse::<Slo>()
+                .unwrap_err()
+                .contains("unknown key \"itl\"")
+        );
         let s: Slo = "ttft_ms=100, e2e_ms=1000".parse().unwrap();
         assert!(s.attained(Some(100.0), None, 1000.0));
         assert!(!s.attained(Some(100.5), None, 10.0));
@@ -82,7 +99,7 @@ mod tests {
             s.attained(None, None, 999.0),
             "unknown TTFT is not held against it"
         );
-        assert!("ttft=3".parse::<Slo>().is_err());
+        assert!("ttft=3s".parse::<Slo>().is_err());
         assert!("ttft_ms=NaN".parse::<Slo>().is_err());
         assert!("".parse::<Slo>().is_err());
     }

@@ -528,7 +528,8 @@ pub struct RunArgs {
     pub json: bool,
     /// SLOs to judge every request by: the summary's `slo` gives the
     /// attainment and the goodput (requests per second within every bound),
-    /// e.g. ttft_ms=500,tpot_ms=50 (ttft_ms, tpot_ms, e2e_ms).
+    /// e.g. ttft_ms=500,tpot_ms=50 (ttft_ms, tpot_ms, e2e_ms; vLLM's
+    /// `--goodput` form ttft:500,tpot:50,e2el:10000 too).
     #[arg(long, value_name = "KEY=MS,...")]
     pub slo: Option<blis_traces::slo::Slo>,
     /// Cluster settings.

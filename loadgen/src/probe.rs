@@ -372,6 +372,7 @@ pub async fn tokens_per_word(
     let body = ep.body(&p, 1, false);
     let clock = crate::clock::RunClock::new();
     let mut cap = crate::http::Capture::new(false);
+    cap.max_chunks = Some(crate::response::chunk_limit(1));
     let sent = tokio::time::timeout(
         calibration_wait,
         ep.send(body, false, "blis-calibration", &clock, &mut cap),

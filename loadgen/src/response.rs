@@ -123,11 +123,25 @@ pub struct Capture {
     /// Something the exchange did that the numbers of a successful row
     /// should be read with (a stream asked for and a whole body sent).
     pub warning: Option<String>,
+    /// The most content chunks read before the response is given up as
+    /// malformed ([`chunk_limit`] of the request's `max_tokens`); `None`:
+    /// no limit.
+    pub max_chunks: Option<usize>,
     pub(crate) running_completion: u32,
     pub(crate) running_chunks: bool,
     /// A stream that finished without a content chunk: its output is the
     /// server's count, else 0 (not the planned length).
     pub(crate) streamed_no_token: bool,
+}
+
+/// The most content chunks a stream for `max_tokens` tokens may carry: four
+/// per token and 64 more. A server streams at most one chunk per token
+/// (plus a role, a finish and a usage chunk, which carry no content); one
+/// that streams on past this ignores `max_tokens`, and reading on would
+/// fill the disk with chunk times until the timeout (a flooding server
+/// wrote 488 MB in 20 s).
+pub fn chunk_limit(max_tokens: u32) -> usize {
+    4 * max_tokens.max(1) as usize + 64
 }
 
 impl Capture {

@@ -317,6 +317,15 @@ fn take_chunk(data: &str, now: i64, cap: &mut Capture) -> Result<(), Failure> {
         }
     }
     if content {
+        if cap.max_chunks.is_some_and(|m| cap.chunk_times.len() >= m) {
+            return Err(Failure::new(
+                ErrorKind::Malformed,
+                format!(
+                    "the server streamed more than {} content chunks (4 per token of max_tokens, and 64): it ignores max_tokens; the rest was not read",
+                    cap.chunk_times.len()
+                ),
+            ));
+        }
         if cap.first_us.is_none() {
             cap.first_us = Some(now);
         }

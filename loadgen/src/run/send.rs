@@ -237,6 +237,7 @@ pub(super) async fn send_one(
     keep_text: bool,
 ) -> (TraceRecord, Capture, bool) {
     let mut cap = Capture::new(keep_text);
+    cap.max_chunks = Some(crate::response::chunk_limit(rec.request.output_tokens));
     let mut stop = sh.stopping.subscribe();
     let _permit = match &sh.sem {
         Some(sem) => tokio::select! {

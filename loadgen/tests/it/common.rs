@@ -136,6 +136,9 @@ pub enum PostReply {
     /// Every request, GET or POST, a `200 OK` head and then nothing (the
     /// connection stays open until the client closes it).
     HeadersThenStall,
+    /// Every POST an event stream of one-token chunks that never ends (a
+    /// server that ignores `max_tokens`), as fast as the client reads.
+    Flood,
 }
 
 /// A server that is not OpenAI-compatible, answering like
@@ -251,6 +254,16 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                         );
                         let line = b"out of memory; out of memory; out of memory\n".repeat(1024);
                         while conn.write_all(&line).is_ok() {}
+                        return;
+                    }
+                    PostReply::Flood if post => {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                        );
+                        let chunk = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":null}]}\n\n".repeat(256);
+                        while conn.write_all(&chunk).is_ok() {}
                         return;
                     }
                     PostReply::StreamThenHang(text) if post => {

@@ -111,7 +111,7 @@ fn bad_options_are_rejected_before_anything_is_sent() {
     let dir = tempfile::tempdir().unwrap();
     for (flag, value, needle) in [
         ("--timeout-s", "0", "--timeout-s must be a positive"),
-        ("--slo", "ttft=3", "--slo: unknown key"),
+        ("--slo", "itl=3", "--slo: unknown key"),
         (
             "--output-tokens",
             "gaussian:5",
@@ -877,6 +877,51 @@ fn endless_bodies_are_read_up_to_a_limit() {
             r.outcome
                 .error_message
                 .starts_with("http_500: HTTP 500 Internal Server Error: out of memory"),
+            "{}",
+            r.outcome.error_message
+        );
+    }
+}
+
+/// A server that streams on past `max_tokens`: each request is read up to
+/// four chunks per token (and 64) and failed as malformed, long before its
+/// timeout, instead of filling the disk with chunk times until then (a
+/// flooding server wrote 488 MB in 20 s).
+#[test]
+fn a_server_that_streams_past_max_tokens_is_cut_off() {
+    let _g = crate::common::serial();
+    let (url, _posts) = crate::common::start_server_replying(crate::common::PostReply::Flood);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("flood");
+    let t0 = std::time::Instant::now();
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m"])
+        .args([
+            "--rate",
+            "20",
+            "--num-requests",
+            "3",
+            "--output-tokens",
+            "10",
+        ])
+        .args([
+            "--timeout-s",
+            "60",
+            "--scrape-interval-ms",
+            "0",
+            "--out",
+            s(&prefix),
+        ])
+        .output()
+        .unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(50), "{out:?}");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 3);
+    for r in &t.records {
+        assert_eq!(r.outcome.status, Some(Status::Error));
+        assert_eq!(r.outcome.num_chunks, 4 * 10 + 64);
+        assert!(
+            r.outcome.error_message.contains("it ignores max_tokens"),
             "{}",
             r.outcome.error_message
         );

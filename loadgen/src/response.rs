@@ -134,14 +134,14 @@ pub struct Capture {
     pub(crate) streamed_no_token: bool,
 }
 
-/// The most content chunks a stream for `max_tokens` tokens may carry: four
-/// per token and 64 more. A server streams at most one chunk per token
-/// (plus a role, a finish and a usage chunk, which carry no content); one
-/// that streams on past this ignores `max_tokens`, and reading on would
-/// fill the disk with chunk times until the timeout (a flooding server
-/// wrote 488 MB in 20 s).
+/// The most content chunks a stream for `max_tokens` tokens may carry:
+/// eight per token and 64 more. A server streams a token in one chunk or a
+/// few (the vLLM runs of `vllm-ground-truth` carried two per token; role,
+/// finish and usage chunks carry no content); one that streams on past
+/// this ignores `max_tokens`, and reading on would fill the disk with
+/// chunk times until the timeout (a flooding server wrote 488 MB in 20 s).
 pub fn chunk_limit(max_tokens: u32) -> usize {
-    4 * max_tokens.max(1) as usize + 64
+    8 * max_tokens.max(1) as usize + 64
 }
 
 impl Capture {

@@ -321,7 +321,7 @@ fn take_chunk(data: &str, now: i64, cap: &mut Capture) -> Result<(), Failure> {
             return Err(Failure::new(
                 ErrorKind::Malformed,
                 format!(
-                    "the server streamed more than {} content chunks (4 per token of max_tokens, and 64): it ignores max_tokens; the rest was not read",
+                    "the server streamed more than {} content chunks (8 per token of max_tokens, and 64): it ignores max_tokens; the rest was not read",
                     cap.chunk_times.len()
                 ),
             ));

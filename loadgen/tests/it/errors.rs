@@ -884,7 +884,7 @@ fn endless_bodies_are_read_up_to_a_limit() {
 }
 
 /// A server that streams on past `max_tokens`: each request is read up to
-/// four chunks per token (and 64) and failed as malformed, long before its
+/// eight chunks per token (and 64) and failed as malformed, long before its
 /// timeout, instead of filling the disk with chunk times until then (a
 /// flooding server wrote 488 MB in 20 s).
 #[test]
@@ -919,7 +919,7 @@ fn a_server_that_streams_past_max_tokens_is_cut_off() {
     assert_eq!(t.records.len(), 3);
     for r in &t.records {
         assert_eq!(r.outcome.status, Some(Status::Error));
-        assert_eq!(r.outcome.num_chunks, 4 * 10 + 64);
+        assert_eq!(r.outcome.num_chunks, 8 * 10 + 64);
         assert!(
             r.outcome.error_message.contains("it ignores max_tokens"),
             "{}",

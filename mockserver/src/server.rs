@@ -479,10 +479,7 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match body {
-        Ok(b) => generate(st, headers, b, false).await,
-        Err(r) => unread_body(r, body_limit(st.engine_cfg.max_model_len)),
-    }
+    read_then_generate(st, headers, body, false).await
 }
 
 async fn chat(
@@ -490,8 +487,19 @@ async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    read_then_generate(st, headers, body, true).await
+}
+
+/// A generation request whose body was read, or the error of one that
+/// could not be.
+async fn read_then_generate(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    chat: bool,
+) -> Response {
     match body {
-        Ok(b) => generate(st, headers, b, true).await,
+        Ok(b) => generate(st, headers, b, chat).await,
         Err(r) => unread_body(r, body_limit(st.engine_cfg.max_model_len)),
     }
 }

@@ -99,8 +99,17 @@ fn every_fault_is_recorded_with_its_status_and_counted() {
             }
             "dropped" => {
                 assert_eq!(status, Status::Error);
-                // The mock drops after half the tokens; those are kept.
-                assert_eq!(o.num_chunks, 2, "{}", o.error_message);
+                // The mock drops the connection at the third of the six
+                // tokens; the two before it are kept as they arrived. (On
+                // a loaded machine the drop can come right after the
+                // second token, and the server's abort can take that
+                // token, still unflushed, with it: one chunk then.)
+                assert!(
+                    (1..=2).contains(&o.num_chunks),
+                    "{} chunks: {}",
+                    o.num_chunks,
+                    o.error_message
+                );
                 assert!(o.first_chunk_time_us.is_some());
             }
             "timeout" => {

@@ -77,13 +77,21 @@ async fn json_capped(resp: reqwest::Response) -> Result<Value, Unread> {
     serde_json::from_slice(&body).map_err(|e| unread(e.to_string()))
 }
 
-/// A GET with the API key.
+/// The longest a probe's GET waits for its answer: the run's own request
+/// timeout, at most 10 s (a model list, a version or a health check that
+/// takes longer comes from a server that is wedged, not busy).
+pub fn probe_wait(timeout: Duration) -> Duration {
+    timeout.min(Duration::from_secs(10))
+}
+
+/// A GET with the API key, waiting up to `wait` for its answer.
 async fn get(
     client: &reqwest::Client,
     url: &str,
     api_key: Option<&str>,
+    wait: Duration,
 ) -> reqwest::Result<reqwest::Response> {
-    let mut r = client.get(url).timeout(Duration::from_secs(10));
+    let mut r = client.get(url).timeout(wait);
     if let Some(v) = api_key.and_then(bearer) {
         r = r.header(AUTHORIZATION, v);
     }
@@ -93,14 +101,14 @@ async fn get(
 /// Where `url` redirects to (its `Location`, resolved against it) when it
 /// answers a GET with a redirect: the diagnosis of an error met after
 /// following one. `None` when it does not redirect or cannot be asked.
-async fn redirect_target(url: &str, api_key: Option<&str>) -> Option<String> {
+async fn redirect_target(url: &str, api_key: Option<&str>, wait: Duration) -> Option<String> {
     let client = reqwest::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(5))
         .build()
         .ok()?;
-    let mut r = client.get(url).timeout(Duration::from_secs(5));
+    let mut r = client.get(url).timeout(wait.min(Duration::from_secs(5)));
     if let Some(v) = api_key.and_then(bearer) {
         r = r.header(AUTHORIZATION, v);
     }
@@ -138,6 +146,18 @@ pub enum ProbeError {
         /// The HTTP status.
         status: u16,
     },
+    /// Connected, but no answer to a GET within the probes' wait.
+    #[error(
+        "the server at {base} accepted a connection but did not answer GET {url} within {waited_s:.1} s: a wedged server, or one too loaded to answer (see --timeout-s)"
+    )]
+    Silent {
+        /// The server's base URL.
+        base: String,
+        /// The URL asked.
+        url: String,
+        /// Seconds waited.
+        waited_s: f64,
+    },
     /// Still 503 after the wait.
     #[error("the server at {base} is not ready (HTTP 503 for {waited_s:.0} s)")]
     NotReady {
@@ -169,7 +189,8 @@ pub enum ProbeError {
 /// Checks that the server answers and serves `model`, waiting up to
 /// `wait` while it reports 503 (starting up) on `/v1/models` or `/health`,
 /// and up to `wait_refused` while it refuses connections (not listening
-/// yet), and measures the round trip.
+/// yet), and measures the round trip; each GET waits up to `answer_wait`
+/// for its answer ([`probe_wait`]).
 ///
 /// # Errors
 /// Unreachable server, rejected API key, or a model it does not serve; each
@@ -181,6 +202,7 @@ pub async fn check_server(
     api_key: Option<&str>,
     wait: Duration,
     wait_refused: Duration,
+    answer_wait: Duration,
 ) -> Result<ServerInfo, ProbeError> {
     let base = base.trim_end_matches('/');
     let url = format!("{base}/v1/models");
@@ -203,18 +225,25 @@ pub async fn check_server(
         }
     };
     let resp = loop {
-        let r = match get(client, &url, api_key).await {
+        let r = match get(client, &url, api_key, answer_wait).await {
             Ok(r) => r,
             Err(e) if Instant::now() < refused_deadline => {
                 waiting(&format!("not answering: {}", describe(&e)));
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
+            Err(e) if e.is_timeout() && !e.is_connect() => {
+                return Err(ProbeError::Silent {
+                    base: base.to_string(),
+                    url,
+                    waited_s: answer_wait.as_secs_f64(),
+                });
+            }
             Err(e) => {
                 // Followed redirects fail under the first URL's name: say
                 // where the server sent the request, lest a user look for
                 // the fault in a server that answered.
-                let why = match redirect_target(&url, api_key).await {
+                let why = match redirect_target(&url, api_key, answer_wait).await {
                     Some(to) => format!(
                         "its {url} redirects to {to}, which fails: {}",
                         describe(&e.without_url())
@@ -237,7 +266,7 @@ pub async fn check_server(
     // vLLM's /health answers 503 while its engine is not serving; a
     // server without one (404) or that does not answer it is not held up.
     let health = format!("{base}/health");
-    while let Ok(r) = get(client, &health, api_key).await {
+    while let Ok(r) = get(client, &health, api_key, answer_wait).await {
         if r.status() != StatusCode::SERVICE_UNAVAILABLE {
             break;
         }
@@ -304,7 +333,7 @@ pub async fn check_server(
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t = Instant::now();
-        if get(client, &url, api_key).await.is_ok() {
+        if get(client, &url, api_key, answer_wait).await.is_ok() {
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }
     }
@@ -451,8 +480,11 @@ pub async fn llamacpp_props(
     client: &reqwest::Client,
     base: &str,
     api_key: Option<&str>,
+    wait: Duration,
 ) -> Option<LlamaCppProps> {
-    let r = get(client, &format!("{base}/props"), api_key).await.ok()?;
+    let r = get(client, &format!("{base}/props"), api_key, wait)
+        .await
+        .ok()?;
     if !r.status().is_success() {
         return None;
     }
@@ -478,8 +510,9 @@ pub async fn server_version(
     client: &reqwest::Client,
     base: &str,
     api_key: Option<&str>,
+    wait: Duration,
 ) -> Option<String> {
-    let r = get(client, &format!("{base}/version"), api_key)
+    let r = get(client, &format!("{base}/version"), api_key, wait)
         .await
         .ok()?;
     if !r.status().is_success() {
@@ -526,10 +559,11 @@ pub async fn warm_connections(
     base: &str,
     api_key: Option<&str>,
     n: usize,
+    wait: Duration,
 ) -> usize {
     let url = format!("{base}/v1/models");
     let gets = (0..n).map(|_| async {
-        match get(client, &url, api_key).await {
+        match get(client, &url, api_key, wait).await {
             // Read to its end, so the connection returns to the pool; a
             // page past the probe limit is not worth its connection.
             Ok(r) => matches!(

@@ -17,7 +17,7 @@ const CSV: &[u8] =
 const SPEC: &str = "aggregate_rate: 10\nnum_requests: 5\nclients:\n  - id: a\n    arrival: {process: poisson}\n    input_distribution: {type: constant, params: {value: 100}}\n    output_distribution: {type: constant, params: {value: 10}}\n";
 
 /// One bad input: what it is, the binary and its arguments (`{d}`: the
-/// case's folder; `{refused}`, `{notapi}`, `{auth}`: servers), and the
+/// case's folder; `{refused}`, `{notapi}`, `{auth}`, `{silent}`: servers), and the
 /// files it needs.
 struct Case {
     what: &'static str,
@@ -197,6 +197,7 @@ fn cases() -> Vec<Case> {
         case("output folder that cannot be created", "blis-replay", &["run", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "/proc/blis/o"], &[("w.yaml", SPEC.as_bytes())]),
         // Servers.
         case("an unreachable server", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("a server that takes the connection and never answers", "blis-loadgen", &["run", "--server-url", "{silent}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--timeout-s", "1", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a server that is not OpenAI-compatible", "blis-loadgen", &["run", "--server-url", "{notapi}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("a server that wants an API key (401)", "blis-loadgen", &["run", "--server-url", "{auth}", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
         case("an https server, with a build that has no TLS", "blis-loadgen", &["run", "--server-url", "https://127.0.0.1:9", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
@@ -221,6 +222,20 @@ fn server(response: &'static str) -> String {
             let mut buf = [0u8; 65536];
             let _ = s.read(&mut buf);
             let _ = s.write_all(response.as_bytes());
+        }
+    });
+    url
+}
+
+/// A server that accepts connections and never answers them.
+fn silent_server() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            open.push(c);
         }
     });
     url
@@ -263,6 +278,7 @@ fn every_bad_input_of_the_table_gives_its_message_and_exit_code() {
         "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"error\":\"Unauthorized\"}\n\n",
     );
     let refused = refused_url();
+    let silent = silent_server();
     let root = tempfile::tempdir().unwrap();
     let mut table = String::from(
         "| # | bad input | command | what it prints (first line) | exit |\n|---:|---|---|---|---:|\n",
@@ -278,6 +294,7 @@ fn every_bad_input_of_the_table_gives_its_message_and_exit_code() {
                 .replace("{refused}", &refused)
                 .replace("{notapi}", &notapi)
                 .replace("{auth}", &auth)
+                .replace("{silent}", &silent)
         };
         let args: Vec<String> = c.args.iter().map(|a| subst(a)).collect();
         let out = Command::new(bin(c.bin))
@@ -292,6 +309,7 @@ fn every_bad_input_of_the_table_gives_its_message_and_exit_code() {
                 .replace(&refused, "http://127.0.0.1:PORT")
                 .replace(&notapi, "http://127.0.0.1:PORT")
                 .replace(&auth, "http://127.0.0.1:PORT")
+                .replace(&silent, "http://127.0.0.1:PORT")
         };
         let stderr = unplace(&String::from_utf8_lossy(&out.stderr));
         let lines: Vec<&str> = stderr

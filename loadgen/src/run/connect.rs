@@ -38,6 +38,7 @@ pub(super) fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
 pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
     let client = crate::http::client().step(|| "building the HTTP client")?;
+    let wait = probe::probe_wait(super::dispatch::saturating_secs(args.timeout_s));
     let info = probe::check_server(
         &client,
         &base,
@@ -45,6 +46,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         args.api_key.as_deref(),
         Duration::from_secs(60),
         Duration::from_secs_f64(args.wait_for_server_s),
+        wait,
     )
     .await?;
     let ep = Endpoint::new(
@@ -107,14 +109,14 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
     // (Informational: not asked of a server whose model list stalled after
     // its head, which would stall these the same way.)
     let props = if args.server_type == ServerType::Llamacpp && !info.stalls_bodies {
-        probe::llamacpp_props(&client, &base, args.api_key.as_deref()).await
+        probe::llamacpp_props(&client, &base, args.api_key.as_deref(), wait).await
     } else {
         None
     };
     let version = if info.stalls_bodies {
         None
     } else {
-        match probe::server_version(&client, &base, args.api_key.as_deref()).await {
+        match probe::server_version(&client, &base, args.api_key.as_deref(), wait).await {
             Some(v) => Some(v),
             None => props.as_ref().and_then(|p| p.build.clone()),
         }

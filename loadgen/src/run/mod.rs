@@ -219,7 +219,13 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         )
     };
     let opened = tokio::select! {
-        n = probe::warm_connections(&server.client, base, args.api_key.as_deref(), warm) => n,
+        n = probe::warm_connections(
+            &server.client,
+            base,
+            args.api_key.as_deref(),
+            warm,
+            probe::probe_wait(dispatch::saturating_secs(args.timeout_s)),
+        ) => n,
         () = signals.recv() => return Err(interrupted()),
     };
     if opened < warm {

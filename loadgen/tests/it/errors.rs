@@ -33,6 +33,50 @@ fn an_unreachable_server_is_a_one_line_error() {
     );
 }
 
+/// A server that accepts connections and never answers: named as such
+/// (not as unreachable), after waiting no longer than the run's own
+/// `--timeout-s` (the probes waited a fixed 10 s each, then 5 s more).
+#[test]
+fn a_server_that_never_answers_is_named_within_the_run_timeout() {
+    let _g = crate::common::serial();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            open.push(c);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let out = loadgen()
+        .args([
+            "run",
+            "--server-url",
+            &url,
+            "--model",
+            "m",
+            "--timeout-s",
+            "2",
+        ])
+        .args(["--rate", "1", "--num-requests", "1", "--out"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    let waited = t.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(1));
+    let e = one_line_error(&out);
+    assert_eq!(
+        e,
+        format!(
+            "error: the server at {url} accepted a connection but did not answer GET {url}/v1/models within 2.0 s: a wedged server, or one too loaded to answer (see --timeout-s)"
+        )
+    );
+    // One wait of 2 s (the old probes took 15 s here).
+    assert!(waited < 9.0, "{waited} s");
+}
+
 /// A server that answers with a redirect to a place that fails: the error
 /// names where it was sent (the failure is not the first server's), and a
 /// redirect loop is named as one.

@@ -201,6 +201,10 @@ pub struct Report {
     /// completed count.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goodput: Option<[Option<DeadlineCliff>; 2]>,
+    /// Each side's decode time per token over the run, and whether the
+    /// real one changed in a way the simulated one does not
+    /// ([`crate::decode_drift`]); `None` for a run too short to tell.
+    pub decode_over_run: Option<crate::decode_drift::DecodeOverRun>,
     /// What this comparison cannot tell.
     pub limitations: Vec<String>,
 }
@@ -388,6 +392,7 @@ pub fn compare(
             ]
         })
         .filter(|c| c.iter().any(Option::is_some));
+    let decode_over_run = crate::decode_drift::decode_over_run(&real.records, &sim.records);
     let limitations = limitations(real, sim, &p, &metrics, ts.is_some(), rtt);
     let (timeseries, aligned) = match ts {
         Some((t, a)) => (Some(t), a),
@@ -422,6 +427,7 @@ pub fn compare(
         prefix_cache_hit_rate: hit,
         saturation,
         goodput,
+        decode_over_run,
         limitations,
     };
     Comparison {
@@ -698,6 +704,19 @@ impl Report {
                 "> Both sides are saturated (the requests waiting to start grow without bound).\n"
             );
         }
+        if let Some(d) = self.decode_over_run.as_ref().filter(|d| d.drift) {
+            let _ = writeln!(
+                o,
+                "> **The real decode speed drifted over the run**: its time per output token changed by {:+.0}% from the first window of the run to the last, the simulated one by {:+.0}%. {} Errors averaged over this run hide errors that grow with it.\n",
+                100.0 * d.real_change,
+                100.0 * d.sim_change,
+                if d.steady_load {
+                    "The simulated load held steady, so the change comes from outside the step model (a server that slows under sustained load, thermal limits, other work on the GPU, a client falling behind its streams)."
+                } else {
+                    "The load changed over the run too, so the difference is the step model's scaling with the batch, a change outside it, or both."
+                }
+            );
+        }
     }
 
     /// Markdown: one row per metric: distributions, errors with their intervals, correlation, KS, W1 and the grade.
@@ -853,6 +872,21 @@ impl Report {
                 "goodput under overload (the client's timeout, the deadline cliff): real {}; sim {}",
                 side(&g[0]),
                 side(&g[1])
+            );
+        }
+        if let Some(d) = &self.decode_over_run {
+            let ms = |w: &crate::decode_drift::Window| match (w.real_ms, w.sim_ms) {
+                (Some(r), Some(s)) => format!("{r:.2}/{s:.2}"),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                o,
+                "decode time per token over the run, ms real/sim by window of first-token time ({:.0} s each): {}; change from the first to the last: real {:+.1}%, sim {:+.1}%{}",
+                d.windows.first().map_or(0.0, |w| w.to_s - w.from_s),
+                d.windows.iter().map(ms).collect::<Vec<_>>().join(", "),
+                100.0 * d.real_change,
+                100.0 * d.sim_change,
+                if d.drift { " (drift)" } else { "" }
             );
         }
         let m = &self.matching;

@@ -29,6 +29,7 @@ pub mod benchmark;
 pub mod bootstrap;
 pub mod cli;
 pub mod compare;
+pub mod decode_drift;
 pub mod fit;
 pub mod goodput;
 pub mod html;

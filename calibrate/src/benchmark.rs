@@ -87,6 +87,9 @@ pub struct RunResult {
     /// Of a run saturated in reality under a client timeout: the deadline
     /// cliff of each side, real / predicted ([`crate::goodput`]).
     pub cliff: Option<[Option<DeadlineCliff>; 2]>,
+    /// Each side's decode time per token over the run
+    /// ([`crate::decode_drift`]); `None` for a run too short to tell.
+    pub decode_over_run: Option<crate::decode_drift::DecodeOverRun>,
 }
 
 /// Median absolute relative errors over the predicted runs, %.
@@ -441,6 +444,7 @@ fn result_of(
         fitted_on,
         coefficients,
         cliff,
+        decode_over_run: crate::decode_drift::decode_over_run(&jr.trace().records, sim_records),
     }
 }
 
@@ -582,6 +586,7 @@ impl BenchmarkReport {
             );
         }
         self.md_cliffs(&mut o);
+        self.md_decode_over_run(&mut o);
         let _ = writeln!(
             o,
             "\nTimes in ms, each side over its own completed requests (ITL per generated token, (E2E − TTFT) / (output − 1)); saturated: mean TTFT above {:.0} s; E2E MAPE per request over requests completed on both sides.",
@@ -591,6 +596,50 @@ impl BenchmarkReport {
             let _ = writeln!(o, "- skipped {name}: {why}");
         }
         o
+    }
+
+    /// Markdown: each run's decode time per token in the first and last
+    /// windows of the run, real and predicted ([`crate::decode_drift`]).
+    fn md_decode_over_run(&self, o: &mut String) {
+        let rows: Vec<(&RunResult, &crate::decode_drift::DecodeOverRun)> = self
+            .runs
+            .iter()
+            .filter_map(|r| Some((r, r.decode_over_run.as_ref()?)))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nDecode speed over the run: the median time per output token (ms) of the requests whose first token came in the first and in the last of six equal windows of the run. The simulation is stationary (the same batch, the same step time): a real change it does not share where its own speed held comes from outside its step model; where the simulated speed moved, its batch or preemption evolved otherwise than the server's:\n"
+        );
+        let _ = writeln!(
+            o,
+            "| model | workload | real first → last | sim first → last | change real / sim | drift |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|");
+        for (r, d) in rows {
+            let counted: Vec<_> = d.windows.iter().filter(|w| w.real_ms.is_some()).collect();
+            let (first, last) = (counted[0], counted[counted.len() - 1]);
+            let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} → {} | {} → {} | {:+.1}% / {:+.1}% | {} |",
+                r.model,
+                r.workload,
+                ms(first.real_ms),
+                ms(last.real_ms),
+                ms(first.sim_ms),
+                ms(last.sim_ms),
+                100.0 * d.real_change,
+                100.0 * d.sim_change,
+                match (d.drift, d.steady_load) {
+                    (false, _) => "no",
+                    (true, true) => "yes, the simulated speed held",
+                    (true, false) => "yes, the simulated speed moved",
+                }
+            );
+        }
     }
 
     /// Markdown: the deadline cliff of each run saturated in reality

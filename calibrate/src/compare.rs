@@ -711,9 +711,9 @@ impl Report {
                 100.0 * d.real_change,
                 100.0 * d.sim_change,
                 if d.steady_load {
-                    "The simulated load held steady, so the change comes from outside the step model (a server that slows under sustained load, thermal limits, other work on the GPU, a client falling behind its streams)."
+                    "The simulated speed held (within 5%), so the change comes from outside the step model (a server that slows under sustained load, thermal limits, other work on the GPU, a client falling behind its streams)."
                 } else {
-                    "The load changed over the run too, so the difference is the step model's scaling with the batch, a change outside it, or both."
+                    "The simulated speed moved too: its batch, preemption or step time evolved otherwise than the server's, or the server changed for reasons outside the model, or both."
                 }
             );
         }

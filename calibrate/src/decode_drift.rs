@@ -23,8 +23,10 @@
 //! simulation follows the batch (a load that grows, a queue that fills):
 //! where its own decode time held within [`STEADY`] the load was steady,
 //! and a change of the real side comes from outside the step model; where
-//! it moved too, the load changed, and the difference may also be the step
-//! model's scaling with the batch.
+//! it moved too, the simulated batch, preemption or step time evolved, and
+//! the difference may be the simulation's as well (on the real Llama-2-7B
+//! overload run, KV-bound, the simulated time per token of the last
+//! requests rises by half where the server's holds).
 
 use blis_traces::{Status, TraceRecord};
 use serde::Serialize;
@@ -73,7 +75,7 @@ pub struct DecodeOverRun {
     pub sim_change: f64,
     /// |real change − simulated change| ≥ [`DRIFT`].
     pub drift: bool,
-    /// |simulated change| < [`STEADY`]: the simulated load held, so a real
+    /// |simulated change| < [`STEADY`]: the simulated speed held, so a real
     /// change is not the batch's.
     pub steady_load: bool,
 }

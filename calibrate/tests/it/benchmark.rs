@@ -120,6 +120,19 @@ fn benchmark_predicts_each_run_from_the_others_and_writes_the_table() {
         assert!(c["in_order"].as_f64().unwrap() > 0.99, "side {side}: {c}");
     }
     assert!(md.contains("the deadline cliff"), "{md}");
+    // Each run's decode speed over the run, both sides: the 7B runs hold
+    // theirs apart from what the load does (codegen doubles its rate
+    // halfway, both sides slow alike), so neither drifts.
+    assert!(md.contains("Decode speed over the run"), "{md}");
+    for r in runs_j {
+        let d = &r["decode_over_run"];
+        assert_eq!(d["windows"].as_array().unwrap().len(), 6, "{d}");
+        assert_eq!(d["drift"], false, "{d}");
+    }
+    assert!(
+        md.contains("| meta-llama/Llama-2-7b-hf | reasoning | ") && md.contains("| no |"),
+        "{md}"
+    );
 
     // BLIS's published coefficients: nothing fitted, the same runs.
     let blis = dir.path().join("blis");

@@ -118,7 +118,8 @@ fn median(v: &mut [f64]) -> Option<f64> {
 
 /// The decode speed of `real` and `sim` over the run; `None` when fewer
 /// than two windows have [`MIN_REQUESTS`] completed requests on both sides
-/// (a short run, or one that completed little).
+/// (a short run, or one that completed little), or a side's first window
+/// took no time per token (non-streamed answers).
 pub fn decode_over_run(real: &[TraceRecord], sim: &[TraceRecord]) -> Option<DecodeOverRun> {
     let (r, s) = (decodes(real), decodes(sim));
     let lo = r.iter().map(|d| d.0).fold(f64::INFINITY, f64::min);
@@ -163,6 +164,11 @@ pub fn decode_over_run(real: &[TraceRecord], sim: &[TraceRecord]) -> Option<Deco
     };
     let real_change = change(first.real_ms, last.real_ms);
     let sim_change = change(first.sim_ms, last.sim_ms);
+    if !(real_change.is_finite() && sim_change.is_finite()) {
+        // A first window whose requests took no time per token (all their
+        // chunks at once): no speed to compare against.
+        return None;
+    }
     let drift = (real_change - sim_change).abs() >= DRIFT;
     Some(DecodeOverRun {
         windows,
@@ -248,6 +254,11 @@ mod tests {
         );
         assert_eq!(
             decode_over_run(&trace(1, |_| 20.0), &trace(600, |_| 20.0)),
+            None
+        );
+        // Whole answers at once (first chunk = last): no speed, no verdict.
+        assert_eq!(
+            decode_over_run(&trace(600, |_| 0.0), &trace(600, |_| 20.0)),
             None
         );
     }

@@ -619,8 +619,7 @@ impl BenchmarkReport {
         );
         let _ = writeln!(o, "|---|---|---|---|---|---|");
         for (r, d) in rows {
-            let counted: Vec<_> = d.windows.iter().filter(|w| w.real_ms.is_some()).collect();
-            let (first, last) = (counted[0], counted[counted.len() - 1]);
+            let (first, last) = d.ends();
             let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
             let _ = writeln!(
                 o,

@@ -80,6 +80,22 @@ pub struct DecodeOverRun {
     pub steady_load: bool,
 }
 
+/// The first and the last of `windows` with [`MIN_REQUESTS`] on both
+/// sides (those with medians); `None` when fewer than two have them.
+fn counted_ends(windows: &[Window]) -> Option<(&Window, &Window)> {
+    let mut counted = windows.iter().filter(|w| w.real_ms.is_some());
+    let first = counted.next()?;
+    let last = counted.next_back()?;
+    Some((first, last))
+}
+
+impl DecodeOverRun {
+    /// The windows the changes compare: the first and the last counted.
+    pub fn ends(&self) -> (&Window, &Window) {
+        counted_ends(&self.windows).expect("a verdict has two counted windows")
+    }
+}
+
 /// (first token since the first send µs, decode ms per token) of the
 /// completed requests of `records` with two output tokens or more.
 fn decodes(records: &[TraceRecord]) -> Vec<(f64, f64)> {
@@ -153,11 +169,7 @@ pub fn decode_over_run(real: &[TraceRecord], sim: &[TraceRecord]) -> Option<Deco
             }
         })
         .collect();
-    let counted: Vec<&Window> = windows.iter().filter(|w| w.real_ms.is_some()).collect();
-    if counted.len() < 2 {
-        return None;
-    }
-    let (first, last) = (counted[0], counted[counted.len() - 1]);
+    let (first, last) = counted_ends(&windows)?;
     let change = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if a > 0.0 => b / a - 1.0,
         _ => f64::NAN,
@@ -243,23 +255,17 @@ mod tests {
 
     #[test]
     fn too_few_requests_give_no_verdict() {
-        // 6 windows of 10 requests: none has MIN_REQUESTS.
-        assert_eq!(
-            decode_over_run(&trace(60, |_| 20.0), &trace(60, |_| 20.0)),
-            None
-        );
-        assert_eq!(
-            decode_over_run(&trace(0, |_| 20.0), &trace(600, |_| 20.0)),
-            None
-        );
-        assert_eq!(
-            decode_over_run(&trace(1, |_| 20.0), &trace(600, |_| 20.0)),
-            None
-        );
-        // Whole answers at once (first chunk = last): no speed, no verdict.
-        assert_eq!(
-            decode_over_run(&trace(600, |_| 0.0), &trace(600, |_| 20.0)),
-            None
-        );
+        // (real requests, sim requests, real ms per token): 6 windows of 10
+        // requests (none has MIN_REQUESTS); no or one real request; whole
+        // answers at once (first chunk = last: no speed).
+        for (n_real, n_sim, ms) in [
+            (60, 60, 20.0),
+            (0, 600, 20.0),
+            (1, 600, 20.0),
+            (600, 600, 0.0),
+        ] {
+            let d = decode_over_run(&trace(n_real, |_| ms), &trace(n_sim, |_| 20.0));
+            assert_eq!(d, None, "{n_real} / {n_sim} requests, {ms} ms");
+        }
     }
 }

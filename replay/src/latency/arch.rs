@@ -290,6 +290,20 @@ impl ModelArch {
         self.layers - self.dense_layers
     }
 
+    /// KV-cache bytes per token on each of `tp` GPUs (vLLM's split): the
+    /// KV heads divided among them, each GPU holding at least one (heads
+    /// fewer than `tp` are replicated); an MLA latent is held whole on
+    /// every GPU.
+    pub fn kv_bytes_per_token_per_gpu(&self, tp: u32) -> f64 {
+        let tp = tp.max(1);
+        let per_layer = if self.mla_kv_width > 0 {
+            f64::from(self.mla_kv_width)
+        } else {
+            2.0 * f64::from(self.kv_heads.div_ceil(tp).max(1)) * f64::from(self.head_dim)
+        };
+        per_layer * f64::from(self.layers) * self.kv_bytes
+    }
+
     /// KV-cache bytes per token (all layers).
     pub fn kv_bytes_per_token(&self) -> f64 {
         let per_layer = if self.mla_kv_width > 0 {

@@ -1300,6 +1300,17 @@ mod tests {
             let err = f64::from(got) / f64::from(logged) - 1.0;
             assert!(err.abs() < 0.003, "{folder}: {got} blocks, vLLM {logged}");
         }
+        // Llama-2-70B's 8 KV heads: split over 4 GPUs, one each on 16 (vLLM
+        // replicates them when fewer than the GPUs).
+        let l70 = bundled("llama-2-70b-hf");
+        assert_eq!(
+            l70.kv_bytes_per_token_per_gpu(4),
+            l70.kv_bytes_per_token() / 4.0
+        );
+        assert_eq!(
+            l70.kv_bytes_per_token_per_gpu(16),
+            l70.kv_bytes_per_token() / 8.0
+        );
         let qwen3_32b = crate::latency::hf_config::parse(
             "qwen3-32b",
             &crate::latency::arch::BUNDLED_MODELS

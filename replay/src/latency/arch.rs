@@ -299,7 +299,12 @@ impl ModelArch {
         let per_layer = if self.mla_kv_width > 0 {
             f64::from(self.mla_kv_width)
         } else {
-            2.0 * f64::from(self.kv_heads.div_ceil(tp).max(1)) * f64::from(self.head_dim)
+            let heads = if self.kv_heads == 0 {
+                0
+            } else {
+                self.kv_heads.div_ceil(tp)
+            };
+            2.0 * f64::from(heads) * f64::from(self.head_dim)
         };
         per_layer * f64::from(self.layers) * self.kv_bytes
     }

@@ -1016,8 +1016,10 @@ fn kv_blocks(
                 (m, _) => m,
             };
             format!(
-                "{value}: {model}'s weights leave no room for a KV block in {util} of {tp} {gpu}'s memory \
-                 (raise --gpu-memory-utilization or --tp, or give --total-kv-blocks)"
+                "{value}: {model}'s weights and vLLM's start-up profile of \
+                 {max_num_batched_tokens} batched tokens leave no room for a KV block in {util} of \
+                 {tp} {gpu}'s memory (raise --gpu-memory-utilization or --tp, lower \
+                 --max-num-batched-tokens, or give --total-kv-blocks)"
             )
         };
         return Err(SettingsError::NoKvBlocks(why).into());
@@ -1269,7 +1271,10 @@ mod tests {
             );
         }
         let e = resolve(&model(Some(0.1)), None).unwrap_err().to_string();
-        assert!(e.contains("weights leave no room for a KV block"), "{e}");
+        assert!(
+            e.contains("weights and vLLM's start-up profile of 2048 batched tokens leave no room for a KV block"),
+            "{e}"
+        );
     }
 
     /// The KV estimate is vLLM's start-up profile: the block counts vLLM

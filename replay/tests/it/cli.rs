@@ -260,7 +260,7 @@ fn bad_settings_are_named_in_one_line_errors() {
         ),
         (
             &["--gpu-memory-utilization", "0.01"],
-            "total_kv_blocks: 0: qwen/qwen2.5-7b-instruct's weights leave no room for a KV block in 0.01 of 1 H100's memory",
+            "total_kv_blocks: 0: qwen/qwen2.5-7b-instruct's weights and vLLM's start-up profile of 2048 batched tokens leave no room for a KV block in 0.01 of 1 H100's memory",
         ),
         (
             &["--total-kv-blocks", "0"],

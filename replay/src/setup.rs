@@ -234,6 +234,25 @@ pub fn estimate_kv_blocks(
     }
 }
 
+/// [`pick`] for a count kept in 32 bits: a value beyond `u32::MAX` (a
+/// hostile or mistyped header) saturates instead of wrapping.
+fn pick_u32(
+    prov: &mut Vec<String>,
+    name: &str,
+    flag: Option<u32>,
+    hdr: Option<u64>,
+    default: u32,
+) -> u32 {
+    pick(
+        prov,
+        name,
+        flag.map(u64::from),
+        hdr,
+        Some(u64::from(default)),
+    )
+    .map_or(default, |v| u32::try_from(v).unwrap_or(u32::MAX))
+}
+
 fn pick(
     prov: &mut Vec<String>,
     name: &str,
@@ -356,14 +375,13 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
         .clone()
         .or_else(|| hs.and_then(|s| s.model.clone()))
         .unwrap_or_default();
-    let tp = pick(
+    let tp = pick_u32(
         &mut prov,
         "tensor_parallel",
-        args.tp.map(u64::from),
+        args.tp,
         hs.and_then(|s| s.tensor_parallel).map(u64::from),
-        Some(1),
-    )
-    .unwrap_or(1) as u32;
+        1,
+    );
     if tp == 0 {
         return Err(SettingsError::TensorParallel {
             tp,
@@ -751,14 +769,13 @@ fn engine_config(
     row_async: Option<bool>,
     prov: &mut Vec<String>,
 ) -> Result<EngineConfig> {
-    let block_size = pick(
+    let block_size = pick_u32(
         prov,
         "block_size",
-        args.block_size.map(u64::from),
+        args.block_size,
         hs.and_then(|s| s.block_size).map(u64::from),
-        Some(16),
-    )
-    .unwrap_or(16) as u32;
+        16,
+    );
     // (Checked before the KV estimate, which divides by it.)
     if block_size == 0 {
         return Err(SettingsError::ZeroLimits.into());
@@ -853,22 +870,20 @@ fn engine_config(
     } else {
         max_model_len.max(2048)
     };
-    let max_num_seqs = pick(
+    let max_num_seqs = pick_u32(
         prov,
         "max_num_seqs",
-        args.max_num_seqs.map(u64::from),
+        args.max_num_seqs,
         hs.and_then(|s| s.max_num_seqs).map(u64::from),
-        Some(256),
-    )
-    .unwrap_or(256) as u32;
-    let max_num_batched_tokens = pick(
+        256,
+    );
+    let max_num_batched_tokens = pick_u32(
         prov,
         "max_num_batched_tokens",
-        args.max_num_batched_tokens.map(u64::from),
+        args.max_num_batched_tokens,
         hs.and_then(|s| s.max_num_batched_tokens).map(u64::from),
-        Some(u64::from(budget_default)),
-    )
-    .unwrap_or(u64::from(budget_default)) as u32;
+        budget_default,
+    );
     let mut kv_prov = Vec::new();
     let total_kv_blocks = kv_blocks(
         args,

@@ -112,6 +112,10 @@ impl Instance {
             self.run = Some(Run { scheduled, ends });
             return;
         }
+        // The step's shape is summed as requests are scheduled (one pass
+        // over the batch, not two); a preemption, which takes a scheduled
+        // request back, has it recomputed by `step_shape`.
+        self.shape.clear();
         let preempted = self.schedule_running(&mut scheduled, &mut budget);
         if !preempted {
             self.admit_waiting(now, &mut scheduled, &mut budget);
@@ -138,7 +142,14 @@ impl Instance {
             }
             return;
         }
-        let (decode_only, min_left) = self.step_shape(&scheduled);
+        let (decode_only, min_left) = if preempted || self.shape.prefill.is_empty() {
+            self.step_shape(&scheduled)
+        } else {
+            // A step with a prefill is never fast-forwarded: its phase
+            // groups and fewest tokens left are not needed.
+            self.counters.prompt_tokens += self.shape.prefill_tokens();
+            (false, u32::MAX)
+        };
         let dt = round_to_i64(self.latency.step_time_us(&self.shape)).max(1);
         // A tiered cache's reloads are charged to the step that needs them
         // (also when it looks like a decode step: a preempted request whose
@@ -301,11 +312,28 @@ impl Instance {
             if !scheduled_it {
                 break;
             }
+            self.add_to_shape(slot, n);
             scheduled.push((slot, n));
             *budget -= n;
             i += 1;
         }
         preempted
+    }
+
+    /// Adds request `slot`'s chunk of `n` tokens to the shape of the step
+    /// being formed, as [`Instance::step_shape`] would.
+    #[inline]
+    fn add_to_shape(&mut self, slot: u32, n: u32) {
+        let a = self.slots[slot as usize].as_ref().expect("live slot");
+        if a.generated > 0 && n == 1 && a.num_computed + 1 == a.num_tokens() {
+            self.shape.decode_count += 1;
+            self.shape.decode_context_sum += u64::from(a.num_computed);
+        } else {
+            self.shape.prefill.push(PrefillChunk {
+                computed_before: a.num_computed,
+                new_tokens: n,
+            });
+        }
     }
 
     /// Step 2: waiting requests in queue order while the budget and
@@ -409,6 +437,7 @@ impl Instance {
                 self.reload_blocks(slot, nh, reloads, now);
                 self.kv.unpin_all();
             }
+            self.add_to_shape(slot, n);
             scheduled.push((slot, n));
             *budget -= n;
         }

@@ -70,7 +70,10 @@ pub struct Goodput {
 /// How well the client kept to the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Schedule {
-    /// Planned send rate, requests/s (open loop only).
+    /// The schedule's send rate, requests/s (open loop only): its
+    /// requests after the first over the span of their send times, which
+    /// for a random arrival process differs from the nominal `--rate` by
+    /// chance (the figure the achieved rate is held to).
     pub requested_rate: Option<f64>,
     /// Achieved send rate, requests/s.
     pub achieved_rate: Option<f64>,
@@ -786,7 +789,7 @@ impl Summary {
         );
         let _ = writeln!(
             o,
-            "rate (req/s): requested {}, achieved {}",
+            "rate (req/s): scheduled {}, achieved {}",
             s.requested_rate
                 .map_or("- (closed loop)".to_string(), |r| format!("{r:.2}")),
             f(s.achieved_rate)

@@ -1383,7 +1383,19 @@ impl Instance {
             report.finished.push(fin);
         }
         if !done.is_empty() {
-            self.running.retain(|&s| self.slots[s as usize].is_some());
+            // `done` is a subsequence of the running order: one merge pass,
+            // without reading the requests that stay (a step's other
+            // instances have evicted them from the CPU's caches).
+            let mut k = 0;
+            self.running.retain(|&s| {
+                let gone = done.get(k) == Some(&s);
+                k += usize::from(gone);
+                !gone
+            });
+            if k != done.len() {
+                // (Not in running order: the general way.)
+                self.running.retain(|&s| self.slots[s as usize].is_some());
+            }
         }
         debug_assert!(
             self.running

@@ -253,6 +253,24 @@ fn pick_u32(
     .map_or(default, |v| u32::try_from(v).unwrap_or(u32::MAX))
 }
 
+/// [`pick_u32`] whose default names where it comes from (`default.1`) in
+/// the run's settings.
+fn pick_u32_from(
+    prov: &mut Vec<String>,
+    name: &str,
+    flag: Option<u32>,
+    hdr: Option<u64>,
+    default: (u32, &str),
+) -> u32 {
+    match (flag, hdr) {
+        (None, None) => {
+            prov.push(format!("{name}={} ({})", default.0, default.1));
+            default.0
+        }
+        _ => pick_u32(prov, name, flag, hdr, default.0),
+    }
+}
+
 fn pick(
     prov: &mut Vec<String>,
     name: &str,
@@ -863,26 +881,35 @@ fn engine_config(
             }
         },
     };
+    // The named vLLM release's defaults on this GPU (`vllm serve`), else
+    // V1's on a GPU under 70 GiB (vLLM's SchedulerConfig), assumed.
+    let (seqs_default, tokens_default, default_from) = match (version, hw) {
+        (Some(v), Some(h)) if !llamacpp => {
+            let (s, t, why) = v.batch_defaults(&h.name, h.memory_gib);
+            (s, t, format!("vLLM {v}'s default: {why}"))
+        }
+        _ => (256, 2048, "assumed: no vLLM version recorded".to_string()),
+    };
     // vLLM without chunked prefill schedules whole prompts, so its token
     // budget defaults to at least max_model_len (SchedulerConfig).
     let budget_default = if chunked_prefill {
-        2048
+        tokens_default
     } else {
-        max_model_len.max(2048)
+        max_model_len.max(tokens_default)
     };
-    let max_num_seqs = pick_u32(
+    let max_num_seqs = pick_u32_from(
         prov,
         "max_num_seqs",
         args.max_num_seqs,
         hs.and_then(|s| s.max_num_seqs).map(u64::from),
-        256,
+        (seqs_default, &default_from),
     );
-    let max_num_batched_tokens = pick_u32(
+    let max_num_batched_tokens = pick_u32_from(
         prov,
         "max_num_batched_tokens",
         args.max_num_batched_tokens,
         hs.and_then(|s| s.max_num_batched_tokens).map(u64::from),
-        budget_default,
+        (budget_default, &default_from),
     );
     let mut kv_prov = Vec::new();
     let total_kv_blocks = kv_blocks(
@@ -1425,6 +1452,40 @@ mod tests {
         assert!(
             said(&resolve(&args(), Some(&h)).unwrap(), "async_scheduling=").contains("assumed")
         );
+    }
+
+    /// `max_num_seqs` and `max_num_batched_tokens` unrecorded: the named
+    /// vLLM release's `vllm serve` defaults on the simulated GPU (V1 on an
+    /// H100: 1024 and 8192; on an A100 of the same memory: 256 and 2048);
+    /// recorded values win; without a version the run says it assumed
+    /// 256 and 2048.
+    #[test]
+    fn the_recorded_vllm_version_and_gpu_decide_the_batch_defaults() {
+        let v = |s: &str| ServerConfig {
+            version: Some(s.into()),
+            ..ServerConfig::default()
+        };
+        let batch = |r: &Resolved| (r.engine.max_num_seqs, r.engine.max_num_batched_tokens);
+        let r = resolve(&args(), Some(&header(v("0.11.0")))).unwrap();
+        assert_eq!(batch(&r), (1024, 8192));
+        assert!(said(&r, "max_num_seqs=").contains("vLLM 0.11.0's default"));
+        let mut a = args();
+        a.hardware = Some("A100-SXM".into());
+        let r = resolve(&a, Some(&header(v("0.11.0")))).unwrap();
+        assert_eq!(batch(&r), (256, 2048));
+        let r = resolve(&args(), Some(&header(v("0.6.3")))).unwrap();
+        assert_eq!(batch(&r), (256, 2048));
+        let h = header(ServerConfig {
+            version: Some("0.11.0".into()),
+            max_num_seqs: Some(128),
+            ..ServerConfig::default()
+        });
+        let r = resolve(&args(), Some(&h)).unwrap();
+        assert_eq!(batch(&r), (128, 8192));
+        assert_eq!(said(&r, "max_num_seqs="), "max_num_seqs=128 (trace header)");
+        let r = resolve(&args(), Some(&header(ServerConfig::default()))).unwrap();
+        assert_eq!(batch(&r), (256, 2048));
+        assert!(said(&r, "max_num_batched_tokens=").contains("assumed"));
     }
 
     /// Chunked prefill off: the token budget defaults to max_model_len, as

@@ -97,6 +97,9 @@ impl Instance {
                 .filter(|&cap| self.kv.used() <= cap)
                 .unwrap_or(u32::MAX);
         }
+        if self.cohort_enabled() && self.form_cohort_batch(now, limit) {
+            return;
+        }
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
@@ -109,7 +112,11 @@ impl Instance {
             if ends.len() == min_left as usize {
                 self.prefetch_completions();
             }
-            self.run = Some(Run { scheduled, ends });
+            self.run = Some(Run {
+                scheduled,
+                ends,
+                cohort: 0,
+            });
             return;
         }
         // The step's shape is summed as requests are scheduled (one pass
@@ -164,7 +171,11 @@ impl Instance {
                 self.prefetch_completions();
             }
         }
-        self.run = Some(Run { scheduled, ends });
+        self.run = Some(Run {
+            scheduled,
+            ends,
+            cohort: 0,
+        });
     }
 
     /// Steps 1 to 3 in one pass for the most common batch: every running
@@ -231,7 +242,7 @@ impl Instance {
 
     /// Empties the phase groups (one per block position) for a new batch:
     /// those used, so that a large `block_size` costs nothing per step.
-    fn clear_groups(&mut self) {
+    pub(super) fn clear_groups(&mut self) {
         let bs = self.kv.block_size() as usize;
         if self.groups.len() != bs {
             self.groups.resize_with(bs, Vec::new);
@@ -261,8 +272,19 @@ impl Instance {
     /// policy) until it fits or is itself the victim. Returns whether a
     /// request was preempted.
     fn schedule_running(&mut self, scheduled: &mut Vec<(u32, u32)>, budget: &mut u32) -> bool {
+        self.schedule_running_from(0, scheduled, budget)
+    }
+
+    /// [`Instance::schedule_running`] of the running requests from position
+    /// `start` on (those before it are scheduled otherwise: the cohort).
+    pub(super) fn schedule_running_from(
+        &mut self,
+        start: usize,
+        scheduled: &mut Vec<(u32, u32)>,
+        budget: &mut u32,
+    ) -> bool {
         let mut preempted = false;
-        let mut i = 0;
+        let mut i = start;
         while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
             let a = self.act(slot);
@@ -343,7 +365,12 @@ impl Instance {
     /// the previous step was formed, unless the engine is idle. The first
     /// that does not fit in the KV cache stops the admission (FCFS: no
     /// skipping ahead).
-    fn admit_waiting(&mut self, now: i64, scheduled: &mut Vec<(u32, u32)>, budget: &mut u32) {
+    pub(super) fn admit_waiting(
+        &mut self,
+        now: i64,
+        scheduled: &mut Vec<(u32, u32)>,
+        budget: &mut u32,
+    ) {
         let bs = self.kv.block_size();
         let idle = self.running.is_empty();
         while *budget > 0 && (self.running.len() as u32) < self.cfg.max_num_seqs {
@@ -460,7 +487,7 @@ impl Instance {
 
     /// Step 3: the batch's shape for the latency model; whether it is
     /// decode-only, and the fewest tokens a decoding request has left.
-    fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
+    pub(super) fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
         self.clear_groups();
         self.fewest_left.clear();
@@ -499,7 +526,7 @@ impl Instance {
     /// before a step that would need more free KV blocks than there are, or
     /// end after `limit` (the next event outside the instance). Results are
     /// byte-identical to stepping one at a time (`--no-fast-forward`).
-    fn fast_forward(
+    pub(super) fn fast_forward(
         &mut self,
         now: i64,
         limit: i64,

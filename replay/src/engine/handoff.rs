@@ -30,6 +30,7 @@ impl Instance {
     /// # Errors
     /// The reason it was dropped.
     pub fn enqueue_prefill(&mut self, now: i64, mut req: SimRequest) -> Result<(), DropReason> {
+        self.disable_cohort();
         req.output_tokens = 1;
         let tag = req.tag;
         self.enqueue(now, req)?;
@@ -44,6 +45,7 @@ impl Instance {
     /// cancelled); `false` when none are held. Requests waiting for those
     /// blocks are scheduled again.
     pub fn release_held(&mut self, now: i64, tag: u32) -> bool {
+        self.disable_cohort();
         let Some(mut blocks) = self.held.remove(&tag) else {
             return false;
         };
@@ -78,6 +80,7 @@ impl Instance {
         first_token_us: i64,
         cached_tokens: u32,
     ) -> Result<(), HandoffError> {
+        self.disable_cohort();
         let (target, capped) = self.servable(&req).map_err(HandoffError::Dropped)?;
         debug_assert!(target > 1, "a one-token request completes at its prefill");
         let input = req.input_tokens;

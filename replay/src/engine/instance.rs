@@ -640,6 +640,9 @@ pub(super) struct Run {
     /// End times of the run's steps; more than one only for a decode-only
     /// fast-forwarded run.
     pub(super) ends: Vec<i64>,
+    /// Members of the cohort in the batch (`running[..cohort]`, a token
+    /// each step), ahead of `scheduled` in the running order.
+    pub(super) cohort: u32,
 }
 
 /// One serving instance.
@@ -704,6 +707,9 @@ pub struct Instance {
     /// The CPU tier's counters of earlier KV caches of this slot
     /// ([`Instance::restart_cold`]).
     pub(super) tier_before: crate::engine::kv_tier::TierCounters,
+    /// The steady decoders at the head of the running order
+    /// ([`crate::engine::cohort`]).
+    pub(super) cohort: crate::engine::cohort::Cohort,
 }
 
 impl Instance {
@@ -745,6 +751,10 @@ impl Instance {
             offload_cap: u32::MAX,
             held: std::collections::BTreeMap::new(),
             tier_before: crate::engine::kv_tier::TierCounters::default(),
+            cohort: crate::engine::cohort::Cohort {
+                enabled: true,
+                ..Default::default()
+            },
         }
     }
 
@@ -921,7 +931,7 @@ impl Instance {
             return None;
         }
         let bs = self.kv.block_size() as usize;
-        let n = run.scheduled.len() as u64;
+        let n = run.scheduled.len() as u64 + u64::from(run.cohort);
         // Blocks taken after steps 1..=c: every request once per `bs`
         // steps, and the phases 1..=c % bs of the last partial cycle.
         let cycles = (c / bs) as u64 * n;
@@ -930,6 +940,14 @@ impl Instance {
             .map(|&x| u64::from(x))
             .sum();
         Some((c, (cycles + partial) as u32, n))
+    }
+
+    /// Running requests kept as steady decoders (the cohort: the head of
+    /// the running batch, each decoding a token a step, stepped without
+    /// being visited; see `engine::cohort`). For tests and profiling: the
+    /// results never depend on it.
+    pub fn steady_decoders(&self) -> usize {
+        self.cohort.len()
     }
 
     /// Whether the request of flight `tag` is waiting or running here.
@@ -1134,6 +1152,20 @@ impl Instance {
             return;
         };
         let timing = TokenTiming::of(&self.latency);
+        if run.cohort > 0 {
+            // The members a token each step, ahead of the others (a single
+            // step's, below).
+            let j = self.cohort.j;
+            for (s, &end) in run.ends.iter().enumerate() {
+                for m in &self.cohort.members {
+                    let index = m.g0 + (j - m.j0) as u32 + 1 + s as u32;
+                    out.push((m.id, index, timing.visible(end, index, index >= m.target)));
+                }
+            }
+            if run.scheduled.is_empty() {
+                return;
+            }
+        }
         if run.ends.len() > 1 {
             // Decode-only fast-forwarded run: a token per request per step.
             for (j, &end) in run.ends.iter().enumerate() {
@@ -1223,7 +1255,15 @@ impl Instance {
         report.steps += u64::from(k);
         self.counters.steps += u64::from(k);
         self.counters.fast_forwarded_steps += u64::from(k - 1);
-        if k > 1 || continues {
+        if run.cohort > 0 {
+            // The members (ahead of the others in the running order), then
+            // the others of a single step.
+            self.finish_cohort_steps(k, report, base_step, continues, &mut done);
+            debug_assert!(k == 1 || run.scheduled.is_empty());
+            if !run.scheduled.is_empty() {
+                self.finish_one_step(run, report, base_step, &mut done);
+            }
+        } else if k > 1 || continues {
             self.finish_decode_run(run, report, base_step, continues, &mut done);
         } else {
             self.finish_one_step(run, report, base_step, &mut done);
@@ -1457,6 +1497,10 @@ impl Instance {
     /// its step is in flight unless `now` is that step's end; the owner
     /// calls it between steps.
     pub fn abort(&mut self, tag: u32) -> Option<Aborted> {
+        if !self.index.contains_key(&tag) {
+            return None;
+        }
+        self.dissolve_cohort();
         let slot = self.index.remove(&tag)?;
         if let Some(run) = &mut self.run
             && run.scheduled.iter().any(|(s, _)| *s == slot)

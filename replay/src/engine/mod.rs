@@ -5,9 +5,11 @@
 //! (`--scheduler`); [`kv_cache`] is the paged KV cache with prefix caching
 //! (chained block hashes, LRU eviction of free blocks, reference counts);
 //! [`kv_tier`] is its optional CPU tier (offload, reload, transfer time);
-//! [`handoff`] is an instance's side of prefill/decode disaggregation.
+//! [`handoff`] is an instance's side of prefill/decode disaggregation;
+//! `cohort` keeps the steady decoders of the running batch implicit.
 
 pub mod batch;
+mod cohort;
 pub mod handoff;
 pub(crate) mod hash_index;
 pub mod instance;

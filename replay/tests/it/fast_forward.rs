@@ -119,3 +119,103 @@ proptest! {
         both(cfg, simple_model(), reqs, Some(20_000));
     }
 }
+
+/// A request arriving while a batch decodes joins it without the others
+/// being stepped one by one: they stay steady decoders (the cohort)
+/// through the mixed steps of its prompt, and every token, completion
+/// and step is what stepping each request gives.
+#[test]
+fn decoders_stay_steady_through_a_newcomers_prompt() {
+    use blis_replay::engine::instance::StepReport;
+    use blis_replay::{Instance, SimRequest};
+    let make = |id: u64, input: u32, output: u32| {
+        let r = req(id, 0, input, output);
+        let mut segments = Vec::new();
+        blis_traces::content::sequence_segments(&r, input, output, &mut segments);
+        SimRequest {
+            id,
+            input_tokens: input,
+            tag: id as u32,
+            output_tokens: output,
+            class: 0,
+            priority: 0,
+            segments,
+            block_hashes: Vec::new(),
+        }
+    };
+    // (time, request): eight at once, then one every 40 ms.
+    let arrivals: Vec<(i64, SimRequest)> = (0..8)
+        .map(|i| (0, make(i, 200 + 30 * i as u32, 120 + 7 * i as u32)))
+        .chain((8..14).map(|i| ((i as i64 - 7) * 40_000, make(i, 900, 60))))
+        .collect();
+    let cfg = EngineConfig {
+        total_kv_blocks: 2_000,
+        ..EngineConfig::default()
+    };
+    // Every token (request, index, time), completion (request, tokens,
+    // last token's time) and step end, whatever reports they came in.
+    #[derive(Default, PartialEq, Debug)]
+    struct Seen {
+        tokens: Vec<(u64, u32, i64)>,
+        finished: Vec<(u64, u32, i64)>,
+        steps: Vec<i64>,
+    }
+    let note = |seen: &mut Seen, r: &StepReport| {
+        seen.steps.extend_from_slice(&r.step_ends);
+        for span in &r.spans {
+            for m in 0..span.count {
+                seen.tokens
+                    .push((span.id, span.first_index + m, r.token_time(span, m)));
+            }
+        }
+        for f in &r.finished {
+            seen.finished.push((f.id, f.output_tokens, f.last_token_us));
+        }
+    };
+    let run = |fast_forward: bool| {
+        let mut inst = Instance::new(
+            EngineConfig {
+                fast_forward,
+                ..cfg.clone()
+            },
+            roofline(),
+        );
+        let mut report = StepReport::default();
+        let mut seen = Seen::default();
+        let mut most_steady = 0;
+        let mut next = 0;
+        loop {
+            let arrival = arrivals.get(next).map(|(t, _)| *t);
+            let t = match (inst.next_time(), arrival) {
+                (None, None) => break,
+                (Some(s), Some(a)) => s.min(a),
+                (s, a) => s.or(a).unwrap(),
+            };
+            if arrival == Some(t) {
+                if inst.split_at(t, &mut report) {
+                    note(&mut seen, &report);
+                }
+                while arrivals.get(next).is_some_and(|(a, _)| *a == t) {
+                    inst.enqueue(t, arrivals[next].1.clone()).unwrap();
+                    next += 1;
+                }
+            }
+            if inst.next_time() == Some(t) {
+                inst.step(t, i64::MAX, &mut report);
+                note(&mut seen, &report);
+                most_steady = most_steady.max(inst.steady_decoders());
+            }
+            inst.check().unwrap();
+        }
+        seen.tokens.sort_unstable();
+        seen.finished.sort_unstable();
+        (seen, most_steady)
+    };
+    let (with_cohort, steady) = run(true);
+    let (reference, none) = run(false);
+    assert_eq!(none, 0, "stepping one at a time keeps no cohort");
+    assert!(steady >= 8, "the first eight decode as a cohort ({steady})");
+    assert_eq!(with_cohort.finished.len(), 14);
+    assert!(with_cohort.tokens.len() > 1_000);
+    assert_eq!(with_cohort, reference);
+}

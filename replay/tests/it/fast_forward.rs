@@ -98,9 +98,15 @@ proptest! {
         // Mostly vLLM's 16; odd sizes, and one larger than any request
         // (each request then fills at most one block).
         block_size in prop_oneof![6 => Just(16u32), 3 => 1u32..70, 1 => Just(4096u32)],
+        // A client timeout on every request (cancellations in every
+        // state, steady decoders among them), and a step time that grows
+        // with the batch's context.
+        timeout in proptest::option::of(20_000i64..1_500_000),
+        physical in any::<bool>(),
     ) {
         let reqs: Vec<_> = reqs.into_iter().enumerate().map(|(i, (t, inp, out, g))| {
-            let r = req(i as u64, t, inp, out);
+            let mut r = req(i as u64, t, inp, out);
+            r.deadline_us = timeout.map(|d| t + d);
             if g == 0 { with_prefix(r, "g", 48) } else { r }
         }).collect();
         let scheduler = [SchedulerPolicy::Fcfs, SchedulerPolicy::Sjf, SchedulerPolicy::PriorityFcfs][sched as usize];
@@ -116,7 +122,8 @@ proptest! {
         // The same KV capacity in tokens whatever the block size.
         let total_kv_blocks = (blocks * 16).div_ceil(block_size).max(1);
         let cfg = EngineConfig { total_kv_blocks, block_size, max_num_seqs: seqs, max_num_batched_tokens: budget, scheduler, cpu_tier, ..EngineConfig::default() };
-        both(cfg, simple_model(), reqs, Some(20_000));
+        let model = if physical { roofline() } else { simple_model() };
+        both(cfg, model, reqs, Some(20_000));
     }
 }
 

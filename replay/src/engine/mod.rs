@@ -6,7 +6,8 @@
 //! (chained block hashes, LRU eviction of free blocks, reference counts);
 //! [`kv_tier`] is its optional CPU tier (offload, reload, transfer time);
 //! [`handoff`] is an instance's side of prefill/decode disaggregation;
-//! `cohort` keeps the steady decoders of the running batch implicit.
+//! `cohort` is the state of the steady decoders of the running batch,
+//! kept implicit, and `steady` how an instance steps them.
 
 pub mod batch;
 mod cohort;
@@ -16,6 +17,7 @@ pub mod instance;
 pub mod kv_cache;
 pub mod kv_tier;
 pub mod queue_order;
+mod steady;
 
 pub use instance::{EngineConfig, Instance, SimRequest};
 pub use queue_order::SchedulerPolicy;

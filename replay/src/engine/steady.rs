@@ -1,0 +1,411 @@
+//! How an instance steps its steady decoders ([`super::cohort`]): takes
+//! decoders into the cohort, forms a batch with it, finishes its steps,
+//! and dissolves it back into explicit requests when something it does not
+//! model comes (a preemption risk, an abort, P/D hand-offs).
+
+use std::cmp::Reverse;
+
+use super::cohort::{GroupEntry, Member};
+use super::instance::{Instance, Run, StepReport, TokenSpan};
+
+impl Instance {
+    /// Whether a cohort may be kept here now.
+    pub(super) fn cohort_enabled(&self) -> bool {
+        self.cohort.enabled && self.cfg.fast_forward && !self.kv.tiered()
+    }
+
+    /// Dissolves the cohort for good on this instance (P/D hand-offs).
+    pub(super) fn disable_cohort(&mut self) {
+        self.dissolve_cohort();
+        self.cohort.enabled = false;
+    }
+
+    /// Takes the running requests after the members that decode (the
+    /// longest such run) into the cohort.
+    pub(super) fn absorb_decoders(&mut self) {
+        let bs = self.kv.block_size();
+        if self.cohort.groups.len() != bs as usize {
+            debug_assert!(self.cohort.members.is_empty());
+            self.cohort.groups = vec![Vec::new(); bs as usize];
+        }
+        let j = self.cohort.j;
+        while self.cohort.members.len() < self.running.len() {
+            let slot = self.running[self.cohort.members.len()];
+            let a = self.slots[slot as usize].as_ref().expect("live slot");
+            if a.generated == 0 || a.num_computed + 1 != a.num_tokens() {
+                break;
+            }
+            let p = (j + u64::from(self.kv.phase(a.num_computed))) % u64::from(bs);
+            self.cohort.groups[p as usize].push(GroupEntry {
+                slot,
+                c0: a.num_computed,
+                j0: j,
+            });
+            self.cohort.ctx_base += i64::from(a.num_computed) - j as i64;
+            self.cohort.completions.push(Reverse((
+                j + u64::from(a.target - a.generated),
+                a.join,
+                slot,
+            )));
+            self.cohort.members.push(Member {
+                slot,
+                tag: a.req.tag,
+                id: a.req.id,
+                join: a.join,
+                target: a.target,
+                g0: a.generated,
+                j0: j,
+                last_us: a.last_token_us,
+            });
+        }
+    }
+
+    /// Writes a member's progress at the cohort's current step back to its
+    /// request.
+    fn settle(&mut self, m: &Member) {
+        let d = (self.cohort.j - m.j0) as u32;
+        let a = self.slots[m.slot as usize].as_mut().expect("live slot");
+        a.num_computed += d;
+        a.generated = m.g0 + d;
+        a.last_token_us = m.last_us;
+    }
+
+    /// Turns the cohort back into explicit requests: each member's progress
+    /// written back, and a run in flight with the members in its batch (at
+    /// its head, in running order, a token each), its phase groups as a
+    /// decode run formed without a cohort has them.
+    pub(super) fn dissolve_cohort(&mut self) {
+        if self.cohort.members.is_empty() {
+            return;
+        }
+        let members = std::mem::take(&mut self.cohort.members);
+        for m in &members {
+            self.settle(m);
+        }
+        if let Some(mut run) = self.run.take() {
+            if run.cohort > 0 {
+                let mut scheduled = Vec::with_capacity(members.len() + run.scheduled.len());
+                scheduled.extend(members.iter().map(|m| (m.slot, 1)));
+                scheduled.extend_from_slice(&run.scheduled);
+                run.scheduled = scheduled;
+                run.cohort = 0;
+                if run.scheduled.len() == members.len() {
+                    // A decode-only run: its groups by phase relative to
+                    // its start, as `step_shape` forms them.
+                    self.clear_groups();
+                    for m in &members {
+                        let a = self.act(m.slot);
+                        let phase = self.kv.phase(a.num_computed);
+                        let g = &mut self.groups[phase as usize];
+                        if g.is_empty() {
+                            self.used_phases.push(phase);
+                        }
+                        g.push(m.slot);
+                    }
+                    self.fewest_left.clear();
+                }
+            }
+            self.run = Some(run);
+        }
+        for g in &mut self.cohort.groups {
+            g.clear();
+        }
+        self.cohort.completions.clear();
+        self.cohort.ctx_base = 0;
+        self.cohort.j = 0;
+        self.cohort.members = members;
+        self.cohort.members.clear();
+    }
+
+    /// Whether the request in `slot` still is the one that joined at
+    /// `join` (a completion entry of a member, not of a slot reused).
+    fn is_member(&self, slot: u32, join: u64) -> bool {
+        self.slots
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|a| a.join == join)
+    }
+
+    /// Forms the next batch with the cohort (running requests first: the
+    /// members, then the others; then admissions), when no preemption can
+    /// come of it; `false`: the cohort was dissolved (or is empty), and
+    /// the caller forms the batch without it.
+    pub(super) fn form_cohort_batch(&mut self, now: i64, limit: i64) -> bool {
+        self.absorb_decoders();
+        let len = self.cohort.len();
+        if len == 0 {
+            return false;
+        }
+        let bs = self.kv.block_size();
+        let cap = self.cfg.max_num_batched_tokens;
+        if len > cap as usize {
+            self.dissolve_cohort();
+            return false;
+        }
+        let mut budget = cap - len as u32;
+        let p = (self.cohort.j % u64::from(bs)) as usize;
+        // The blocks this step takes, with no preemption: the members
+        // whose last block is full, then the other running requests'
+        // chunks, as `schedule_running` computes them.
+        let mut need = self.cohort.groups[p].len() as u32;
+        let mut b = budget;
+        for &slot in &self.running[len..] {
+            if b == 0 {
+                break;
+            }
+            let a = self.act(slot);
+            let mut n = a.num_tokens() - a.num_computed;
+            if self.cfg.long_prefill_token_threshold > 0 {
+                n = n.min(self.cfg.long_prefill_token_threshold);
+            }
+            n = n.min(b);
+            if n == 0 {
+                continue;
+            }
+            need += self
+                .kv
+                .blocks_for(a.num_computed + n)
+                .saturating_sub(a.blocks.len() as u32);
+            b -= n;
+        }
+        if need > self.kv.free() {
+            self.dissolve_cohort();
+            return false;
+        }
+        let group = std::mem::take(&mut self.cohort.groups[p]);
+        for e in &group {
+            let mut blocks = std::mem::take(&mut self.act_mut(e.slot).blocks);
+            let ok = self.kv.allocate(&mut blocks, &[], 1);
+            debug_assert!(ok, "the free blocks were counted");
+            self.act_mut(e.slot).blocks = blocks;
+        }
+        self.cohort.groups[p] = group;
+        self.shape.clear();
+        self.shape.decode_count = len as u32;
+        self.shape.decode_context_sum = self.cohort.context_sum();
+        let mut scheduled = std::mem::take(&mut self.spare_scheduled);
+        scheduled.clear();
+        let preempted = self.schedule_running_from(len, &mut scheduled, &mut budget);
+        debug_assert!(!preempted, "the blocks were counted");
+        self.admit_waiting(now, &mut scheduled, &mut budget);
+        let transfer = std::mem::take(&mut self.pending_transfer_us);
+        let dt = blis_traces::itl_steps::round_to_i64(crate::latency::LatencyModel::step_time_us(
+            &self.latency,
+            &self.shape,
+        ))
+        .max(1);
+        let mut ends = std::mem::take(&mut self.spare_ends);
+        ends.clear();
+        ends.push(now + dt + transfer);
+        if self.shape.prefill.is_empty() && !scheduled.is_empty() {
+            // A decode step with a request that is not a member (one
+            // admitted with all but its last token cached): formed without
+            // the cohort's shortcuts.
+            self.dissolve_cohort_into(&mut scheduled);
+            let (decode_only, min_left) = self.step_shape(&scheduled);
+            debug_assert!(decode_only);
+            if decode_only {
+                self.fast_forward(now + transfer, limit, dt, &scheduled, min_left, &mut ends);
+            }
+            self.run = Some(Run {
+                scheduled,
+                ends,
+                cohort: 0,
+            });
+            return true;
+        }
+        if self.shape.prefill.is_empty() {
+            // Decode-only: the members alone; fast-forwarded as
+            // `fast_forward` does.
+            self.cohort_fast_forward(now + transfer, limit, dt, &mut ends);
+        } else {
+            self.counters.prompt_tokens += self.shape.prefill_tokens();
+        }
+        self.prefetch_cohort_completion(ends.len() as u64);
+        self.run = Some(Run {
+            scheduled,
+            ends,
+            cohort: len as u32,
+        });
+        true
+    }
+
+    /// Hints the CPU to fetch the KV blocks of the member that completes
+    /// at the end of a run of `k` steps, if one does (the soonest): it
+    /// releases them then, and they arrive while other instances step.
+    fn prefetch_cohort_completion(&self, k: u64) {
+        if let Some(&Reverse((at, join, slot))) = self.cohort.completions.peek()
+            && at == self.cohort.j + k
+            && self.is_member(slot, join)
+        {
+            self.kv.prefetch(&self.act(slot).blocks);
+        }
+    }
+
+    /// Dissolves the cohort while a batch is being formed: the members go
+    /// to the head of `scheduled`, a token each.
+    fn dissolve_cohort_into(&mut self, scheduled: &mut Vec<(u32, u32)>) {
+        let members: Vec<(u32, u32)> = self.cohort.members.iter().map(|m| (m.slot, 1)).collect();
+        self.dissolve_cohort();
+        scheduled.splice(0..0, members);
+    }
+
+    /// [`Instance::fast_forward`] for a decode-only batch of the members:
+    /// up to the first completion, a step's new blocks (the group of its
+    /// phase) free, no later than `limit`.
+    fn cohort_fast_forward(&mut self, now: i64, limit: i64, dt: i64, ends: &mut Vec<i64>) {
+        let can_grow =
+            self.waiting.is_empty() || self.running.len() as u32 >= self.cfg.max_num_seqs;
+        if !(can_grow && self.running.len() == self.cohort.len()) {
+            return;
+        }
+        let bs = self.kv.block_size() as usize;
+        let j = self.cohort.j;
+        // Per phase relative to the run's start (as `fast_forward` keeps
+        // them, for `run_progress_at`): after the run's step `k` the group
+        // of `(j + k) % bs` takes new blocks.
+        let mut per_phase = std::mem::take(&mut self.run_phase);
+        per_phase.clear();
+        per_phase.resize(bs, 0);
+        self.run_phases_used.clear();
+        for (q, x) in per_phase.iter_mut().enumerate() {
+            *x = self.cohort.groups[(j as usize + q) % bs].len() as u32;
+            if *x > 0 {
+                self.run_phases_used.push(q as u32);
+            }
+        }
+        let slots = &self.slots;
+        let max_k = self.cohort.min_left(|slot, join| {
+            slots
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|a| a.join == join)
+        });
+        let mut free = self.kv.free();
+        let b = self.cohort.len() as u64;
+        let mut ctx = self.shape.decode_context_sum;
+        let mut end = now + dt;
+        let mut k = 1u32;
+        let constant = matches!(self.latency, crate::latency::Model::Blackbox(_));
+        while k < max_k {
+            let need = per_phase[self.kv.in_block(k) as usize];
+            if need > free {
+                break;
+            }
+            let d = if constant {
+                dt
+            } else {
+                ctx += b;
+                self.shape.decode_context_sum = ctx;
+                blis_traces::itl_steps::round_to_i64(crate::latency::LatencyModel::step_time_us(
+                    &self.latency,
+                    &self.shape,
+                ))
+                .max(1)
+            };
+            if end + d > limit {
+                break;
+            }
+            free -= need;
+            end += d;
+            ends.push(end);
+            k += 1;
+            if self.kv.total() - free > self.offload_cap {
+                break;
+            }
+        }
+        self.run_phase = per_phase;
+    }
+
+    /// The members' part of finishing `k` steps of a run (the first at
+    /// report step `base_step`): a hash commit for each block filled, the
+    /// blocks of the next step when the run goes on (`continues`) or has
+    /// more steps, a span of `k` tokens per member, and the members that
+    /// completed, settled and out of the cohort, appended to `done` in
+    /// running order.
+    pub(super) fn finish_cohort_steps(
+        &mut self,
+        k: u32,
+        report: &mut StepReport,
+        base_step: u32,
+        continues: bool,
+        done: &mut Vec<u32>,
+    ) {
+        let bs = u64::from(self.kv.block_size());
+        let j = self.cohort.j;
+        for i in 1..=u64::from(k) {
+            let p = ((j + i) % bs) as usize;
+            let group = std::mem::take(&mut self.cohort.groups[p]);
+            for e in &group {
+                let c = e.c0 + (j + i - e.j0) as u32;
+                let filled = self.kv.full_blocks(c);
+                self.commit_hashes_upto(e.slot, filled);
+            }
+            if i < u64::from(k) || continues {
+                for e in &group {
+                    let mut blocks = std::mem::take(&mut self.act_mut(e.slot).blocks);
+                    let ok = self.kv.allocate(&mut blocks, &[], 1);
+                    debug_assert!(ok, "fast-forward checked the free blocks");
+                    self.act_mut(e.slot).blocks = blocks;
+                }
+            }
+            self.cohort.groups[p] = group;
+        }
+        for m in &mut self.cohort.members {
+            let span = TokenSpan {
+                id: m.id,
+                tag: m.tag,
+                first_index: m.g0 + (j - m.j0) as u32 + 1,
+                first_step: base_step,
+                join: m.join,
+                count: k,
+                target: m.target,
+                previous_us: m.last_us,
+            };
+            m.last_us = Some(report.token_time(&span, k - 1));
+            report.spans.push(span);
+        }
+        self.counters.generation_tokens += u64::from(k) * self.cohort.len() as u64;
+        self.cohort.j = j + u64::from(k);
+        let now_j = self.cohort.j;
+        // Completions: members whose output is done, in running order.
+        let first = done.len();
+        while let Some(&Reverse((at, join, slot))) = self.cohort.completions.peek() {
+            if at > now_j {
+                break;
+            }
+            self.cohort.completions.pop();
+            if self.is_member(slot, join) {
+                debug_assert_eq!(at, now_j, "a member completed inside a run");
+                done.push(slot);
+            }
+        }
+        if done.len() > first {
+            done[first..].sort_by_key(|&s| self.act(s).join);
+            let leaving = done[first..].to_vec();
+            for slot in leaving {
+                self.leave_cohort(slot);
+            }
+        }
+    }
+
+    /// Removes member `slot` from the cohort, its progress written back.
+    fn leave_cohort(&mut self, slot: u32) {
+        let Some(pos) = self.cohort.members.iter().position(|m| m.slot == slot) else {
+            return;
+        };
+        let m = self.cohort.members.remove(pos);
+        self.settle(&m);
+        // Its group: the phase its KV has now (settled), from this step.
+        let bs = u64::from(self.kv.block_size());
+        let c = self.act(slot).num_computed;
+        let p = ((self.cohort.j + u64::from(self.kv.phase(c))) % bs) as usize;
+        let g = &mut self.cohort.groups[p];
+        let i = g
+            .iter()
+            .position(|e| e.slot == slot)
+            .expect("a member is in its phase group");
+        let e = g.remove(i);
+        self.cohort.ctx_base -= i64::from(e.c0) - e.j0 as i64;
+    }
+}

@@ -113,8 +113,10 @@ impl Instance {
         self.cohort.completions.clear();
         self.cohort.ctx_base = 0;
         self.cohort.j = 0;
+        // (The members' vector goes back empty, for its capacity.)
+        let mut members = members;
+        members.clear();
         self.cohort.members = members;
-        self.cohort.members.clear();
     }
 
     /// Whether the request in `slot` still is the one that joined at

@@ -558,36 +558,64 @@ impl Instance {
             for &p in &self.used_phases {
                 per_phase[p as usize] = self.groups[p as usize].len() as u32;
             }
-            let mut free = self.kv.free();
-            let b = scheduled.len() as u64;
-            let mut ctx = self.shape.decode_context_sum;
-            let mut end = now + dt;
-            let mut k = 1u32;
-            let constant = matches!(self.latency, Model::Blackbox(_));
-            while k < max_k {
-                let need = per_phase[self.kv.in_block(k) as usize];
-                if need > free {
-                    break;
-                }
-                let d = if constant {
-                    dt
-                } else {
-                    ctx += b;
-                    self.shape.decode_context_sum = ctx;
-                    round_to_i64(self.latency.step_time_us(&self.shape)).max(1)
-                };
-                if end + d > limit {
-                    break;
-                }
-                free -= need;
-                end += d;
-                ends.push(end);
-                k += 1;
-                if self.kv.total() - free > self.offload_cap {
-                    break;
-                }
-            }
+            self.plan_decode_steps(
+                &per_phase,
+                max_k,
+                scheduled.len() as u64,
+                now,
+                limit,
+                dt,
+                ends,
+            );
             self.run_phase = per_phase;
+        }
+    }
+
+    /// The steps after the first of a decode-only run of `b` requests
+    /// whose first step ends at `now + dt`: appended to `ends` while fewer
+    /// than `max_k` (its first completion), the KV blocks of the next step
+    /// (`per_phase[k % block_size]` after step `k`) are free, no step ends
+    /// after `limit`, and the KV use stays within the offload cap. Each
+    /// step's time from the shape, its decode context grown by a token a
+    /// request (a blackbox model's is constant).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn plan_decode_steps(
+        &mut self,
+        per_phase: &[u32],
+        max_k: u32,
+        b: u64,
+        now: i64,
+        limit: i64,
+        dt: i64,
+        ends: &mut Vec<i64>,
+    ) {
+        let mut free = self.kv.free();
+        let mut ctx = self.shape.decode_context_sum;
+        let mut end = now + dt;
+        let mut k = 1u32;
+        let constant = matches!(self.latency, Model::Blackbox(_));
+        while k < max_k {
+            let need = per_phase[self.kv.in_block(k) as usize];
+            if need > free {
+                break;
+            }
+            let d = if constant {
+                dt
+            } else {
+                ctx += b;
+                self.shape.decode_context_sum = ctx;
+                round_to_i64(self.latency.step_time_us(&self.shape)).max(1)
+            };
+            if end + d > limit {
+                break;
+            }
+            free -= need;
+            end += d;
+            ends.push(end);
+            k += 1;
+            if self.kv.total() - free > self.offload_cap {
+                break;
+            }
         }
     }
 }

@@ -176,10 +176,7 @@ impl Instance {
         }
         let group = std::mem::take(&mut self.cohort.groups[p]);
         for e in &group {
-            let mut blocks = std::mem::take(&mut self.act_mut(e.slot).blocks);
-            let ok = self.kv.allocate(&mut blocks, &[], 1);
-            debug_assert!(ok, "the free blocks were counted");
-            self.act_mut(e.slot).blocks = blocks;
+            self.take_new_block(e.slot);
         }
         self.cohort.groups[p] = group;
         self.shape.clear();
@@ -283,39 +280,8 @@ impl Instance {
                 .and_then(Option::as_ref)
                 .is_some_and(|a| a.join == join)
         });
-        let mut free = self.kv.free();
         let b = self.cohort.len() as u64;
-        let mut ctx = self.shape.decode_context_sum;
-        let mut end = now + dt;
-        let mut k = 1u32;
-        let constant = matches!(self.latency, crate::latency::Model::Blackbox(_));
-        while k < max_k {
-            let need = per_phase[self.kv.in_block(k) as usize];
-            if need > free {
-                break;
-            }
-            let d = if constant {
-                dt
-            } else {
-                ctx += b;
-                self.shape.decode_context_sum = ctx;
-                blis_traces::itl_steps::round_to_i64(crate::latency::LatencyModel::step_time_us(
-                    &self.latency,
-                    &self.shape,
-                ))
-                .max(1)
-            };
-            if end + d > limit {
-                break;
-            }
-            free -= need;
-            end += d;
-            ends.push(end);
-            k += 1;
-            if self.kv.total() - free > self.offload_cap {
-                break;
-            }
-        }
+        self.plan_decode_steps(&per_phase, max_k, b, now, limit, dt, ends);
         self.run_phase = per_phase;
     }
 
@@ -345,10 +311,7 @@ impl Instance {
             }
             if i < u64::from(k) || continues {
                 for e in &group {
-                    let mut blocks = std::mem::take(&mut self.act_mut(e.slot).blocks);
-                    let ok = self.kv.allocate(&mut blocks, &[], 1);
-                    debug_assert!(ok, "fast-forward checked the free blocks");
-                    self.act_mut(e.slot).blocks = blocks;
+                    self.take_new_block(e.slot);
                 }
             }
             self.cohort.groups[p] = group;
@@ -389,6 +352,15 @@ impl Instance {
                 self.leave_cohort(slot);
             }
         }
+    }
+
+    /// Gives member `slot` a new KV block (free blocks were counted for it
+    /// when its step was planned).
+    fn take_new_block(&mut self, slot: u32) {
+        let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
+        let ok = self.kv.allocate(&mut blocks, &[], 1);
+        debug_assert!(ok, "the free blocks were counted");
+        self.act_mut(slot).blocks = blocks;
     }
 
     /// Removes member `slot` from the cohort, its progress written back.

@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::cluster::Control;
 use crate::engine::instance::{
-    DropReason, Finished, Instance, SimRequest, Snapshot, SpanTimes, StepReport,
+    CohortNote, DropReason, Finished, Instance, SimRequest, Snapshot, SpanTimes, StepReport,
 };
 use crate::engine::queue_order::slo_priority;
 use crate::latency::LatencyModel;
@@ -94,6 +94,18 @@ pub trait Sink {
     /// sink may take `report.spans` (leaving any vector in its place). The
     /// report's other fields are the driver's.
     fn take_report(&mut self, _instance: u32, _report: &mut StepReport, _streaming: &[bool]) {}
+    /// Whether the sink reads the steady decoders' tokens in compact form
+    /// ([`Sink::cohort`]) from the reports it takes whole
+    /// ([`Sink::takes_reports`]); the replay then gives its instances
+    /// [`Instance::set_compact_cohort`].
+    fn takes_cohort(&self) -> bool {
+        false
+    }
+    /// A note of the steady decoders of `instance` (see [`CohortNote`]),
+    /// given in report order between the [`Sink::tokens`] calls of the
+    /// report (`report`: its step ends and timing; `report.spans` may be
+    /// taken).
+    fn cohort(&mut self, _instance: u32, _note: &CohortNote, _report: &StepReport) {}
 }
 
 /// A request that left the instance with a response (complete, or cut
@@ -303,6 +315,12 @@ pub fn replay_cluster<I, S>(
     let mut inputs = inputs.into_iter().peekable();
     if let Some(a) = control.autoscale.as_deref_mut() {
         a.slo = sink.slo();
+    }
+    // The steady decoders' tokens in compact form for a sink that reads
+    // them, or takes no tokens (its reports are dropped).
+    let compact = !sink.wants_tokens() || (sink.takes_reports() && sink.takes_cohort());
+    for inst in instances.iter_mut() {
+        inst.set_compact_cohort(compact);
     }
     let mut session = Session::new(instances, control, opts);
     session.advance(i64::MAX, &mut inputs, sink);

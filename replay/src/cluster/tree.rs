@@ -32,8 +32,8 @@ use crate::cluster::rules::{Env, Rules, SignalSet, bad, finite};
 pub use crate::cluster::rules::{Predicate, TreeNode};
 use crate::cluster::signals::{InstanceView, RequestSignals, Scorer};
 
-/// What a routing tree can test, numbers then texts (the indices of
-/// [`Seen::num`]).
+/// What a routing tree can test, numbers then texts (the indices its
+/// environment's `Env::num` and `Env::text` take).
 pub const SIGNALS: SignalSet = SignalSet {
     numeric: &[
         "waiting",

@@ -15,6 +15,11 @@
 //! the step's shape; the requests that change (prompts, newcomers,
 //! completions) are stepped one by one as before.
 //!
+//! A sink that reads them ([`CohortNote`]) is told the members' tokens in
+//! compact form: who joined and left, and the steps every member took,
+//! not a token span per member per step; its outputs (the step-form ITL
+//! runs, the gap counts) then cost it O(1) a step too.
+//!
 //! Every result is byte-identical to stepping each request
 //! (`--no-fast-forward` disables the cohort too): the members precede
 //! every other running request in the running order (they are its head;
@@ -25,6 +30,60 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+
+/// The steady decoders' tokens in compact form
+/// (`Instance::set_compact_cohort`): who is a member, and the steps in
+/// which every member produced a token, instead of a `TokenSpan` per
+/// member per step. A note sits in `StepReport::cohort` at a position in
+/// `StepReport::spans` (before the span of that index): the order a sink
+/// that expanded the notes into spans would see them in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CohortNote {
+    /// A request became a member (at the tail of the members).
+    Join(CohortJoin),
+    /// Every member produced `count` tokens, one per step from
+    /// `first_step` of `StepReport::step_ends`; `completing` of them
+    /// produced their last token at the last of these steps (and leave
+    /// next, with a [`CohortNote::Leave`] each).
+    Steps {
+        /// Index into `StepReport::step_ends` of the first step.
+        first_step: u32,
+        /// Steps (a token per member each).
+        count: u32,
+        /// Members whose last token is at the last step.
+        completing: u32,
+    },
+    /// The member of this tag left (it completed); its tokens so far are
+    /// in the notes' steps.
+    Leave {
+        /// The member's [`crate::SimRequest::tag`].
+        tag: u32,
+    },
+    /// Every member left (the steady decoders were turned back into
+    /// requests stepped one by one); their later tokens come as spans.
+    LeaveAll,
+}
+
+/// A request that became a steady decoder ([`CohortNote::Join`]): what its
+/// token spans would carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CohortJoin {
+    /// Request id.
+    pub id: u64,
+    /// The request's [`crate::SimRequest::tag`].
+    pub tag: u32,
+    /// When the request (last) joined the running batch.
+    pub join: u64,
+    /// The request's output length.
+    pub target: u32,
+    /// Output index of its next token (its first as a member).
+    pub next_index: u32,
+    /// Client-visible time of its latest token, µs.
+    pub previous_us: Option<i64>,
+    /// Whether it streams (filled in by the driver's sink, which knows;
+    /// the instance leaves it `false`).
+    pub streaming: bool,
+}
 
 /// A member's record: what its token spans need, in running order.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +128,15 @@ pub(super) struct Cohort {
     /// Whether the instance may keep a cohort (fast-forward on, no CPU
     /// tier, no P/D hand-offs).
     pub(super) enabled: bool,
+    /// The members' tokens go to the report in compact form
+    /// ([`CohortNote`]): the delays of a plain and of a
+    /// last token then, µs (they do not depend on the token's index).
+    pub(super) compact: Option<(i64, i64)>,
+    /// Compact form: the notes made outside a report (joins, a
+    /// dissolution), for the next one.
+    pub(super) log: Vec<CohortNote>,
+    /// Compact form: the end of the last step the members stepped, µs.
+    pub(super) last_end_us: i64,
 }
 
 impl Cohort {

@@ -201,6 +201,8 @@ pub struct TokenSpan {
     pub previous_us: Option<i64>,
 }
 
+pub use super::cohort::{CohortJoin, CohortNote};
+
 /// What a cancelled request had produced ([`Instance::abort`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Aborted {
@@ -245,6 +247,9 @@ pub struct StepReport {
     pub spans: Vec<TokenSpan>,
     /// Requests that completed.
     pub finished: Vec<Finished>,
+    /// The steady decoders' tokens in compact form, each note at a position
+    /// in `spans` (empty unless [`Instance::set_compact_cohort`]).
+    pub cohort: Vec<(u32, CohortNote)>,
     /// When a produced token becomes visible to the client
     /// ([`StepReport::set_timing`]).
     timing: TokenTiming,
@@ -270,6 +275,7 @@ impl Default for StepReport {
             step_ends: Vec::new(),
             spans: Vec::new(),
             finished: Vec::new(),
+            cohort: Vec::new(),
             timing: TokenTiming::default(),
             constant_extras: None,
             steps: 0,
@@ -313,9 +319,17 @@ impl StepReport {
         SpanTimes { report: self, span }
     }
 
+    /// The delays of every token but a request's last and of its last,
+    /// µs, when they do not depend on the token's index (no accumulating
+    /// per-token overhead).
+    pub fn constant_extras(&self) -> Option<(i64, i64)> {
+        self.constant_extras
+    }
+
     fn clear(&mut self) {
         self.step_ends.clear();
         self.spans.clear();
+        self.cohort.clear();
         self.finished.clear();
         self.steps = 0;
     }
@@ -942,6 +956,24 @@ impl Instance {
         Some((c, (cycles + partial) as u32, n))
     }
 
+    /// Whether the steady decoders' tokens go to the reports in compact
+    /// form ([`CohortNote`]s in [`StepReport::cohort`]) rather than as a
+    /// [`TokenSpan`] per member per step; for a sink that reads the notes
+    /// (or takes no tokens). Taken only where a token's delay does not
+    /// depend on its index (no accumulating per-token overhead); a change
+    /// turns the steady decoders back into requests first. Off by default.
+    pub fn set_compact_cohort(&mut self, on: bool) {
+        let timing = TokenTiming::of(&self.latency);
+        let compact = (on && timing.per_token_us == 0.0).then(|| {
+            let itl = timing.itl();
+            (itl.extra_us(1, false), itl.extra_us(1, true))
+        });
+        if compact != self.cohort.compact {
+            self.dissolve_cohort();
+            self.cohort.compact = compact;
+        }
+    }
+
     /// Running requests kept as steady decoders (the cohort: the head of
     /// the running batch, each decoding a token a step, stepped without
     /// being visited; see `engine::cohort`). For tests and profiling: the
@@ -1255,6 +1287,7 @@ impl Instance {
         report.steps += u64::from(k);
         self.counters.steps += u64::from(k);
         self.counters.fast_forwarded_steps += u64::from(k - 1);
+        self.drain_cohort_log(report);
         if run.cohort > 0 {
             // The members (ahead of the others in the running order), then
             // the others of a single step.

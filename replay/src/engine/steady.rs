@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 
 use super::cohort::{GroupEntry, Member};
-use super::instance::{Instance, Run, StepReport, TokenSpan};
+use super::instance::{CohortJoin, CohortNote, Instance, Run, StepReport, TokenSpan};
 
 impl Instance {
     /// Whether a cohort may be kept here now.
@@ -47,6 +47,17 @@ impl Instance {
                 a.join,
                 slot,
             )));
+            if self.cohort.compact.is_some() {
+                self.cohort.log.push(CohortNote::Join(CohortJoin {
+                    id: a.req.id,
+                    tag: a.req.tag,
+                    join: a.join,
+                    target: a.target,
+                    next_index: a.generated + 1,
+                    previous_us: a.last_token_us,
+                    streaming: false,
+                }));
+            }
             self.cohort.members.push(Member {
                 slot,
                 tag: a.req.tag,
@@ -64,10 +75,18 @@ impl Instance {
     /// request.
     fn settle(&mut self, m: &Member) {
         let d = (self.cohort.j - m.j0) as u32;
+        let compact = self.cohort.compact;
+        let last_end = self.cohort.last_end_us;
         let a = self.slots[m.slot as usize].as_mut().expect("live slot");
         a.num_computed += d;
         a.generated = m.g0 + d;
-        a.last_token_us = m.last_us;
+        a.last_token_us = match compact {
+            // (Its latest token: at the members' last step.)
+            Some((plain, last)) if d > 0 => {
+                Some(last_end + if a.generated >= a.target { last } else { plain })
+            }
+            _ => m.last_us,
+        };
     }
 
     /// Turns the cohort back into explicit requests: each member's progress
@@ -77,6 +96,9 @@ impl Instance {
     pub(super) fn dissolve_cohort(&mut self) {
         if self.cohort.members.is_empty() {
             return;
+        }
+        if self.cohort.compact.is_some() {
+            self.cohort.log.push(CohortNote::LeaveAll);
         }
         let members = std::mem::take(&mut self.cohort.members);
         for m in &members {
@@ -316,19 +338,21 @@ impl Instance {
             }
             self.cohort.groups[p] = group;
         }
-        for m in &mut self.cohort.members {
-            let span = TokenSpan {
-                id: m.id,
-                tag: m.tag,
-                first_index: m.g0 + (j - m.j0) as u32 + 1,
-                first_step: base_step,
-                join: m.join,
-                count: k,
-                target: m.target,
-                previous_us: m.last_us,
-            };
-            m.last_us = Some(report.token_time(&span, k - 1));
-            report.spans.push(span);
+        if self.cohort.compact.is_none() {
+            for m in &mut self.cohort.members {
+                let span = TokenSpan {
+                    id: m.id,
+                    tag: m.tag,
+                    first_index: m.g0 + (j - m.j0) as u32 + 1,
+                    first_step: base_step,
+                    join: m.join,
+                    count: k,
+                    target: m.target,
+                    previous_us: m.last_us,
+                };
+                m.last_us = Some(report.token_time(&span, k - 1));
+                report.spans.push(span);
+            }
         }
         self.counters.generation_tokens += u64::from(k) * self.cohort.len() as u64;
         self.cohort.j = j + u64::from(k);
@@ -345,6 +369,18 @@ impl Instance {
                 done.push(slot);
             }
         }
+        if self.cohort.compact.is_some() {
+            self.cohort.last_end_us = report.step_ends[(base_step + k - 1) as usize];
+            let at = report.spans.len() as u32;
+            report.cohort.push((
+                at,
+                CohortNote::Steps {
+                    first_step: base_step,
+                    count: k,
+                    completing: (done.len() - first) as u32,
+                },
+            ));
+        }
         if done.len() > first {
             done[first..].sort_by_key(|&s| self.act(s).join);
             let leaving = done[first..].to_vec();
@@ -352,6 +388,19 @@ impl Instance {
                 self.leave_cohort(slot);
             }
         }
+        self.drain_cohort_log(report);
+    }
+
+    /// Compact form: moves the notes made since the last report into
+    /// `report`, at its current position.
+    pub(super) fn drain_cohort_log(&mut self, report: &mut StepReport) {
+        if self.cohort.log.is_empty() {
+            return;
+        }
+        let at = report.spans.len() as u32;
+        report
+            .cohort
+            .extend(self.cohort.log.drain(..).map(|note| (at, note)));
     }
 
     /// Gives member `slot` a new KV block (free blocks were counted for it
@@ -370,6 +419,9 @@ impl Instance {
         };
         let m = self.cohort.members.remove(pos);
         self.settle(&m);
+        if self.cohort.compact.is_some() {
+            self.cohort.log.push(CohortNote::Leave { tag: m.tag });
+        }
         // Its group: the phase its KV has now (settled), from this step.
         let bs = u64::from(self.kv.block_size());
         let c = self.act(slot).num_computed;

@@ -13,12 +13,12 @@ use blis_traces::{
 use rustc_hash::FxHashMap;
 
 use super::gap_counts::GapCounts;
+use super::roster::Rosters;
 use super::summary::{
     Anomalies, ClassFigures, CpuTierFigures, KvFigures, PrefixCache, RequestCounts, SloFigures,
     Summary, Throughput, dist_of_counts, dist_of_us, jain,
 };
-use crate::engine::instance::Snapshot;
-use crate::engine::instance::SpanTimes;
+use crate::engine::instance::{CohortNote, Snapshot, SpanTimes, StepReport};
 use crate::error::Result;
 use crate::sim::{Done, NotServed, Sink};
 
@@ -96,6 +96,8 @@ pub struct Collector {
     /// Why the first request dropped as unservable was, and what would
     /// serve it.
     first_drop: Option<(String, &'static str)>,
+    /// The steady decoders told of in compact form ([`Sink::cohort`]).
+    rosters: Rosters,
 }
 
 impl Collector {
@@ -240,6 +242,7 @@ impl Collector {
             slo: None,
             pool_labels: Vec::new(),
             first_drop: None,
+            rosters: Rosters::default(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -328,7 +331,12 @@ impl Collector {
             count: times.len() as u32,
             output_tokens: span.target,
         };
-        let t = span.tag as usize;
+        self.extend_run(span.tag as usize, run);
+    }
+
+    /// Step form: extends the open run of tokens of `t` with `run`, or
+    /// closes it and opens `run`.
+    fn extend_run(&mut self, t: usize, run: TokenRun) {
         if self.open_runs.len() <= t {
             self.open_runs.resize(t + 1, None);
         }
@@ -415,6 +423,144 @@ impl Collector {
         }
     }
 
+    /// A steady decoder leaves the roster: its tokens as a member join its
+    /// token run (what a span per step would have made of them).
+    fn settle(&mut self, tag: u32) {
+        let Some((m, tokens)) = self.rosters.leave(tag) else {
+            return;
+        };
+        if let Some((count, first_step)) = tokens
+            && m.join.streaming
+            && self.itl_steps
+        {
+            let j = m.join;
+            self.extend_run(
+                tag as usize,
+                TokenRun {
+                    request_id: j.id,
+                    instance: m.instance,
+                    join: j.join,
+                    first_index: j.next_index,
+                    first_step,
+                    count,
+                    output_tokens: j.target,
+                },
+            );
+        }
+    }
+
+    /// Counts the inter-token gaps of `count` steps of the members of
+    /// `instance` from report step `first`, `completing` of them ending
+    /// their output at the last: the gaps each span would have counted
+    /// ([`Collector::count_gaps`]), by step rather than by member. A member
+    /// that joined since the last steps has its first gap counted alone
+    /// (its token before may be older than the step before); every other
+    /// token's gap is its step's, plus, on a request's last token, the
+    /// completion delay's excess.
+    fn count_cohort_gaps(
+        &mut self,
+        instance: u32,
+        report: &StepReport,
+        first: usize,
+        count: usize,
+        completing: u64,
+    ) {
+        let Some((plain, last)) = report.constant_extras() else {
+            debug_assert!(false, "compact notes without constant delays");
+            return;
+        };
+        let ends = &report.step_ends;
+        let r = self.rosters.roster(instance);
+        let members = r.tags.len() as u64;
+        debug_assert!(
+            r.tags.len() == r.fresh.len() || r.next_step == r.report_first_step + first as u64,
+            "a member's tokens are in consecutive steps"
+        );
+        let prev_end = r.prev_end;
+        let first_step = r.report_first_step + first as u64;
+        let fresh = std::mem::take(&mut r.fresh);
+        let mut fresh_done = 0u64;
+        for &tag in &fresh {
+            let Some(m) = self.rosters.by_tag[tag as usize] else {
+                continue;
+            };
+            let j = m.join;
+            if self.itl_steps && j.streaming {
+                // Its first token as a member ends an open run it does not
+                // continue, as its span would have now.
+                let next = TokenRun {
+                    request_id: j.id,
+                    instance,
+                    join: j.join,
+                    first_index: j.next_index,
+                    first_step,
+                    count: 1,
+                    output_tokens: j.target,
+                };
+                if self
+                    .open_runs
+                    .get(tag as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|open| !open.continues_with(&next))
+                {
+                    self.close_run(tag as usize);
+                }
+            }
+            let ends_output = j.next_index >= j.target;
+            let t0 = ends[first] + if ends_output { last } else { plain };
+            if j.next_index > 1
+                && let Some(previous) = j.previous_us
+            {
+                self.add_itl(t0 - previous, 1);
+            }
+            if count == 1 && ends_output {
+                fresh_done += 1;
+            }
+        }
+        let n_fresh = fresh.len() as u64;
+        let mut fresh = fresh;
+        fresh.clear();
+        self.rosters.roster(instance).fresh = fresh;
+        let excess = last - plain;
+        // Tokens of step `s` whose gap is the step's (plus `extra`).
+        let at_step = |c: &mut Self, s: usize, n: u64, extra: i64| {
+            if n == 0 {
+                return;
+            }
+            if s == 0 {
+                let Some(prev) = prev_end else {
+                    debug_assert!(false, "members without a step before");
+                    return;
+                };
+                c.add_itl(ends[0] - prev + extra, n);
+            } else if extra != 0 {
+                c.add_itl(ends[s] - ends[s - 1] + extra, n);
+            } else {
+                c.step_gaps[s] += n as i64;
+                c.step_gaps[s + 1] -= n as i64;
+            }
+        };
+        let last_step = first + count - 1;
+        if count == 1 {
+            let n = members - n_fresh;
+            let done = completing - fresh_done;
+            at_step(self, first, n - done, 0);
+            at_step(self, first, done, excess);
+        } else {
+            at_step(self, first, members - n_fresh, 0);
+            if count > 2 {
+                // Steps first + 1 ..= last_step − 1: every member.
+                self.step_gaps[first + 1] += members as i64;
+                self.step_gaps[last_step] -= members as i64;
+            }
+            at_step(self, last_step, members - completing, 0);
+            at_step(self, last_step, completing, excess);
+        }
+        let r = self.rosters.roster(instance);
+        r.steps_done += count as u64;
+        r.next_step = r.report_first_step + (first + count) as u64;
+    }
+
     fn emit(&mut self, rec: TraceRecord) {
         match (&mut self.writer, &mut self.keep) {
             (Some(w), Some(k)) => {
@@ -438,6 +584,9 @@ impl Collector {
         last: &Snapshot,
         latency_model: &str,
     ) -> Result<(Summary, Option<Vec<TraceRecord>>)> {
+        for tag in 0..self.rosters.by_tag.len() {
+            self.settle(tag as u32);
+        }
         self.flush_step_gaps();
         self.write_pending_rows();
         for tag in 0..self.open_runs.len() {
@@ -548,6 +697,12 @@ impl Sink for Collector {
         if !self.pending_spans.is_empty() {
             self.write_pending_rows();
         }
+        if self.takes_cohort() {
+            let r = self.rosters.roster(instance);
+            r.prev_end = r.last_end;
+            r.last_end = ends.last().copied();
+            r.report_first_step = first_step;
+        }
         self.flush_step_gaps();
         self.report_ends.extend_from_slice(ends);
         if self.step_gaps.len() <= ends.len() {
@@ -566,7 +721,56 @@ impl Sink for Collector {
         false
     }
 
+    fn takes_cohort(&self) -> bool {
+        // (The per-token rows are written in step order from spans.)
+        self.tokens && !(self.itl_companion && self.writer.is_some())
+    }
+
+    fn cohort(&mut self, instance: u32, note: &CohortNote, report: &StepReport) {
+        match *note {
+            CohortNote::Join(join) => {
+                self.settle(join.tag);
+                self.rosters.join(instance, join);
+            }
+            CohortNote::Steps {
+                first_step,
+                count,
+                completing,
+            } => self.count_cohort_gaps(
+                instance,
+                report,
+                first_step as usize,
+                count as usize,
+                u64::from(completing),
+            ),
+            CohortNote::Leave { tag } => {
+                if self
+                    .rosters
+                    .by_tag
+                    .get(tag as usize)
+                    .copied()
+                    .flatten()
+                    .map(|m| m.instance)
+                    == Some(instance)
+                {
+                    self.settle(tag);
+                }
+            }
+            CohortNote::LeaveAll => {
+                let tags = self.rosters.roster(instance).tags.clone();
+                for tag in tags {
+                    self.settle(tag);
+                }
+            }
+        }
+    }
+
     fn tokens(&mut self, _rec: Option<&TraceRecord>, streaming: bool, times: SpanTimes<'_>) {
+        let tag = times.span().tag;
+        if self.rosters.contains(tag) {
+            // (A former steady decoder whose leaving is not yet told.)
+            self.settle(tag);
+        }
         if self.itl_steps && streaming {
             self.extend_token_run(times);
         }
@@ -583,6 +787,7 @@ impl Sink for Collector {
             fin,
             status,
         } = done;
+        self.settle(fin.tag);
         self.close_run(fin.tag as usize);
         let input = rec.effective_input_tokens().max(1);
         let streaming = rec.request.streaming;

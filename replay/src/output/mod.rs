@@ -1,11 +1,13 @@
 //! What a replay writes: [`collector`] turns the simulator's events into the
 //! predicted trace (`PREFIX.yaml`/`.csv`, the ITL and metrics companions)
 //! and the [`summary`]; [`fitness`] scores a summary for policy search;
-//! [`sink_thread`] runs a sink on a second core beside the simulation.
+//! [`sink_thread`] runs a sink on a second core beside the simulation;
+//! `roster` keeps the steady decoders a collector is told of in compact form.
 
 pub mod collector;
 pub mod fitness;
 pub mod gap_counts;
+mod roster;
 pub mod sink_thread;
 pub mod summary;
 

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 
 use blis_traces::{Status, TraceRecord};
 
-use crate::engine::instance::{Finished, Snapshot, StepReport, TokenSpan, TokenTiming};
+use crate::engine::instance::{CohortNote, Finished, Snapshot, StepReport, TokenSpan, TokenTiming};
 use crate::sim::{Done, NotServed, Sink};
 
 /// Events per batch handed to the sink's thread. Each batch may wake a
@@ -37,7 +37,8 @@ pub const BATCHES_IN_FLIGHT: usize = 4;
 #[derive(Debug)]
 enum Event {
     /// [`Sink::take_report`]: `spans[spans]`, with their step ends
-    /// `ends[ends_from..]` and streaming flags `flags[flags_from..]`.
+    /// `ends[ends_from..]`, streaming flags `flags[flags_from..]` and
+    /// steady decoders' notes `notes[notes_from..notes_to]`.
     Report {
         instance: u32,
         first_step: u64,
@@ -46,6 +47,8 @@ enum Event {
         ends_len: usize,
         spans: usize,
         flags_from: usize,
+        notes_from: usize,
+        notes_to: usize,
     },
     /// [`Sink::finished`] with the batch's next record.
     Finished {
@@ -82,6 +85,7 @@ struct Batch {
     ends: Vec<i64>,
     spans: Vec<Vec<TokenSpan>>,
     flags: Vec<bool>,
+    notes: Vec<(u32, CohortNote)>,
     snaps: Vec<Snapshot>,
     upcoming: Vec<(u64, u32, i64)>,
     /// Emptied span vectors on their way back to the simulation.
@@ -103,6 +107,8 @@ impl Batch {
                     ends_len,
                     spans,
                     flags_from,
+                    notes_from,
+                    notes_to,
                 } => {
                     if report.timing() != timing {
                         report.set_timing(timing);
@@ -117,8 +123,15 @@ impl Batch {
                         sink.steps(instance, first_step, &report.step_ends);
                     }
                     let flags = &self.flags[flags_from..flags_from + report.spans.len()];
-                    for (span, &streaming) in report.spans.iter().zip(flags) {
+                    let mut notes = self.notes[notes_from..notes_to].iter().peekable();
+                    for (i, (span, &streaming)) in report.spans.iter().zip(flags).enumerate() {
+                        while let Some((_, note)) = notes.next_if(|(at, _)| *at as usize <= i) {
+                            sink.cohort(instance, note, report);
+                        }
                         sink.tokens(None, streaming, report.span_times(span));
+                    }
+                    for (_, note) in notes {
+                        sink.cohort(instance, note, report);
                     }
                     std::mem::swap(&mut report.spans, &mut self.spans[spans]);
                 }
@@ -158,6 +171,7 @@ impl Batch {
         }));
         self.ends.clear();
         self.flags.clear();
+        self.notes.clear();
         self.snaps.clear();
         self.upcoming.clear();
     }
@@ -177,6 +191,7 @@ pub struct SinkThread<S: Sink + Send + 'static> {
     thread: Option<JoinHandle<S>>,
     wants_tokens: bool,
     wants_upcoming: bool,
+    takes_cohort: bool,
     slo: Option<blis_traces::slo::Slo>,
 }
 
@@ -188,6 +203,7 @@ impl<S: Sink + Send + 'static> SinkThread<S> {
     pub fn new(sink: S) -> std::io::Result<Self> {
         let wants_tokens = sink.wants_tokens();
         let wants_upcoming = sink.wants_upcoming();
+        let takes_cohort = sink.takes_cohort();
         let slo = sink.slo();
         let (to_sink, from_driver) = sync_channel::<Batch>(BATCHES_IN_FLIGHT);
         let (return_spare, spare) = sync_channel::<Batch>(BATCHES_IN_FLIGHT + 2);
@@ -210,6 +226,7 @@ impl<S: Sink + Send + 'static> SinkThread<S> {
             thread: Some(thread),
             wants_tokens,
             wants_upcoming,
+            takes_cohort,
             slo,
         })
     }
@@ -272,6 +289,10 @@ impl<S: Sink + Send + 'static> Sink for SinkThread<S> {
         true
     }
 
+    fn takes_cohort(&self) -> bool {
+        self.takes_cohort
+    }
+
     fn take_report(&mut self, instance: u32, report: &mut StepReport, streaming: &[bool]) {
         let ends_from = self.batch.ends.len();
         self.batch.ends.extend_from_slice(&report.step_ends);
@@ -279,6 +300,16 @@ impl<S: Sink + Send + 'static> Sink for SinkThread<S> {
         self.batch
             .flags
             .extend(report.spans.iter().map(|s| streaming[s.tag as usize]));
+        let notes_from = self.batch.notes.len();
+        self.batch
+            .notes
+            .extend(report.cohort.iter().map(|&(at, note)| match note {
+                CohortNote::Join(mut j) => {
+                    j.streaming = streaming[j.tag as usize];
+                    (at, CohortNote::Join(j))
+                }
+                other => (at, other),
+            }));
         // A fresh vector is sized for a report like this one: grown from
         // empty, each of the (up to a few thousand) vectors in flight was
         // reallocated about log2(batch) times before the first came back.
@@ -297,6 +328,8 @@ impl<S: Sink + Send + 'static> Sink for SinkThread<S> {
             ends_len: report.step_ends.len(),
             spans: self.batch.spans.len() - 1,
             flags_from,
+            notes_from,
+            notes_to: self.batch.notes.len(),
         });
     }
 

@@ -211,3 +211,205 @@ fn a_records_only_collector_keeps_the_same_records() {
     );
     assert_eq!(kept[0], kept[1]);
 }
+
+/// Forwards every call to a collector, counting the steady decoders' notes
+/// it is given in compact form.
+struct Counted(blis_replay::output::Collector, u64);
+
+impl Sink for Counted {
+    fn wants_tokens(&self) -> bool {
+        self.0.wants_tokens()
+    }
+    fn wants_token_records(&self) -> bool {
+        self.0.wants_token_records()
+    }
+    fn steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) {
+        self.0.steps(instance, first_step, ends);
+    }
+    fn tokens(&mut self, rec: Option<&TraceRecord>, streaming: bool, times: SpanTimes<'_>) {
+        self.0.tokens(rec, streaming, times);
+    }
+    fn finished(&mut self, done: Done<'_>) {
+        self.0.finished(done);
+    }
+    fn not_served(&mut self, rec: TraceRecord, entry_us: i64, why: NotServed) {
+        self.0.not_served(rec, entry_us, why);
+    }
+    fn sample(&mut self, t_us: i64, snap: &Snapshot) {
+        self.0.sample(t_us, snap);
+    }
+    fn takes_cohort(&self) -> bool {
+        self.0.takes_cohort()
+    }
+    fn cohort(
+        &mut self,
+        instance: u32,
+        note: &blis_replay::engine::instance::CohortNote,
+        report: &blis_replay::engine::instance::StepReport,
+    ) {
+        self.1 += 1;
+        self.0.cohort(instance, note, report);
+    }
+}
+
+/// Files by name, with the summary's JSON first.
+type Files = Vec<(String, Vec<u8>)>;
+
+/// Every file a collector writes (the trace, its step-form ITL companion,
+/// the time series) and its summary, for a replay of `n` requests on
+/// `instances` instances with `model`: made on the simulation's thread
+/// (a token span per request per step), then on a thread of its own (the
+/// steady decoders in compact notes), with the number of notes.
+fn files_both_ways(
+    seed: u64,
+    n: u64,
+    instances: u32,
+    kv_blocks: u32,
+    max_output: u32,
+    model: &blis_replay::Model,
+) -> (Files, Files, u64) {
+    use blis_replay::output::Collector;
+    use blis_traces::{ItlForm, Mode, TraceHeader};
+    let reqs: Vec<_> = (0..n)
+        .map(|i| {
+            let h = (i + 1)
+                .wrapping_mul(seed | 1)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                >> 40;
+            let mut r = req(
+                i,
+                i as i64 * (500 + (h % 6_000) as i64),
+                16 + (h % 400) as u32,
+                1 + (h % u64::from(max_output)) as u32,
+            );
+            r.streaming = h % 5 != 0;
+            if h % 7 == 0 {
+                r.deadline_us = Some(r.arrival_time_us + 20_000 + (h % 400_000) as i64);
+            }
+            r
+        })
+        .collect();
+    let cfg = EngineConfig {
+        total_kv_blocks: kv_blocks,
+        max_num_seqs: 24,
+        max_num_batched_tokens: 256,
+        ..EngineConfig::default()
+    };
+    let bundle = PolicyBundle {
+        num_instances: instances,
+        routing: RoutingPolicy::RoundRobin,
+        ..PolicyBundle::default()
+    };
+    let opts = SimOptions {
+        sample_interval_us: Some(37_000),
+        horizon_us: None,
+    };
+    let timing = blis_replay::engine::instance::TokenTiming::of(model).itl();
+    let mut out = Vec::new();
+    let mut notes = 0;
+    for threaded in [false, true] {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let header = TraceHeader::new(Mode::Replayed);
+        let prefix = dir.path().join("pred");
+        let collector =
+            Collector::to_files(&prefix, &header, &[], ItlForm::Steps(timing), true).unwrap();
+        let mut insts: Vec<Instance> = (0..instances)
+            .map(|_| Instance::new(cfg.clone(), model.clone()))
+            .collect();
+        let mut control = Control::new(&bundle, insts.len());
+        let reqs = inputs(reqs.clone());
+        let collector = if threaded {
+            let mut sink = SinkThread::new(Counted(collector, 0)).expect("a thread");
+            assert!(sink.takes_cohort());
+            replay_cluster(&mut insts, &mut control, reqs, &opts, &mut sink);
+            let c = sink.into_inner();
+            notes = c.1;
+            c.0
+        } else {
+            let mut sink = collector;
+            replay_cluster(&mut insts, &mut control, reqs, &opts, &mut sink);
+            sink
+        };
+        let snaps: Vec<Snapshot> = insts.iter().map(Instance::snapshot).collect();
+        let last = blis_replay::sim::merged(&snaps);
+        let (summary, _) = collector.finish(&header, &last, "m").unwrap();
+        let mut files = vec![("summary".to_string(), serde_json::to_vec(&summary).unwrap())];
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            files.push((name, std::fs::read(&p).unwrap()));
+        }
+        out.push(files);
+    }
+    let threaded = out.pop().expect("two runs");
+    (out.pop().expect("two runs"), threaded, notes)
+}
+
+/// A model whose last token carries a completion delay and every token a
+/// hop (the step-form delays that are not per token), stepping as BLIS's
+/// trained-physics formula does.
+fn delayed_model() -> blis_replay::Model {
+    use blis_replay::latency::arch::Hardware;
+    use blis_replay::latency::hf_config::find_model;
+    use blis_replay::latency::physics::BlisPhysics;
+    let arch = find_model(Some("meta-llama/Llama-3.1-8B-Instruct"), None).unwrap();
+    let hw = Hardware::bundled("H100").unwrap();
+    let mut m = BlisPhysics::published(&arch, &hw, 1);
+    m.alpha = [0.0, 777.0, 0.0];
+    blis_replay::Model::BlisPhysics(Box::new(m))
+}
+
+fn assert_same_files(direct: &[(String, Vec<u8>)], threaded: &[(String, Vec<u8>)]) {
+    assert_eq!(direct.len(), threaded.len());
+    for ((a, x), (b, y)) in direct.iter().zip(threaded) {
+        assert_eq!(a, b);
+        assert!(
+            x == y,
+            "{a} differs:\n{}\n---\n{}",
+            String::from_utf8_lossy(x),
+            String::from_utf8_lossy(y)
+        );
+    }
+}
+
+#[test]
+fn steady_decoders_told_in_compact_notes_write_the_same_files() {
+    // Tight KV blocks (preemptions dissolve the steady decoders), client
+    // deadlines (aborts), three instances, a completion delay.
+    for model in [simple_model(), delayed_model()] {
+        let (direct, threaded, notes) = files_both_ways(11, 500, 3, 90, 90, &model);
+        assert!(notes > 100, "the steady decoders came as notes ({notes})");
+        let sizes: Vec<_> = direct.iter().map(|(n, b)| (n, b.len())).collect();
+        let itl = direct.iter().find(|(n, _)| n == "pred.itl.csv").unwrap();
+        assert!(itl.1.len() > 5_000, "token runs were written: {sizes:?}");
+        assert_same_files(&direct, &threaded);
+    }
+    // Long outputs on a tight cache: a preempted member is admitted again
+    // with all but its last token cached and steps straight into the
+    // steady decoders (its first token as a member ends its token run).
+    let (direct, threaded, _) =
+        files_both_ways(4_203_664_176_394_230_614, 75, 1, 90, 600, &delayed_model());
+    assert_same_files(&direct, &threaded);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(12)))]
+    #[test]
+    fn compact_notes_and_spans_write_the_same_files(
+        seed in any::<u64>(),
+        n in 1u64..150,
+        instances in 1u32..4,
+        kv_blocks in 40u32..600,
+        max_output in prop_oneof![Just(90u32), Just(600)],
+        delayed in any::<bool>(),
+    ) {
+        let model = if delayed { delayed_model() } else { simple_model() };
+        let (direct, threaded, _) =
+            files_both_ways(seed, n, instances, kv_blocks, max_output, &model);
+        assert_same_files(&direct, &threaded);
+    }
+}

@@ -26,7 +26,9 @@
 //! a request joins at the tail), so allocations, hash commits, token spans
 //! and completions happen in the order single steps give them. Anything
 //! the cohort does not model (a preemption, an abort, a split run, P/D
-//! hand-offs, a CPU tier) first dissolves it back into explicit requests.
+//! hand-offs) first dissolves it back into explicit requests. With a CPU
+//! tier, a member's new block is taken at the end of the step before, the
+//! time an eviction's offload is stamped with, as single steps take it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -125,8 +127,8 @@ pub(super) struct Cohort {
     pub(super) ctx_base: i64,
     /// (cohort step at which it completes, join, slot), soonest first.
     pub(super) completions: BinaryHeap<Reverse<(u64, u64, u32)>>,
-    /// Whether the instance may keep a cohort (fast-forward on, no CPU
-    /// tier, no P/D hand-offs).
+    /// Whether the instance may keep a cohort (fast-forward on, no P/D
+    /// hand-offs).
     pub(super) enabled: bool,
     /// The members' tokens go to the report in compact form
     /// ([`CohortNote`]): the delays of a plain and of a

@@ -11,7 +11,7 @@ use super::instance::{CohortJoin, CohortNote, Instance, Run, StepReport, TokenSp
 impl Instance {
     /// Whether a cohort may be kept here now.
     pub(super) fn cohort_enabled(&self) -> bool {
-        self.cohort.enabled && self.cfg.fast_forward && !self.kv.tiered()
+        self.cohort.enabled && self.cfg.fast_forward
     }
 
     /// Dissolves the cohort for good on this instance (P/D hand-offs).
@@ -332,6 +332,11 @@ impl Instance {
                 self.commit_hashes_upto(e.slot, filled);
             }
             if i < u64::from(k) || continues {
+                // (Blocks for step i + 1 are taken when step i ends.)
+                if self.kv.tiered() && !group.is_empty() {
+                    self.kv
+                        .set_clock(report.step_ends[(base_step + i as u32 - 1) as usize]);
+                }
                 for e in &group {
                     self.take_new_block(e.slot);
                 }

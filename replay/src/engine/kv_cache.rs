@@ -668,6 +668,11 @@ impl KvCache {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
                     mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
                 }
+                // And, half as far ahead (its content fetched by then), the
+                // hash index's slot its eviction removes.
+                if let Some(&(mid, _)) = self.queue.get(PREFETCH_AHEAD / 2) {
+                    self.cached.prefetch(self.content[mid as usize].hash_bits);
+                }
                 if on_evict {
                     self.prefetch_offload();
                 }

@@ -98,6 +98,8 @@ pub struct Collector {
     first_drop: Option<(String, &'static str)>,
     /// The steady decoders told of in compact form ([`Sink::cohort`]).
     rosters: Rosters,
+    /// The members leaving at once (a spare vector).
+    leaving: Vec<(super::roster::Member, Option<(u32, u64)>)>,
 }
 
 impl Collector {
@@ -243,6 +245,7 @@ impl Collector {
             pool_labels: Vec::new(),
             first_drop: None,
             rosters: Rosters::default(),
+            leaving: Vec::new(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -426,9 +429,15 @@ impl Collector {
     /// A steady decoder leaves the roster: its tokens as a member join its
     /// token run (what a span per step would have made of them).
     fn settle(&mut self, tag: u32) {
-        let Some((m, tokens)) = self.rosters.leave(tag) else {
-            return;
-        };
+        if let Some((m, tokens)) = self.rosters.leave(tag) {
+            self.settle_member(&m, tokens);
+        }
+    }
+
+    /// [`Collector::settle`] of a member taken out of the roster, with its
+    /// tokens as a member (count, first step).
+    fn settle_member(&mut self, m: &super::roster::Member, tokens: Option<(u32, u64)>) {
+        let tag = m.join.tag;
         if let Some((count, first_step)) = tokens
             && m.join.streaming
             && self.itl_steps
@@ -757,10 +766,12 @@ impl Sink for Collector {
                 }
             }
             CohortNote::LeaveAll => {
-                let tags = self.rosters.roster(instance).tags.clone();
-                for tag in tags {
-                    self.settle(tag);
+                let mut left = std::mem::take(&mut self.leaving);
+                self.rosters.leave_all(instance, &mut left);
+                for (m, tokens) in left.drain(..) {
+                    self.settle_member(&m, tokens);
                 }
+                self.leaving = left;
             }
         }
     }

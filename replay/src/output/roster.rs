@@ -86,6 +86,24 @@ impl Rosters {
         self.by_tag[t] = Some(m);
     }
 
+    /// Removes every member of `instance`, each with its tokens as a
+    /// member, into `out`.
+    pub(super) fn leave_all(&mut self, instance: u32, out: &mut Vec<(Member, Option<(u32, u64)>)>) {
+        let Some(r) = self.of.get_mut(instance as usize) else {
+            return;
+        };
+        r.fresh.clear();
+        let tags = std::mem::take(&mut r.tags);
+        for &tag in &tags {
+            if let Some(m) = self.by_tag[tag as usize].take() {
+                out.push((m, tokens_of(&m, r)));
+            }
+        }
+        // (The vector goes back empty, for its capacity.)
+        r.tags = tags;
+        r.tags.clear();
+    }
+
     /// Removes member `tag`; returns it with its tokens as a member.
     pub(super) fn leave(&mut self, tag: u32) -> Option<(Member, Option<(u32, u64)>)> {
         let m = self.by_tag.get_mut(tag as usize)?.take()?;

@@ -131,9 +131,8 @@ pub(super) struct Cohort {
     /// hand-offs).
     pub(super) enabled: bool,
     /// The members' tokens go to the report in compact form
-    /// ([`CohortNote`]): the delays of a plain and of a
-    /// last token then, µs (they do not depend on the token's index).
-    pub(super) compact: Option<(i64, i64)>,
+    /// ([`CohortNote`]): when their tokens become visible then.
+    pub(super) compact: Option<blis_traces::itl_steps::ItlTiming>,
     /// Compact form: the notes made outside a report (joins, a
     /// dissolution), for the next one.
     pub(super) log: Vec<CohortNote>,

@@ -959,15 +959,10 @@ impl Instance {
     /// Whether the steady decoders' tokens go to the reports in compact
     /// form ([`CohortNote`]s in [`StepReport::cohort`]) rather than as a
     /// [`TokenSpan`] per member per step; for a sink that reads the notes
-    /// (or takes no tokens). Taken only where a token's delay does not
-    /// depend on its index (no accumulating per-token overhead); a change
-    /// turns the steady decoders back into requests first. Off by default.
+    /// (or takes no tokens). A change turns the steady decoders back into
+    /// requests first. Off by default.
     pub fn set_compact_cohort(&mut self, on: bool) {
-        let timing = TokenTiming::of(&self.latency);
-        let compact = (on && timing.per_token_us == 0.0).then(|| {
-            let itl = timing.itl();
-            (itl.extra_us(1, false), itl.extra_us(1, true))
-        });
+        let compact = on.then(|| TokenTiming::of(&self.latency).itl());
         if compact != self.cohort.compact {
             self.dissolve_cohort();
             self.cohort.compact = compact;

@@ -82,8 +82,8 @@ impl Instance {
         a.generated = m.g0 + d;
         a.last_token_us = match compact {
             // (Its latest token: at the members' last step.)
-            Some((plain, last)) if d > 0 => {
-                Some(last_end + if a.generated >= a.target { last } else { plain })
+            Some(itl) if d > 0 => {
+                Some(last_end + itl.extra_us(a.generated, a.generated >= a.target))
             }
             _ => m.last_us,
         };

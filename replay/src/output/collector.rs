@@ -474,10 +474,7 @@ impl Collector {
         count: usize,
         completing: u64,
     ) {
-        let Some((plain, last)) = report.constant_extras() else {
-            debug_assert!(false, "compact notes without constant delays");
-            return;
-        };
+        let itl = report.timing().itl();
         let ends = &report.step_ends;
         let r = self.rosters.roster(instance);
         let members = r.tags.len() as u64;
@@ -516,7 +513,7 @@ impl Collector {
                 }
             }
             let ends_output = j.next_index >= j.target;
-            let t0 = ends[first] + if ends_output { last } else { plain };
+            let t0 = ends[first] + itl.extra_us(j.next_index, ends_output);
             if j.next_index > 1
                 && let Some(previous) = j.previous_us
             {
@@ -530,6 +527,15 @@ impl Collector {
         let mut fresh = fresh;
         fresh.clear();
         self.rosters.roster(instance).fresh = fresh;
+        let Some((plain, last)) = report.constant_extras() else {
+            // A delay that grows with the token's index: each member's
+            // gaps from its own indices.
+            self.count_member_gaps(instance, ends, first, count, prev_end, &itl);
+            let r = self.rosters.roster(instance);
+            r.steps_done += count as u64;
+            r.next_step = r.report_first_step + (first + count) as u64;
+            return;
+        };
         let excess = last - plain;
         // Tokens of step `s` whose gap is the step's (plus `extra`).
         let at_step = |c: &mut Self, s: usize, n: u64, extra: i64| {
@@ -568,6 +574,57 @@ impl Collector {
         let r = self.rosters.roster(instance);
         r.steps_done += count as u64;
         r.next_step = r.report_first_step + (first + count) as u64;
+    }
+
+    /// [`Collector::count_cohort_gaps`] of a timing whose delays depend on
+    /// the token's index (an accumulating per-token overhead): the gaps of
+    /// every member's tokens but a new member's first (counted already),
+    /// runs of equal gaps counted at once.
+    fn count_member_gaps(
+        &mut self,
+        instance: u32,
+        ends: &[i64],
+        first: usize,
+        count: usize,
+        prev_end: Option<i64>,
+        itl: &blis_traces::itl_steps::ItlTiming,
+    ) {
+        let r = &self.rosters.of[instance as usize];
+        for &tag in &r.tags {
+            let Some(m) = &self.rosters.by_tag[tag as usize] else {
+                continue;
+            };
+            let done = r.steps_done - m.s0;
+            let base = m.join.next_index + done as u32;
+            let target = m.join.target;
+            let mut run = (i64::MIN, 0u64);
+            for q in usize::from(done == 0)..count {
+                let s = first + q;
+                let before = if s == 0 {
+                    let Some(prev) = prev_end else {
+                        debug_assert!(false, "members without a step before");
+                        continue;
+                    };
+                    prev
+                } else {
+                    ends[s - 1]
+                };
+                let i = base + q as u32;
+                let gap =
+                    ends[s] - before + itl.extra_us(i, i >= target) - itl.extra_us(i - 1, false);
+                if gap == run.0 {
+                    run.1 += 1;
+                } else {
+                    if run.1 > 0 {
+                        self.itl.add(run.0, run.1);
+                    }
+                    run = (gap, 1);
+                }
+            }
+            if run.1 > 0 {
+                self.itl.add(run.0, run.1);
+            }
+        }
     }
 
     fn emit(&mut self, rec: TraceRecord) {

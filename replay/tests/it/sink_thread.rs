@@ -349,18 +349,22 @@ fn files_both_ways(
     (out.pop().expect("two runs"), threaded, notes)
 }
 
-/// A model whose last token carries a completion delay and every token a
-/// hop (the step-form delays that are not per token), stepping as BLIS's
-/// trained-physics formula does.
-fn delayed_model() -> blis_replay::Model {
+/// A model whose last token carries a completion delay, stepping as
+/// BLIS's trained-physics formula does; with `per_token`, a delay that
+/// grows with each token's index too (BLIS's α₂).
+fn delayed_model_with(per_token: bool) -> blis_replay::Model {
     use blis_replay::latency::arch::Hardware;
     use blis_replay::latency::hf_config::find_model;
     use blis_replay::latency::physics::BlisPhysics;
     let arch = find_model(Some("meta-llama/Llama-3.1-8B-Instruct"), None).unwrap();
     let hw = Hardware::bundled("H100").unwrap();
     let mut m = BlisPhysics::published(&arch, &hw, 1);
-    m.alpha = [0.0, 777.0, 0.0];
+    m.alpha = [0.0, 777.0, if per_token { 45.907_545 } else { 0.0 }];
     blis_replay::Model::BlisPhysics(Box::new(m))
+}
+
+fn delayed_model() -> blis_replay::Model {
+    delayed_model_with(false)
 }
 
 fn assert_same_files(direct: &[(String, Vec<u8>)], threaded: &[(String, Vec<u8>)]) {
@@ -380,7 +384,7 @@ fn assert_same_files(direct: &[(String, Vec<u8>)], threaded: &[(String, Vec<u8>)
 fn steady_decoders_told_in_compact_notes_write_the_same_files() {
     // Tight KV blocks (preemptions dissolve the steady decoders), client
     // deadlines (aborts), three instances, a completion delay.
-    for model in [simple_model(), delayed_model()] {
+    for model in [simple_model(), delayed_model(), delayed_model_with(true)] {
         let (direct, threaded, notes) = files_both_ways(11, 500, 3, 90, 90, &model);
         assert!(notes > 100, "the steady decoders came as notes ({notes})");
         let sizes: Vec<_> = direct.iter().map(|(n, b)| (n, b.len())).collect();
@@ -405,9 +409,13 @@ proptest! {
         instances in 1u32..4,
         kv_blocks in 40u32..600,
         max_output in prop_oneof![Just(90u32), Just(600)],
-        delayed in any::<bool>(),
+        delayed in 0u8..3,
     ) {
-        let model = if delayed { delayed_model() } else { simple_model() };
+        let model = match delayed {
+            0 => simple_model(),
+            1 => delayed_model(),
+            _ => delayed_model_with(true),
+        };
         let (direct, threaded, _) =
             files_both_ways(seed, n, instances, kv_blocks, max_output, &model);
         assert_same_files(&direct, &threaded);

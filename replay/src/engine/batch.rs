@@ -9,19 +9,6 @@ use blis_traces::itl_steps::round_to_i64;
 
 use crate::latency::{LatencyModel, Model, PrefillChunk};
 
-/// Keeps `fewest` the requests with the fewest tokens `left` seen so far
-/// (in the order seen) and `min_left` that number, as `slot` with `left`
-/// tokens to go is seen.
-fn note_fewest_left(fewest: &mut Vec<u32>, min_left: &mut u32, left: u32, slot: u32) {
-    if left < *min_left {
-        *min_left = left;
-        fewest.clear();
-    }
-    if left == *min_left {
-        fewest.push(slot);
-    }
-}
-
 /// Adds decoding request `slot` to the group of `phase` in `groups`,
 /// noting in `used` a phase that was empty.
 #[inline]
@@ -109,9 +96,6 @@ impl Instance {
             ends.clear();
             ends.push(now + dt);
             self.fast_forward(now, limit, dt, &scheduled, min_left, &mut ends);
-            if ends.len() == min_left as usize {
-                self.prefetch_completions();
-            }
             self.run = Some(Run {
                 scheduled,
                 ends,
@@ -167,9 +151,6 @@ impl Instance {
         ends.push(now + dt + transfer);
         if decode_only && !preempted {
             self.fast_forward(now + transfer, limit, dt, &scheduled, min_left, &mut ends);
-            if ends.len() == min_left as usize {
-                self.prefetch_completions();
-            }
         }
         self.run = Some(Run {
             scheduled,
@@ -198,7 +179,6 @@ impl Instance {
         }
         self.clear_groups();
         self.shape.clear();
-        self.fewest_left.clear();
         self.block_needs.clear();
         let mut min_left = u32::MAX;
         let mut need = 0u32;
@@ -218,12 +198,7 @@ impl Instance {
             }
             self.shape.decode_count += 1;
             self.shape.decode_context_sum += u64::from(a.num_computed);
-            note_fewest_left(
-                &mut self.fewest_left,
-                &mut min_left,
-                a.target - a.generated,
-                slot,
-            );
+            min_left = min_left.min(a.target - a.generated);
             let phase = self.kv.phase(a.num_computed);
             group_push(&mut self.groups, &mut self.used_phases, phase, slot);
             scheduled.push((slot, 1));
@@ -251,17 +226,6 @@ impl Instance {
             self.groups[p as usize].clear();
         }
         self.used_phases.clear();
-    }
-
-    /// Hints the CPU to fetch the KV blocks of the requests of a
-    /// decode-only run that complete at its end (those with the fewest
-    /// tokens left, when the run lasts that many steps): they are released
-    /// then, and fetched now they arrive while the run is in flight instead
-    /// of stalling the release.
-    fn prefetch_completions(&self) {
-        for &slot in &self.fewest_left {
-            self.kv.prefetch(&self.act(slot).blocks);
-        }
     }
 
     /// Step 1: the running requests, in running order, each its next chunk
@@ -490,7 +454,6 @@ impl Instance {
     pub(super) fn step_shape(&mut self, scheduled: &[(u32, u32)]) -> (bool, u32) {
         self.shape.clear();
         self.clear_groups();
-        self.fewest_left.clear();
         let mut decode_only = true;
         let mut min_left = u32::MAX;
         for &(slot, n) in scheduled {
@@ -499,12 +462,7 @@ impl Instance {
             if is_decode {
                 self.shape.decode_count += 1;
                 self.shape.decode_context_sum += u64::from(a.num_computed);
-                note_fewest_left(
-                    &mut self.fewest_left,
-                    &mut min_left,
-                    a.target - a.generated,
-                    slot,
-                );
+                min_left = min_left.min(a.target - a.generated);
                 // Its phase: after step j of a decode-only run, the
                 // requests of phase j % bs fill a block.
                 let phase = self.kv.phase(a.num_computed);

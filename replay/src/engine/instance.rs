@@ -699,10 +699,6 @@ pub struct Instance {
     /// Scratch of a decode batch being formed: the requests that take new
     /// KV blocks, with how many, in running order.
     pub(super) block_needs: Vec<(u32, u32)>,
-    /// The decoding requests of the batch in flight with the fewest tokens
-    /// left, in running order: those that complete if its run reaches
-    /// that many steps.
-    pub(super) fewest_left: Vec<u32>,
     /// Waiting requests per SLO class (`class`, capped at 7).
     pub(super) waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
@@ -757,7 +753,6 @@ impl Instance {
             run_phases_used: Vec::new(),
             spare_done: Vec::new(),
             block_needs: Vec::new(),
-            fewest_left: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
             private_live: false,
@@ -1510,6 +1505,9 @@ impl Instance {
         let a = self.slots[slot as usize].as_mut().expect("live slot");
         let from = std::mem::replace(&mut a.private_pending, u32::MAX);
         for j in from..a.hashed {
+            if let Some(&ahead) = a.blocks.get(j as usize + crate::engine::kv_cache::PIPELINE) {
+                self.kv.prefetch_block(ahead);
+            }
             let h = a.hash(bs, j);
             let parent = j.checked_sub(1).map(|p| a.blocks[p as usize]);
             self.kv.commit_private(a.blocks[j as usize], h, parent);

@@ -124,7 +124,6 @@ impl Instance {
                         }
                         g.push(m.slot);
                     }
-                    self.fewest_left.clear();
                 }
             }
             self.run = Some(run);
@@ -242,25 +241,12 @@ impl Instance {
         } else {
             self.counters.prompt_tokens += self.shape.prefill_tokens();
         }
-        self.prefetch_cohort_completion(ends.len() as u64);
         self.run = Some(Run {
             scheduled,
             ends,
             cohort: len as u32,
         });
         true
-    }
-
-    /// Hints the CPU to fetch the KV blocks of the member that completes
-    /// at the end of a run of `k` steps, if one does (the soonest): it
-    /// releases them then, and they arrive while other instances step.
-    fn prefetch_cohort_completion(&self, k: u64) {
-        if let Some(&Reverse((at, join, slot))) = self.cohort.completions.peek()
-            && at == self.cohort.j + k
-            && self.is_member(slot, join)
-        {
-            self.kv.prefetch(&self.act(slot).blocks);
-        }
     }
 
     /// Dissolves the cohort while a batch is being formed: the members go

@@ -44,10 +44,98 @@ pub fn run(opts: Opts, out: &mut dyn std::io::Write) -> Result<i32> {
     Ok(exit_code::OK)
 }
 
+/// The main job's workload and the ServeGen data it reads, built into the
+/// binary: (path under `examples/`, contents).
+const EMBEDDED_WORKLOAD: &[(&str, &str)] = &[
+    (
+        "loop-servegen.yaml",
+        include_str!("../../examples/loop-servegen.yaml"),
+    ),
+    (
+        "data/servegen/LICENSE-ServeGen",
+        include_str!("../../examples/data/servegen/LICENSE-ServeGen"),
+    ),
+    (
+        "data/servegen/README.md",
+        include_str!("../../examples/data/servegen/README.md"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-0-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-0-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-0-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-0-trace.csv"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-116-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-116-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-116-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-116-trace.csv"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-143-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-143-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-143-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-143-trace.csv"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-20-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-20-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-20-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-20-trace.csv"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-34-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-34-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-34-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-34-trace.csv"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-61-dataset.json",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-61-dataset.json"),
+    ),
+    (
+        "data/servegen/language/m-large/chunk-61-trace.csv",
+        include_str!("../../examples/data/servegen/language/m-large/chunk-61-trace.csv"),
+    ),
+];
+
 /// The workload of the main job: one minute of ServeGen's m-large language
-/// clients (arXiv:2505.09999).
-pub fn default_spec() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/loop-servegen.yaml")
+/// clients (arXiv:2505.09999), `examples/loop-servegen.yaml` of the
+/// checkout the binary was built in; where that checkout is gone (a binary
+/// copied or installed elsewhere), the copy built into the binary, written
+/// with its data under `out/default-workload/`.
+///
+/// # Errors
+/// The copy cannot be written.
+pub fn default_spec(out: &Path) -> Result<PathBuf> {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/loop-servegen.yaml");
+    if built.is_file() {
+        return Ok(built);
+    }
+    write_embedded_workload(&out.join("default-workload"))
+}
+
+/// Writes the workload built into the binary (the spec and its data) under
+/// `dir`; returns the spec's path.
+fn write_embedded_workload(dir: &Path) -> Result<PathBuf> {
+    for (name, text) in EMBEDDED_WORKLOAD {
+        let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).step(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).step(|| format!("writing {}", path.display()))?;
+    }
+    Ok(dir.join("loop-servegen.yaml"))
 }
 
 /// `blis-loop` options.
@@ -298,7 +386,10 @@ fn replay_settings(o: &LoopOpts) -> Result<blis_replay::RunArgs> {
 /// Observes the server at `url` serving `model` under the workload
 /// (`blis-loadgen run`); returns the header of the trace it wrote.
 fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
-    let spec = o.workload_spec.clone().unwrap_or_else(default_spec);
+    let spec = match &o.workload_spec {
+        Some(spec) => spec.clone(),
+        None => default_spec(&o.out)?,
+    };
     let real = o.out.join("real");
     let workload = blis_loadgen::options::WorkloadSource {
         workload_spec: Some(spec.clone()),
@@ -459,6 +550,26 @@ fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The main job runs from a binary whose checkout is gone: the
+    /// workload built into it, written out, is the checkout's, data and
+    /// all (the same requests; a data file the spec gained but the binary
+    /// lacks fails here).
+    #[test]
+    fn the_built_in_workload_generates_the_checkouts_requests() {
+        use blis_traces::{GenerateOptions, WorkloadSpec, generate};
+        let dir = tempfile::tempdir().unwrap();
+        let copy = write_embedded_workload(dir.path()).unwrap();
+        let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/loop-servegen.yaml");
+        let requests = |p: &Path| {
+            let spec = WorkloadSpec::from_file(p).unwrap();
+            generate(&spec, &GenerateOptions::default()).unwrap()
+        };
+        let want = requests(&built);
+        assert!(want.len() > 100);
+        assert_eq!(requests(&copy), want);
+        assert!(dir.path().join("data/servegen/LICENSE-ServeGen").is_file());
+    }
 
     /// A held-out share outside [0, 1) is a usage error before anything
     /// is started or written (1.5 ran the whole loop and, against a real

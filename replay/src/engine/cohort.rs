@@ -99,7 +99,9 @@ pub(super) struct Member {
     pub(super) g0: u32,
     /// Cohort step when it joined.
     pub(super) j0: u64,
-    /// Client-visible time of its latest token.
+    /// Client-visible time of its latest token (in compact form, of its
+    /// latest token before it joined: its tokens as a member are at the
+    /// members' steps, `Cohort::last_end_us`).
     pub(super) last_us: Option<i64>,
 }
 

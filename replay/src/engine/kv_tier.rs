@@ -329,8 +329,12 @@ impl CpuTier {
                 kept.push(e);
                 continue;
             }
-            if let Some(&(h, _, _)) = self.order.get(PREFETCH_AHEAD) {
+            if let Some(&(h, s, _)) = self.order.get(PREFETCH_AHEAD) {
                 self.index.prefetch(h);
+                // (Its slot too: its liveness and the new content it takes.)
+                if let Some(slot) = self.slots.get(s as usize) {
+                    mem_prefetch::prefetch_write_data::<_, 3>(slot);
+                }
             }
             self.take(e.1, e.0);
             dropped = true;

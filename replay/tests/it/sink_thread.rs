@@ -59,10 +59,19 @@ impl Sink for Log {
     }
 }
 
-/// The calls a replay of `n` requests (ids from `seed`) on `instances`
-/// instances makes on its sink, directly and through a [`SinkThread`].
-fn both(seed: u64, n: u64, instances: u32, kv_blocks: u32) -> (Vec<String>, Vec<String>) {
-    let reqs: Vec<_> = (0..n)
+/// `n` requests drawn from `seed`: arrivals `gap` plus up to `spread` µs
+/// apart, prompts of 16 to `16 + max_input` tokens, outputs of 1 to
+/// `max_output`; one in five not streaming, one in seven with a client
+/// that gives up (some cancelled waiting, some while decoding).
+fn requests(
+    seed: u64,
+    n: u64,
+    gap: i64,
+    spread: u64,
+    max_input: u64,
+    max_output: u32,
+) -> Vec<blis_traces::Request> {
+    (0..n)
         .map(|i| {
             let h = (i + 1)
                 .wrapping_mul(seed | 1)
@@ -70,19 +79,23 @@ fn both(seed: u64, n: u64, instances: u32, kv_blocks: u32) -> (Vec<String>, Vec<
                 >> 40;
             let mut r = req(
                 i,
-                i as i64 * (1_000 + (h % 9_000) as i64),
-                16 + (h % 700) as u32,
-                1 + (h % 120) as u32,
+                i as i64 * (gap + (h % spread) as i64),
+                16 + (h % max_input) as u32,
+                1 + (h % u64::from(max_output)) as u32,
             );
             r.streaming = h % 5 != 0;
             if h % 7 == 0 {
-                // A client that gives up: some cancelled waiting, some
-                // while decoding.
                 r.deadline_us = Some(r.arrival_time_us + 20_000 + (h % 400_000) as i64);
             }
             r
         })
-        .collect();
+        .collect()
+}
+
+/// The calls a replay of `n` requests (ids from `seed`) on `instances`
+/// instances makes on its sink, directly and through a [`SinkThread`].
+fn both(seed: u64, n: u64, instances: u32, kv_blocks: u32) -> (Vec<String>, Vec<String>) {
+    let reqs = requests(seed, n, 1_000, 9_000, 700, 120);
     let cfg = EngineConfig {
         total_kv_blocks: kv_blocks,
         max_num_seqs: 12,
@@ -270,25 +283,7 @@ fn files_both_ways(
 ) -> (Files, Files, u64) {
     use blis_replay::output::Collector;
     use blis_traces::{ItlForm, Mode, TraceHeader};
-    let reqs: Vec<_> = (0..n)
-        .map(|i| {
-            let h = (i + 1)
-                .wrapping_mul(seed | 1)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                >> 40;
-            let mut r = req(
-                i,
-                i as i64 * (500 + (h % 6_000) as i64),
-                16 + (h % 400) as u32,
-                1 + (h % u64::from(max_output)) as u32,
-            );
-            r.streaming = h % 5 != 0;
-            if h % 7 == 0 {
-                r.deadline_us = Some(r.arrival_time_us + 20_000 + (h % 400_000) as i64);
-            }
-            r
-        })
-        .collect();
+    let reqs = requests(seed, n, 500, 6_000, 400, max_output);
     let cfg = EngineConfig {
         total_kv_blocks: kv_blocks,
         max_num_seqs: 24,

@@ -360,6 +360,9 @@ fn replayable(
     ReplayWorkload {
         header,
         len: Some(inputs.len() as u64),
+        ids_unique: blis_replay::api::all_different(
+            inputs.iter().map(|i| i.rec.request.request_id),
+        ),
         inputs: Box::new(inputs.into_iter()),
         extras,
         failure: Default::default(),

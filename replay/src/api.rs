@@ -29,6 +29,9 @@ pub struct Workload {
     pub extras: Vec<ExtraColumn>,
     /// Number of requests when known.
     pub len: Option<u64>,
+    /// Whether every request id differs (a generated workload; a trace
+    /// checked when read): see [`replay_on`].
+    pub ids_unique: bool,
     /// Set when a lazily generated workload ended early on an error; check
     /// it once the inputs are consumed ([`InputFailure::check`]).
     pub failure: InputFailure,
@@ -186,6 +189,13 @@ fn horizon_us(o: &WorkloadOptions) -> Result<Option<u64>> {
     }
 }
 
+/// Whether the request ids `ids` are all different.
+pub fn all_different(ids: impl Iterator<Item = u64>) -> bool {
+    let mut ids: Vec<u64> = ids.collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
+}
+
 /// The workload of a whole trace (read or imported), cut and timed out as
 /// `o` says: its requests in entry order ([`trace_inputs`]).
 pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
@@ -208,6 +218,7 @@ pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
         records.truncate(n as usize);
     }
     let extras = ExtraColumn::needed_for(&records);
+    let ids_unique = all_different(records.iter().map(|r| r.request.request_id));
     let inputs = trace_inputs(&trace.header, records);
     let len = inputs.len() as u64;
     Workload {
@@ -215,6 +226,7 @@ pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
         inputs: Box::new(inputs.into_iter()),
         extras,
         len: Some(len),
+        ids_unique,
         failure: InputFailure::default(),
     }
 }
@@ -253,6 +265,8 @@ pub fn spec_workload(spec: &WorkloadSpec, label: &str, o: &WorkloadOptions) -> R
         inputs: Box::new(inputs),
         extras: vec![ExtraColumn::ThinkTimeUs],
         len: opts.num_requests,
+        // (The generator numbers its requests.)
+        ids_unique: true,
         failure,
     })
 }
@@ -291,17 +305,22 @@ fn instances(resolved: &Resolved, bundle: &PolicyBundle) -> Vec<Instance> {
 /// cluster-wide final snapshot and the cluster section (for a cluster).
 ///
 /// With `trace_k`, every routing decision is recorded with the best
-/// `trace_k` candidates (`--trace-level decisions`).
+/// `trace_k` candidates (`--trace-level decisions`). `ids_unique`: the
+/// inputs' request ids are all different ([`Workload::ids_unique`]), which
+/// lets the instances, used once, forget private content
+/// ([`Control::set_ids_unique`]; the same outputs, faster).
 pub fn replay_on<S: crate::sim::Sink>(
     resolved: &Resolved,
     bundle: &PolicyBundle,
     inputs: impl IntoIterator<Item = Input>,
+    ids_unique: bool,
     opts: &SimOptions,
     sink: &mut S,
     trace_k: Option<usize>,
 ) -> ClusterRun {
     let mut insts = instances(resolved, bundle);
     let mut control = Control::new(bundle, insts.len());
+    control.set_ids_unique(ids_unique);
     if let Some(b) = resolved.kv_bytes_per_token {
         control.set_kv_block_bytes(b * f64::from(resolved.engine.block_size));
     }

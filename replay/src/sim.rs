@@ -461,8 +461,10 @@ impl<'a> Session<'a> {
             && control.is_pristine()
             && instances.iter().all(Instance::is_pristine);
         control.set_private_blocks(private);
+        let forget = private && control.ids_unique();
         for inst in instances.iter_mut() {
             inst.set_private_blocks(private);
+            inst.set_forget_private(forget);
         }
         let d = Driver {
             clock: StepClock::new(instances.len()),

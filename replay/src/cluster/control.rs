@@ -31,6 +31,9 @@ pub struct Control {
     private_blocks: bool,
     /// Whether a replay may turn `private_blocks` on.
     private_allowed: bool,
+    /// Whether the caller promised unique request ids
+    /// ([`Control::set_ids_unique`]).
+    ids_unique: bool,
     /// Requests routed to each instance.
     pub routed: Vec<u64>,
     /// Decision records, when traced ([`Control::trace_decisions`]).
@@ -240,6 +243,7 @@ impl Control {
             hasher: content::PrefixHashMemo::new(),
             private_blocks: false,
             private_allowed: true,
+            ids_unique: false,
             routed: vec![0; n],
             decisions: None,
             paths: rustc_hash::FxHashMap::default(),
@@ -281,6 +285,23 @@ impl Control {
     /// Whether a replay may keep private blocks out of the hash indexes.
     pub fn private_blocks_allowed(&self) -> bool {
         self.private_allowed
+    }
+
+    /// The caller's promise that no two requests of the next replay share
+    /// a request id (a generated workload; a trace checked beforehand) and
+    /// that its instances are not replayed on again: the instances then
+    /// forget a request's private content when it leaves
+    /// ([`crate::engine::Instance::set_forget_private`]), which gives the
+    /// same outputs faster. Off by default. A repeated id despite the
+    /// promise still works as without it, except that content already
+    /// forgotten is not found again.
+    pub fn set_ids_unique(&mut self, on: bool) {
+        self.ids_unique = on;
+    }
+
+    /// Whether the caller promised unique request ids.
+    pub fn ids_unique(&self) -> bool {
+        self.ids_unique
     }
 
     /// Whether the router's prefix indexes keep blocks private to their

@@ -210,6 +210,7 @@ fn simulate(
         &resolved,
         bundle,
         workload.inputs,
+        workload.ids_unique,
         &SimOptions {
             sample_interval_us: sample_us,
             horizon_us: None,
@@ -288,6 +289,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     .step(|| format!("creating the outputs at {}", prefix.display()))?;
     let bar = progress(workload.len);
     let input_failure = workload.failure.clone();
+    let ids_unique = workload.ids_unique;
     let inputs = workload.inputs.inspect(|_| bar.inc(1));
     let started = Instant::now();
     let trace_k =
@@ -313,6 +315,7 @@ pub fn run_replay(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
         &resolved,
         &bundle,
         inputs,
+        ids_unique,
         &SimOptions {
             sample_interval_us: sample,
             horizon_us: None,

@@ -703,6 +703,9 @@ pub struct Instance {
     pub(super) waiting_classes: [u32; 8],
     /// Whether private content stays out of the KV hash index.
     pub(super) private_blocks: bool,
+    /// Whether a request's private content is forgotten when it releases
+    /// its blocks ([`Instance::set_forget_private`]).
+    pub(super) forget_private: bool,
     /// Whether a request in the system may have a private part.
     pub(super) private_live: bool,
     /// Tiered KV cache: the transfer time of the blocks reloaded for the
@@ -755,6 +758,7 @@ impl Instance {
             block_needs: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
+            forget_private: false,
             private_live: false,
             pending_transfer_us: 0,
             offload_cap: u32::MAX,
@@ -835,6 +839,24 @@ impl Instance {
     pub fn set_private_blocks(&mut self, on: bool) {
         self.share_private();
         self.private_blocks = on;
+        self.forget_private &= on;
+    }
+
+    /// Whether the private content of a request that completes or is
+    /// aborted, never preempted, is forgotten: its blocks are freed
+    /// without committing their hashes ([`KvCache::release_forgetting`]:
+    /// the same counts and cache, faster), so that content can never be
+    /// indexed afterwards. Exact only while private blocks are on
+    /// ([`Instance::set_private_blocks`]) and no request with the id of
+    /// one served here will ever come (here or after another replay): the
+    /// replay driver turns it on when the caller says the ids of its
+    /// inputs are unique and the instances will not be replayed on again
+    /// ([`crate::cluster::Control::set_ids_unique`]). Off by default; off
+    /// whenever private blocks are turned off, and with a CPU KV tier
+    /// (evicted content goes there).
+    pub fn set_forget_private(&mut self, on: bool) {
+        // (A CPU tier keeps evicted content: it is never forgotten there.)
+        self.forget_private = on && self.private_blocks && !self.kv.tiered();
     }
 
     /// Whether no request was ever enqueued here (its caches hold nothing).
@@ -848,6 +870,7 @@ impl Instance {
     /// nothing when the instance is not used again).
     pub fn pause_private_blocks(&mut self) {
         self.private_blocks = false;
+        self.forget_private = false;
     }
 
     /// Indexes every private block; requests in the system commit the rest
@@ -1431,13 +1454,15 @@ impl Instance {
                 preemptions: a.preemptions,
                 capped: a.capped,
             };
-            self.flush_private(slot);
-            let a = self.act_mut(slot);
-            let mut blocks = std::mem::take(&mut a.blocks);
-            if a.hold_kv {
-                self.held.insert(fin.tag, blocks);
-            } else {
-                self.kv.release(&mut blocks);
+            if !self.release_forgetting(slot) {
+                self.flush_private(slot);
+                let a = self.act_mut(slot);
+                let mut blocks = std::mem::take(&mut a.blocks);
+                if a.hold_kv {
+                    self.held.insert(fin.tag, blocks);
+                } else {
+                    self.kv.release(&mut blocks);
+                }
             }
             self.index.remove(&fin.tag);
             self.slots[slot as usize] = None;
@@ -1498,6 +1523,32 @@ impl Instance {
         }
     }
 
+    /// Frees the blocks of the request in `slot`, which is leaving for
+    /// good, forgetting its private content
+    /// ([`Instance::set_forget_private`]) when it may; `false` (nothing
+    /// done) when it may not.
+    fn release_forgetting(&mut self, slot: u32) -> bool {
+        if !self.forget_private {
+            return false;
+        }
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        if a.preemptions > 0 || a.private_from == u32::MAX || a.hold_kv {
+            return false;
+        }
+        // Its deferred full blocks are its private ones, all of them
+        // (see `commit_hashes_upto`).
+        debug_assert!(a.private_pending == u32::MAX || a.private_pending == a.private_from);
+        let hashed = match a.private_pending {
+            u32::MAX => 0,
+            p => a.hashed - p,
+        };
+        let mut blocks = std::mem::take(&mut a.blocks);
+        self.kv
+            .release_forgetting(&mut blocks, a.private_from as usize, hashed);
+        a.private_pending = u32::MAX;
+        true
+    }
+
     /// Commits the request's deferred private blocks to the KV cache
     /// (before its blocks are released or its content is shared).
     pub(super) fn flush_private(&mut self, slot: u32) {
@@ -1548,10 +1599,13 @@ impl Instance {
             self.waiting.remove(slot);
             self.count_waiting(slot, false);
         }
-        self.flush_private(slot);
+        if !self.release_forgetting(slot) {
+            self.flush_private(slot);
+            let blocks = &mut self.act_mut(slot).blocks;
+            let mut blocks = std::mem::take(blocks);
+            self.kv.release(&mut blocks);
+        }
         let a = self.slots[slot as usize].take().expect("live slot");
-        let mut blocks = a.blocks;
-        self.kv.release(&mut blocks);
         self.free_slots.push(slot);
         self.counters.aborted += 1;
         Some(Aborted {

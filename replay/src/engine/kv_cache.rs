@@ -11,6 +11,11 @@ use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
 
+/// The block of a free-queue entry standing for the oldest run of
+/// forgotten blocks ([`KvCache::release_forgetting`]); its generation is
+/// unused.
+const RUN: u32 = u32::MAX;
+
 /// `Block::ref_flags`' bit: the block holds a registered content hash.
 const HASHED: u32 = 1 << 31;
 /// `Block::ref_flags`' bit: its hash is private content (see
@@ -48,6 +53,18 @@ struct Content {
     /// The block that last followed this one in a request's table when it
     /// was committed: a hint for chained lookups, checked before use.
     child: u32,
+}
+
+/// Blocks a request released at once whose content no one can look up
+/// ([`KvCache::release_forgetting`]): one free-queue entry for them all.
+/// Taken from the queue, the unhashed come first (a table is released
+/// last block first, and only a request's last blocks can be partial).
+#[derive(Debug, Clone, Copy)]
+struct ForgottenRun {
+    unhashed: u32,
+    /// Full blocks: each taken is an eviction, as for any block whose
+    /// content was committed.
+    hashed: u32,
 }
 
 /// The KV blocks of one instance.
@@ -101,6 +118,13 @@ pub struct KvCache {
     /// Tiered: the time of the operations being applied, µs (for the
     /// thrashing window).
     clock: i64,
+    /// The runs of forgotten blocks, oldest first: one per `RUN` entry of
+    /// `queue`, in its order.
+    runs: VecDeque<ForgottenRun>,
+    /// The blocks of `runs`: they hold nothing anyone can find, so any of
+    /// them serves when a run is reached (the most recently freed first).
+    /// Their bookkeeping is not kept up to date until they are taken.
+    forgotten: Vec<u32>,
 }
 
 /// How far ahead in the free queue a block is prefetched when one is
@@ -140,6 +164,8 @@ impl KvCache {
             offload_scan: 0,
             evict_offload_above: u32::MAX,
             clock: 0,
+            runs: VecDeque::new(),
+            forgotten: Vec::new(),
         };
         c.blocks.reserve(total_blocks.min(1024) as usize);
         c.content.reserve(total_blocks.min(1024) as usize);
@@ -253,6 +279,11 @@ impl KvCache {
         }
         for i in self.offload_scan..self.queue.len() {
             let (b, g) = self.queue[i];
+            if b == RUN {
+                // (Forgotten content is never offloaded: a tiered cache
+                // forgets nothing.)
+                continue;
+            }
             let blk = &mut self.blocks[b as usize];
             if blk.queued != g || blk.ref_flags & HASHED == 0 {
                 continue;
@@ -465,7 +496,12 @@ impl KvCache {
         }
         let on_evict = self.evict_offload_above != u32::MAX;
         for _ in 0..new_blocks {
-            let b = self.pop_head(on_evict);
+            let Some(b) = self.pop_head(on_evict) else {
+                let b = self.take_forgotten();
+                self.blocks[b as usize].ref_flags = 1;
+                table.push(b);
+                continue;
+            };
             let flags = self.blocks[b as usize].ref_flags;
             if flags & HASHED != 0 {
                 // Evict its content (a private hash is in no index).
@@ -491,10 +527,14 @@ impl KvCache {
     /// its hash leads to half as far ahead.
     #[inline(never)]
     fn prefetch_offload(&self) {
-        if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
+        if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD)
+            && next != RUN
+        {
             mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
         }
-        if let (Some(&(mid, _)), Some(cpu)) = (self.queue.get(PREFETCH_AHEAD / 2), &self.cpu) {
+        if let (Some(&(mid, _)), Some(cpu)) = (self.queue.get(PREFETCH_AHEAD / 2), &self.cpu)
+            && mid != RUN
+        {
             cpu.prefetch(self.content[mid as usize].hash_bits);
         }
     }
@@ -533,6 +573,65 @@ impl KvCache {
             }
         }
         table.clear();
+    }
+
+    /// [`KvCache::release`] of a table whose blocks from `from` on hold
+    /// content that no one will ever look up: private content (see
+    /// [`KvCache::commit_private`]) of a request never preempted, released
+    /// for good, while no request id repeats. Those blocks are not touched:
+    /// their content is forgotten rather than committed, and they join the
+    /// free queue as one entry where they would have been, whose first
+    /// `hashed` blocks taken (after the unhashed rest) count as evictions,
+    /// as the committed blocks would have. Every count and every cached
+    /// block's place in the queue is as after committing them with
+    /// [`KvCache::commit_private`] and releasing; only which block ids
+    /// later allocations get differs (no output depends on them). Their
+    /// content can no longer be indexed ([`KvCache::index_all_private`]).
+    pub fn release_forgetting(&mut self, table: &mut Vec<u32>, from: usize, hashed: u32) {
+        let from = from.min(table.len());
+        let k = (table.len() - from) as u32;
+        if k > 0 {
+            let hashed = if self.prefix_caching {
+                hashed.min(k)
+            } else {
+                0
+            };
+            self.runs.push_back(ForgottenRun {
+                unhashed: k - hashed,
+                hashed,
+            });
+            self.queue.push_back((RUN, 0));
+            self.forgotten.extend_from_slice(&table[from..]);
+            self.free_count += k;
+            table.truncate(from);
+        }
+        self.release(table);
+    }
+
+    /// Takes a block of the oldest forgotten run, which heads the free
+    /// queue: the eviction of its content is counted.
+    fn take_forgotten(&mut self) -> u32 {
+        let r = self.runs.front_mut().expect("a run per queue entry");
+        if r.unhashed > 0 {
+            r.unhashed -= 1;
+        } else {
+            r.hashed -= 1;
+            self.evictions += 1;
+        }
+        if r.unhashed == 0 && r.hashed == 0 {
+            self.runs.pop_front();
+            let head = self.queue.pop_front();
+            debug_assert_eq!(head.map(|e| e.0), Some(RUN));
+            self.offload_scan = self.offload_scan.saturating_sub(1);
+        }
+        self.free_count -= 1;
+        let n = self.forgotten.len();
+        if n > PIPELINE {
+            mem_prefetch::prefetch_write_data::<_, 3>(
+                &self.blocks[self.forgotten[n - 1 - PIPELINE] as usize],
+            );
+        }
+        self.forgotten.pop().expect("a block per forgotten one")
     }
 
     /// Registers the hash of a full block whose content is private to the
@@ -630,7 +729,8 @@ impl KvCache {
         self.free_count += 1;
         if self.queue.len() > 2 * self.free_count as usize + self.total_blocks as usize / 8 + 64 {
             let blocks = &self.blocks;
-            self.queue.retain(|&(b, g)| blocks[b as usize].queued == g);
+            self.queue
+                .retain(|&(b, g)| b == RUN || blocks[b as usize].queued == g);
             self.offload_scan = 0;
         }
     }
@@ -643,8 +743,9 @@ impl KvCache {
     }
 
     /// Takes the head of the free queue (there is one: checked by
-    /// [`KvCache::can_allocate`]), skipping stale entries.
-    fn pop_head(&mut self, on_evict: bool) -> u32 {
+    /// [`KvCache::can_allocate`]), skipping stale entries; `None` when the
+    /// head is a run of forgotten blocks ([`KvCache::take_forgotten`]).
+    fn pop_head(&mut self, on_evict: bool) -> Option<u32> {
         if self.fresh_next < self.total_blocks {
             // A never-used block: it holds nothing to evict. (Its entry
             // generation is what queueing it at the start and taking it
@@ -660,28 +761,36 @@ impl KvCache {
                 child: NIL,
             });
             self.free_count -= 1;
-            return b;
+            return Some(b);
         }
         loop {
-            let (b, g) = self.queue.pop_front().expect("checked by can_allocate");
+            let &(b, g) = self.queue.front().expect("checked by can_allocate");
+            if b == RUN {
+                return None;
+            }
+            self.queue.pop_front();
             self.offload_scan = self.offload_scan.saturating_sub(1);
             if self.blocks[b as usize].queued == g {
                 self.unlink(b);
                 // A block soon to be taken: fetch it, and the content it
                 // evicts if it holds any, ahead of its allocation.
-                if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD) {
+                if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD)
+                    && next != RUN
+                {
                     mem_prefetch::prefetch_write_data::<_, 3>(&self.blocks[next as usize]);
                     mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
                 }
                 // And, half as far ahead (its content fetched by then), the
                 // hash index's slot its eviction removes.
-                if let Some(&(mid, _)) = self.queue.get(PREFETCH_AHEAD / 2) {
+                if let Some(&(mid, _)) = self.queue.get(PREFETCH_AHEAD / 2)
+                    && mid != RUN
+                {
                     self.cached.prefetch(self.content[mid as usize].hash_bits);
                 }
                 if on_evict {
                     self.prefetch_offload();
                 }
-                return b;
+                return Some(b);
             }
         }
     }
@@ -703,12 +812,35 @@ impl KvCache {
         }
         let mut in_list = self.total_blocks - self.fresh_next;
         let mut seen = vec![false; self.blocks.len()];
+        let mut forgotten = vec![false; self.blocks.len()];
+        for &b in &self.forgotten {
+            if forgotten[b as usize] {
+                return Err(format!("block {b} forgotten twice"));
+            }
+            forgotten[b as usize] = true;
+        }
+        let run_blocks: u32 = self.runs.iter().map(|r| r.unhashed + r.hashed).sum();
+        let run_entries = self.queue.iter().filter(|e| e.0 == RUN).count();
+        if run_blocks as usize != self.forgotten.len()
+            || run_entries != self.runs.len()
+            || self.runs.iter().any(|r| r.unhashed + r.hashed == 0)
+        {
+            return Err(format!(
+                "{} forgotten blocks in {} runs ({run_blocks} blocks, {run_entries} queue entries)",
+                self.forgotten.len(),
+                self.runs.len()
+            ));
+        }
+        in_list += run_blocks;
         for &(b, g) in &self.queue {
+            if b == RUN {
+                continue;
+            }
             let blk = &self.blocks[b as usize];
             if blk.queued != g {
                 continue;
             }
-            if blk.ref_cnt() != 0 || seen[b as usize] {
+            if blk.ref_cnt() != 0 || seen[b as usize] || forgotten[b as usize] {
                 return Err(format!("free queue corrupt at block {b}"));
             }
             seen[b as usize] = true;
@@ -720,7 +852,10 @@ impl KvCache {
                 self.free_count, in_list
             ));
         }
-        let used = self.blocks.iter().filter(|b| b.ref_cnt() > 0).count() as u32;
+        // (A forgotten block's bookkeeping is what its last owner left.)
+        let used = (self.blocks.iter().enumerate())
+            .filter(|&(i, b)| b.ref_cnt() > 0 && !forgotten[i])
+            .count() as u32;
         if used + self.free_count != self.total() {
             return Err(format!(
                 "used {used} + free {} != total {}",
@@ -730,6 +865,10 @@ impl KvCache {
         }
         let mut hashed = 0usize;
         for i in 0..self.fresh_next {
+            if forgotten[i as usize] && self.blocks[i as usize].ref_flags & (HASHED | PRIVATE) != 0
+            {
+                return Err(format!("forgotten block {i} holds content"));
+            }
             if let Some(h) = self.indexed_hash(i) {
                 hashed += 1;
                 if self.lookup(h) != Some(i) {

@@ -235,7 +235,7 @@ fn cluster_sampled(
     reqs: Vec<Request>,
     sample_us: Option<i64>,
 ) -> Run {
-    cluster_opts(bundle, cfg, reqs, true, 1, sample_us)
+    cluster_opts(bundle, cfg, reqs, true, 1, sample_us, false)
 }
 
 /// [`cluster`], keeping private blocks out of the hash indexes or not, and
@@ -249,7 +249,15 @@ fn cluster_with(
     private_blocks: bool,
     replays: u32,
 ) -> Run {
-    cluster_opts(bundle, cfg, reqs, private_blocks, replays, Some(10_000))
+    cluster_opts(
+        bundle,
+        cfg,
+        reqs,
+        private_blocks,
+        replays,
+        Some(10_000),
+        false,
+    )
 }
 
 fn cluster_opts(
@@ -259,6 +267,7 @@ fn cluster_opts(
     private_blocks: bool,
     replays: u32,
     sample_us: Option<i64>,
+    ids_unique: bool,
 ) -> Run {
     let mut cfg = cfg;
     if let Some(s) = bundle.scheduler {
@@ -269,6 +278,7 @@ fn cluster_opts(
         .collect();
     let mut control = Control::new(bundle, insts.len());
     control.allow_private_blocks(private_blocks);
+    control.set_ids_unique(ids_unique);
     let mut records = Vec::new();
     let mut summary = None;
     for round in 0..replays {
@@ -988,6 +998,43 @@ proptest! {
             serde_json::to_string(&plain.summary).unwrap()
         );
         for (f, p) in fast.insts.iter().zip(&plain.insts) {
+            prop_assert_eq!(f.counters(), p.counters());
+            prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
+            prop_assert_eq!(f.kv().used(), p.kv().used());
+            prop_assert_eq!(f.snapshot(), p.snapshot());
+        }
+    }
+
+    /// Forgetting private content when its request leaves (request ids
+    /// promised unique, instances used once) changes nothing either, under
+    /// preemption, aborts (client timeouts), sessions, content keys and
+    /// hash ids, for any bundle (P/D included), with or without a CPU
+    /// tier (which turns it off).
+    #[test]
+    fn forgetting_private_content_changes_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), tier in any_tier(), timeout in prop::option::of(20_000i64..400_000)) {
+        let cfg = EngineConfig {
+            max_num_seqs: 8,
+            total_kv_blocks: if small_kv { 300 } else { 3000 },
+            max_num_batched_tokens: 1024,
+            cpu_tier: tier,
+            ..EngineConfig::default()
+        };
+        // Unique ids (the promise), and client timeouts now and then.
+        let mut reqs = reqs;
+        for (i, r) in reqs.iter_mut().enumerate() {
+            r.request_id = 5000 + i as u64;
+            if i % 3 == 0 {
+                r.deadline_us = timeout.map(|t| r.arrival_time_us + t);
+            }
+        }
+        let forget = cluster_opts(&b, cfg.clone(), reqs.clone(), true, 1, Some(10_000), true);
+        let plain = cluster_opts(&b, cfg, reqs, false, 1, Some(10_000), false);
+        prop_assert_eq!(format!("{:?}", forget.records), format!("{:?}", plain.records));
+        prop_assert_eq!(
+            serde_json::to_string(&forget.summary).unwrap(),
+            serde_json::to_string(&plain.summary).unwrap()
+        );
+        for (f, p) in forget.insts.iter().zip(&plain.insts) {
             prop_assert_eq!(f.counters(), p.counters());
             prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
             prop_assert_eq!(f.kv().used(), p.kv().used());

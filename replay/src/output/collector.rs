@@ -12,6 +12,7 @@ use blis_traces::{
 };
 use rustc_hash::FxHashMap;
 
+use super::delay_steps::DelaySteps;
 use super::gap_counts::GapCounts;
 use super::roster::Rosters;
 use super::summary::{
@@ -100,6 +101,11 @@ pub struct Collector {
     rosters: Rosters,
     /// The members leaving at once (a spare vector).
     leaving: Vec<(super::roster::Member, Option<(u32, u64)>)>,
+    /// The gap increments of a per-token output delay.
+    delay_steps: DelaySteps,
+    /// Spare per-step counts of [`Collector::count_member_gaps`].
+    member_ups: Vec<u32>,
+    member_counts: Vec<i64>,
 }
 
 impl Collector {
@@ -246,6 +252,9 @@ impl Collector {
             first_drop: None,
             rosters: Rosters::default(),
             leaving: Vec::new(),
+            delay_steps: DelaySteps::default(),
+            member_ups: Vec::new(),
+            member_counts: Vec::new(),
             counts: RequestCounts::default(),
             first_send: i64::MAX,
             last_done: i64::MIN,
@@ -576,10 +585,13 @@ impl Collector {
         r.next_step = r.report_first_step + (first + count) as u64;
     }
 
-    /// [`Collector::count_cohort_gaps`] of a timing whose delays depend on
-    /// the token's index (an accumulating per-token overhead): the gaps of
-    /// every member's tokens but a new member's first (counted already),
-    /// runs of equal gaps counted at once.
+    /// Counts the gaps of the steady decoders of `instance` over the
+    /// `count` steps of `ends` from `first` (the step before the first
+    /// ends at `prev_end` when `first` is 0) under a delay that grows with
+    /// a token's index: a token's gap is its step's plus its index's
+    /// increment ([`DelaySteps`]), so each step's gaps are counted from how
+    /// many members sit at indices of each increment; a member's last
+    /// token (with the completion's delay) is counted on its own.
     fn count_member_gaps(
         &mut self,
         instance: u32,
@@ -589,42 +601,78 @@ impl Collector {
         prev_end: Option<i64>,
         itl: &blis_traces::itl_steps::ItlTiming,
     ) {
+        let step_gap = |q: usize| -> Option<i64> {
+            let s = first + q;
+            let before = if s == 0 { prev_end? } else { ends[s - 1] };
+            Some(ends[s] - before)
+        };
+        // Per step: members at an index of the larger increment, and (a
+        // difference array) members with a token there.
+        let mut ups = std::mem::take(&mut self.member_ups);
+        let mut with = std::mem::take(&mut self.member_counts);
+        ups.clear();
+        ups.resize(count, 0);
+        with.clear();
+        with.resize(count + 1, 0);
         let r = &self.rosters.of[instance as usize];
-        for &tag in &r.tags {
-            let Some(m) = &self.rosters.by_tag[tag as usize] else {
-                continue;
-            };
+        // Each member's tokens in these steps: its first index, the steps
+        // from which it has tokens (a new member's first gap is counted
+        // apart) and before which they are not its last.
+        let members = r.tags.iter().filter_map(|&tag| {
+            let m = self.rosters.by_tag[tag as usize].as_ref()?;
             let done = r.steps_done - m.s0;
             let base = m.join.next_index + done as u32;
-            let target = m.join.target;
-            let mut run = (i64::MIN, 0u64);
-            for q in usize::from(done == 0)..count {
-                let s = first + q;
-                let before = if s == 0 {
-                    let Some(prev) = prev_end else {
-                        debug_assert!(false, "members without a step before");
-                        continue;
-                    };
-                    prev
-                } else {
-                    ends[s - 1]
-                };
-                let i = base + q as u32;
-                let gap =
-                    ends[s] - before + itl.extra_us(i, i >= target) - itl.extra_us(i - 1, false);
-                if gap == run.0 {
-                    run.1 += 1;
-                } else {
-                    if run.1 > 0 {
-                        self.itl.add(run.0, run.1);
+            let q0 = usize::from(done == 0).min(count);
+            let q_last = (m.join.target.saturating_sub(base) as usize).clamp(q0, count);
+            Some((base, q0, q_last))
+        });
+        // (The table is made once, before its smaller increment is used.)
+        let last = members.clone().map(|(b, _, q)| b + q as u32).max();
+        let by_table = self.delay_steps.prepare(itl, last.unwrap_or(0));
+        for (base, q0, q_last) in members {
+            if q_last > q0 && !by_table {
+                // (Increments of more than two values: token by token.)
+                for q in q0..q_last {
+                    if let Some(g) = step_gap(q) {
+                        let i = base + q as u32;
+                        self.itl
+                            .add(g + itl.extra_us(i, false) - itl.extra_us(i - 1, false), 1);
                     }
-                    run = (gap, 1);
+                }
+            } else if q_last > q0 {
+                let up = &self.delay_steps.up()[(base as usize + q0)..(base as usize + q_last)];
+                for (n, &u) in ups[q0..q_last].iter_mut().zip(up) {
+                    *n += u32::from(u);
+                }
+                with[q0] += 1;
+                with[q_last] -= 1;
+            }
+            // Its last tokens, with the completion's delay.
+            for q in q_last..count {
+                if let Some(g) = step_gap(q) {
+                    let i = base + q as u32;
+                    self.itl
+                        .add(g + itl.extra_us(i, true) - itl.extra_us(i - 1, false), 1);
                 }
             }
-            if run.1 > 0 {
-                self.itl.add(run.0, run.1);
+        }
+        let lo = self.delay_steps.lo();
+        let mut members = 0i64;
+        for q in 0..count {
+            members += with[q];
+            if members == 0 {
+                continue;
+            }
+            if let Some(g) = step_gap(q) {
+                let up = i64::from(ups[q]);
+                self.itl.add(g + lo, (members - up) as u64);
+                self.itl.add(g + lo + 1, up as u64);
+            } else {
+                debug_assert!(false, "members without a step before");
             }
         }
+        self.member_ups = ups;
+        self.member_counts = with;
     }
 
     fn emit(&mut self, rec: TraceRecord) {

@@ -17,7 +17,7 @@ use crate::engine::instance::{Instance, Snapshot};
 use crate::error::{ReplayError, Result};
 use crate::output::Collector;
 use crate::setup::Resolved;
-use crate::sim::{Input, SimOptions, merged, replay, replay_cluster};
+use crate::sim::{Input, SimOptions, merged, replay_cluster};
 
 /// Where the requests of a replay come from.
 pub struct Workload {
@@ -366,6 +366,7 @@ pub fn replay_records_in_memory(
     records: Vec<TraceRecord>,
     resolved: &Resolved,
 ) -> Vec<TraceRecord> {
+    let ids_unique = all_different(records.iter().map(|r| r.request.request_id));
     let inputs = trace_inputs(header, records);
     let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let mut sink = Collector::records_only(header.run_start_unix_us.unwrap_or(0));
@@ -373,7 +374,17 @@ pub fn replay_records_in_memory(
         sample_interval_us: None,
         horizon_us: None,
     };
-    let last = replay(&mut inst, inputs, &opts, &mut sink);
+    // (The instance serves this replay only.)
+    let mut control = Control::single();
+    control.set_ids_unique(ids_unique);
+    replay_cluster(
+        std::slice::from_mut(&mut inst),
+        &mut control,
+        inputs,
+        &opts,
+        &mut sink,
+    );
+    let last = inst.snapshot();
     let (_, kept) = sink
         .finish(header, &last, resolved.latency_name())
         .expect("an in-memory collector writes no files");

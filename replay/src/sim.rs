@@ -477,7 +477,7 @@ impl<'a> Session<'a> {
             deferred: Vec::new(),
             waiting_rounds: FxHashMap::default(),
             done_rounds: FxHashMap::default(),
-            report: StepReport::default(),
+            report: Some(Box::default()),
             upcoming: Vec::new(),
             next_generation: 0,
             cancels: FxHashMap::default(),
@@ -833,7 +833,9 @@ struct Driver<'a> {
     deferred: Vec<Option<Input>>,
     waiting_rounds: FxHashMap<SessionKey, Input>,
     done_rounds: FxHashMap<SessionKey, i64>,
-    report: StepReport,
+    /// The step reports' buffers, reused (boxed: taken out and put back
+    /// around every step, which then moves a pointer).
+    report: Option<Box<StepReport>>,
     /// Scratch for [`Sink::upcoming`].
     upcoming: Vec<(u64, u32, i64)>,
     next_generation: u32,
@@ -1244,7 +1246,7 @@ impl Driver<'_> {
     /// the steps of its run in flight that ended before `now` are finished
     /// and reported.
     fn sync<S: Sink>(&mut self, inst: usize, now: i64, sink: &mut S) {
-        let mut report = std::mem::take(&mut self.report);
+        let mut report = self.report.take().expect("the report buffers");
         // A lower-index instance's step ending now came first: its next
         // step has started.
         let at = if self.stepping.0 == now && inst < self.stepping.1 {
@@ -1255,14 +1257,14 @@ impl Driver<'_> {
         if self.inst_mut(inst).split_at(at, &mut report) {
             self.deliver(inst, &mut report, sink);
         }
-        self.report = report;
+        self.report = Some(report);
     }
 
     fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
-        let mut report = std::mem::take(&mut self.report);
+        let mut report = self.report.take().expect("the report buffers");
         self.inst_mut(inst).step(now, limit.max(now), &mut report);
         self.deliver(inst, &mut report, sink);
-        self.report = report;
+        self.report = Some(report);
         if self
             .transfer_queues
             .get(inst)

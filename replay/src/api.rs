@@ -86,14 +86,26 @@ impl std::fmt::Debug for Workload {
 /// each cancelled at its planned deadline or after the client's timeout
 /// recorded in the header.
 pub fn trace_inputs(header: &TraceHeader, records: Vec<TraceRecord>) -> Vec<Input> {
+    trace_input_stream(header, records).collect()
+}
+
+/// [`trace_inputs`], each made as the replay reads it: the records are
+/// sorted in place (a trace already in entry order, as a recorded one
+/// usually is, moves nothing) and none is copied into a second vector.
+pub fn trace_input_stream(
+    header: &TraceHeader,
+    mut records: Vec<TraceRecord>,
+) -> impl ExactSizeIterator<Item = Input> + use<> {
     let run_start = header.run_start_unix_us.unwrap_or(0);
     let timeout = client_timeout_us(header);
-    let mut inputs: Vec<Input> = records
+    // (The entry time `Input::from_record` gives.)
+    records.sort_by_key(|r| {
+        let entry = (r.outcome.send_time_us).map_or(r.request.arrival_time_us, |s| s - run_start);
+        (entry, r.request.request_id)
+    });
+    records
         .into_iter()
-        .map(|r| Input::from_record(r, run_start).with_client_timeout(timeout))
-        .collect();
-    inputs.sort_by_key(|i| (i.entry_us, i.rec.request.request_id));
-    inputs
+        .map(move |r| Input::from_record(r, run_start).with_client_timeout(timeout))
 }
 
 /// The client's timeout per request recorded in `header`, µs.
@@ -219,11 +231,11 @@ pub fn trace_workload(mut trace: Trace, o: &WorkloadOptions) -> Workload {
     }
     let extras = ExtraColumn::needed_for(&records);
     let ids_unique = all_different(records.iter().map(|r| r.request.request_id));
-    let inputs = trace_inputs(&trace.header, records);
+    let inputs = trace_input_stream(&trace.header, records);
     let len = inputs.len() as u64;
     Workload {
         header: trace.header,
-        inputs: Box::new(inputs.into_iter()),
+        inputs: Box::new(inputs),
         extras,
         len: Some(len),
         ids_unique,
@@ -367,7 +379,7 @@ pub fn replay_records_in_memory(
     resolved: &Resolved,
 ) -> Vec<TraceRecord> {
     let ids_unique = all_different(records.iter().map(|r| r.request.request_id));
-    let inputs = trace_inputs(header, records);
+    let inputs = trace_input_stream(header, records);
     let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let mut sink = Collector::records_only(header.run_start_unix_us.unwrap_or(0));
     let opts = SimOptions {

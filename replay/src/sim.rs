@@ -834,7 +834,7 @@ struct Driver<'a> {
     waiting_rounds: FxHashMap<SessionKey, Input>,
     done_rounds: FxHashMap<SessionKey, i64>,
     /// The step reports' buffers, reused (boxed: taken out and put back
-    /// around every step, which then moves a pointer).
+    /// around every step, which then moves a pointer; `None` while taken).
     report: Option<Box<StepReport>>,
     /// Scratch for [`Sink::upcoming`].
     upcoming: Vec<(u64, u32, i64)>,
@@ -1246,7 +1246,9 @@ impl Driver<'_> {
     /// the steps of its run in flight that ended before `now` are finished
     /// and reported.
     fn sync<S: Sink>(&mut self, inst: usize, now: i64, sink: &mut S) {
-        let mut report = self.report.take().expect("the report buffers");
+        // (A fresh one when a step's delivery steps another instance, whose
+        // report is then the one kept.)
+        let mut report = self.report.take().unwrap_or_default();
         // A lower-index instance's step ending now came first: its next
         // step has started.
         let at = if self.stepping.0 == now && inst < self.stepping.1 {
@@ -1261,7 +1263,9 @@ impl Driver<'_> {
     }
 
     fn step<S: Sink>(&mut self, now: i64, limit: i64, inst: usize, sink: &mut S) {
-        let mut report = self.report.take().expect("the report buffers");
+        // (A fresh one when a step's delivery steps another instance, whose
+        // report is then the one kept.)
+        let mut report = self.report.take().unwrap_or_default();
         self.inst_mut(inst).step(now, limit.max(now), &mut report);
         self.deliver(inst, &mut report, sink);
         self.report = Some(report);

@@ -1096,6 +1096,55 @@ mod tests {
         kv.check().unwrap();
     }
 
+    proptest! {
+        /// Releasing a table forgetting its private tail leaves the same
+        /// counts as committing that tail privately and releasing it: free
+        /// blocks, evictions as the blocks are reused, and which shared
+        /// content stays findable, under random tables, tails and reuse.
+        #[test]
+        fn forgetting_a_private_tail_counts_as_committing_it(
+            ops in proptest::collection::vec((1u32..6, 0u32..6, 0u32..6, 1u32..12), 1..60)
+        ) {
+            let total = 40u32;
+            let mut a = KvCache::new(total, 16, true);
+            let mut b = KvCache::new(total, 16, true);
+            let mut next_hash = 1u64;
+            for (shared, private, partial, reuse) in ops {
+                let n = shared + private + partial.min(1);
+                let (mut ta, mut tb) = (Vec::new(), Vec::new());
+                let ok = a.allocate(&mut ta, &[], n);
+                prop_assert_eq!(ok, b.allocate(&mut tb, &[], n));
+                if ok {
+                    for j in 0..shared as usize {
+                        let parent = j.checked_sub(1);
+                        a.commit(ta[j], next_hash, parent.map(|p| ta[p]));
+                        b.commit(tb[j], next_hash, parent.map(|p| tb[p]));
+                        next_hash += 1;
+                    }
+                    for j in shared as usize..(shared + private) as usize {
+                        a.commit_private(ta[j], next_hash, j.checked_sub(1).map(|p| ta[p]));
+                        next_hash += 1;
+                    }
+                    a.release(&mut ta);
+                    b.release_forgetting(&mut tb, shared as usize, private);
+                }
+                // Reuse: the same number of fresh blocks on both.
+                let (mut ra, mut rb) = (Vec::new(), Vec::new());
+                let k = reuse.min(a.free());
+                prop_assert!(a.allocate(&mut ra, &[], k));
+                prop_assert!(b.allocate(&mut rb, &[], k));
+                prop_assert_eq!(a.evictions(), b.evictions());
+                prop_assert_eq!(a.free(), b.free());
+                a.release(&mut ra);
+                b.release(&mut rb);
+                for h in 1..next_hash {
+                    prop_assert_eq!(a.lookup(h).is_some(), b.lookup(h).is_some(), "hash {}", h);
+                }
+                prop_assert!(b.check().is_ok(), "{:?}", b.check());
+            }
+        }
+    }
+
     #[test]
     fn shared_blocks_are_reference_counted() {
         let mut kv = KvCache::new(4, 16, true);

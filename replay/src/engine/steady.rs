@@ -263,7 +263,11 @@ impl Instance {
     fn cohort_fast_forward(&mut self, now: i64, limit: i64, dt: i64, ends: &mut Vec<i64>) {
         let can_grow =
             self.waiting.is_empty() || self.running.len() as u32 >= self.cfg.max_num_seqs;
-        if !(can_grow && self.running.len() == self.cohort.len()) {
+        // (Tiered, eager: a step whose blocks took the usage over the
+        // offload threshold ends the run, whose next batch offloads, as
+        // `fast_forward` does.)
+        let below_offload = self.kv.used() <= self.offload_cap;
+        if !(can_grow && below_offload && self.running.len() == self.cohort.len()) {
             return;
         }
         let bs = self.kv.block_size() as usize;

@@ -852,11 +852,9 @@ impl Instance {
     /// replay driver turns it on when the caller says the ids of its
     /// inputs are unique and the instances will not be replayed on again
     /// ([`crate::cluster::Control::set_ids_unique`]). Off by default; off
-    /// whenever private blocks are turned off, and with a CPU KV tier
-    /// (evicted content goes there).
+    /// whenever private blocks are turned off.
     pub fn set_forget_private(&mut self, on: bool) {
-        // (A CPU tier keeps evicted content: it is never forgotten there.)
-        self.forget_private = on && self.private_blocks && !self.kv.tiered();
+        self.forget_private = on && self.private_blocks;
     }
 
     /// Whether no request was ever enqueued here (its caches hold nothing).

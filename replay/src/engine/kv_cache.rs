@@ -11,9 +11,8 @@ use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
 
-/// The block of a free-queue entry standing for the oldest run of
-/// forgotten blocks ([`KvCache::release_forgetting`]); its generation is
-/// unused.
+/// The block of a free-queue entry standing for a run of forgotten blocks
+/// ([`KvCache::release_forgetting`]); its generation is the run's number.
 const RUN: u32 = u32::MAX;
 
 /// `Block::ref_flags`' bit: the block holds a registered content hash.
@@ -121,6 +120,9 @@ pub struct KvCache {
     /// The runs of forgotten blocks, oldest first: one per `RUN` entry of
     /// `queue`, in its order.
     runs: VecDeque<ForgottenRun>,
+    /// The number of the oldest run (`runs[0]`); runs are numbered in
+    /// order, wrapping.
+    run_number: u32,
     /// The blocks of `runs`: they hold nothing anyone can find, so any of
     /// them serves when a run is reached (the most recently freed first).
     /// Their bookkeeping is not kept up to date until they are taken.
@@ -165,6 +167,7 @@ impl KvCache {
             evict_offload_above: u32::MAX,
             clock: 0,
             runs: VecDeque::new(),
+            run_number: 0,
             forgotten: Vec::new(),
         };
         c.blocks.reserve(total_blocks.min(1024) as usize);
@@ -280,8 +283,13 @@ impl KvCache {
         for i in self.offload_scan..self.queue.len() {
             let (b, g) = self.queue[i];
             if b == RUN {
-                // (Forgotten content is never offloaded: a tiered cache
-                // forgets nothing.)
+                // Forgotten full blocks: their contents go as such, and
+                // the blocks stay free, now empty.
+                let r = &mut self.runs[g.wrapping_sub(self.run_number) as usize];
+                for _ in 0..r.hashed {
+                    cpu.offload_forgotten();
+                }
+                r.unhashed += std::mem::take(&mut r.hashed);
                 continue;
             }
             let blk = &mut self.blocks[b as usize];
@@ -586,7 +594,10 @@ impl KvCache {
     /// block's place in the queue is as after committing them with
     /// [`KvCache::commit_private`] and releasing; only which block ids
     /// later allocations get differs (no output depends on them). Their
-    /// content can no longer be indexed ([`KvCache::index_all_private`]).
+    /// content can no longer be indexed ([`KvCache::index_all_private`]);
+    /// with a CPU tier it is offloaded when evicted as content no one can
+    /// look up (`CpuTier::offload_forgotten`), taking the room the
+    /// committed content would have.
     pub fn release_forgetting(&mut self, table: &mut Vec<u32>, from: usize, hashed: u32) {
         let from = from.min(table.len());
         let k = (table.len() - from) as u32;
@@ -596,11 +607,12 @@ impl KvCache {
             } else {
                 0
             };
+            let number = self.run_number.wrapping_add(self.runs.len() as u32);
             self.runs.push_back(ForgottenRun {
                 unhashed: k - hashed,
                 hashed,
             });
-            self.queue.push_back((RUN, 0));
+            self.queue.push_back((RUN, number));
             self.forgotten.extend_from_slice(&table[from..]);
             self.free_count += k;
             table.truncate(from);
@@ -611,20 +623,33 @@ impl KvCache {
     /// Takes a block of the oldest forgotten run, which heads the free
     /// queue: the eviction of its content is counted.
     fn take_forgotten(&mut self) -> u32 {
+        self.free_count -= 1;
         let r = self.runs.front_mut().expect("a run per queue entry");
-        if r.unhashed > 0 {
+        let evicted = if r.unhashed > 0 {
             r.unhashed -= 1;
+            false
         } else {
             r.hashed -= 1;
-            self.evictions += 1;
-        }
+            true
+        };
         if r.unhashed == 0 && r.hashed == 0 {
             self.runs.pop_front();
+            self.run_number = self.run_number.wrapping_add(1);
             let head = self.queue.pop_front();
             debug_assert_eq!(head.map(|e| e.0), Some(RUN));
             self.offload_scan = self.offload_scan.saturating_sub(1);
         }
-        self.free_count -= 1;
+        if evicted {
+            self.evictions += 1;
+            // Tiered, on-evict: its content goes to the CPU tier, as the
+            // committed content would have.
+            if self.evict_offload_above != u32::MAX
+                && self.used() > self.evict_offload_above
+                && let Some(cpu) = self.cpu.as_mut()
+            {
+                cpu.offload_forgotten();
+            }
+        }
         let n = self.forgotten.len();
         if n > PIPELINE {
             mem_prefetch::prefetch_write_data::<_, 3>(

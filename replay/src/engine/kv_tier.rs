@@ -213,6 +213,10 @@ struct Slot {
     generation: u32,
 }
 
+/// The slot of an offload-order entry standing for contents no one can
+/// look up ([`CpuTier::offload_forgotten`]); its generation is how many.
+const FORGOTTEN: u32 = u32::MAX;
+
 /// How far ahead in the offload order the index entry of a content to
 /// drop is prefetched: with every eviction offloaded, a full tier drops a
 /// content per offload, and its index entry is a cache miss otherwise.
@@ -237,6 +241,9 @@ pub struct CpuTier {
     order: VecDeque<(u64, u32, u32)>,
     /// Contents that must not be dropped now ([`CpuTier::pin`]).
     pinned: Vec<u64>,
+    /// Contents held that no one can look up
+    /// ([`CpuTier::offload_forgotten`]).
+    forgotten: u32,
     counters: TierCounters,
 }
 
@@ -257,6 +264,7 @@ impl CpuTier {
             spare: (0..n).rev().collect(),
             order: VecDeque::with_capacity(n as usize),
             pinned: Vec::new(),
+            forgotten: 0,
             counters: TierCounters::default(),
             cfg,
         }
@@ -274,7 +282,7 @@ impl CpuTier {
 
     /// Blocks holding content.
     pub fn used(&self) -> u32 {
-        self.index.len() as u32
+        self.index.len() as u32 + self.forgotten
     }
 
     /// Blocks free.
@@ -304,7 +312,7 @@ impl CpuTier {
     }
 
     fn is_live(&self, (_, s, g): (u64, u32, u32)) -> bool {
-        self.slots[s as usize].generation == g
+        s == FORGOTTEN || self.slots[s as usize].generation == g
     }
 
     /// Empties slot `s` (holding `hash`): its order entry goes stale.
@@ -322,6 +330,16 @@ impl CpuTier {
         let mut kept = Vec::new();
         let mut dropped = false;
         while let Some(e) = self.order.pop_front() {
+            if e.1 == FORGOTTEN {
+                // A forgotten content (never pinned) goes; the others of
+                // its entry stay oldest.
+                if e.2 > 1 {
+                    self.order.push_front((e.0, e.1, e.2 - 1));
+                }
+                self.forgotten -= 1;
+                dropped = true;
+                break;
+            }
             if !self.is_live(e) {
                 continue;
             }
@@ -352,12 +370,8 @@ impl CpuTier {
     /// unpinned content when full.
     pub fn offload(&mut self, hash: u64, now: i64) {
         debug_assert!(!self.contains(hash), "content offloaded twice");
-        if self.spare.is_empty() {
-            self.counters.cpu_evictions += 1;
-            if !self.drop_oldest() {
-                // All pinned: the new content is what is dropped.
-                return;
-            }
+        if !self.make_room() {
+            return;
         }
         let s = self.spare.pop().expect("a free slot");
         let slot = &mut self.slots[s as usize];
@@ -366,11 +380,43 @@ impl CpuTier {
         self.order.push_back((hash, s, slot.generation));
         self.index.insert(hash, s);
         self.counters.offloads += 1;
-        if self.order.len() > 2 * self.index.len() + 64 {
+        self.compact_order();
+    }
+
+    /// Drops the least recently offloaded unpinned content when full;
+    /// `false` when full of pinned contents (the content to come is then
+    /// what is dropped).
+    fn make_room(&mut self) -> bool {
+        if self.used() < self.total() {
+            return true;
+        }
+        self.counters.cpu_evictions += 1;
+        self.drop_oldest()
+    }
+
+    /// Removes the stale entries of the offload order once they are most.
+    fn compact_order(&mut self) {
+        if self.order.len() > 2 * self.used() as usize + 64 {
             let slots = &self.slots;
             self.order
-                .retain(|&(_, s, g)| slots[s as usize].generation == g);
+                .retain(|&(_, s, g)| s == FORGOTTEN || slots[s as usize].generation == g);
         }
+    }
+
+    /// [`CpuTier::offload`] of a content no one will ever look up (the
+    /// private content a request left, forgotten: see
+    /// `KvCache::release_forgetting`): it takes room and is dropped in its
+    /// turn like any other, but has no hash, no slot and no index entry.
+    pub fn offload_forgotten(&mut self) {
+        if !self.make_room() {
+            return;
+        }
+        match self.order.back_mut() {
+            Some(e) if e.1 == FORGOTTEN => e.2 += 1,
+            _ => self.order.push_back((0, FORGOTTEN, 1)),
+        }
+        self.forgotten += 1;
+        self.counters.offloads += 1;
     }
 
     /// Keeps content `hash` from being dropped to make room until
@@ -421,17 +467,29 @@ impl CpuTier {
         if !self.pinned.is_empty() {
             return Err(format!("{} CPU contents left pinned", self.pinned.len()));
         }
-        if self.used() + self.spare.len() as u32 != self.total() {
+        if self.index.len() as u32 + self.spare.len() as u32 != self.total() {
             return Err(format!(
-                "CPU tier: {} used + {} spare != {}",
-                self.used(),
+                "CPU tier: {} indexed + {} spare != {}",
+                self.index.len(),
                 self.spare.len(),
+                self.total()
+            ));
+        }
+        if self.used() > self.total() {
+            return Err(format!(
+                "CPU tier: {} used of {}",
+                self.used(),
                 self.total()
             ));
         }
         let mut live = 0u32;
         for &e in &self.order {
-            if self.is_live(e) {
+            if e.1 == FORGOTTEN {
+                if e.2 == 0 {
+                    return Err("CPU tier: an empty entry of forgotten contents".into());
+                }
+                live += e.2;
+            } else if self.is_live(e) {
                 live += 1;
                 if self.find(e.0) != Some(e.1) || self.slots[e.1 as usize].hash != e.0 {
                     return Err(format!("CPU tier: slot {} is misplaced", e.1));

@@ -153,7 +153,7 @@ fn a_sink_on_its_own_thread_gets_the_same_calls_in_the_same_order() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(16)))]
+    #![proptest_config(ProptestConfig::with_cases(cases(128)))]
     #[test]
     fn threaded_calls_equal_direct_calls(
         seed in any::<u64>(),
@@ -396,7 +396,7 @@ fn steady_decoders_told_in_compact_notes_write_the_same_files() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(12)))]
+    #![proptest_config(ProptestConfig::with_cases(cases(128)))]
     #[test]
     fn compact_notes_and_spans_write_the_same_files(
         seed in any::<u64>(),

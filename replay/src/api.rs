@@ -17,7 +17,7 @@ use crate::engine::instance::{Instance, Snapshot};
 use crate::error::{ReplayError, Result};
 use crate::output::Collector;
 use crate::setup::Resolved;
-use crate::sim::{Input, SimOptions, merged, replay_cluster};
+use crate::sim::{Input, SimOptions, merged, replay_cluster, replay_once};
 
 /// Where the requests of a replay come from.
 pub struct Workload {
@@ -98,11 +98,7 @@ pub fn trace_input_stream(
 ) -> impl ExactSizeIterator<Item = Input> + use<> {
     let run_start = header.run_start_unix_us.unwrap_or(0);
     let timeout = client_timeout_us(header);
-    // (The entry time `Input::from_record` gives.)
-    records.sort_by_key(|r| {
-        let entry = (r.outcome.send_time_us).map_or(r.request.arrival_time_us, |s| s - run_start);
-        (entry, r.request.request_id)
-    });
+    records.sort_by_key(|r| (Input::entry_of(r, run_start), r.request.request_id));
     records
         .into_iter()
         .map(move |r| Input::from_record(r, run_start).with_client_timeout(timeout))
@@ -386,17 +382,7 @@ pub fn replay_records_in_memory(
         sample_interval_us: None,
         horizon_us: None,
     };
-    // (The instance serves this replay only.)
-    let mut control = Control::single();
-    control.set_ids_unique(ids_unique);
-    replay_cluster(
-        std::slice::from_mut(&mut inst),
-        &mut control,
-        inputs,
-        &opts,
-        &mut sink,
-    );
-    let last = inst.snapshot();
+    let last = replay_once(&mut inst, inputs, ids_unique, &opts, &mut sink);
     let (_, kept) = sink
         .finish(header, &last, resolved.latency_name())
         .expect("an in-memory collector writes no files");

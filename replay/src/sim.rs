@@ -191,10 +191,7 @@ impl Input {
     /// prediction must not know it.
     pub fn from_record(rec: TraceRecord, run_start_us: i64) -> Self {
         let arrival = rec.request.arrival_time_us;
-        let entry = rec
-            .outcome
-            .send_time_us
-            .map_or(arrival, |s| s - run_start_us);
+        let entry = Self::entry_of(&rec, run_start_us);
         let cancel = rec.request.deadline_us.map(|d| entry + (d - arrival));
         let closed_loop = rec.request.round_index > 0
             && rec.request.think_time_us.is_some()
@@ -208,6 +205,15 @@ impl Input {
             priority: None,
             segments: None,
         }
+    }
+
+    /// The entry time of `rec` of a trace whose run started at
+    /// `run_start_us`: its recorded send time relative to the run start,
+    /// else its intended arrival, µs.
+    pub fn entry_of(rec: &TraceRecord, run_start_us: i64) -> i64 {
+        rec.outcome
+            .send_time_us
+            .map_or(rec.request.arrival_time_us, |s| s - run_start_us)
     }
 
     /// With a client that gives up `timeout_us` after sending (a request
@@ -268,7 +274,25 @@ where
     I: IntoIterator<Item = Input>,
     S: Sink,
 {
+    replay_once(instance, inputs, false, opts, sink)
+}
+
+/// [`replay`] on an instance that serves this replay only, whose inputs'
+/// request ids are all different when `ids_unique`: it then forgets
+/// private content ([`Control::set_ids_unique`]; the same outputs, faster).
+pub fn replay_once<I, S>(
+    instance: &mut Instance,
+    inputs: I,
+    ids_unique: bool,
+    opts: &SimOptions,
+    sink: &mut S,
+) -> Snapshot
+where
+    I: IntoIterator<Item = Input>,
+    S: Sink,
+{
     let mut control = Control::single();
+    control.set_ids_unique(ids_unique);
     replay_cluster(
         std::slice::from_mut(instance),
         &mut control,

@@ -69,7 +69,8 @@ struct ForgottenRun {
 /// The KV blocks of one instance.
 ///
 /// Invariant: `used() + free() == total()` after every operation; every
-/// block with a zero reference count is in the free queue exactly once.
+/// block with a zero reference count is in the free queue exactly once,
+/// or among the forgotten blocks of a run ([`KvCache::release_forgetting`]).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     block_size: u32,

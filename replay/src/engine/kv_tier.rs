@@ -230,7 +230,8 @@ const PREFETCH_AHEAD: usize = 16;
 /// to drop next are read in sequence (their index entries prefetched).
 ///
 /// Invariant: `used() + free() == total()`; every used slot has exactly
-/// one live entry in the order.
+/// one live entry in the order, and the forgotten contents
+/// ([`CpuTier::offload_forgotten`]) are counted by entries of their own.
 #[derive(Debug, Clone)]
 pub struct CpuTier {
     cfg: CpuTierConfig,
@@ -520,6 +521,27 @@ mod tests {
             block_bytes: 2_097_152.0,
             thrashing_window_us: 1000,
         }
+    }
+
+    #[test]
+    fn forgotten_contents_take_room_and_go_in_their_turn() {
+        let mut t = CpuTier::new(cfg(3));
+        t.offload(1, 0);
+        t.offload_forgotten();
+        t.offload_forgotten();
+        assert_eq!((t.used(), t.free()), (3, 0));
+        t.check().unwrap();
+        // Full: the oldest (content 1) goes first, then the forgotten ones
+        // one at a time, in offload order.
+        t.offload(2, 10);
+        assert!(!t.contains(1) && t.contains(2));
+        t.offload(3, 20);
+        t.offload(4, 30);
+        assert_eq!(t.used(), 3);
+        assert!(t.contains(2) && t.contains(3) && t.contains(4));
+        assert_eq!(t.counters().cpu_evictions, 3);
+        assert_eq!(t.counters().offloads, 6);
+        t.check().unwrap();
     }
 
     #[test]

@@ -630,29 +630,24 @@ impl Collector {
         let last = members.clone().map(|(b, _, q)| b + q as u32).max();
         let by_table = self.delay_steps.prepare(itl, last.unwrap_or(0));
         for (base, q0, q_last) in members {
-            if q_last > q0 && !by_table {
-                // (Increments of more than two values: token by token.)
-                for q in q0..q_last {
-                    if let Some(g) = step_gap(q) {
-                        let i = base + q as u32;
-                        self.itl
-                            .add(g + itl.extra_us(i, false) - itl.extra_us(i - 1, false), 1);
-                    }
-                }
-            } else if q_last > q0 {
+            // Its tokens before its last by the table, when it serves.
+            let by_token = if by_table && q_last > q0 {
                 let up = &self.delay_steps.up()[(base as usize + q0)..(base as usize + q_last)];
                 for (n, &u) in ups[q0..q_last].iter_mut().zip(up) {
                     *n += u32::from(u);
                 }
                 with[q0] += 1;
                 with[q_last] -= 1;
-            }
-            // Its last tokens, with the completion's delay.
-            for q in q_last..count {
+                q_last
+            } else {
+                q0
+            };
+            // The others (its last with the completion's delay) one by one.
+            for q in by_token..count {
                 if let Some(g) = step_gap(q) {
                     let i = base + q as u32;
-                    self.itl
-                        .add(g + itl.extra_us(i, true) - itl.extra_us(i - 1, false), 1);
+                    let extra = itl.extra_us(i, q >= q_last) - itl.extra_us(i - 1, false);
+                    self.itl.add(g + extra, 1);
                 }
             }
         }

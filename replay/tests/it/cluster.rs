@@ -931,6 +931,38 @@ fn a_repeated_id_shares_the_first_requests_later_blocks() {
     );
 }
 
+/// The engine of the private-content tests: 8 sequences, a 1,024-token
+/// budget, a small cache when `small_kv` (preemptions), the CPU tier `tier`.
+fn content_engine(
+    small_kv: bool,
+    tier: Option<blis_replay::engine::kv_tier::CpuTierConfig>,
+) -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 8,
+        total_kv_blocks: if small_kv { 300 } else { 3000 },
+        max_num_batched_tokens: 1024,
+        cpu_tier: tier,
+        ..EngineConfig::default()
+    }
+}
+
+/// Two replays of the same requests gave the same records, summary, and
+/// per instance the same counters, evictions, KV use and snapshot.
+fn same_replays(a: &Run, b: &Run) -> Result<(), TestCaseError> {
+    prop_assert_eq!(format!("{:?}", a.records), format!("{:?}", b.records));
+    prop_assert_eq!(
+        serde_json::to_string(&a.summary).unwrap(),
+        serde_json::to_string(&b.summary).unwrap()
+    );
+    for (x, y) in a.insts.iter().zip(&b.insts) {
+        prop_assert_eq!(x.counters(), y.counters());
+        prop_assert_eq!(x.kv().evictions(), y.kv().evictions());
+        prop_assert_eq!(x.kv().used(), y.kv().used());
+        prop_assert_eq!(x.snapshot(), y.snapshot());
+    }
+    Ok(())
+}
+
 prop_compose! {
     /// Requests mixing every kind of content: shared prefixes, bodies of
     /// their own, sessions (a round's input holds the last one's output),
@@ -980,45 +1012,23 @@ proptest! {
     /// instances replay the same requests (the same ids) again.
     #[test]
     fn private_blocks_change_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), replays in 1u32..3, tier in any_tier()) {
-        let cfg = EngineConfig {
-            max_num_seqs: 8,
-            total_kv_blocks: if small_kv { 300 } else { 3000 },
-            max_num_batched_tokens: 1024,
-            cpu_tier: tier,
-            ..EngineConfig::default()
-        };
+        let cfg = content_engine(small_kv, tier);
         // (An autoscaler evaluates every interval of the 10^4 s between
         // replays in a row: one replay with it.)
         let replays = if b.autoscale.is_some() { 1 } else { replays };
         let fast = cluster_with(&b, cfg.clone(), reqs.clone(), true, replays);
         let plain = cluster_with(&b, cfg, reqs, false, replays);
-        prop_assert_eq!(format!("{:?}", fast.records), format!("{:?}", plain.records));
-        prop_assert_eq!(
-            serde_json::to_string(&fast.summary).unwrap(),
-            serde_json::to_string(&plain.summary).unwrap()
-        );
-        for (f, p) in fast.insts.iter().zip(&plain.insts) {
-            prop_assert_eq!(f.counters(), p.counters());
-            prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
-            prop_assert_eq!(f.kv().used(), p.kv().used());
-            prop_assert_eq!(f.snapshot(), p.snapshot());
-        }
+        same_replays(&fast, &plain)?;
     }
 
     /// Forgetting private content when its request leaves (request ids
     /// promised unique, instances used once) changes nothing either, under
     /// preemption, aborts (client timeouts), sessions, content keys and
     /// hash ids, for any bundle (P/D included), with or without a CPU
-    /// tier (which turns it off).
+    /// tier (eager or on-evict: forgotten content is offloaded as such).
     #[test]
     fn forgetting_private_content_changes_no_output(b in any_bundle(), reqs in mixed_content_requests(), small_kv in any::<bool>(), tier in any_tier(), timeout in prop::option::of(20_000i64..400_000)) {
-        let cfg = EngineConfig {
-            max_num_seqs: 8,
-            total_kv_blocks: if small_kv { 300 } else { 3000 },
-            max_num_batched_tokens: 1024,
-            cpu_tier: tier,
-            ..EngineConfig::default()
-        };
+        let cfg = content_engine(small_kv, tier);
         // Unique ids (the promise), and client timeouts now and then.
         let mut reqs = reqs;
         for (i, r) in reqs.iter_mut().enumerate() {
@@ -1029,17 +1039,7 @@ proptest! {
         }
         let forget = cluster_opts(&b, cfg.clone(), reqs.clone(), true, 1, Some(10_000), true);
         let plain = cluster_opts(&b, cfg, reqs, false, 1, Some(10_000), false);
-        prop_assert_eq!(format!("{:?}", forget.records), format!("{:?}", plain.records));
-        prop_assert_eq!(
-            serde_json::to_string(&forget.summary).unwrap(),
-            serde_json::to_string(&plain.summary).unwrap()
-        );
-        for (f, p) in forget.insts.iter().zip(&plain.insts) {
-            prop_assert_eq!(f.counters(), p.counters());
-            prop_assert_eq!(f.kv().evictions(), p.kv().evictions());
-            prop_assert_eq!(f.kv().used(), p.kv().used());
-            prop_assert_eq!(f.snapshot(), p.snapshot());
-        }
+        same_replays(&forget, &plain)?;
     }
 }
 

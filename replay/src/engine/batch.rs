@@ -357,6 +357,27 @@ impl Instance {
             // A tiered cache: the blocks after the GPU's hits that the CPU
             // tier holds are reloaded instead of recomputed.
             let gpu_hits = self.hits.len() as u32;
+            let mut doomed = false;
+            if self.kv.tiered() {
+                // Reloads cannot make a request fit that does not fit
+                // without them: each takes a fresh block and saves at most
+                // one block of the chunk. So a request that does not fit
+                // on its GPU hits alone is not looked up on the CPU (a
+                // head of the queue blocked step after step, under
+                // overload, would be looked up at every step). (Without
+                // chunked prefill, one that fits in the KV cache may still
+                // not fit in the budget: that is checked below.)
+                let mut n = num_tokens - gpu_hits * bs;
+                if self.cfg.chunked_prefill && self.cfg.long_prefill_token_threshold > 0 {
+                    n = n.min(self.cfg.long_prefill_token_threshold);
+                }
+                n = n.min(*budget);
+                doomed = !self.kv.can_allocate(&self.hits, self.kv.blocks_for(n));
+                // (Debug builds go on, to check below that it fails.)
+                if doomed && !cfg!(debug_assertions) {
+                    break;
+                }
+            }
             let mut reloads = 0;
             while self.kv.tiered()
                 && gpu_hits + reloads < max_hit_blocks
@@ -384,17 +405,22 @@ impl Instance {
             }
             n = n.min(*budget);
             let need = self.kv.blocks_for(hit_tokens + n) - gpu_hits;
-            let hits = std::mem::take(&mut self.hits);
-            let mut blocks =
-                Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
-            let ok = self.kv.allocate(&mut blocks, &hits, need);
-            self.hits = hits;
+            // (Checked before the request's block table is made: a blocked
+            // head of the queue is tried again at every step.)
+            let ok = self.kv.can_allocate(&self.hits, need);
             if !ok {
                 if reloads > 0 {
                     self.kv.unpin_all();
                 }
                 break;
             }
+            debug_assert!(!doomed, "a request that did not fit on its GPU hits fits");
+            let hits = std::mem::take(&mut self.hits);
+            let mut blocks =
+                Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
+            let allocated = self.kv.allocate(&mut blocks, &hits, need);
+            debug_assert!(allocated, "can_allocate said yes");
+            self.hits = hits;
             self.waiting.pop();
             let class = a.req.class;
             self.count_waiting(slot, false);

@@ -1514,6 +1514,10 @@ impl Instance {
                 a.hashed = upto;
                 break;
             }
+            let ahead = a.hashed + crate::engine::kv_cache::PIPELINE as u32;
+            if ahead < upto {
+                self.kv.prefetch_commit(a.hash(bs, ahead));
+            }
             let h = a.hash(bs, a.hashed);
             let parent = a.hashed.checked_sub(1).map(|p| a.blocks[p as usize]);
             self.kv.commit(a.blocks[a.hashed as usize], h, parent);

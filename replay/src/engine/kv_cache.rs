@@ -556,6 +556,17 @@ impl KvCache {
         }
     }
 
+    /// Hints the CPU to fetch where [`KvCache::commit`] of content `hash`
+    /// will look (the GPU's hash index, and the CPU tier's when tiered):
+    /// [`PIPELINE`] blocks ahead of a walk committing a request's blocks.
+    #[inline]
+    pub fn prefetch_commit(&self, hash: u64) {
+        self.cached.prefetch(hash);
+        if let Some(cpu) = &self.cpu {
+            cpu.prefetch(hash);
+        }
+    }
+
     /// Hints the CPU to fetch block `b`'s bookkeeping and content (one
     /// [`PIPELINE`] blocks ahead of a walk over a request's blocks).
     #[inline]

@@ -77,18 +77,23 @@ pub struct KvCache {
     /// `log2(block_size)` when it is a power of two (vLLM's are): the
     /// divisions by the block size on every step become shifts.
     block_shift: Option<u32>,
-    /// The blocks handed out so far (`[0, fresh_next)`); the others have
+    /// The blocks materialised so far (`[0, fresh_next)`); the others have
     /// never been used and are not materialised.
     blocks: Vec<Block>,
     content: Vec<Content>,
     /// All blocks.
     total_blocks: u32,
-    /// Blocks `[fresh_next, total_blocks)` have never been taken: they are
-    /// the head of the free queue, in order, ahead of every entry of
-    /// `queue` (at the start every block is queued in id order and a freed
-    /// block goes to the tail, so the never-used ones always come first).
-    /// Kept implicit, an instance costs memory for the blocks it uses only.
+    /// Blocks materialised (`blocks.len()`); ids `[fresh_next,
+    /// total_blocks)` have never been handed out.
     fresh_next: u32,
+    /// Never-used blocks still at the head of the free queue, ahead of
+    /// every entry of `queue` (at the start every block is queued in id
+    /// order and a freed block goes to the tail, so the never-used ones
+    /// always come first). Kept implicit, an instance costs memory for the
+    /// blocks it uses only. A block taken from there is a forgotten one
+    /// when there is one (see `forgotten`), a new id otherwise: both hold
+    /// nothing, and no output names a block.
+    fresh_left: u32,
     /// The free queue, least recently freed first: (block, generation)
     /// entries, stale ones skipped and compacted away (a block taken out
     /// of the middle by a prefix-cache hit leaves its entry behind).
@@ -124,9 +129,13 @@ pub struct KvCache {
     /// The number of the oldest run (`runs[0]`); runs are numbered in
     /// order, wrapping.
     run_number: u32,
-    /// The blocks of `runs`: they hold nothing anyone can find, so any of
-    /// them serves when a run is reached (the most recently freed first).
-    /// Their bookkeeping is not kept up to date until they are taken.
+    /// Blocks of `runs`: they hold nothing anyone can find, so any of
+    /// them serves when a run is reached (the most recently freed first),
+    /// and as a never-used block (`fresh_left`), sparing new memory. Their
+    /// bookkeeping is not kept up to date until they are taken. With the
+    /// ids never handed out, they are as many as the runs' blocks and the
+    /// never-used ones together: `forgotten.len() + total_blocks −
+    /// fresh_next == fresh_left + Σ runs`.
     forgotten: Vec<u32>,
 }
 
@@ -156,6 +165,7 @@ impl KvCache {
             content: Vec::new(),
             total_blocks,
             fresh_next: 0,
+            fresh_left: total_blocks,
             queue: VecDeque::new(),
             free_count: total_blocks,
             cached: HashIndex::new(if prefix_caching { total_blocks } else { 0 }),
@@ -668,7 +678,24 @@ impl KvCache {
                 &self.blocks[self.forgotten[n - 1 - PIPELINE] as usize],
             );
         }
-        self.forgotten.pop().expect("a block per forgotten one")
+        self.forgotten.pop().unwrap_or_else(|| self.materialise())
+    }
+
+    /// A block id never handed out, its bookkeeping made (what queueing it
+    /// at the start and taking it now would have left).
+    fn materialise(&mut self) -> u32 {
+        let b = self.fresh_next;
+        debug_assert!(b < self.total_blocks, "a block id left");
+        self.fresh_next += 1;
+        self.blocks.push(Block {
+            ref_flags: 0,
+            queued: 2,
+        });
+        self.content.push(Content {
+            hash_bits: 0,
+            child: NIL,
+        });
+        b
     }
 
     /// Registers the hash of a full block whose content is private to the
@@ -783,22 +810,16 @@ impl KvCache {
     /// [`KvCache::can_allocate`]), skipping stale entries; `None` when the
     /// head is a run of forgotten blocks ([`KvCache::take_forgotten`]).
     fn pop_head(&mut self, on_evict: bool) -> Option<u32> {
-        if self.fresh_next < self.total_blocks {
-            // A never-used block: it holds nothing to evict. (Its entry
-            // generation is what queueing it at the start and taking it
-            // now would have left.)
-            let b = self.fresh_next;
-            self.fresh_next += 1;
-            self.blocks.push(Block {
-                ref_flags: 0,
-                queued: 2,
-            });
-            self.content.push(Content {
-                hash_bits: 0,
-                child: NIL,
-            });
+        if self.fresh_left > 0 {
+            // A never-used block: it holds nothing to evict. A forgotten
+            // one, already in memory and recently used, serves as well.
+            self.fresh_left -= 1;
             self.free_count -= 1;
-            return Some(b);
+            if let Some(b) = self.forgotten.pop() {
+                self.blocks[b as usize].ref_flags = 0;
+                return Some(b);
+            }
+            return Some(self.materialise());
         }
         loop {
             let &(b, g) = self.queue.front().expect("checked by can_allocate");
@@ -847,7 +868,7 @@ impl KvCache {
                 self.total_blocks
             ));
         }
-        let mut in_list = self.total_blocks - self.fresh_next;
+        let mut in_list = self.fresh_left;
         let mut seen = vec![false; self.blocks.len()];
         let mut forgotten = vec![false; self.blocks.len()];
         for &b in &self.forgotten {
@@ -858,14 +879,17 @@ impl KvCache {
         }
         let run_blocks: u32 = self.runs.iter().map(|r| r.unhashed + r.hashed).sum();
         let run_entries = self.queue.iter().filter(|e| e.0 == RUN).count();
-        if run_blocks as usize != self.forgotten.len()
+        if run_blocks as usize + self.fresh_left as usize
+            != self.forgotten.len() + (self.total_blocks - self.fresh_next) as usize
             || run_entries != self.runs.len()
             || self.runs.iter().any(|r| r.unhashed + r.hashed == 0)
         {
             return Err(format!(
-                "{} forgotten blocks in {} runs ({run_blocks} blocks, {run_entries} queue entries)",
+                "{} forgotten blocks and {} never used for {} runs ({run_blocks} blocks, {run_entries} queue entries) and {} never-used places",
                 self.forgotten.len(),
-                self.runs.len()
+                self.total_blocks - self.fresh_next,
+                self.runs.len(),
+                self.fresh_left
             ));
         }
         in_list += run_blocks;
@@ -1060,6 +1084,34 @@ mod tests {
         let mut want: Vec<u32> = (0..8).filter(|&b| b != a).collect();
         want.push(a);
         assert_eq!(all, want);
+    }
+
+    #[test]
+    fn forgotten_blocks_serve_as_never_used_ones_before_new_memory() {
+        // A large cache where every request forgets its blocks: the ids it
+        // hands out cycle through the few already in memory, while the
+        // never-used places at the head of the queue are taken in turn.
+        let mut kv = KvCache::new(10_000, 16, true);
+        for _ in 0..100 {
+            let mut t = Vec::new();
+            assert!(kv.allocate(&mut t, &[], 8));
+            kv.release_forgetting(&mut t, 0, 0);
+            kv.check().unwrap();
+        }
+        assert_eq!(kv.blocks.len(), 8, "in memory");
+        assert_eq!(kv.fresh_left, 10_000 - 800, "never-used places taken");
+        assert_eq!((kv.used(), kv.free()), (0, 10_000));
+        // Once the never-used places are gone, the runs are reached in turn
+        // and new ids are made when their blocks were lent out.
+        let mut all = Vec::new();
+        assert!(kv.allocate(&mut all, &[], 10_000));
+        kv.check().unwrap();
+        let mut ids = all.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 10_000, "every id once");
+        kv.release(&mut all);
+        kv.check().unwrap();
     }
 
     #[test]

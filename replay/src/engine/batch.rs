@@ -3,7 +3,7 @@
 //! batching, chunked prefill within the token budget, prefix-cache hits
 //! at admission, and preemption by recompute when the KV cache is full.
 
-use super::instance::{Instance, Run};
+use super::instance::{EngineConfig, Instance, Run};
 use super::queue_order::SchedulerPolicy;
 use blis_traces::itl_steps::round_to_i64;
 
@@ -367,11 +367,7 @@ impl Instance {
                 // overload, would be looked up at every step). (Without
                 // chunked prefill, one that fits in the KV cache may still
                 // not fit in the budget: that is checked below.)
-                let mut n = num_tokens - gpu_hits * bs;
-                if self.cfg.chunked_prefill && self.cfg.long_prefill_token_threshold > 0 {
-                    n = n.min(self.cfg.long_prefill_token_threshold);
-                }
-                n = n.min(*budget);
+                let n = first_chunk(&self.cfg, num_tokens - gpu_hits * bs, *budget);
                 doomed = !self.kv.can_allocate(&self.hits, self.kv.blocks_for(n));
                 // (Debug builds go on, to check below that it fails.)
                 if doomed && !cfg!(debug_assertions) {
@@ -387,23 +383,21 @@ impl Instance {
             }
             let a = self.slots[slot as usize].as_ref().expect("live slot");
             let hit_tokens = (gpu_hits + reloads) * bs;
-            let mut n = num_tokens - hit_tokens;
+            let left = num_tokens - hit_tokens;
             if !self.cfg.chunked_prefill {
                 // Without chunked prefill the whole uncached prompt runs in
                 // one step: the request waits for a step with room for it.
                 // (A prompt beyond the whole budget, which vLLM's settings
                 // check refuses, is chunked rather than never run.)
-                let never_fits = n > self.cfg.max_num_batched_tokens;
-                if n > *budget && !(never_fits && scheduled.is_empty()) {
+                let never_fits = left > self.cfg.max_num_batched_tokens;
+                if left > *budget && !(never_fits && scheduled.is_empty()) {
                     if reloads > 0 {
                         self.kv.unpin_all();
                     }
                     break;
                 }
-            } else if self.cfg.long_prefill_token_threshold > 0 {
-                n = n.min(self.cfg.long_prefill_token_threshold);
             }
-            n = n.min(*budget);
+            let n = first_chunk(&self.cfg, left, *budget);
             let need = self.kv.blocks_for(hit_tokens + n) - gpu_hits;
             // (Checked before the request's block table is made: a blocked
             // head of the queue is tried again at every step.)
@@ -418,8 +412,7 @@ impl Instance {
             let hits = std::mem::take(&mut self.hits);
             let mut blocks =
                 Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
-            let allocated = self.kv.allocate(&mut blocks, &hits, need);
-            debug_assert!(allocated, "can_allocate said yes");
+            self.kv.allocate_checked(&mut blocks, &hits, need);
             self.hits = hits;
             self.waiting.pop();
             let class = a.req.class;
@@ -602,4 +595,17 @@ impl Instance {
             }
         }
     }
+}
+
+/// The tokens of a waiting request's first step when `left` of its prompt
+/// are not cached and `budget` are left in the step: the long prefill
+/// threshold under chunked prefill, then the budget. (Without chunked
+/// prefill the caller has checked that the rest fits the budget, or that it
+/// never can and the step is otherwise empty.)
+fn first_chunk(cfg: &EngineConfig, left: u32, budget: u32) -> u32 {
+    let mut n = left;
+    if cfg.chunked_prefill && cfg.long_prefill_token_threshold > 0 {
+        n = n.min(cfg.long_prefill_token_threshold);
+    }
+    n.min(budget)
 }

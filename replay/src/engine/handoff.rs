@@ -105,8 +105,7 @@ impl Instance {
             return Err(HandoffError::NoRoom);
         }
         let mut blocks = Vec::with_capacity(self.kv.blocks_for(input + target) as usize);
-        let ok = self.kv.allocate(&mut blocks, &hits, need);
-        debug_assert!(ok, "checked");
+        self.kv.allocate_checked(&mut blocks, &hits, need);
         let hit_blocks = hits.len() as u32;
         self.hits = hits;
         if !self.private_blocks {

@@ -505,6 +505,18 @@ impl KvCache {
         if !self.can_allocate(hits, new_blocks) {
             return false;
         }
+        self.allocate_checked(table, hits, new_blocks);
+        true
+    }
+
+    /// [`KvCache::allocate`] where [`KvCache::can_allocate`]`(hits,
+    /// new_blocks)` has just said yes (nothing changed since): it does not
+    /// count the free hits again. Debug builds check the promise.
+    pub fn allocate_checked(&mut self, table: &mut Vec<u32>, hits: &[u32], new_blocks: u32) {
+        debug_assert!(
+            self.can_allocate(hits, new_blocks),
+            "allocate_checked without room"
+        );
         for &b in hits {
             let blk = &mut self.blocks[b as usize];
             if blk.ref_cnt() == 0 {
@@ -537,7 +549,6 @@ impl KvCache {
             self.blocks[b as usize].ref_flags = 1;
             table.push(b);
         }
-        true
     }
 
     /// Tiered, on-evict: the content of a block soon taken may go to the

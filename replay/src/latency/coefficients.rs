@@ -329,10 +329,16 @@ impl CoefficientsFile {
         Self::parse(&path.display().to_string(), &text)
     }
 
-    /// The bundled file.
+    /// The bundled file (parsed once per process: a setup may be resolved
+    /// several times, and the parse costs more than a small replay).
     pub fn bundled() -> Self {
-        Self::parse("coefficients.yaml (bundled)", BUNDLED_COEFFICIENTS)
-            .expect("the bundled coefficients file parses")
+        static PARSED: std::sync::OnceLock<CoefficientsFile> = std::sync::OnceLock::new();
+        PARSED
+            .get_or_init(|| {
+                Self::parse("coefficients.yaml (bundled)", BUNDLED_COEFFICIENTS)
+                    .expect("the bundled coefficients file parses")
+            })
+            .clone()
     }
 
     /// The row for `model` on `gpu` at `tp` with the given latency model.

@@ -62,9 +62,13 @@ impl<W: Write> Write for PipeSafe<W> {
 }
 
 /// Writes one line to stderr, dropping it when stderr cannot be written
-/// (a closed pipe); the line of [`diag!`](crate::diag).
+/// (a closed pipe); the line of [`diag!`](crate::diag). The line is
+/// formatted first and written at once (stderr is unbuffered): runs
+/// sharing a terminal or a log file do not split each other's lines.
 pub fn stderr_line(args: std::fmt::Arguments<'_>) {
-    let _ = writeln!(io::stderr().lock(), "{args}");
+    let mut line = args.to_string();
+    line.push('\n');
+    let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// `eprintln!` that never panics: a diagnostic line to stderr, dropped

@@ -389,6 +389,37 @@ mod tests {
         assert!((e.mean() - 20.0).abs() < 1e-12);
     }
 
+    /// A spec's length is a whole number of tokens: a draw is rounded to
+    /// the nearest, then clamped to `min` (default 1 for prompts and
+    /// outputs) and `max` (docs/workload-specs.md).
+    #[test]
+    fn a_length_is_rounded_to_a_whole_token_then_clamped() {
+        use crate::spec::{DistKind, DistParams, Finite};
+        let constant = |v: f64, min: Option<f64>, max: Option<f64>| DistSpec {
+            kind: DistKind::Constant,
+            params: DistParams {
+                value: Some(Finite(v)),
+                min: min.map(Finite),
+                max: max.map(Finite),
+                ..DistParams::default()
+            },
+            pmf: None,
+            file: None,
+        };
+        let mut rng = <rand::rngs::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        let draw = |spec: DistSpec, rng: &mut rand::rngs::ChaCha8Rng| {
+            LengthSampler::new(&spec, Path::new("."), 1)
+                .unwrap()
+                .sample(rng)
+        };
+        assert_eq!(draw(constant(0.5, None, None), &mut rng), 1);
+        assert_eq!(draw(constant(0.0, None, None), &mut rng), 1);
+        assert_eq!(draw(constant(256.7, None, None), &mut rng), 257);
+        assert_eq!(draw(constant(256.4, None, None), &mut rng), 256);
+        assert_eq!(draw(constant(0.0, Some(0.0), None), &mut rng), 0);
+        assert_eq!(draw(constant(900.0, None, Some(512.0)), &mut rng), 512);
+    }
+
     #[test]
     fn empirical_rejects_empty_and_merges_duplicates() {
         assert!(Empirical::from_pairs(vec![(1.0, 0.0)]).is_err());

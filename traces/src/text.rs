@@ -33,8 +33,8 @@ pub fn read_text_limited(path: &Path, max: u64) -> std::io::Result<String> {
     use std::io::Read;
     let file = std::fs::File::open(path)?;
     // Sized from the file's length where it has one (a regular file), so
-    // that a large file is read in one go instead of a growing buffer's
-    // copies; a pipe or a file still growing reads on from there.
+    // that the buffer need not grow as it is read; a pipe or a file still
+    // growing reads on from there.
     let hint = file.metadata().map_or(0, |m| m.len()).min(max);
     let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0).saturating_add(1));
     file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;

@@ -534,7 +534,35 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// # Errors
 /// Missing or malformed files, naming them.
 pub fn vllm_gt(dir: &Path) -> Result<Trace> {
-    let (exp, replay, truth) = gt_files(dir)?;
+    // The requests' records are made from the replay file while the
+    // measurements parse beside them; their outcomes are filled in after.
+    let (exp, replay, truth, (run, mut records)) = gt_files(dir, |exp, replay| {
+        let run = gt_run(dir, exp, replay)?;
+        let records: Vec<TraceRecord> = replay
+            .requests
+            .iter()
+            .map(|r| run.request_record(r))
+            .collect();
+        Ok((run, records))
+    })?;
+    let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
+    for t in &truth {
+        if let Some(slot) = by_index.get_mut(t.index as usize) {
+            *slot = Some(t);
+        }
+    }
+    for (record, r) in records.iter_mut().zip(&replay.requests) {
+        record.outcome = run.outcome(r, by_index.get(r.index as usize).copied().flatten());
+    }
+    sort_by_arrival(&mut records);
+    let mut header = gt_header(&exp, &replay);
+    header.run_start_unix_us = Some(run.run_start);
+    Ok(Trace::new(header, records))
+}
+
+/// What a ground-truth run's records share: read from the run's files
+/// beside the replay (`profile.yaml`, the client's timeout).
+fn gt_run(dir: &Path, exp: &GtExpConfig, replay: &GtReplay) -> Result<GtRun> {
     let shared_prefix = gt_shared_prefix(dir)?;
     // inference-perf sent `groups × prompts` distinct prompts in a repeating
     // cycle; which prompt a request carried is not recorded, so request i is
@@ -546,12 +574,6 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         (groups.saturating_mul(per), per, s.system_prompt_len)
     });
     let cycle = prompts.map_or(1, |(n, _, _)| u64::from(n.max(1)));
-    let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
-    for t in &truth {
-        if let Some(slot) = by_index.get_mut(t.index as usize) {
-            *slot = Some(t);
-        }
-    }
     let exp_name = if replay.experiment.is_empty() {
         dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -564,7 +586,7 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
         n.min(GT_CACHED_PROMPTS)
             .min(u32::try_from(replay.requests.len()).unwrap_or(u32::MAX))
     };
-    let run = GtRun {
+    Ok(GtRun {
         run_start: experiment_start_us(&exp_name).unwrap_or(0),
         client: Arc::from(if replay.profile.is_empty() {
             "vllm-gt"
@@ -592,22 +614,19 @@ pub fn vllm_gt(dir: &Path) -> Result<Trace> {
             (0..cached(n).div_ceil(per)).map(gt_group).collect()
         }),
         exp_name,
-    };
-    let mut records: Vec<TraceRecord> = replay
-        .requests
-        .iter()
-        .map(|r| run.record(r, by_index.get(r.index as usize).copied().flatten()))
-        .collect();
-    sort_by_arrival(&mut records);
-    let mut header = gt_header(&exp, &replay);
-    header.run_start_unix_us = Some(run.run_start);
-    Ok(Trace::new(header, records))
+    })
 }
 
 /// A ground-truth run's three files: `exp-config.yaml`, and in
 /// `replay_data/` the replay (`<exp>.json`) and its measurements
 /// (`<exp>_ground_truth.json`).
-fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
+///
+/// `prepare` runs on the calling thread once the replay file is read and
+/// checked, while the measurements are still parsing on another.
+fn gt_files<T>(
+    dir: &Path,
+    prepare: impl FnOnce(&GtExpConfig, &GtReplay) -> Result<T>,
+) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>, T)> {
     let exp_path = dir.join("exp-config.yaml");
     let exp_text = crate::text::read_text(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
     let exp: GtExpConfig =
@@ -639,35 +658,43 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
             format!("invalid JSON: {}", json_message(&e)),
         )
     };
+    // Times the trace can hold (±2^53 µs, durations within a year).
+    let max = crate::csvio::MAX_TIME_US;
+    let check_replay = |replay: &GtReplay| match replay
+        .requests
+        .iter()
+        .find(|r| r.arrival_time_us.unsigned_abs() > max as u64)
+    {
+        Some(r) => Err(Error::in_file(
+            &replay_path,
+            format!(
+                "request {}: arrival_time_us {} is beyond ±2^53 µs",
+                r.index, r.arrival_time_us
+            ),
+        )),
+        None => Ok(()),
+    };
     // The two files are read and parsed at once (the measurements on a
     // second thread): neither depends on the other.
     let (replay, truth) = std::thread::scope(|scope| {
         let truth = scope.spawn(|| -> Result<Vec<GtTruth>> {
             serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))
         });
-        let replay: Result<GtReplay> = read_json(&replay_path)
-            .and_then(|t| serde_json::from_str(&t).map_err(|e| json_err(&replay_path, e)));
+        let replay = read_json(&replay_path)
+            .and_then(|t| {
+                serde_json::from_str::<GtReplay>(&t).map_err(|e| json_err(&replay_path, e))
+            })
+            .and_then(|replay| {
+                check_replay(&replay)?;
+                let prepared = prepare(&exp, &replay)?;
+                Ok((replay, prepared))
+            });
         let truth = truth
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         (replay, truth)
     });
-    let (replay, truth) = (replay?, truth?);
-    // Times the trace can hold (±2^53 µs, durations within a year).
-    let max = crate::csvio::MAX_TIME_US;
-    if let Some(r) = replay
-        .requests
-        .iter()
-        .find(|r| r.arrival_time_us.unsigned_abs() > max as u64)
-    {
-        return Err(Error::in_file(
-            &replay_path,
-            format!(
-                "request {}: arrival_time_us {} is beyond ±2^53 µs",
-                r.index, r.arrival_time_us
-            ),
-        ));
-    }
+    let ((replay, prepared), truth) = (replay?, truth?);
     let year_s = 3.2e7;
     let ok = |s: f64| s.is_finite() && (0.0..=year_s).contains(&s);
     if let Some(t) = truth
@@ -682,7 +709,7 @@ fn gt_files(dir: &Path) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>)> {
             ),
         ));
     }
-    Ok((exp, replay, truth))
+    Ok((exp, replay, truth, prepared))
 }
 
 /// The prompt length of a request whose length was not recorded (the
@@ -750,16 +777,14 @@ struct GtRun {
 const GT_CACHED_PROMPTS: u32 = 4096;
 
 impl GtRun {
-    /// Request `r` with its measurements `t` (none: it failed).
-    fn record(&self, r: &GtRequest, t: Option<&GtTruth>) -> TraceRecord {
-        let failed = r.has_error || t.is_none_or(|t| t.has_error);
+    /// Request `r`'s record, its outcome left to [`GtRun::outcome`].
+    fn request_record(&self, r: &GtRequest) -> TraceRecord {
         let input = if r.input_tokens == 0 {
             self.planned.get(r.index)
         } else {
             r.input_tokens
         };
         let output = self.output_len.unwrap_or(r.output_tokens).max(1);
-        let send = self.run_start + r.arrival_time_us;
         let mut request = Request {
             request_id: r.index,
             client_id: self.client.clone(),
@@ -791,9 +816,15 @@ impl GtRun {
         }
         TraceRecord {
             request,
-            outcome: gt_outcome(send, t, failed),
+            outcome: Outcome::default(),
             other: vec![("client_output_tokens".into(), r.output_tokens.to_string())],
         }
+    }
+
+    /// Request `r`'s outcome from its measurements `t` (none: it failed).
+    fn outcome(&self, r: &GtRequest, t: Option<&GtTruth>) -> Outcome {
+        let failed = r.has_error || t.is_none_or(|t| t.has_error);
+        gt_outcome(self.run_start + r.arrival_time_us, t, failed)
     }
 }
 

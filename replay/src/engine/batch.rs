@@ -7,7 +7,7 @@ use super::instance::{EngineConfig, Instance, Run};
 use super::queue_order::SchedulerPolicy;
 use blis_traces::itl_steps::round_to_i64;
 
-use crate::latency::{LatencyModel, Model, PrefillChunk};
+use crate::latency::{DecodeSteps, LatencyModel, Model, PrefillChunk};
 
 /// Adds decoding request `slot` to the group of `phase` in `groups`,
 /// noting in `used` a phase that was empty.
@@ -571,6 +571,11 @@ impl Instance {
         let mut end = now + dt;
         let mut k = 1u32;
         let constant = matches!(self.latency, Model::Blackbox(_));
+        let steps = if constant || k >= max_k {
+            DecodeSteps::Whole
+        } else {
+            self.latency.decode_steps(&self.shape)
+        };
         while k < max_k {
             let need = per_phase[self.kv.in_block(k) as usize];
             if need > free {
@@ -580,8 +585,7 @@ impl Instance {
                 dt
             } else {
                 ctx += b;
-                self.shape.decode_context_sum = ctx;
-                round_to_i64(self.latency.step_time_us(&self.shape)).max(1)
+                round_to_i64(self.latency.decode_step_us(&steps, &mut self.shape, ctx)).max(1)
             };
             if end + d > limit {
                 break;

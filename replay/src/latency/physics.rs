@@ -245,6 +245,17 @@ impl PhysicsBasis {
 
     /// The terms of a step into `x` (order of [`TERM_NAMES`]).
     pub fn terms(&self, b: &BatchShape, x: &mut [f64; TERMS]) {
+        let fixed = self.fixed_terms(b);
+        *x = fixed.x;
+        let (kv, attention) = self.context_terms(&fixed, b.decode_context_sum as f64);
+        x[KV] = kv;
+        x[ATTENTION] = attention;
+    }
+
+    /// The terms of a step but the two that grow with the decoding
+    /// requests' context (`x_kv`, `x_attention_compute`, left 0), and what
+    /// those two need: what a run of decode steps shares.
+    fn fixed_terms(&self, b: &BatchShape) -> FixedTerms {
         let t = self.tp;
         let mut prefill_flops = 0.0;
         let mut prefill_pairs = 0.0;
@@ -257,7 +268,6 @@ impl PhysicsBasis {
             prefill_ctx += before;
         }
         let dn = f64::from(b.decode_count);
-        let ctx = b.decode_context_sum as f64;
         let tokens = b.total_tokens() as f64;
         let touched = if self.experts > 0.0 && tokens > 0.0 {
             self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts).powf(tokens))
@@ -267,15 +277,14 @@ impl PhysicsBasis {
         let weight = self.static_weight_bytes + self.expert_bytes * touched * self.moe_layers;
         let tp_bytes_per_us = t * self.bytes_per_us;
         let tp_flops_per_us = t * self.flops_per_us;
+        let mut x = [0.0; TERMS];
         x[0] = 1.0;
         x[1] = self.layers;
         x[2] = if t > 1.0 { 2.0 * self.layers } else { 0.0 };
         x[3] = dn + b.prefill.len() as f64;
         x[4] = weight / tp_bytes_per_us;
-        x[5] = (prefill_ctx + ctx + tokens) * self.kv_bytes_per_token / tp_bytes_per_us;
         x[6] = prefill_flops / tp_flops_per_us;
         x[7] = dn * (self.linear_flops + self.logits_flops) / tp_flops_per_us;
-        x[8] = self.attn_flops * (ctx + dn) / tp_flops_per_us;
         x[13] = self.attn_flops * prefill_pairs / tp_flops_per_us;
         x[9] = self.moe_layers * self.padded_expert_rows(tokens, touched) * self.expert_row_flops
             / tp_flops_per_us;
@@ -288,7 +297,62 @@ impl PhysicsBasis {
         };
         x[11] = self.moe_layers;
         x[12] = dn * self.expert_flops / tp_flops_per_us;
+        FixedTerms {
+            x,
+            prefill_ctx,
+            tokens,
+            decode_count: dn,
+            tp_bytes_per_us,
+            tp_flops_per_us,
+        }
     }
+
+    /// `x_kv` and `x_attention_compute` of a step of `fixed` whose decoding
+    /// requests' contexts sum to `ctx` tokens.
+    fn context_terms(&self, fixed: &FixedTerms, ctx: f64) -> (f64, f64) {
+        let f = fixed;
+        (
+            (f.prefill_ctx + ctx + f.tokens) * self.kv_bytes_per_token / f.tp_bytes_per_us,
+            self.attn_flops * (ctx + f.decode_count) / f.tp_flops_per_us,
+        )
+    }
+}
+
+/// Index of `x_kv` in [`TERM_NAMES`].
+const KV: usize = 5;
+/// Index of `x_attention_compute` in [`TERM_NAMES`].
+const ATTENTION: usize = 8;
+
+/// A step's terms but those that grow with the decode context
+/// ([`PhysicsBasis::fixed_terms`]).
+#[derive(Debug, Clone, Copy)]
+struct FixedTerms {
+    x: [f64; TERMS],
+    prefill_ctx: f64,
+    tokens: f64,
+    decode_count: f64,
+    tp_bytes_per_us: f64,
+    tp_flops_per_us: f64,
+}
+
+/// The step time of one batch composition as its decoding requests'
+/// context sum grows ([`TrainedPhysics::decode_steps`]): every term but
+/// the two that grow computed once, each step adding those two in their
+/// place of the sum. The same arithmetic, in the same order, as
+/// [`TrainedPhysics`]'s `step_time_us`, so the same bits.
+#[derive(Debug, Clone, Copy)]
+pub struct PhysicsSteps {
+    fixed: FixedTerms,
+    /// The coefficient-weighted terms (those that grow: 0).
+    products: [f64; TERMS],
+    /// The running sum of `products` before `x_kv`'s.
+    head: f64,
+}
+
+/// The weighted sum of a step's terms, in [`TERM_NAMES`] order, from the
+/// initial value of a float sum.
+fn sum_from(start: f64, products: &[f64]) -> f64 {
+    products.iter().fold(start, |a, p| a + p)
 }
 
 /// The per-request overheads around the engine, µs.
@@ -337,15 +401,46 @@ impl TrainedPhysics {
     }
 }
 
+impl TrainedPhysics {
+    /// The step time of the (non-empty) composition `b` prepared for any
+    /// sum of its decoding requests' contexts: a run of decode steps, each
+    /// a token longer per request, evaluated with
+    /// [`TrainedPhysics::decode_step_us`].
+    pub fn decode_steps(&self, b: &BatchShape) -> PhysicsSteps {
+        let fixed = self.basis.fixed_terms(b);
+        let mut products = [0.0; TERMS];
+        for (k, p) in products.iter_mut().enumerate() {
+            *p = fixed.x[k] * self.beta[k];
+        }
+        // (A float sum starts from the empty sum, as `Iterator::sum` does.)
+        let zero: f64 = std::iter::empty::<f64>().sum();
+        PhysicsSteps {
+            fixed,
+            products,
+            head: sum_from(zero, &products[..KV]),
+        }
+    }
+
+    /// The step time, µs (≥ 1), of `steps`' composition when its decoding
+    /// requests' contexts sum to `ctx` tokens: bit for bit the
+    /// `step_time_us` of that batch.
+    pub fn decode_step_us(&self, steps: &PhysicsSteps, ctx: u64) -> f64 {
+        let (kv, attention) = self.basis.context_terms(&steps.fixed, ctx as f64);
+        let p = &steps.products;
+        let mut t = steps.head + kv * self.beta[KV];
+        t = sum_from(t, &p[KV + 1..ATTENTION]);
+        t += attention * self.beta[ATTENTION];
+        t = sum_from(t, &p[ATTENTION + 1..]);
+        t.max(1.0)
+    }
+}
+
 impl LatencyModel for TrainedPhysics {
     fn step_time_us(&self, b: &BatchShape) -> f64 {
         if b.is_empty() {
             return 1.0;
         }
-        let mut x = [0.0; TERMS];
-        self.basis.terms(b, &mut x);
-        let t: f64 = x.iter().zip(&self.beta).map(|(x, b)| x * b).sum();
-        t.max(1.0)
+        self.decode_step_us(&self.decode_steps(b), b.decode_context_sum)
     }
 
     fn queueing_delay_us(&self, input_tokens: u32) -> f64 {

@@ -103,6 +103,12 @@ impl Roofline {
 
     /// Compute, memory and communication time of a step, seconds.
     pub fn components(&self, b: &BatchShape) -> (f64, f64, f64) {
+        self.components_at(&self.fixed_parts(b), b.decode_context_sum as f64)
+    }
+
+    /// What a step's components do not owe to its decoding requests'
+    /// context: what a run of decode steps shares.
+    fn fixed_parts(&self, b: &BatchShape) -> FixedParts {
         let tp = f64::from(self.tp);
         let p = &self.params;
         // Prefill: linear layers per token, attention over each token's
@@ -119,13 +125,6 @@ impl Roofline {
             kv_read_tokens += before;
         }
         let dn = f64::from(b.decode_count);
-        let decode_ctx = b.decode_context_sum as f64 + dn;
-        let decode_flops = (self.linear_flops_per_token + self.logits_flops) * dn
-            + self.attn_core_flops_per_ctx_token * decode_ctx;
-        kv_read_tokens += b.decode_context_sum as f64;
-        let compute = (prefill_flops / p.mfu_prefill.max(1e-6)
-            + decode_flops / p.mfu_decode.max(1e-6))
-            / (self.peak_flops * tp);
         let tokens = b.total_tokens() as f64;
         let a = &self.arch;
         let experts_touched = if a.experts > 0 && tokens > 0.0 {
@@ -137,9 +136,7 @@ impl Roofline {
         };
         let weight_bytes = self.static_weight_bytes
             + self.moe_layer_expert_bytes * experts_touched * self.moe_layers;
-        let kv_bytes = (kv_read_tokens + tokens) * a.kv_bytes_per_token();
         let act_bytes = tokens * f64::from(a.hidden) * f64::from(a.layers) * 2.0 * 2.0;
-        let memory = (weight_bytes + kv_bytes + act_bytes) / tp / (self.hw.bw_peak_tbs * 1e12);
         let comm = if self.tp > 1 {
             let msg = tokens * f64::from(a.hidden) * 2.0;
             let per = 2.0 * (tp - 1.0) / tp * msg / (self.hw.interconnect_gbs * 1e9)
@@ -148,17 +145,80 @@ impl Roofline {
         } else {
             0.0
         };
-        (compute, memory, comm)
+        FixedParts {
+            prefill_compute: prefill_flops / p.mfu_prefill.max(1e-6),
+            decode_linear_flops: (self.linear_flops_per_token + self.logits_flops) * dn,
+            decode_count: dn,
+            prefill_kv_tokens: kv_read_tokens,
+            tokens,
+            weight_bytes,
+            act_bytes,
+            kv_bytes_per_token: a.kv_bytes_per_token(),
+            comm,
+        }
+    }
+
+    /// The components of a step of `f` whose decoding requests' contexts
+    /// sum to `ctx` tokens.
+    fn components_at(&self, f: &FixedParts, ctx: f64) -> (f64, f64, f64) {
+        let tp = f64::from(self.tp);
+        let decode_ctx = ctx + f.decode_count;
+        let decode_flops = f.decode_linear_flops + self.attn_core_flops_per_ctx_token * decode_ctx;
+        let kv_read_tokens = f.prefill_kv_tokens + ctx;
+        let compute = (f.prefill_compute + decode_flops / self.params.mfu_decode.max(1e-6))
+            / (self.peak_flops * tp);
+        let kv_bytes = (kv_read_tokens + f.tokens) * f.kv_bytes_per_token;
+        let memory = (f.weight_bytes + kv_bytes + f.act_bytes) / tp / (self.hw.bw_peak_tbs * 1e12);
+        (compute, memory, f.comm)
+    }
+
+    /// The step time of the (non-empty) composition `b` prepared for any
+    /// sum of its decoding requests' contexts: a run of decode steps, each
+    /// a token longer per request, evaluated with
+    /// [`Roofline::decode_step_us`].
+    pub fn decode_steps(&self, b: &BatchShape) -> RooflineSteps {
+        RooflineSteps(self.fixed_parts(b))
+    }
+
+    /// The step time, µs (≥ 1), of `steps`' composition when its decoding
+    /// requests' contexts sum to `ctx` tokens: bit for bit the
+    /// `step_time_us` of that batch.
+    pub fn decode_step_us(&self, steps: &RooflineSteps, ctx: u64) -> f64 {
+        let (compute, memory, comm) = self.components_at(&steps.0, ctx as f64);
+        ((compute.max(memory) + comm) * 1e6 + self.params.overhead_us).max(1.0)
     }
 }
+
+/// A step's parts that do not grow with its decode context
+/// ([`Roofline::fixed_parts`]).
+#[derive(Debug, Clone, Copy)]
+struct FixedParts {
+    /// Prefill FLOPs over the prefill MFU.
+    prefill_compute: f64,
+    decode_linear_flops: f64,
+    decode_count: f64,
+    prefill_kv_tokens: f64,
+    tokens: f64,
+    weight_bytes: f64,
+    act_bytes: f64,
+    kv_bytes_per_token: f64,
+    /// Seconds.
+    comm: f64,
+}
+
+/// The step time of one batch composition as its decoding requests'
+/// context sum grows ([`Roofline::decode_steps`]): the same arithmetic, in
+/// the same order, as `step_time_us`, the parts that do not grow computed
+/// once.
+#[derive(Debug, Clone, Copy)]
+pub struct RooflineSteps(FixedParts);
 
 impl LatencyModel for Roofline {
     fn step_time_us(&self, b: &BatchShape) -> f64 {
         if b.is_empty() {
             return 1.0;
         }
-        let (compute, memory, comm) = self.components(b);
-        ((compute.max(memory) + comm) * 1e6 + self.params.overhead_us).max(1.0)
+        self.decode_step_us(&self.decode_steps(b), b.decode_context_sum)
     }
 
     fn queueing_delay_us(&self, input_tokens: u32) -> f64 {

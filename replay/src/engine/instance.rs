@@ -555,14 +555,14 @@ pub struct Snapshot {
     pub waiting: u32,
     /// Requests running.
     pub running: u32,
-    /// KV blocks in use.
-    pub kv_used: u32,
+    /// KV blocks in use (a cluster's sum may pass 2^32).
+    pub kv_used: u64,
     /// KV blocks in total.
-    pub kv_total: u32,
+    pub kv_total: u64,
     /// CPU-tier KV blocks holding content (0 without a CPU tier).
-    pub kv_cpu_used: u32,
+    pub kv_cpu_used: u64,
     /// CPU-tier KV blocks in total (0 without a CPU tier).
-    pub kv_cpu_total: u32,
+    pub kv_cpu_total: u64,
     /// Counters.
     pub counters: Counters,
 }
@@ -573,7 +573,7 @@ impl Snapshot {
         if self.kv_total == 0 {
             0.0
         } else {
-            f64::from(self.kv_used) / f64::from(self.kv_total)
+            self.kv_used as f64 / self.kv_total as f64
         }
     }
 }
@@ -907,10 +907,10 @@ impl Instance {
         Snapshot {
             waiting: self.waiting.len() as u32,
             running: self.running.len() as u32,
-            kv_used: self.kv.used(),
-            kv_total: self.kv.total(),
-            kv_cpu_used: self.kv.cpu_tier().map_or(0, |t| t.used()),
-            kv_cpu_total: self.kv.cpu_tier().map_or(0, |t| t.total()),
+            kv_used: u64::from(self.kv.used()),
+            kv_total: u64::from(self.kv.total()),
+            kv_cpu_used: self.kv.cpu_tier().map_or(0, |t| u64::from(t.used())),
+            kv_cpu_total: self.kv.cpu_tier().map_or(0, |t| u64::from(t.total())),
             counters: self.counters(),
         }
     }
@@ -924,7 +924,7 @@ impl Instance {
     pub fn snapshot_at(&self, t: i64) -> Snapshot {
         let mut s = self.snapshot();
         if let Some((c, blocks, n)) = self.run_progress_at(t) {
-            s.kv_used += blocks;
+            s.kv_used += u64::from(blocks);
             let c = c as u64;
             s.counters.steps += c;
             s.counters.fast_forwarded_steps += c - 1;

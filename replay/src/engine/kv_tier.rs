@@ -222,9 +222,11 @@ const FORGOTTEN: u32 = u32::MAX;
 /// content per offload, and its index entry is a cache miss otherwise.
 const PREFETCH_AHEAD: usize = 16;
 
-/// The CPU tier: offloaded contents by hash, in a fixed array of
+/// The CPU tier: offloaded contents by hash, in an array of up to
 /// `cpu_blocks` slots found through the compact hash index the GPU uses
-/// (one cache line per probe). The offload order is a ring of (hash, slot,
+/// (one cache line per probe). Slots and index grow as contents come, so
+/// that a tier's memory follows what it holds, not its size (a tier of
+/// billions of blocks that holds a few costs a few). The offload order is a ring of (hash, slot,
 /// generation) entries, oldest first, as the GPU's free queue: a content
 /// taken out for a reload leaves a stale entry behind, and the contents
 /// to drop next are read in sequence (their index entries prefetched).
@@ -237,7 +239,7 @@ pub struct CpuTier {
     cfg: CpuTierConfig,
     slots: Vec<Slot>,
     index: HashIndex,
-    /// Unused slots.
+    /// Slots used before and free again.
     spare: Vec<u32>,
     order: VecDeque<(u64, u32, u32)>,
     /// Contents that must not be dropped now ([`CpuTier::pin`]).
@@ -252,18 +254,14 @@ impl CpuTier {
     /// An empty tier.
     pub fn new(cfg: CpuTierConfig) -> Self {
         let n = cfg.cpu_blocks;
+        // Room for the first 65,536 contents up front (2.5 MB); more as
+        // they come.
+        let first = n.min(1 << 16) as usize;
         Self {
-            slots: vec![
-                Slot {
-                    hash: 0,
-                    at: 0,
-                    generation: 0,
-                };
-                n as usize
-            ],
+            slots: Vec::with_capacity(first),
             index: HashIndex::new(n),
-            spare: (0..n).rev().collect(),
-            order: VecDeque::with_capacity(n as usize),
+            spare: Vec::new(),
+            order: VecDeque::with_capacity(first),
             pinned: Vec::new(),
             forgotten: 0,
             counters: TierCounters::default(),
@@ -374,7 +372,16 @@ impl CpuTier {
         if !self.make_room() {
             return;
         }
-        let s = self.spare.pop().expect("a free slot");
+        let s = self.spare.pop().unwrap_or_else(|| {
+            // A slot never used yet (room was made: fewer are held than
+            // the tier's blocks).
+            self.slots.push(Slot {
+                hash: 0,
+                at: 0,
+                generation: 0,
+            });
+            self.slots.len() as u32 - 1
+        });
         let slot = &mut self.slots[s as usize];
         slot.hash = hash;
         slot.at = now;
@@ -468,11 +475,14 @@ impl CpuTier {
         if !self.pinned.is_empty() {
             return Err(format!("{} CPU contents left pinned", self.pinned.len()));
         }
-        if self.index.len() as u32 + self.spare.len() as u32 != self.total() {
+        if self.index.len() + self.spare.len() != self.slots.len()
+            || self.slots.len() > self.total() as usize
+        {
             return Err(format!(
-                "CPU tier: {} indexed + {} spare != {}",
+                "CPU tier: {} indexed + {} spare != {} slots (of {})",
                 self.index.len(),
                 self.spare.len(),
+                self.slots.len(),
                 self.total()
             ));
         }

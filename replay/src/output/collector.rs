@@ -1101,7 +1101,7 @@ impl Collector {
         ];
         w.write_metric_scrape(t, labels, &rows);
         if snap.kv_cpu_total > 0 {
-            let cpu = f64::from(snap.kv_cpu_used) / f64::from(snap.kv_cpu_total);
+            let cpu = snap.kv_cpu_used as f64 / snap.kv_cpu_total as f64;
             let tier: [(&'static str, f64); 6] = [
                 (
                     "vllm:external_prefix_cache_queries_total",

@@ -74,7 +74,7 @@ pub struct PrefixCache {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct KvFigures {
     /// Blocks in total.
-    pub total_blocks: u32,
+    pub total_blocks: u64,
     /// Highest sampled usage (0..1).
     pub peak_usage: f64,
     /// Mean sampled usage (0..1).
@@ -89,9 +89,9 @@ pub struct KvFigures {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct CpuTierFigures {
     /// CPU blocks in total.
-    pub total_blocks: u32,
+    pub total_blocks: u64,
     /// Blocks holding content at the end.
-    pub used_blocks: u32,
+    pub used_blocks: u64,
     /// Blocks offloaded from GPU to CPU.
     pub offloads: u64,
     /// Blocks reloaded from CPU to GPU instead of recomputed.

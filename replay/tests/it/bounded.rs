@@ -198,3 +198,42 @@ fn absurd_times_rates_and_lengths_are_one_line_errors() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+#[test]
+fn kv_caches_of_billions_of_blocks_cost_what_they_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    // 16 instances of 4·10^9 GPU and 4·10^9 CPU KV blocks each: the CPU
+    // tier once allocated its slots up front (96 GB an instance: the run
+    // aborted), and the cluster's totals wrapped at 2^32.
+    let h = trace(dir.path(), &["3000,20,0", "3000,20,1000", "100,20,2000"]);
+    let n = "4000000000";
+    let (code, err) = run(
+        dir.path(),
+        &[
+            "--trace",
+            h.to_str().unwrap(),
+            "--num-instances",
+            "16",
+            "--total-kv-blocks",
+            n,
+            "--kv-cpu-blocks",
+            n,
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("o.summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["kv"]["total_blocks"], 64_000_000_000u64,
+        "{summary}"
+    );
+    assert_eq!(
+        summary["kv"]["cpu_tier"]["total_blocks"], 64_000_000_000u64,
+        "{summary}"
+    );
+    assert!(
+        rows(dir.path())
+            .iter()
+            .all(|r| r.join(",").contains(",ok,"))
+    );
+}

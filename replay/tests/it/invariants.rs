@@ -110,10 +110,10 @@ fn check_run(cfg: EngineConfig, mut reqs: Vec<blis_traces::Request>) -> Result<(
         }
         prop_assert_eq!(injected, completed + dropped + inst.in_system() as u64);
         let snap = inst.snapshot();
-        prop_assert_eq!(snap.kv_used + inst.kv().free(), snap.kv_total);
+        prop_assert_eq!(snap.kv_used + u64::from(inst.kv().free()), snap.kv_total);
         if let Some(cpu) = inst.kv().cpu_tier() {
             prop_assert_eq!(cpu.used() + cpu.free(), cpu.total());
-            prop_assert_eq!(snap.kv_cpu_used, cpu.used());
+            prop_assert_eq!(snap.kv_cpu_used, u64::from(cpu.used()));
         }
         if inst.in_system() > 0 {
             prop_assert!(

@@ -425,6 +425,9 @@ pub struct Session<'a> {
     /// Periodic events (samples, refreshes, autoscaler evaluations) in a
     /// row with nothing in the system.
     idle_periods: u32,
+    /// Samples and refreshes in a row with nothing to step
+    /// ([`IDLE_PERIODS`]).
+    frozen_periods: u32,
 }
 
 /// The process-wide request to stop every replay at its next event
@@ -448,7 +451,11 @@ pub fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 /// autoscaler evaluations resume on their grid just before the next input
 /// (so that an input hours or years away costs no work; a refresh or an
 /// evaluation of an idle cluster changes nothing, and a metrics series keeps
-/// its first 1,000 idle samples of each quiet stretch).
+/// its first 1,000 idle samples of each quiet stretch). The same for
+/// samples and refreshes while requests are in the system but no instance
+/// has a step to take (a P/D transfer, a session's think time, a client's
+/// cancellation to come): they resume just before the next event, the
+/// state they read being the same until then.
 pub const IDLE_PERIODS: u32 = 1000;
 
 /// `next`, moved on by whole `interval`s to the last grid time no later
@@ -529,6 +536,7 @@ impl<'a> Session<'a> {
             stopped: false,
             last_exit: 0,
             idle_periods: 0,
+            frozen_periods: 0,
         }
     }
 
@@ -666,6 +674,21 @@ impl<'a> Session<'a> {
             }
             if self.idle_periods >= IDLE_PERIODS {
                 skip_to = inputs.peek_entry();
+            } else if !matches!(next.source, Source::Scale) {
+                // (An autoscaler's evaluation may act on requests in the
+                // system: it keeps its grid.)
+                if self.d.frozen() {
+                    self.frozen_periods = self.frozen_periods.saturating_add(1);
+                } else {
+                    self.frozen_periods = 0;
+                }
+                if self.frozen_periods >= IDLE_PERIODS {
+                    let event = self.d.events.peek().map(|Reverse((t, ..))| *t);
+                    skip_to = match (inputs.peek_entry(), event) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
             }
         }
         let (now, d) = (next.at, &mut self.d);
@@ -1091,6 +1114,18 @@ impl Driver<'_> {
 
     /// Nothing in the system: no instance has a step to take, no event
     /// that does something is queued, no request waits at the gateway.
+    /// Whether nothing changes before the next event or input: no
+    /// instance has a step to take and no request waits at the gateway
+    /// (requests may be in the system, waiting on events).
+    fn frozen(&self) -> bool {
+        self.gateway.is_empty()
+            && if self.clock.is_current() {
+                self.clock.earliest().is_none()
+            } else {
+                self.insts.iter().all(|i| i.next_time().is_none())
+            }
+    }
+
     fn idle(&self) -> bool {
         self.events.len() == self.stale_events
             && self.gateway.is_empty()

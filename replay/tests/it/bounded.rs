@@ -237,3 +237,39 @@ fn kv_caches_of_billions_of_blocks_cost_what_they_hold() {
             .all(|r| r.join(",").contains(",ok,"))
     );
 }
+
+#[test]
+fn a_transfer_years_long_skips_the_quiet_stretch() {
+    let dir = tempfile::tempdir().unwrap();
+    // A P/D hand-off of 285 years: requests are in the system but no
+    // instance has a step to take. Samples every 100 ms once ran through
+    // all of it (9·10^10 of them).
+    let h = trace(dir.path(), &["100,20,0", "100,20,1000"]);
+    let (code, err) = run(
+        dir.path(),
+        &[
+            "--trace",
+            h.to_str().unwrap(),
+            "--architecture",
+            "pd",
+            "--prefill-instances",
+            "1",
+            "--decode-instances",
+            "1",
+            "--pd-transfer-latency-us",
+            "9007199254740000",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        rows(dir.path())
+            .iter()
+            .all(|r| r.join(",").contains(",ok,"))
+    );
+    let samples = std::fs::read_to_string(dir.path().join("o.metrics.csv")).unwrap();
+    assert!(
+        samples.lines().count() < 100_000,
+        "{} metric rows",
+        samples.lines().count()
+    );
+}

@@ -64,7 +64,11 @@ impl std::str::FromStr for Slo {
                     "--slo: {k} must be a positive number of ms, got {v}"
                 ));
             }
-            *field = Some(v);
+            if field.replace(v).is_some() {
+                return Err(format!(
+                    "--slo: {k} given twice (one bound per key: ttft_ms, tpot_ms, e2e_ms)"
+                ));
+            }
         }
         if slo == Slo::default() {
             return Err("--slo: give at least one of ttft_ms, tpot_ms, e2e_ms".into());
@@ -82,6 +86,10 @@ mod tests {
         // vLLM's --goodput spelling is the same SLO.
         let v: Slo = "ttft:100,e2el:1000".parse().unwrap();
         assert_eq!(v, "ttft_ms=100,e2e_ms=1000".parse().unwrap());
+        assert_eq!(
+            "ttft:100,ttft_ms=200".parse::<Slo>().unwrap_err(),
+            "--slo: ttft_ms given twice (one bound per key: ttft_ms, tpot_ms, e2e_ms)"
+        );
         assert_eq!(
             "tpot=nan".parse::<Slo>().unwrap_err(),
             "--slo: tpot must be a positive number of ms, got NaN"

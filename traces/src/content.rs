@@ -130,7 +130,9 @@ pub fn private_from(request_id: u64, segs: &[Segment]) -> Option<u32> {
         if s.key == own || s.key == own ^ OUTPUT_SALT {
             return Some(at);
         }
-        at += s.len;
+        // (Past 2^32 tokens no block can start: a request's sequence is
+        // capped by the context length long before.)
+        at = at.saturating_add(s.len);
     }
     None
 }
@@ -257,8 +259,11 @@ pub fn block_hash(segs: &[Segment], block_size: u32, index: u32, parent: u64) ->
                 let mut piece = [0u8; 24];
                 piece[..8].copy_from_slice(&parent.to_le_bytes());
                 piece[8..16].copy_from_slice(&s.key.to_le_bytes());
-                piece[16..20]
-                    .copy_from_slice(&(s.offset + (start - seg_start) as u32).to_le_bytes());
+                piece[16..20].copy_from_slice(
+                    &s.offset
+                        .wrapping_add((start - seg_start) as u32)
+                        .to_le_bytes(),
+                );
                 piece[20..].copy_from_slice(&(bs as u32).to_le_bytes());
                 return xxh3_64(&piece);
             }
@@ -285,7 +290,8 @@ pub fn block_hash(segs: &[Segment], block_size: u32, index: u32, parent: u64) ->
         let take = (len - within).min(need);
         let mut piece = [0u8; 16];
         piece[..8].copy_from_slice(&s.key.to_le_bytes());
-        piece[8..12].copy_from_slice(&(s.offset + within as u32).to_le_bytes());
+        // (A position in the stream, hashed: past 2^32 it wraps.)
+        piece[8..12].copy_from_slice(&s.offset.wrapping_add(within as u32).to_le_bytes());
         piece[12..].copy_from_slice(&(take as u32).to_le_bytes());
         match &mut spill {
             Some(v) => v.extend_from_slice(&piece),

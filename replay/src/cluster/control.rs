@@ -543,10 +543,16 @@ impl Control {
             self.hashes.clear();
             let mut private_from = 0;
             if self.router.needs_hashes() {
-                let bs = insts[0].config().block_size;
-                private_from =
-                    self.hasher
-                        .block_hashes(&rec.request, input.max(1), bs, &mut self.hashes);
+                let cfg = insts[0].config();
+                // (A prompt at the context limit or past it is refused by
+                // the instance: its blocks past the limit are never hashed.)
+                let hashed = input.max(1).min(cfg.context_limit());
+                private_from = self.hasher.block_hashes(
+                    &rec.request,
+                    hashed,
+                    cfg.block_size,
+                    &mut self.hashes,
+                );
             }
             if !self.private_blocks {
                 private_from = self.hashes.len();

@@ -76,6 +76,18 @@ pub struct EngineConfig {
     pub cpu_tier: Option<CpuTierConfig>,
 }
 
+impl EngineConfig {
+    /// The longest context served, tokens: `max_model_len`, or
+    /// [`MAX_CONTEXT`] without a limit (a prompt this long or longer is
+    /// refused).
+    pub fn context_limit(&self) -> u32 {
+        match self.max_model_len {
+            0 => MAX_CONTEXT,
+            m => m.min(MAX_CONTEXT),
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -1104,10 +1116,7 @@ impl Instance {
         let mut capped = false;
         // Without a limit, no context is longer than this (token counts
         // near `u32::MAX` must not wrap).
-        let m = match self.cfg.max_model_len {
-            0 => MAX_CONTEXT,
-            m => m.min(MAX_CONTEXT),
-        };
+        let m = self.cfg.context_limit();
         if req.input_tokens >= m {
             return Err(DropReason::TooLong {
                 input: req.input_tokens,

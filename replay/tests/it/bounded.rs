@@ -273,3 +273,63 @@ fn a_transfer_years_long_skips_the_quiet_stretch() {
         samples.lines().count()
     );
 }
+
+#[test]
+fn a_session_round_asking_for_u32_max_tokens_is_served_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    // A chat round (a shared system prompt, then the session's own tokens)
+    // asking for 2^32 − 1 output tokens: its sequence's length once
+    // overflowed a 32-bit sum while its private blocks were located (a
+    // debug build panicked).
+    let csv = "request_id,session_id,round_index,prefix_group,prefix_length,\
+               input_tokens,output_tokens,arrival_time_us\n\
+               0,s0,0,sys,1024,1595,4294967295,0\n\
+               1,s1,0,sys,1024,2120,20,1000\n";
+    std::fs::write(dir.path().join("t.csv"), csv).unwrap();
+    let h = dir.path().join("t.yaml");
+    std::fs::write(&h, "trace_version: 3\nmode: generated\ndata_file: t.csv\n").unwrap();
+    let (code, err) = run(dir.path(), &["--trace", h.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let r = rows(dir.path());
+    assert!(r.iter().all(|r| r.join(",").contains(",ok,")), "{r:?}");
+}
+
+#[test]
+fn a_prompt_past_the_context_is_not_hashed_whole_for_routing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Prompts of 2^32 − 1 tokens routed by prefix affinity: the router once
+    // hashed all 268 million blocks of each (2 GB and seconds a request)
+    // before the instance refused it.
+    let h = trace(
+        dir.path(),
+        &[
+            "4294967295,10,0",
+            "4294967295,10,1000",
+            "4294967295,10,2000",
+            "4294967295,10,3000",
+            "4294967295,10,4000",
+            "4294967295,10,5000",
+            "4294967295,10,6000",
+            "4294967295,10,7000",
+            "100,20,8000",
+        ],
+    );
+    let (code, err) = run(
+        dir.path(),
+        &[
+            "--trace",
+            h.to_str().unwrap(),
+            "--num-instances",
+            "4",
+            "--routing-scorers",
+            "prefix-affinity:3,queue-depth:2",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let r = rows(dir.path());
+    for row in &r[..8] {
+        let text = row.join(",");
+        assert!(text.contains("reaches max_model_len"), "{text}");
+    }
+    assert!(r[8].join(",").contains(",ok,"));
+}

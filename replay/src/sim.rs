@@ -1127,13 +1127,7 @@ impl Driver<'_> {
     }
 
     fn idle(&self) -> bool {
-        self.events.len() == self.stale_events
-            && self.gateway.is_empty()
-            && if self.clock.is_current() {
-                self.clock.earliest().is_none()
-            } else {
-                self.insts.iter().all(|i| i.next_time().is_none())
-            }
+        self.events.len() == self.stale_events && self.frozen()
     }
 
     /// Instance `i`, to change: its next step time is read again before

@@ -142,6 +142,103 @@ const ROWS: &[Row] = &[
     },
 ];
 
+/// What a figure the table reads may be.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// A whole number of things (requests, preemptions, instances).
+    Count,
+    /// A latency, a rate or a duration: finite and not negative.
+    Amount,
+    /// A fraction in [0, 1] (a hit rate, an attainment).
+    Fraction,
+}
+
+/// The summary fields the table reads, by their JSON path.
+const FIGURES: &[(&[&str], Kind)] = &[
+    (&["requests", "completed"], Kind::Count),
+    (&["ttft_ms", "p50"], Kind::Amount),
+    (&["ttft_ms", "p99"], Kind::Amount),
+    (&["e2e_ms", "p50"], Kind::Amount),
+    (&["e2e_ms", "p99"], Kind::Amount),
+    (&["itl_ms", "p50"], Kind::Amount),
+    (&["throughput", "requests_per_s"], Kind::Amount),
+    (&["throughput", "output_tokens_per_s"], Kind::Amount),
+    (&["throughput", "duration_s"], Kind::Amount),
+    (&["slo", "attainment"], Kind::Fraction),
+    (&["slo", "goodput_per_s"], Kind::Amount),
+    (&["prefix_cache", "hit_rate"], Kind::Fraction),
+    (&["preemptions"], Kind::Count),
+    (&["cluster", "num_instances"], Kind::Count),
+    (&["cluster", "autoscale", "replica_seconds"], Kind::Amount),
+];
+
+/// The largest figure taken (2^53, where an `f64` still counts by ones):
+/// past it a summary was not written by a run.
+const MAX_FIGURE: f64 = 9_007_199_254_740_992.0;
+
+/// Checks one figure of a summary: absent or `null` is "no such figure";
+/// anything else must be a number of its kind.
+fn check_figure(name: &str, v: Option<&Value>, kind: Kind) -> std::result::Result<(), String> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let Some(x) = v.as_f64() else {
+        // (Shown cut short: the value may be a whole document.)
+        let mut shown = v.to_string();
+        if shown.len() > 40 {
+            let cut = (0..=40).rev().find(|&i| shown.is_char_boundary(i));
+            shown.truncate(cut.unwrap_or(0));
+            shown.push('…');
+        }
+        return Err(format!(
+            "{name} is {shown}, not a number (a corrupt or edited summary?)"
+        ));
+    };
+    let ok = match kind {
+        Kind::Count => (0.0..=MAX_FIGURE).contains(&x) && x.fract() == 0.0,
+        Kind::Amount => (0.0..=MAX_FIGURE).contains(&x),
+        Kind::Fraction => (0.0..=1.0).contains(&x),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name} is {x:e}, which no run has: {} (a corrupt or edited summary?)",
+            match kind {
+                Kind::Count => "a count is a whole number from 0 to 2^53",
+                Kind::Amount => "a latency, rate or duration is from 0 to 2^53",
+                Kind::Fraction => "a fraction is from 0 to 1",
+            }
+        ))
+    }
+}
+
+/// Checks every figure the table reads from a summary read from a file,
+/// so that a corrupt or hand-edited one is named rather than ranked (a
+/// negative latency would be marked the best of its row).
+fn check_figures(v: &Value) -> std::result::Result<(), String> {
+    for (path, kind) in FIGURES {
+        let mut at = Some(v);
+        for k in *path {
+            at = at.and_then(|o| o.get(k));
+        }
+        check_figure(&path.join("."), at, *kind)?;
+    }
+    if let Some(instances) = v.get("cluster").and_then(|c| c.get("instances")) {
+        let Some(list) = instances.as_array() else {
+            return Err(format!("cluster.instances is {instances}, not a list"));
+        };
+        for (i, inst) in list.iter().enumerate() {
+            check_figure(
+                &format!("cluster.instances[{i}].routed"),
+                inst.get("routed"),
+                Kind::Count,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn summary_path(run: &Path) -> PathBuf {
     if run.extension().is_some_and(|e| e == "json") {
         run.to_path_buf()
@@ -215,12 +312,15 @@ pub fn compare(args: &CompareArgs, out: &mut dyn std::io::Write) -> Result<()> {
         let v: Value = serde_json::from_str(&text).map_err(|e| {
             CommandError::Usage(format!("{}: not a run summary: {e}", path.display()))
         })?;
-        if v.get("requests").is_none() || v.get("throughput").is_none() {
+        if !v.get("requests").is_some_and(Value::is_object)
+            || !v.get("throughput").is_some_and(Value::is_object)
+        {
             return Err(CommandError::Usage(format!(
                 "{}: not a blis-replay run summary (no requests or throughput)",
                 path.display()
             )));
         }
+        check_figures(&v).map_err(|e| CommandError::Usage(format!("{}: {e}", path.display())))?;
         summaries.push(v);
     }
     let names: Vec<String> = if args.names.is_empty() {

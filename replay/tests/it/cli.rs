@@ -1556,6 +1556,52 @@ fn compare_marks_the_best_run_of_each_row() {
         .failure();
     let msg = String::from_utf8_lossy(&err.get_output().stderr).into_owned();
     assert!(msg.contains("spread.csv.summary.json"), "{msg}");
+    // A summary whose figures no run can have (corrupt, or edited by
+    // hand) is named with the field, not ranked: a negative latency would
+    // be the best of its row.
+    let good: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("affinity.summary.json")).unwrap(),
+    )
+    .unwrap();
+    for (path, value, says) in [
+        (
+            &["ttft_ms", "p99"][..],
+            serde_json::json!(-1e308),
+            "ttft_ms.p99 is -1e308",
+        ),
+        (
+            &["requests", "completed"][..],
+            serde_json::json!(2.5),
+            "requests.completed is 2.5e0",
+        ),
+        (
+            &["prefix_cache", "hit_rate"][..],
+            serde_json::json!(1.5),
+            "prefix_cache.hit_rate is 1.5e0",
+        ),
+        (
+            &["throughput", "requests_per_s"][..],
+            serde_json::json!("fast"),
+            "throughput.requests_per_s is \"fast\", not a number",
+        ),
+    ] {
+        let mut bad = good.clone();
+        *bad.pointer_mut(&format!("/{}", path.join("/"))).unwrap() = value;
+        let file = dir.path().join("bad.summary.json");
+        std::fs::write(&file, bad.to_string()).unwrap();
+        let err = replay()
+            .arg("compare")
+            .arg(dir.path().join("spread"))
+            .arg(&file)
+            .assert()
+            .failure();
+        let msg = String::from_utf8_lossy(&err.get_output().stderr).into_owned();
+        assert!(
+            msg.contains("bad.summary.json: ") && msg.contains(says),
+            "{msg}"
+        );
+        assert_eq!(msg.trim().lines().count(), 1, "{msg}");
+    }
     // Bundles run on one workload in memory, named by their files.
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let policies = format!(

@@ -175,6 +175,22 @@ impl FitTrace {
             .iter()
             .filter_map(|r| Some((r.request.request_id, measured(r)?)))
             .collect();
+        let disordered = trace
+            .records
+            .iter()
+            .filter(|r| {
+                let o = &r.outcome;
+                o.status == Some(Status::Ok)
+                    && o.send_time_us
+                        .zip(o.last_chunk_time_us)
+                        .is_some_and(|(s, l)| !crate::pairs::times_in_order(o, s, l))
+            })
+            .count();
+        if disordered > 0 {
+            blis_traces::diag!(
+                "warning: {name}: {disordered} completed rows with times out of order (a first chunk before the send or after the last chunk) are left out of the fit (a recorder's clock or a merge at fault?)"
+            );
+        }
         if measured.keys().filter(|k| fit_ids.contains(k)).count() < 20 {
             return Err(FitError::TooFew(name.to_string()));
         }
@@ -506,11 +522,21 @@ fn moment_start(traces: &[FitTrace]) -> Option<Vec<f64>> {
     for t in traces {
         let mut firsts: Vec<i64> = Vec::new();
         let mut lasts: Vec<i64> = Vec::new();
+        // (Rows whose times are out of order, a recorder's fault, are left
+        // out as by every fit: with a last chunk before its first, the
+        // count of requests decoding would go below zero.)
         let rows: Vec<&TraceRecord> = t
             .trace
             .records
             .iter()
-            .filter(|r| r.outcome.status == Some(Status::Ok) && r.request.streaming)
+            .filter(|r| {
+                let o = &r.outcome;
+                o.status == Some(Status::Ok)
+                    && r.request.streaming
+                    && o.send_time_us
+                        .zip(o.last_chunk_time_us)
+                        .is_some_and(|(s, l)| crate::pairs::times_in_order(o, s, l))
+            })
             .collect();
         for r in &rows {
             if let (Some(f), Some(l)) =

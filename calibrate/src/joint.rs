@@ -534,10 +534,14 @@ fn decode_rows(run: &JointRun, cached: &[(u64, u32)]) -> Vec<([f64; TERMS], f64)
     if hi <= lo {
         return Vec::new();
     }
+    // (A trace whose decode intervals span more than the grid's cells at
+    // 5 ms, 83 minutes, gets longer cells: one request recorded as lasting
+    // centuries asked for 14 TB.)
+    let dt = GRID_CELL_US.max((hi - lo) / MAX_GRID_CELLS);
     let grid = Grid {
         lo,
-        dt: 5_000.0,
-        n: ((hi - lo) / 5_000.0).ceil() as usize + 2,
+        dt,
+        n: ((hi - lo) / dt).ceil() as usize + 2,
     };
     let e = &run.base.engine;
     let capacity = f64::from(e.total_kv_blocks) * f64::from(e.block_size);
@@ -620,6 +624,15 @@ fn decode_intervals(run: &JointRun, cached: &[(u64, u32)]) -> (Vec<(f64, Interva
     iv.sort_by(|a, b| a.0.total_cmp(&b.0));
     (iv, t_fail)
 }
+
+/// The cell of the decode-batch grid, µs: shorter than a vLLM decode step
+/// of a loaded server (tens of ms), long enough to keep the grid small.
+const GRID_CELL_US: f64 = 5_000.0;
+
+/// The most cells of the decode-batch grid (its running sums of the
+/// physics terms take 120 bytes a cell: 120 MB); a run longer than
+/// 1,000,000 cells of [`GRID_CELL_US`] gets longer cells.
+const MAX_GRID_CELLS: f64 = 1_000_000.0;
 
 /// A time grid of `n` cells of `dt` µs from `lo`.
 struct Grid {

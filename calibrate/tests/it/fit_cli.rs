@@ -114,3 +114,26 @@ fn rows_with_times_out_of_order_are_left_out_of_the_fits_start() {
         "{out}"
     );
 }
+
+/// A trained-physics fit rebuilds the decode batch on a grid of 5 ms cells
+/// over the run; one request recorded as finishing 285 years later
+/// (2^53 − 1 µs, a time the trace format holds) asked for a grid of 14 TB
+/// and aborted the process. A run longer than the grid's million cells
+/// gets longer cells instead. Found by mutated traces.
+#[test]
+fn a_request_lasting_centuries_does_not_size_the_fits_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 120);
+    let (_, t) = replayed(dir.path(), "a", &w, &[]);
+    let mut long = t.clone();
+    long.records[60].outcome.last_chunk_time_us = Some((1 << 53) - 1);
+    let prefix = dir.path().join("long");
+    long.write(&prefix).unwrap();
+    let out = fit(
+        dir.path(),
+        &prefix.with_extension("yaml"),
+        &["--latency-model", "trained-physics"],
+    )
+    .unwrap();
+    assert!(out.contains("wrote "), "{out}");
+}

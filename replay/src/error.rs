@@ -88,6 +88,21 @@ pub enum SettingsError {
         /// Its step time, s.
         seconds: f64,
     },
+    /// The latency model gives a delay around the steps (a request's
+    /// queueing, a token's output overhead) longer than
+    /// [`crate::setup::MAX_STEP_US`], or not a number: coefficients far
+    /// outside any deployment.
+    #[error(
+        "the {latency} latency model gives {seconds:.3e} s for {what} (a year at most): check the coefficients (alpha)"
+    )]
+    Delay {
+        /// The latency model.
+        latency: &'static str,
+        /// The delay.
+        what: &'static str,
+        /// Its length, s.
+        seconds: f64,
+    },
     /// A tensor-parallel degree the model cannot be split by (vLLM refuses
     /// it at start-up), or 0.
     #[error("tensor_parallel {tp}: {why}")]

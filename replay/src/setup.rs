@@ -528,7 +528,11 @@ pub const MAX_STEP_US: f64 = 365.25 * 86_400.0 * 1e6;
 
 /// Refuses a latency model whose step, for the largest batches `e` can
 /// form (every sequence decoding with the KV cache full, or a whole
-/// prefill chunk), is longer than [`MAX_STEP_US`] or not a number.
+/// prefill chunk), is longer than [`MAX_STEP_US`] or not a number; and one
+/// whose delays around the steps are (the queueing of the longest prompt,
+/// a token's output overhead, the output hop, the completion): blackbox
+/// coefficients with α0 = 10^308 µs sent every request to the engine at
+/// the end of time, and the replay's clock wrapped.
 fn check_step_times(latency: &Model, e: &EngineConfig) -> Result<()> {
     use crate::latency::shape::BatchShape;
     use crate::latency::{LatencyModel, PrefillChunk};
@@ -562,6 +566,27 @@ fn check_step_times(latency: &Model, e: &EngineConfig) -> Result<()> {
             return Err(SettingsError::StepTime {
                 latency: latency.name(),
                 batch,
+                seconds: t / 1e6,
+            }
+            .into());
+        }
+    }
+    for (what, t) in [
+        (
+            "the queueing delay of the longest prompt",
+            latency.queueing_delay_us(e.context_limit()),
+        ),
+        (
+            "one output token's overhead",
+            latency.output_token_overhead_us(),
+        ),
+        ("the output hop", latency.output_hop_us()),
+        ("the completion", latency.completion_overhead_us()),
+    ] {
+        if !(t.is_finite() && t <= MAX_STEP_US) {
+            return Err(SettingsError::Delay {
+                latency: latency.name(),
+                what,
                 seconds: t / 1e6,
             }
             .into());
@@ -1218,6 +1243,54 @@ mod tests {
             e.contains("no bundled config for model \"acme/another-70b\""),
             "{e}"
         );
+    }
+
+    /// Blackbox coefficients whose queueing delay or per-token output
+    /// overhead leaves any deployment behind are refused by name: with
+    /// α0 = 10^308 µs every request reached the engine at the end of time
+    /// and the replay's clock wrapped (a debug build panicked on the
+    /// addition; a release one printed ordinary-looking latencies). Found by
+    /// mutated coefficients files.
+    #[test]
+    fn a_queueing_delay_or_token_overhead_beyond_a_year_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.yaml");
+        let resolved = |alpha: &str| {
+            std::fs::write(
+                &file,
+                format!(
+                    "version: 1\nrows:\n  - model: meta-llama/Llama-3.1-8B-Instruct\n    gpu: H100\n    tensor_parallel: 1\n    latency_model: blackbox\n    alpha: {alpha}\n    beta: [6472.0, 19.8, 304.4]\n    total_kv_blocks: 29205\n"
+                ),
+            )
+            .unwrap();
+            resolve(
+                &ServerArgs {
+                    model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
+                    latency: Some(LatencyKind::Blackbox),
+                    coefficients: Some(file.clone()),
+                    ..ServerArgs::default()
+                },
+                None,
+            )
+        };
+        let e = resolved("[1e308, 0, 0]").unwrap_err().to_string();
+        assert!(
+            e.starts_with("the blackbox latency model gives 1.000e302 s for the queueing delay of the longest prompt (a year at most)"),
+            "{e}"
+        );
+        let e = resolved("[0, 1e300, 0]").unwrap_err().to_string();
+        assert!(
+            e.contains("for the queueing delay of the longest prompt"),
+            "{e}"
+        );
+        let e = resolved("[0, 0, 1e15]").unwrap_err().to_string();
+        assert!(
+            e.contains("1.000e9 s for one output token's overhead"),
+            "{e}"
+        );
+        // BLIS's row, and a day's queueing, are served.
+        assert!(resolved("[10326.27, 0, 0]").is_ok());
+        assert!(resolved("[86400e6, 0, 0]").is_ok());
     }
 
     /// A config whose step times leave any deployment behind (billions of

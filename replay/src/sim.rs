@@ -428,6 +428,10 @@ pub struct Session<'a> {
     /// Samples and refreshes in a row with nothing to step
     /// ([`IDLE_PERIODS`]).
     frozen_periods: u32,
+    /// Samples taken, and the factor of the sample interval
+    /// ([`SAMPLES_PER_INTERVAL`]).
+    samples: u64,
+    sample_scale: i64,
 }
 
 /// The process-wide request to stop every replay at its next event
@@ -457,6 +461,15 @@ pub fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 /// cancellation to come): they resume just before the next event, the
 /// state they read being the same until then.
 pub const IDLE_PERIODS: u32 = 1000;
+
+/// Samples of the time series taken at one interval before the interval
+/// grows tenfold (at the default 100 ms: 2.8 hours of simulated time, then
+/// one a second for the next 27.8 hours, one every 10 s for 11.6 days, and
+/// so on), with a warning each time: a run that simulates months (a CPU
+/// table's steps of hours, a latency model far from any deployment) writes
+/// a series that grows with the log of its length, about 100 MB a tenfold,
+/// where it wrote a gigabyte a simulated day.
+pub const SAMPLES_PER_INTERVAL: u64 = 100_000;
 
 /// `next`, moved on by whole `interval`s to the last grid time no later
 /// than `until`.
@@ -537,6 +550,8 @@ impl<'a> Session<'a> {
             last_exit: 0,
             idle_periods: 0,
             frozen_periods: 0,
+            samples: 0,
+            sample_scale: 1,
         }
     }
 
@@ -753,7 +768,20 @@ impl<'a> Session<'a> {
                     sink.sample_pool(now, "prefill", &merged(p));
                     sink.sample_pool(now, "decode", &merged(dec));
                 }
-                let iv = self.opts.sample_interval_us.unwrap_or(i64::MAX / 4);
+                self.samples += 1;
+                if self.samples.is_multiple_of(SAMPLES_PER_INTERVAL) {
+                    self.sample_scale = self.sample_scale.saturating_mul(10);
+                    let iv = self.opts.sample_interval_us.unwrap_or(0);
+                    blis_traces::diag!(
+                        "warning: {} samples of the time series: from {:.1} s of simulated time on, one every {} ms",
+                        self.samples,
+                        now as f64 / 1e6,
+                        iv.saturating_mul(self.sample_scale) / 1000
+                    );
+                }
+                let iv = self.opts.sample_interval_us.map_or(i64::MAX / 4, |iv| {
+                    iv.saturating_mul(self.sample_scale).min(i64::MAX / 4)
+                });
                 self.next_sample = Some(skip_to.map_or(now + iv, |t| skip_grid(now + iv, iv, t)));
             }
         }

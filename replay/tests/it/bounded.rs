@@ -333,3 +333,56 @@ fn a_prompt_past_the_context_is_not_hashed_whole_for_routing() {
     }
     assert!(r[8].join(",").contains(",ok,"));
 }
+
+/// Sample times, and nothing else.
+#[derive(Default)]
+struct SampleTimes(Vec<i64>);
+
+impl blis_replay::sim::Sink for SampleTimes {
+    fn finished(&mut self, _: blis_replay::sim::Done<'_>) {}
+    fn not_served(&mut self, _: blis_traces::TraceRecord, _: i64, _: blis_replay::sim::NotServed) {}
+    fn sample(&mut self, t_us: i64, _: &blis_replay::engine::instance::Snapshot) {
+        self.0.push(t_us);
+    }
+}
+
+/// A run whose steps take hours (a CPU table, or a latency model far from
+/// any deployment) kept sampling every 100 ms through all of them: one
+/// request on a model of 2.8-hour steps simulated 58 hours and wrote 2.1
+/// million samples (a gigabyte of time series; 29 years of such steps, 4.6
+/// GB). After 100,000 samples at an interval it grows tenfold: the first
+/// 2.8 hours keep the 100 ms grid, the rest is sampled once a second, then
+/// every 10 s.
+#[test]
+fn a_run_of_hour_long_steps_samples_ever_less_often() {
+    use blis_replay::sim::{SAMPLES_PER_INTERVAL, SimOptions, replay};
+    let model = blis_replay::Model::Blackbox(blis_replay::Blackbox {
+        alpha: [0.0; 3],
+        beta: [1e10, 0.0, 0.0],
+    });
+    let mut inst = blis_replay::Instance::new(blis_replay::EngineConfig::default(), model);
+    let inputs = crate::common::inputs(vec![crate::common::req(0, 0, 100, 20)]);
+    let mut sink = SampleTimes::default();
+    let opts = SimOptions {
+        sample_interval_us: Some(100_000),
+        horizon_us: None,
+    };
+    replay(&mut inst, inputs, &opts, &mut sink);
+    let t = &sink.0;
+    let n = SAMPLES_PER_INTERVAL as usize;
+    let gaps = |from: usize, to: usize| -> Vec<i64> {
+        let mut g: Vec<i64> = t[from..to].windows(2).map(|w| w[1] - w[0]).collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    };
+    // 21 steps of 10^10 µs: 58.3 hours.
+    assert!(
+        t.len() > 2 * n && t.len() < 2 * n + 12_000,
+        "{} samples",
+        t.len()
+    );
+    assert_eq!(gaps(0, n), vec![100_000]);
+    assert_eq!(gaps(n, 2 * n), vec![1_000_000]);
+    assert_eq!(gaps(2 * n, t.len()), vec![10_000_000]);
+}

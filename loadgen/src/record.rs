@@ -55,6 +55,9 @@ pub struct Live {
     pub ttft_p99_us: AtomicI64,
     /// Send lag p99 so far, µs.
     pub lag_p99_us: AtomicI64,
+    /// Request rows taken from the channel so far (written or, after a
+    /// write error, dropped).
+    pub rows: std::sync::atomic::AtomicU64,
 }
 
 impl Live {
@@ -68,6 +71,7 @@ impl Live {
             ttft_p50_us: AtomicI64::new(Self::NONE),
             ttft_p99_us: AtomicI64::new(Self::NONE),
             lag_p99_us: AtomicI64::new(Self::NONE),
+            rows: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -174,8 +178,11 @@ fn record(
             match rx.try_recv() {
                 Ok(msg) => {
                     wrote = true;
-                    if let (Some(h), Msg::Done(rec, ..)) = (&mut hist, &msg) {
-                        h.add(rec, live.run_start_us);
+                    if let Msg::Done(rec, ..) = &msg {
+                        live.rows.fetch_add(1, Ordering::Relaxed);
+                        if let Some(h) = &mut hist {
+                            h.add(rec, live.run_start_us);
+                        }
                     }
                     if let Err(e) = write(&mut out, warmup, msg)
                         && out.error.is_none()

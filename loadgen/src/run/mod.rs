@@ -259,6 +259,7 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         no_stream: args.no_stream,
         timeout: saturating_secs(args.timeout_s),
         tx: tx.clone(),
+        live: live.clone(),
         sem: args.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
         stopping,
         cancel,

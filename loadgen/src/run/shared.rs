@@ -15,6 +15,10 @@ use crate::clock::RunClock;
 use crate::http::{Endpoint, ErrorKind, Failure};
 use crate::record::Msg;
 
+/// Rows of requests never sent that may wait for the recorder at once
+/// ([`Shared::not_sent`]): about 30 MB.
+const NOT_SENT_BACKLOG: u64 = 65_536;
+
 /// Live counters for the progress line.
 #[derive(Debug, Default)]
 pub(super) struct Progress {
@@ -34,6 +38,8 @@ pub(super) struct Shared {
     pub(super) no_stream: bool,
     pub(super) timeout: Duration,
     pub(super) tx: Sender<Msg>,
+    /// The recorder's live figures (and how many rows it has taken).
+    pub(super) live: Arc<crate::record::Live>,
     pub(super) sem: Option<Arc<Semaphore>>,
     /// No new sends (signal, duration, writer failure).
     pub(super) stopping: watch::Sender<bool>,
@@ -68,16 +74,23 @@ impl Shared {
         self.clock.instant(self.run_start_us + rel_us)
     }
 
-    pub(super) fn emit(&self, rec: TraceRecord, times: Vec<i64>, tokens: Vec<u32>) {
+    /// Hands a finished request to the recorder; `false` when the
+    /// recorder has gone (it goes when the run is over, or by a panic).
+    pub(super) fn emit(&self, rec: TraceRecord, times: Vec<i64>, tokens: Vec<u32>) -> bool {
         self.progress.done.fetch_add(1, Ordering::Relaxed);
         if rec.outcome.status != Some(Status::Ok) {
             self.progress.not_ok.fetch_add(1, Ordering::Relaxed);
         }
-        // The recorder only goes away when the run is over.
-        let _ = self.tx.send(Msg::Done(Box::new(rec), times, tokens));
+        self.tx
+            .send(Msg::Done(Box::new(rec), times, tokens))
+            .is_ok()
     }
 
-    /// Records `rec` as never sent.
+    /// Records `rec` as never sent. A run cut short records the rest of its
+    /// plan this way at once, faster than rows are written: past
+    /// [`NOT_SENT_BACKLOG`] rows waiting for the recorder, this waits for it
+    /// (a plan of 50 million requests, stopped before its first send, once
+    /// queued them all: 23 GB).
     pub(super) fn not_sent(&self, mut rec: TraceRecord, why: &str) {
         rec.outcome.status = Some(Status::Cancelled);
         rec.outcome.error_message = Failure {
@@ -85,6 +98,17 @@ impl Shared {
             detail: why.to_string(),
         }
         .message();
-        self.emit(rec, Vec::new(), Vec::new());
+        if !self.emit(rec, Vec::new(), Vec::new()) {
+            return;
+        }
+        // (The recorder takes every row while it runs, after a failed write
+        // too; a row it can no longer take ends the wait above.)
+        let backlog = || {
+            let done = self.progress.done.load(Ordering::Relaxed);
+            done.saturating_sub(self.live.rows.load(Ordering::Relaxed))
+        };
+        while backlog() > NOT_SENT_BACKLOG {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }

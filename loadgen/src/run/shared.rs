@@ -101,8 +101,9 @@ impl Shared {
         if !self.emit(rec, Vec::new(), Vec::new()) {
             return;
         }
-        // (The recorder takes every row while it runs, after a failed write
-        // too; a row it can no longer take ends the wait above.)
+        // (The recorder takes every row until the run is over, after a
+        // failed write too, so the backlog drains; a recorder that has
+        // gone, which no wait would drain, returned above.)
         let backlog = || {
             let done = self.progress.done.load(Ordering::Relaxed);
             done.saturating_sub(self.live.rows.load(Ordering::Relaxed))

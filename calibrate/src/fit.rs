@@ -522,21 +522,14 @@ fn moment_start(traces: &[FitTrace]) -> Option<Vec<f64>> {
     for t in traces {
         let mut firsts: Vec<i64> = Vec::new();
         let mut lasts: Vec<i64> = Vec::new();
-        // (Rows whose times are out of order, a recorder's fault, are left
-        // out as by every fit: with a last chunk before its first, the
-        // count of requests decoding would go below zero.)
+        // The rows the fit measures ([`measured`]: completed, times in
+        // order): with a last chunk before its first, the count of
+        // requests decoding would go below zero.
         let rows: Vec<&TraceRecord> = t
             .trace
             .records
             .iter()
-            .filter(|r| {
-                let o = &r.outcome;
-                o.status == Some(Status::Ok)
-                    && r.request.streaming
-                    && o.send_time_us
-                        .zip(o.last_chunk_time_us)
-                        .is_some_and(|(s, l)| crate::pairs::times_in_order(o, s, l))
-            })
+            .filter(|r| r.request.streaming && measured(r).is_some())
             .collect();
         for r in &rows {
             if let (Some(f), Some(l)) =

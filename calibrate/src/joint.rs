@@ -90,7 +90,7 @@ impl JointOptions {
         } else {
             Err(FitError::Options(format!(
                 "--overloaded-weight must be a number ≥ 0, got {}",
-                self.overloaded_weight
+                blis_traces::shown::Num(self.overloaded_weight)
             )))
         }
     }

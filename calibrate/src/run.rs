@@ -192,7 +192,8 @@ pub fn compare_command(a: &CompareArgs, out: &mut dyn Write) -> Result<()> {
         && !(r >= 0.0 && r.is_finite())
     {
         return Err(CommandError::Usage(format!(
-            "--rtt-ms must be a non-negative number, got {r}"
+            "--rtt-ms must be a non-negative number, got {}",
+            blis_traces::shown::Num(r)
         )));
     }
     if a.resamples == 1 || a.resamples > MAX_RESAMPLES {
@@ -243,7 +244,8 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
         && !(0.0..1.0).contains(&h)
     {
         return Err(CommandError::Usage(format!(
-            "--holdout-fraction must be in [0, 1), got {h}"
+            "--holdout-fraction must be in [0, 1), got {}",
+            blis_traces::shown::Num(h)
         )));
     }
     if a.budget_evals == Some(0) {

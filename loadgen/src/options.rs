@@ -171,7 +171,8 @@ pub fn check_wait_for_server(s: f64) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "--wait-for-server-s must be a number of seconds in [0, 86400], got {s}"
+            "--wait-for-server-s must be a number of seconds in [0, 86400], got {}",
+            blis_traces::shown::Num(s)
         ))
     }
 }

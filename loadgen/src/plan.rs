@@ -153,7 +153,8 @@ fn synthetic_workload(
 ) -> Result<(TraceHeader, GeneratedWorkload), PlanError> {
     if !(rate > 0.0 && rate.is_finite()) {
         return Err(PlanError::Flag(format!(
-            "--rate must be a positive number of requests/s, got {rate}"
+            "--rate must be a positive number of requests/s, got {}",
+            blis_traces::shown::Num(rate)
         )));
     }
     if opts.num_requests.is_none() && opts.horizon_us.is_none() {
@@ -241,7 +242,8 @@ pub fn generate_command(args: &PlanOptions, out: &mut dyn Write) -> Result<()> {
         && !(h > 0.0 && h.is_finite())
     {
         return Err(CommandError::Usage(format!(
-            "--horizon-s must be a positive number of seconds, got {h}"
+            "--horizon-s must be a positive number of seconds, got {}",
+            blis_traces::shown::Num(h)
         )));
     }
     let (mut header, workload) = plan_workload(&args.workload, &args.synthetic, &opts)?;

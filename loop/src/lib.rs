@@ -272,7 +272,7 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
     if !(0.0..1.0).contains(&o.holdout_fraction) {
         return Err(CommandError::Usage(format!(
             "--holdout-fraction must be in [0, 1) (the share of the observed trace, at its end, kept out of the fit), got {}",
-            o.holdout_fraction
+            blis_traces::shown::Num(o.holdout_fraction)
         )));
     }
     std::fs::create_dir_all(&o.out).step(|| format!("creating {}", o.out.display()))?;

@@ -49,7 +49,10 @@ impl FaultConfig {
         ];
         for (name, r) in rates {
             if !(0.0..=1.0).contains(&r) {
-                return Err(format!("{name} must be within [0, 1], got {r}"));
+                return Err(format!(
+                    "{name} must be within [0, 1], got {}",
+                    blis_traces::shown::Num(r)
+                ));
             }
         }
         let sum: f64 = rates.iter().map(|(_, r)| r).sum();

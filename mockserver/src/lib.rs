@@ -235,7 +235,7 @@ pub async fn start(cfg: &MockConfig) -> Result<RunningServer, StartError> {
     if !(1e-6..=1e6).contains(&cfg.time_scale) {
         return Err(StartError::Settings(format!(
             "--time-scale must be between 0.000001 and 1000000, got {}",
-            cfg.time_scale
+            blis_traces::shown::Num(cfg.time_scale)
         )));
     }
     let args = ServerArgs {

@@ -67,11 +67,12 @@ pub enum SettingsError {
     /// `gpu_memory_utilization` outside (0, 1] (vLLM refuses it at
     /// start-up).
     #[error(
-        "gpu_memory_utilization {0}: must be a fraction of GPU memory in (0, 1] (vLLM's --gpu-memory-utilization)"
+        "gpu_memory_utilization {}: must be a fraction of GPU memory in (0, 1] (vLLM's --gpu-memory-utilization)",
+        blis_traces::shown::Num(*.0)
     )]
     GpuMemoryUtilization(f64),
     /// `--horizon-s` is not a positive number of seconds.
-    #[error("--horizon-s must be a positive number of seconds, got {0}")]
+    #[error("--horizon-s must be a positive number of seconds, got {}", blis_traces::shown::Num(*.0))]
     Horizon(f64),
     /// The latency model gives a step longer than
     /// [`crate::setup::MAX_STEP_US`] (or not a number) for a batch the
@@ -137,7 +138,10 @@ pub enum SettingsError {
         max_model_len: u32,
     },
     /// `--client-timeout-s` is not a positive number of seconds.
-    #[error("--client-timeout-s must be a positive number of seconds, got {0}")]
+    #[error(
+        "--client-timeout-s must be a positive number of seconds, got {}",
+        blis_traces::shown::Num(*.0)
+    )]
     ClientTimeout(f64),
     /// A CPU-tier setting is out of range, or the KV block's size in bytes
     /// is unknown.

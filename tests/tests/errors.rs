@@ -358,3 +358,103 @@ fn every_bad_input_of_the_table_gives_its_message_and_exit_code() {
         );
     }
 }
+
+/// A number far out of range comes back in an error as the user wrote it
+/// (`1e300`), not in full positional notation (`1e300` printed as 301
+/// digits, `1e-300` as 300 zeros), whichever tool and input read it.
+#[test]
+fn a_number_far_out_of_range_is_named_short() {
+    let d = tempfile::tempdir().unwrap();
+    let p = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(p("w.yaml"), SPEC).unwrap();
+    std::fs::write(
+        p("neg.yaml"),
+        SPEC.replace("  - id: a\n", "  - id: a\n    rate_fraction: -1e300\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        p("coef.yaml"),
+        "version: 1\nrows:\n  - model: \"*\"\n    gpu: H100\n    tensor_parallel: 0\n    latency_model: trained-physics\n    alpha: [0, 0, 0]\n    terms: {layer: -1e300, prefill_attention: 2.2}\n",
+    )
+    .unwrap();
+    let (w, o, neg, coef) = (p("w.yaml"), p("o"), p("neg.yaml"), p("coef.yaml"));
+    let run = |extra: &[&str]| {
+        let mut a = vec!["run", "--model", MODEL, "--workload-spec", &w, "--out", &o];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("blis-replay", run(&["--horizon-s", "-1e300"]), "-1e300"),
+        ("blis-replay", run(&["--horizon-s", "1e-300"]), "1e-300"),
+        (
+            "blis-replay",
+            run(&["--gpu-memory-utilization", "1e300"]),
+            "1e300",
+        ),
+        (
+            "blis-replay",
+            run(&["--client-timeout-s", "-1e300"]),
+            "-1e300",
+        ),
+        (
+            "blis-replay",
+            run(&[
+                "--coefficients",
+                &coef,
+                "--latency-model",
+                "trained-physics",
+            ]),
+            "-1e300",
+        ),
+        (
+            "blis-loadgen",
+            [
+                "generate",
+                "--workload-spec",
+                &w,
+                "--aggregate-rate",
+                "-1e300",
+                "--out",
+                &o,
+            ]
+            .map(String::from)
+            .to_vec(),
+            "-1e300",
+        ),
+        (
+            "blis-loadgen",
+            ["generate", "--workload-spec", &neg, "--out", &o]
+                .map(String::from)
+                .to_vec(),
+            "-1e300",
+        ),
+        (
+            "blis-calibrate",
+            [
+                "compare", "--real", &w, "--sim", &w, "--rtt-ms", "-1e300", "--out", &o,
+            ]
+            .map(String::from)
+            .to_vec(),
+            "-1e300",
+        ),
+    ];
+    for (b, args, shown) in cases {
+        let out = Command::new(bin(b)).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let what = format!("{b} {}", args.join(" "));
+        assert!(!out.status.success(), "{what}: accepted\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_else(|| panic!("{what}: no error line\n{stderr}"));
+        assert!(line.contains(&format!(" {shown}")), "{what}: {line}");
+        assert!(
+            !line
+                .as_bytes()
+                .windows(20)
+                .any(|w| w.iter().all(u8::is_ascii_digit)),
+            "{what}: a number of 20 digits or more: {line}"
+        );
+    }
+}

@@ -676,7 +676,10 @@ fn with_aggregate_rate(spec: &WorkloadSpec, rate: f64) -> Result<WorkloadSpec> {
     if !(rate.is_finite() && rate > 0.0) {
         return Err(Error::in_file(
             spec_path(spec),
-            format!("--aggregate-rate: {rate} is not a positive number of requests/s"),
+            format!(
+                "--aggregate-rate: {} is not a positive number of requests/s",
+                crate::shown::Num(rate)
+            ),
         ));
     }
     let mut s = spec.clone();

@@ -66,6 +66,7 @@ mod locate;
 pub mod prom;
 pub mod record;
 pub mod servegen;
+pub mod shown;
 pub mod slo;
 pub mod spec;
 pub mod stdio;

@@ -225,7 +225,10 @@ fn read_trace_windows(path: &Path) -> Result<Vec<TraceWindow>> {
             if !v.is_finite() || v < 0.0 {
                 return Err(Error::invalid(
                     Location::at(path, line_no, c as u64 + 1),
-                    format!("{name}: must be a finite non-negative number, got {v}"),
+                    format!(
+                        "{name}: must be a finite non-negative number, got {}",
+                        crate::shown::Num(v)
+                    ),
                 ));
             }
             Ok(v)

@@ -61,7 +61,8 @@ impl std::str::FromStr for Slo {
                 .map_err(|_| format!("--slo: {k}: invalid number {v:?}"))?;
             if !(v > 0.0 && v.is_finite()) {
                 return Err(format!(
-                    "--slo: {k} must be a positive number of ms, got {v}"
+                    "--slo: {k} must be a positive number of ms, got {}",
+                    crate::shown::Num(v)
                 ));
             }
             if field.replace(v).is_some() {

@@ -4,6 +4,7 @@
 //! and the problem; [`crate::spec::WorkloadSpec::parse`] turns them into an error
 //! naming the file and line.
 
+use crate::shown::Num;
 use crate::spec::{
     ArrivalProcess, ArrivalSpec, ClientSpec, DistKind, DistSpec, Finite, LifecycleSpec,
     MultimodalSpec, NetworkSpec, ReasoningSpec, SLO_CLASSES, WorkloadSpec, upgrade_slo_class,
@@ -70,7 +71,7 @@ impl WorkloadSpec {
         {
             return e(
                 "aggregate_rate",
-                format!("must be a positive rate in requests/s, got {}", r.0),
+                format!("must be a positive rate in requests/s, got {}", Num(r.0)),
             );
         }
         if self.horizon_us == Some(0) {
@@ -94,7 +95,10 @@ impl WorkloadSpec {
         if !(sum > 0.0 && sum.is_finite()) {
             return e(
                 "clients[0].rate_fraction",
-                format!("rate fractions must sum to a positive, finite number, got {sum}"),
+                format!(
+                    "rate fractions must sum to a positive, finite number, got {}",
+                    Num(sum)
+                ),
             );
         }
         match self.aggregate_rate {
@@ -110,7 +114,7 @@ impl WorkloadSpec {
                         match self.aggregate_rate {
                             Some(r) => format!(
                                 "must be a positive rate in requests/s (0 only when every client sets its own arrival shape and scale), got {}",
-                                r.0
+                                Num(r.0)
                             ),
                             None => {
                                 "a positive aggregate_rate (requests/s) is required for clients"
@@ -149,9 +153,9 @@ fn validate_servegen(sg: &crate::spec::ServeGenDataSpec) -> Check {
             return e(
                 &format!("servegen_data.{name}"),
                 if zero_ok {
-                    format!("must be ≥ 0, got {}", v.0)
+                    format!("must be ≥ 0, got {}", Num(v.0))
                 } else {
-                    format!("must be positive, got {}", v.0)
+                    format!("must be positive, got {}", Num(v.0))
                 },
             );
         }
@@ -352,7 +356,7 @@ fn validate_client(c: &ClientSpec, p: &str) -> Check {
     {
         return e(
             format!("{p}.rate_fraction"),
-            format!("must be ≥ 0, got {}", f.0),
+            format!("must be ≥ 0, got {}", Num(f.0)),
         );
     }
     if !c.slo_class.is_empty()
@@ -404,7 +408,7 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
         {
             return e(
                 format!("{p}.arrival.{name}"),
-                format!("must be positive, got {}", v.0),
+                format!("must be positive, got {}", Num(v.0)),
             );
         }
     }
@@ -415,7 +419,7 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
     {
         return e(
             format!("{p}.arrival.cv"),
-            format!("weibull cv must be within [0.01, 20], got {}", short(cv.0)),
+            format!("weibull cv must be within [0.01, 20], got {}", Num(cv.0)),
         );
     }
     // A Gamma of shape 1/cv² below 1e-4 (cv above 100) sends its requests
@@ -428,10 +432,7 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
     {
         return e(
             format!("{p}.arrival.cv"),
-            format!(
-                "gamma cv must be at most {MAX_GAMMA_CV}, got {}",
-                short(cv.0)
-            ),
+            format!("gamma cv must be at most {MAX_GAMMA_CV}, got {}", Num(cv.0)),
         );
     }
     // An explicit shape, likewise: the Gamma's at least 1e-4, the
@@ -448,8 +449,8 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
                 format!("{p}.arrival.shape"),
                 format!(
                     "{name} shape must be at least {}, got {}",
-                    short(least),
-                    short(k.0)
+                    Num(least),
+                    Num(k.0)
                 ),
             );
         }
@@ -459,16 +460,6 @@ fn validate_arrival(a: &ArrivalSpec, p: &str) -> Check {
 
 /// The largest Gamma arrival CV (shape 1e-4).
 const MAX_GAMMA_CV: f64 = 100.0;
-
-/// `v` as written in a spec: exponent notation for the very large and
-/// very small (`1e300`, not 301 digits).
-fn short(v: f64) -> String {
-    if v != 0.0 && (v.abs() >= 1e6 || v.abs() < 1e-3) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
-}
 
 /// A client's on/off windows: at least one, each ending after it starts,
 /// none overlapping.
@@ -572,7 +563,7 @@ fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
         } else {
             Err((
                 format!("{p}.params.{name}"),
-                format!("must be positive, got {v}"),
+                format!("must be positive, got {}", Num(v)),
             ))
         }
     };
@@ -582,7 +573,7 @@ fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
         } else {
             Err((
                 format!("{p}.params.{name}"),
-                format!("must be ≥ 0, got {v}"),
+                format!("must be ≥ 0, got {}", Num(v)),
             ))
         }
     };
@@ -605,7 +596,7 @@ fn validate_dist(d: &DistSpec, p: &str, ratio: bool) -> Check {
             if !(0.0..=1.0).contains(&w) {
                 return Err((
                     format!("{p}.params.mix_weight"),
-                    format!("must be within [0, 1], got {w}"),
+                    format!("must be within [0, 1], got {}", Num(w)),
                 ));
             }
         }
@@ -707,7 +698,7 @@ fn validate_bounds(q: &crate::spec::DistParams, p: &str, ratio: bool) -> Check {
     {
         return Err((
             format!("{p}.params.min"),
-            format!("must be ≥ 0, got {}", min.0),
+            format!("must be ≥ 0, got {}", Num(min.0)),
         ));
     }
     if let (Some(min), Some(max)) = (q.min, q.max)
@@ -715,7 +706,7 @@ fn validate_bounds(q: &crate::spec::DistParams, p: &str, ratio: bool) -> Check {
     {
         return Err((
             format!("{p}.params.max"),
-            format!("max ({}) is below min ({})", max.0, min.0),
+            format!("max ({}) is below min ({})", Num(max.0), Num(min.0)),
         ));
     }
     if ratio

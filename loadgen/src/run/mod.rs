@@ -68,20 +68,20 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
     if !(args.timeout_s > 0.0 && args.timeout_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--timeout-s must be a positive number of seconds, got {}",
-            args.timeout_s
+            blis_traces::shown::Num(args.timeout_s)
         )));
     }
     crate::options::check_wait_for_server(args.wait_for_server_s).map_err(CommandError::Usage)?;
     if !(args.grace_s >= 0.0 && args.grace_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--grace-s must be a non-negative number of seconds, got {}",
-            args.grace_s
+            blis_traces::shown::Num(args.grace_s)
         )));
     }
     if !(args.max_behind_s >= 0.0 && args.max_behind_s.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--max-behind-s must be a non-negative number of seconds (0: never stop), got {}",
-            args.max_behind_s
+            blis_traces::shown::Num(args.max_behind_s)
         )));
     }
     if args.client_threads > MAX_CLIENT_THREADS {
@@ -93,13 +93,13 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
     if !(args.max_send_lag_ms > 0.0 && args.max_send_lag_ms.is_finite()) {
         return Err(CommandError::Usage(format!(
             "--max-send-lag-ms must be positive, got {}",
-            args.max_send_lag_ms
+            blis_traces::shown::Num(args.max_send_lag_ms)
         )));
     }
     if !(0.0..=1.0).contains(&args.max_error_rate) {
         return Err(CommandError::Usage(format!(
             "--max-error-rate must be a fraction in [0, 1], got {}",
-            args.max_error_rate
+            blis_traces::shown::Num(args.max_error_rate)
         )));
     }
     let max_s = blis_traces::csvio::MAX_TIME_US as f64 / 1e6;
@@ -107,7 +107,8 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
         && !(d > 0.0 && d <= max_s)
     {
         return Err(CommandError::Usage(format!(
-            "--duration-s must be a positive number of seconds up to 2^53 µs (285 years), got {d}"
+            "--duration-s must be a positive number of seconds up to 2^53 µs (285 years), got {}",
+            blis_traces::shown::Num(d)
         )));
     }
     if args.concurrency == Some(0) {

@@ -26,6 +26,7 @@ use crate::cluster::code::{CallError, Program};
 use crate::cluster::error::PolicyError;
 use crate::cluster::rules::{Env, Rules, SignalSet, TreeNode};
 use crate::cluster::signals::RequestSignals;
+use blis_traces::shown::Num;
 use rhai::{Dynamic, Map};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -202,7 +203,7 @@ impl AdmissionPolicy {
                 Err(PolicyError::OutOfRange {
                     field: format!("admission {}: {name}", self.name()),
                     must: "a positive number",
-                    got: v.to_string(),
+                    got: Num(v).to_string(),
                 })
             }
         };

@@ -32,6 +32,7 @@
 //!   running), and the decode router skips replicas not ready. Drains wait
 //!   (their requests hold transferred KV blocks).
 
+use blis_traces::shown::Num;
 use std::collections::VecDeque;
 
 use rhai::{Dynamic, Map};
@@ -284,7 +285,7 @@ impl AutoscaleConfig {
             return bad(
                 "interval_s",
                 "between 0.001 and 1e6 s",
-                self.interval_s.to_string(),
+                Num(self.interval_s).to_string(),
             );
         }
         for (f, v) in [
@@ -294,21 +295,21 @@ impl AutoscaleConfig {
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) || (f == "scale_down_threshold" && v >= 1.0)
             {
-                return bad(f, "in (0, 1]", v.to_string());
+                return bad(f, "in (0, 1]", Num(v).to_string());
             }
         }
         if !(self.scale_up_queue_depth.is_finite() && self.scale_up_queue_depth > 0.0) {
             return bad(
                 "scale_up_queue_depth",
                 "a positive number",
-                self.scale_up_queue_depth.to_string(),
+                Num(self.scale_up_queue_depth).to_string(),
             );
         }
         if self.scale_down_threshold >= self.scale_up_threshold {
             return bad(
                 "scale_down_threshold",
                 "below scale_up_threshold",
-                self.scale_down_threshold.to_string(),
+                Num(self.scale_down_threshold).to_string(),
             );
         }
         for (f, v) in [
@@ -318,7 +319,7 @@ impl AutoscaleConfig {
             ("warmup_s", self.warmup_s),
         ] {
             if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
-                return bad(f, "between 0 and 1e7 s", v.to_string());
+                return bad(f, "between 0 and 1e7 s", Num(v).to_string());
             }
         }
         Ok(())

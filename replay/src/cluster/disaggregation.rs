@@ -14,6 +14,7 @@
 //! owner: the prefill side frees them when the decode side has them. A
 //! one-token request completes on its prefill instance.
 
+use blis_traces::shown::Num;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::routing::RoutingPolicy;
@@ -70,20 +71,20 @@ impl PdConfig {
             return bad(
                 "transfer_latency_us",
                 "≥ 0 and at most 2^53 µs (285 years)",
-                self.transfer_latency_us.to_string(),
+                Num(self.transfer_latency_us).to_string(),
             );
         }
         if !(self.transfer_bandwidth_gb_s.is_finite() && self.transfer_bandwidth_gb_s > 0.0) {
             return bad(
                 "transfer_bandwidth_gb_s",
                 "a positive number of GB/s",
-                self.transfer_bandwidth_gb_s.to_string(),
+                Num(self.transfer_bandwidth_gb_s).to_string(),
             );
         }
         if let Some(b) = self.block_bytes
             && !(b.is_finite() && b > 0.0)
         {
-            return bad("block_bytes", "a positive number", b.to_string());
+            return bad("block_bytes", "a positive number", Num(b).to_string());
         }
         Ok(())
     }

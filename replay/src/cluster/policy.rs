@@ -19,6 +19,7 @@
 //! autoscale: {policy: threshold, min_replicas: 2, max_replicas: 8, warmup_s: 60}
 //! ```
 
+use blis_traces::shown::Num;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -204,7 +205,7 @@ impl PolicyBundle {
                 ),
             ] {
                 if !(v.is_finite() && v > 0.0) {
-                    return range(name, "a positive number", v.to_string());
+                    return range(name, "a positive number", Num(v).to_string());
                 }
             }
         }
@@ -230,7 +231,7 @@ impl PolicyBundle {
                 return range(
                     &format!("routing scorers: the weight of {}", s.name()),
                     "finite and ≥ 0",
-                    w.to_string(),
+                    Num(*w).to_string(),
                 );
             }
             if scorers.values().all(|w| *w == 0.0) {

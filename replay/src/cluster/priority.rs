@@ -36,6 +36,7 @@
 //! `arrival_us`; `this` is a map kept from call to call. A failed call
 //! gives priority 0 and ends the run with the failure.
 
+use blis_traces::shown::Num;
 use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 
@@ -135,7 +136,7 @@ fn check_age_weight(age_weight: f64) -> Result<(), PolicyError> {
         Err(PolicyError::OutOfRange {
             field: "priority: age_weight".into(),
             must: "a finite number (negative: the oldest lose urgency, as inverted-slo)",
-            got: age_weight.to_string(),
+            got: Num(age_weight).to_string(),
         })
     }
 }
@@ -283,7 +284,7 @@ impl AgeScores {
                 return Err(PolicyError::OutOfRange {
                     field: format!("priority: {name}"),
                     must: "a finite number",
-                    got: v.to_string(),
+                    got: Num(v).to_string(),
                 });
             }
         }
@@ -291,7 +292,7 @@ impl AgeScores {
             return Err(PolicyError::OutOfRange {
                 field: "priority: age_weight".into(),
                 must: "≥ 0",
-                got: self.age_weight.to_string(),
+                got: Num(self.age_weight).to_string(),
             });
         }
         Ok(())

@@ -80,7 +80,10 @@ pub enum CoefficientsError {
         row: usize,
     },
     /// A negative trained-physics term.
-    #[error("{name}: rows[{row}].terms.{term}: must be ≥ 0, got {value}")]
+    #[error(
+        "{name}: rows[{row}].terms.{term}: must be ≥ 0, got {}",
+        blis_traces::shown::Num(*value)
+    )]
     Negative {
         /// The file.
         name: String,

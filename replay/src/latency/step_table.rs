@@ -86,7 +86,10 @@ impl StepTable {
         let alphas = ["alpha[0]", "alpha[1]", "alpha[2]"].map(String::from);
         for (k, v) in terms.iter().chain(alphas.iter().zip(&alpha)) {
             if !(v.is_finite() && *v >= 0.0) {
-                return Err(format!("step-table `{k}` must be a number ≥ 0, got {v}"));
+                return Err(format!(
+                    "step-table `{k}` must be a number ≥ 0, got {}",
+                    blis_traces::shown::Num(*v)
+                ));
             }
         }
         let context_token_us = terms.get("context_token").copied().unwrap_or(0.0);

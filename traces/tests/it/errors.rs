@@ -116,7 +116,7 @@ fn malformed_specs_name_file_line_and_field() {
             "      cv: 2\n",
             "      shape: 1e-320\n",
             ":10:7: ",
-            "clients[0].arrival.shape: gamma shape must be at least 1e-4, got 1e-320",
+            "clients[0].arrival.shape: gamma shape must be at least 0.0001, got 1e-320",
         ),
         (
             "      process: gamma\n      cv: 2\n",

@@ -120,6 +120,10 @@ pub struct Summary {
     pub finished_without_token: u64,
     /// `ok` requests of a `--no-stream` run the server streamed anyway.
     pub streamed_unasked: u64,
+    /// `ok` requests whose usage counts more completion tokens than the
+    /// `max_tokens` asked (reasoning tokens outside `max_tokens`, or a
+    /// server that ignores it or miscounts).
+    pub over_max_tokens: u64,
     /// Prompt tokens the server served from its prefix cache
     /// (`usage.prompt_tokens_details.cached_tokens`), of all prompt tokens.
     pub cached_prompt_share: Option<f64>,
@@ -229,6 +233,7 @@ pub struct Tally {
     ended_without_done: u64,
     finished_without_token: u64,
     streamed_unasked: u64,
+    over_max_tokens: u64,
     /// Send lag of every sent request, ms.
     lags: Samples,
     /// Requests sent, and the first and last send time, µs.
@@ -274,6 +279,7 @@ impl Tally {
             ended_without_done: 0,
             finished_without_token: 0,
             streamed_unasked: 0,
+            over_max_tokens: 0,
             lags: Samples::default(),
             sends: 0,
             first_send: i64::MAX,
@@ -326,13 +332,15 @@ impl Tally {
                 self.missing_usage += 1;
             }
             use crate::response::{
-                ENDED_WITHOUT_DONE, FINISHED_WITHOUT_TOKEN, STREAMED_UNASKED, UNSTREAMED,
+                ENDED_WITHOUT_DONE, FINISHED_WITHOUT_TOKEN, OVER_MAX_TOKENS, STREAMED_UNASKED,
+                UNSTREAMED,
             };
             let m = &o.error_message;
             self.unstreamed += u64::from(m.contains(UNSTREAMED));
             self.ended_without_done += u64::from(m.contains(ENDED_WITHOUT_DONE));
             self.finished_without_token += u64::from(m.contains(FINISHED_WITHOUT_TOKEN));
             self.streamed_unasked += u64::from(m.contains(STREAMED_UNASKED));
+            self.over_max_tokens += u64::from(m.contains(OVER_MAX_TOKENS));
         }
         if r.request.request_id < self.warmup_below_id {
             self.counts.warmup += 1;
@@ -463,6 +471,7 @@ impl Tally {
             ended_without_done: self.ended_without_done,
             finished_without_token: self.finished_without_token,
             streamed_unasked: self.streamed_unasked,
+            over_max_tokens: self.over_max_tokens,
             cached_prompt_share,
             warm_cache_warning,
             latency_ms: latency,
@@ -758,6 +767,10 @@ impl Summary {
             (
                 self.finished_without_token,
                 "finished without a token (no content before their finish_reason): no TTFT; output tokens from the usage, else 0",
+            ),
+            (
+                self.over_max_tokens,
+                "counted more completion tokens in their usage than the max_tokens asked (reasoning tokens outside max_tokens, or a server that ignores or miscounts it): output tokens and throughput are the server's counts",
             ),
         ] {
             if n > 0 {

@@ -86,6 +86,12 @@ pub const STREAMED_UNASKED: &str =
 /// `finish_reason` but without `[DONE]`.
 pub const ENDED_WITHOUT_DONE: &str = "the stream ended without [DONE] (after finish_reason)";
 
+/// The start of the row warning of a response whose usage counts more
+/// completion tokens than the `max_tokens` asked: a reasoning API that
+/// counts its reasoning outside `max_tokens` (DeepSeek's), or a server that
+/// ignores `max_tokens` or miscounts. The row keeps the server's count.
+pub const OVER_MAX_TOKENS: &str = "the usage counts more completion tokens than max_tokens";
+
 /// The row warning of a stream that finished (a `finish_reason`) without
 /// one chunk of content: no token, so no TTFT.
 pub const FINISHED_WITHOUT_TOKEN: &str =

@@ -15,9 +15,9 @@ use crate::response::{Capture, ErrorKind, Failure, describe, error_text, one_lin
 
 #[derive(Deserialize)]
 struct Usage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     prompt_tokens: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     completion_tokens: Option<u32>,
     #[serde(default)]
     prompt_tokens_details: Option<Details>,
@@ -25,8 +25,32 @@ struct Usage {
 
 #[derive(Deserialize)]
 struct Details {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     cached_tokens: Option<u32>,
+}
+
+/// A usage count: a JSON integer from 0 to `u32::MAX`, or a number with
+/// no fractional part in that range (`10.0`: some servers write their
+/// counts as floats, and Python clients such as `vllm bench serve` read
+/// them as numbers); `null` is no count. Anything else (negative,
+/// fractional, past `u32`, a string) makes the chunk malformed.
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let v = match n.as_u64() {
+        Some(u) => u32::try_from(u).ok(),
+        None => n
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
+            .map(|f| f as u32),
+    };
+    v.map(Some).ok_or_else(|| {
+        D::Error::custom(format!(
+            "a token count must be a whole number from 0 to 2^32 - 1, not {n}"
+        ))
+    })
 }
 
 #[derive(Deserialize, Default)]
@@ -149,9 +173,18 @@ where
     // The bytes since the last line break; past MAX_SSE_LINE the stream
     // is cut here and the response is malformed.
     let too_long = std::sync::atomic::AtomicBool::new(false);
+    // The body's first bytes, to tell a body that is not an event stream
+    // at all (JSON lines, plain text) from a stream cut off.
+    let head = std::sync::Mutex::new(Vec::new());
     let stream = stream.scan(0usize, |run, piece| {
         if let Ok(b) = &piece {
             let b = b.as_ref();
+            if let Ok(mut h) = head.lock()
+                && h.len() < HEAD_BYTES
+            {
+                let room = HEAD_BYTES - h.len();
+                h.extend_from_slice(&b[..b.len().min(room)]);
+            }
             *run = match b.iter().rposition(|&c| c == b'\n' || c == b'\r') {
                 Some(i) => b.len() - i - 1,
                 None => *run + b.len(),
@@ -166,10 +199,14 @@ where
     let stream = std::pin::pin!(stream);
     let mut events = stream.eventsource();
     let mut done = false;
+    let mut any_event = false;
     while let Some(ev) = events.next().await {
         let now = now();
         let ev = match ev {
-            Ok(ev) => ev,
+            Ok(ev) => {
+                any_event = true;
+                ev
+            }
             Err(EventStreamError::Transport(e)) => {
                 cap.last_us = Some(now);
                 return Err(Failure::new(
@@ -244,6 +281,13 @@ where
             });
             return Ok(());
         }
+        let head = head.lock().map(|h| h.clone()).unwrap_or_default();
+        if !any_event && let Some(line) = not_sse(&head) {
+            return Err(Failure::new(
+                ErrorKind::Malformed,
+                format!("the response is not an event stream (no SSE event; it starts {line:?})"),
+            ));
+        }
         return Err(Failure::new(
             ErrorKind::Dropped,
             format!(
@@ -253,6 +297,23 @@ where
         ));
     }
     Ok(())
+}
+
+/// The first bytes of a streamed body kept to say what it was.
+const HEAD_BYTES: usize = 256;
+
+/// The first line of a body's `head` when the body is not an event stream:
+/// its first non-blank line is neither an SSE comment (`:`) nor a field
+/// (`data`, `event`, `id`, `retry`); at most 80 characters. `None` for an
+/// SSE-looking or empty body (a stream cut off before its first event).
+fn not_sse(head: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(head);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let field = line.split(':').next().unwrap_or("");
+    if line.starts_with(':') || matches!(field, "data" | "event" | "id" | "retry") {
+        return None;
+    }
+    Some(line.chars().take(80).collect())
 }
 
 /// A response the server ended with `finish_reason` `abort` or `error`
@@ -401,6 +462,60 @@ mod tests {
 
     fn chunk(text: &str) -> String {
         format!("data: {{\"choices\":[{{\"text\":\"{text}\"}}]}}\n\n")
+    }
+
+    /// Usage counts written as whole floats (`10.0`) are read as counts;
+    /// negative, fractional, past-`u32` and string counts make the chunk
+    /// malformed.
+    #[test]
+    fn usage_counts_are_whole_numbers_written_either_way() {
+        let with = |usage: &str| {
+            format!(
+                "data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":\"stop\"}}],\"usage\":{usage}}}\n\ndata: [DONE]\n\n"
+            )
+        };
+        let mut cap = Capture::default();
+        let body = with(
+            "{\"prompt_tokens\":12.0,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":4.0}}",
+        );
+        parse_sse(&[body.as_bytes()], &mut cap).unwrap();
+        assert_eq!(
+            (cap.prompt_tokens, cap.completion_tokens, cap.cached_tokens),
+            (Some(12), Some(1), Some(4))
+        );
+        for bad in ["-1", "1.5", "4294967296", "\"10\"", "1e300"] {
+            let body = with(&format!("{{\"completion_tokens\":{bad}}}"));
+            let err = parse_sse(&[body.as_bytes()], &mut Capture::default()).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Malformed, "{bad}: {}", err.detail);
+        }
+    }
+
+    /// A body cut off before its first event is `dropped` whether it was
+    /// empty or held only SSE comments and fields; one whose first line is
+    /// no SSE at all (JSON lines, text) is `malformed`, quoting that line.
+    #[test]
+    fn a_body_without_events_is_malformed_only_when_it_is_not_sse() {
+        for body in [
+            "",
+            "\n",
+            ": keep-alive\n",
+            "data: {\"choices\"",
+            "event: x\nretry: 5\n",
+        ] {
+            let err = parse_sse(&[body.as_bytes()], &mut Capture::default()).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Dropped, "{body:?}: {}", err.detail);
+        }
+        for (body, start) in [
+            ("{\"choices\":[]}\n{\"choices\":[]}\n", "{\"choices\":[]}"),
+            ("\n  Internal error\n", "Internal error"),
+        ] {
+            let err = parse_sse(&[body.as_bytes()], &mut Capture::default()).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Malformed, "{body:?}");
+            assert_eq!(
+                err.detail,
+                format!("the response is not an event stream (no SSE event; it starts {start:?})")
+            );
+        }
     }
 
     /// A line past [`MAX_SSE_LINE`] ends the read as malformed, however

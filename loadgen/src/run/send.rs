@@ -308,10 +308,19 @@ pub(super) fn record_outcome(
     match res {
         Ok(()) => {
             o.status = Some(Status::Ok);
+            // (The request asked for at least one token: `Endpoint::body`.)
+            let asked = rec.request.output_tokens.max(1);
+            let over = cap.completion_tokens.filter(|&n| n > asked).map(|n| {
+                format!(
+                    "{} ({n} against {asked}; the row keeps the server's count)",
+                    crate::response::OVER_MAX_TOKENS
+                )
+            });
             if let Some(n) = cap.output_tokens() {
                 rec.request.output_tokens = n;
             }
             let mut warnings: Vec<&str> = cap.warning.iter().map(String::as_str).collect();
+            warnings.extend(over.as_deref());
             if cap.completion_tokens.is_none() {
                 warnings
                     .push("no usage in the response; output tokens counted from content chunks");

@@ -536,6 +536,61 @@ fn a_stream_without_done_is_complete_only_after_its_finish_reason() {
     }
 }
 
+/// A response whose usage counts more completion tokens than the
+/// `max_tokens` asked (a reasoning API counting its reasoning outside
+/// `max_tokens`, or a server that ignores or miscounts it) stays `ok` with
+/// the server's count, and says so on the row and in the summary (it was
+/// silent: a server claiming 10^6 tokens for 5 chunks showed 26 million
+/// output tokens/s). A 200 body that is no event stream at all (JSON lines)
+/// is `malformed`, quoting its start; it was `dropped` ("stream ended
+/// without [DONE]"), as if the connection had been cut.
+#[test]
+fn usage_past_max_tokens_is_named_and_a_body_without_events_is_malformed() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, t) = three_streams(
+        dir.path(),
+        "over",
+        "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1000000}}\n\ndata: [DONE]\n\n",
+    );
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "warning: 3 ok responses counted more completion tokens in their usage than the max_tokens asked"
+        ),
+        "{stdout}"
+    );
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Ok), "{}", o.error_message);
+        assert_eq!(r.request.output_tokens, 1_000_000, "the server's count");
+        assert!(
+            o.error_message.starts_with(
+                "warning: the usage counts more completion tokens than max_tokens (1000000 against "
+            ),
+            "{}",
+            o.error_message
+        );
+    }
+    let reply = crate::common::PostReply::Ok(
+        "application/x-ndjson",
+        "{\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n{\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}]}\n",
+    );
+    let (out, t) = three_requests_to(reply, dir.path(), "ndjson");
+    assert_eq!(out.status.code(), Some(5));
+    for r in &t.records {
+        let o = &r.outcome;
+        assert_eq!(o.status, Some(Status::Error));
+        assert!(
+            o.error_message.starts_with(
+                "malformed: the response is not an event stream (no SSE event; it starts \"{\\\"choices"
+            ),
+            "{}",
+            o.error_message
+        );
+    }
+}
+
 /// A stream that reaches `[DONE]` without a token or a `finish_reason`
 /// (only empty `choices`) generated nothing and says nothing: a
 /// `malformed` error, not an `ok` row claiming the planned output with no

@@ -317,9 +317,22 @@ def replay(
     return Result(summary, data)
 
 
+def _trace(x: Union[Trace, PathLike], name: str) -> Trace:
+    """``x`` as a :class:`Trace`: itself (a :class:`Result` is one), or the
+    trace read from its path; anything else is a ``TypeError`` naming
+    ``name``."""
+    if isinstance(x, Trace):
+        return x
+    if isinstance(x, (str, os.PathLike)):
+        return read_trace(x)
+    raise TypeError(
+        f"{name}: a blis.Trace, a blis.Result or a trace's path, not {type(x).__name__}"
+    )
+
+
 def compare(
-    real: Trace,
-    sim: Trace,
+    real: Union[Trace, PathLike],
+    sim: Union[Trace, PathLike],
     *,
     resamples: Optional[int] = None,
     seed: Optional[int] = None,
@@ -330,10 +343,14 @@ def compare(
     """Compares a real trace with a predicted one, per request and per
     distribution (``blis-calibrate compare``'s report, in memory).
 
+    ``real``, ``sim``: :class:`Trace` or :class:`Result` objects, or the
+    paths of trace bundles (a header ``H.yaml`` or its prefix).
+
     ``warmup``: leading requests left out (default: the real header's);
     ``rtt_ms``: round trip added to predicted TTFT and E2E (default: the real
     header's measured RTT); ``resamples``/``seed``: the bootstrap's.
     """
+    real, sim = _trace(real, "real"), _trace(sim, "sim")
     report, markdown = _blis.compare(
         real._data, sim._data, resamples, seed, warmup, rtt_ms, real_label
     )

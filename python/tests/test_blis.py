@@ -153,6 +153,10 @@ def test_a_trace_round_trips_and_compares(workload, tmp_path):
     c = blis.compare(back, r)
     assert c["matching"]["paired"] == 400
     assert "TTFT" in c.markdown
+    # Paths are read as traces; anything else is named.
+    assert blis.compare(header, header)["matching"]["paired"] == 400
+    with pytest.raises(TypeError, match="sim: a blis.Trace, a blis.Result or a trace's path, not float"):
+        blis.compare(back, 1.5)
     # A trace replays as a workload.
     again = blis.replay(back, **MODEL, num_instances=4)
     assert again.summary["requests"]["total"] == 400

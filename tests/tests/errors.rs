@@ -377,7 +377,13 @@ fn a_number_far_out_of_range_is_named_short() {
         "version: 1\nrows:\n  - model: \"*\"\n    gpu: H100\n    tensor_parallel: 0\n    latency_model: trained-physics\n    alpha: [0, 0, 0]\n    terms: {layer: -1e300, prefill_attention: 2.2}\n",
     )
     .unwrap();
+    std::fs::write(
+        p("h.yaml"),
+        SPEC.replace("num_requests: 5\n", "horizon_us: 60000000\n"),
+    )
+    .unwrap();
     let (w, o, neg, coef) = (p("w.yaml"), p("o"), p("neg.yaml"), p("coef.yaml"));
+    let h = p("h.yaml");
     let run = |extra: &[&str]| {
         let mut a = vec!["run", "--model", MODEL, "--workload-spec", &w, "--out", &o];
         a.extend_from_slice(extra);
@@ -420,6 +426,23 @@ fn a_number_far_out_of_range_is_named_short() {
             .map(String::from)
             .to_vec(),
             "-1e300",
+        ),
+        (
+            // (A rate planning more requests than a run may: the count it
+            // would plan is 6e301, not inf.)
+            "blis-loadgen",
+            [
+                "generate",
+                "--workload-spec",
+                &h,
+                "--aggregate-rate",
+                "1e300",
+                "--out",
+                &o,
+            ]
+            .map(String::from)
+            .to_vec(),
+            "1e300 req/s over a horizon of 60 s plans about 6.000e301 requests",
         ),
         (
             "blis-loadgen",

@@ -155,14 +155,14 @@ impl Generator {
         if limit.is_none()
             && let (Some(h), Some(rate)) = (horizon, spec.aggregate_rate)
         {
-            let expected = rate.0 * h as f64 / 1e6;
+            let expected = rate.0 * (h as f64 / 1e6);
             if expected > MAX_PLANNED_REQUESTS as f64 {
                 return Err(Error::in_file(
                     spec_path(spec),
                     format!(
                         "aggregate_rate {} req/s over a horizon of {} s plans about {expected:.3e} requests, more than the {MAX_PLANNED_REQUESTS} a run may plan: lower the rate or the horizon, or set num_requests (--num-requests)",
-                        rate.0,
-                        h as f64 / 1e6
+                        crate::shown::Num(rate.0),
+                        crate::shown::Num(h as f64 / 1e6)
                     ),
                 ));
             }

@@ -769,19 +769,21 @@ impl<'a> Session<'a> {
                     sink.sample_pool(now, "decode", &merged(dec));
                 }
                 self.samples += 1;
-                if self.samples.is_multiple_of(SAMPLES_PER_INTERVAL) {
+                let grows = self.samples.is_multiple_of(SAMPLES_PER_INTERVAL);
+                if grows {
                     self.sample_scale = self.sample_scale.saturating_mul(10);
-                    let iv = self.opts.sample_interval_us.unwrap_or(0);
-                    blis_traces::diag!(
-                        "warning: {} samples of the time series: from {:.1} s of simulated time on, one every {} ms",
-                        self.samples,
-                        now as f64 / 1e6,
-                        iv.saturating_mul(self.sample_scale) / 1000
-                    );
                 }
                 let iv = self.opts.sample_interval_us.map_or(i64::MAX / 4, |iv| {
                     iv.saturating_mul(self.sample_scale).min(i64::MAX / 4)
                 });
+                if grows {
+                    blis_traces::diag!(
+                        "warning: {} samples of the time series: from {:.1} s of simulated time on, one every {} ms",
+                        self.samples,
+                        now as f64 / 1e6,
+                        iv / 1000
+                    );
+                }
                 self.next_sample = Some(skip_to.map_or(now + iv, |t| skip_grid(now + iv, iv, t)));
             }
         }

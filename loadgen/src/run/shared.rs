@@ -16,7 +16,7 @@ use crate::http::{Endpoint, ErrorKind, Failure};
 use crate::record::Msg;
 
 /// Rows of requests never sent that may wait for the recorder at once
-/// ([`Shared::not_sent`]): about 30 MB.
+/// ([`Shared::not_sent`]).
 const NOT_SENT_BACKLOG: u64 = 65_536;
 
 /// Live counters for the progress line.

@@ -32,7 +32,11 @@ pub struct ScrapeStats {
     pub failures: AtomicU64,
     /// Samples kept.
     pub samples: AtomicU64,
+    /// Lines of the pages that could not be read as samples, skipped (the
+    /// rest of each page kept).
+    pub skipped_lines: AtomicU64,
     first_error: std::sync::Mutex<Option<String>>,
+    first_skipped: std::sync::Mutex<Option<String>>,
 }
 
 impl ScrapeStats {
@@ -44,19 +48,46 @@ impl ScrapeStats {
             .clone()
     }
 
+    /// The first skipped line (`line N: what`).
+    pub fn first_skipped(&self) -> Option<String> {
+        self.first_skipped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     fn fail(&self, msg: String) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-        let mut e = self
-            .first_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if e.is_none() {
-            *e = Some(msg);
+        keep_first(&self.first_error, msg);
+    }
+
+    fn skipped(&self, page: &Scraped) {
+        if page.skipped > 0 {
+            self.skipped_lines
+                .fetch_add(page.skipped as u64, Ordering::Relaxed);
+            if let Some(first) = &page.first_skipped {
+                keep_first(&self.first_skipped, first.clone());
+            }
         }
     }
 }
 
-/// Fetches and parses one scrape.
+fn keep_first(slot: &std::sync::Mutex<Option<String>>, msg: String) {
+    let mut e = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if e.is_none() {
+        *e = Some(msg);
+    }
+}
+
+/// One scrape's page: its samples, and the lines skipped
+/// ([`prom::parse_lenient`]).
+pub type Scraped = prom::Exposition;
+
+/// Fetches and parses one scrape. A line that cannot be read is skipped
+/// and counted, the rest of the page kept; a page of which no line reads
+/// as a sample, though some were tried, is a failed scrape.
 ///
 /// # Errors
 /// A one-line description of what failed.
@@ -65,7 +96,7 @@ pub async fn scrape_once(
     url: &str,
     api_key: Option<&str>,
     timeout: Duration,
-) -> Result<Vec<prom::Sample>, String> {
+) -> Result<Scraped, String> {
     let mut r = client.get(url).timeout(timeout);
     if let Some(v) = api_key.and_then(bearer) {
         r = r.header(AUTHORIZATION, v);
@@ -85,7 +116,13 @@ pub async fn scrape_once(
         }
         body.extend_from_slice(&piece);
     }
-    prom::parse(&String::from_utf8_lossy(&body))
+    let page = prom::parse_lenient(&String::from_utf8_lossy(&body));
+    match &page.first_skipped {
+        Some(first) if page.samples.is_empty() => Err(format!(
+            "not a Prometheus metrics page: no line reads as a sample ({first})"
+        )),
+        _ => Ok(page),
+    }
 }
 
 /// The largest `/metrics` page read, bytes (16 MiB): vLLM's is tens to
@@ -144,9 +181,11 @@ pub async fn run(cfg: ScrapeConfig) {
         )
         .await
         {
-            Ok(samples) => {
+            Ok(page) => {
+                stats.skipped(&page);
                 let t = clock.now_us();
-                let mut kept: Vec<MetricSample> = samples
+                let mut kept: Vec<MetricSample> = page
+                    .samples
                     .into_iter()
                     .filter(|s| keep(&s.name))
                     .map(|s| MetricSample {

@@ -104,7 +104,19 @@ fn sse(data: &[u8]) {
 
 /// The Prometheus text format (vLLM's `/metrics`).
 fn prometheus(data: &[u8]) {
-    let _ = blis_traces::prom::parse(&String::from_utf8_lossy(data));
+    let text = String::from_utf8_lossy(data);
+    let strict = blis_traces::prom::parse(&text);
+    let page = blis_traces::prom::parse_lenient(&text);
+    // The lenient parse agrees with the strict one where that succeeds.
+    if let Ok(samples) = strict {
+        assert_eq!(page.skipped, 0);
+        assert_eq!(page.samples.len(), samples.len());
+    }
+    // Labels read come back the same through the companion's text form.
+    for s in &page.samples {
+        let labels = blis_traces::prom::parse_labels(&s.labels_text());
+        assert_eq!(labels.as_ref(), Ok(&s.labels));
+    }
 }
 
 /// A trace's request CSV, every version's columns.

@@ -99,7 +99,16 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         )
         .await
         {
-            Ok(s) => cache = probe::cache_config(&s),
+            Ok(page) => {
+                if let Some(first) = &page.first_skipped {
+                    blis_traces::diag!(
+                        "warning: {} line(s) of {metrics_url} cannot be read as metrics and are skipped (first: {first}); the other {} samples of the page are kept",
+                        page.skipped,
+                        page.samples.len()
+                    );
+                }
+                cache = probe::cache_config(&page.samples);
+            }
             Err(e) => {
                 blis_traces::diag!("warning: no metrics at {metrics_url} ({e}); scraping is off");
                 scrape_on = false;

@@ -228,6 +228,13 @@ pub(super) fn finish_trace(
             scrape_stats.first_error().unwrap_or_default()
         );
     }
+    let skipped = scrape_stats.skipped_lines.load(Ordering::Relaxed);
+    if skipped > 0 {
+        blis_traces::diag!(
+            "warning: {skipped} unreadable line(s) of the metrics pages were skipped over {attempts} scrapes (first: {}); the rest were kept",
+            scrape_stats.first_skipped().unwrap_or_default()
+        );
+    }
     blis_traces::diag!(
         "wrote {} ({} requests{}{})",
         paths.header.display(),

@@ -894,9 +894,10 @@ fn all_ok_despite_the_model_list(reply: crate::common::PostReply) -> (String, St
 }
 
 /// A `/metrics` page past 16 MiB is a failed scrape with its reason, not
-/// read into memory at every scrape; a normal page is read.
+/// read into memory at every scrape; a normal page is read, and a page
+/// with an unreadable line keeps its other lines.
 #[test]
-fn a_metrics_page_past_the_limit_is_a_failed_scrape() {
+fn a_metrics_page_past_the_limit_is_a_failed_scrape_and_a_bad_line_is_skipped() {
     use std::io::{Read, Write};
     let serve = |body: Vec<u8>| {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -937,8 +938,32 @@ fn a_metrics_page_past_the_limit_is_a_failed_scrape() {
         "a metrics page over 16 MiB"
     );
     let ok = scrape(serve(line.to_vec())).unwrap();
-    assert_eq!(ok.len(), 1);
-    assert_eq!(ok[0].name, "vllm:num_requests_running");
+    assert_eq!(ok.samples.len(), 1);
+    assert_eq!(ok.samples[0].name, "vllm:num_requests_running");
+    // One line no reader of the format takes (a gateway's own metric
+    // written wrong) among vLLM's: the rest of the page is kept, the line
+    // named; Prometheus's way (the whole scrape failed) lost every metric
+    // of the run.
+    let mixed = b"vllm:num_requests_running{model_name=\"m\"} 1\n\
+        gateway_requests{route=/v1} 5\n\
+        vllm:num_requests_waiting{model_name=\"m\"} 2 1520879607.789 # {trace_id=\"a\"} 1\n";
+    let page = scrape(serve(mixed.to_vec())).unwrap();
+    let names: Vec<&str> = page.samples.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+    );
+    assert_eq!(page.skipped, 1);
+    assert_eq!(
+        page.first_skipped.as_deref(),
+        Some("line 2: expected a quoted value for label route")
+    );
+    // A page of which no line reads is not a metrics page.
+    let err = scrape(serve(b"<html><body>login</body></html>\n".to_vec())).unwrap_err();
+    assert!(
+        err.starts_with("not a Prometheus metrics page: no line reads as a sample (line 1: "),
+        "{err}"
+    );
 }
 
 /// A broken server's endless bodies cost a bounded read, not memory nor

@@ -35,55 +35,36 @@ pub struct ScrapeStats {
     /// Lines of the pages that could not be read as samples, skipped (the
     /// rest of each page kept).
     pub skipped_lines: AtomicU64,
-    first_error: std::sync::Mutex<Option<String>>,
-    first_skipped: std::sync::Mutex<Option<String>>,
+    /// The first failure's description and the first skipped line: set
+    /// once, by the scrape that met it first.
+    first_error: std::sync::OnceLock<String>,
+    first_skipped: std::sync::OnceLock<String>,
 }
 
 impl ScrapeStats {
     /// The first failure's description.
     pub fn first_error(&self) -> Option<String> {
-        self.first_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.first_error.get().cloned()
     }
 
     /// The first skipped line (`line N: what`).
     pub fn first_skipped(&self) -> Option<String> {
-        self.first_skipped
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.first_skipped.get().cloned()
     }
 
     fn fail(&self, msg: String) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-        keep_first(&self.first_error, msg);
+        let _ = self.first_error.set(msg);
     }
 
-    fn skipped(&self, page: &Scraped) {
-        if page.skipped > 0 {
-            self.skipped_lines
-                .fetch_add(page.skipped as u64, Ordering::Relaxed);
-            if let Some(first) = &page.first_skipped {
-                keep_first(&self.first_skipped, first.clone());
-            }
+    fn skipped(&self, page: &prom::Exposition) {
+        self.skipped_lines
+            .fetch_add(page.skipped as u64, Ordering::Relaxed);
+        if let Some(first) = &page.first_skipped {
+            let _ = self.first_skipped.get_or_init(|| first.clone());
         }
     }
 }
-
-fn keep_first(slot: &std::sync::Mutex<Option<String>>, msg: String) {
-    let mut e = slot
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if e.is_none() {
-        *e = Some(msg);
-    }
-}
-
-/// One scrape's page: its samples, and the lines skipped
-/// ([`prom::parse_lenient`]).
-pub type Scraped = prom::Exposition;
 
 /// Fetches and parses one scrape. A line that cannot be read is skipped
 /// and counted, the rest of the page kept; a page of which no line reads
@@ -96,7 +77,7 @@ pub async fn scrape_once(
     url: &str,
     api_key: Option<&str>,
     timeout: Duration,
-) -> Result<Scraped, String> {
+) -> Result<prom::Exposition, String> {
     let mut r = client.get(url).timeout(timeout);
     if let Some(v) = api_key.and_then(bearer) {
         r = r.header(AUTHORIZATION, v);

@@ -165,6 +165,32 @@ pub struct Summary {
     /// stopped sending (`--max-behind-s`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_behind_s: Option<f64>,
+    /// How the server's `/metrics` scraping went; absent when scraping
+    /// was off (`--no-metrics`, or no metrics page at the start).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsScrape>,
+}
+
+/// How a run's `/metrics` scraping went (the `metrics` section of the
+/// summary).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct MetricsScrape {
+    /// Scrapes attempted.
+    pub scrapes: u64,
+    /// Scrapes that failed: transport, HTTP status, or a page of which no
+    /// line reads as a Prometheus sample.
+    pub failed: u64,
+    /// Samples written to the metrics companion.
+    pub samples: u64,
+    /// Lines of the pages that did not read as samples, skipped (the rest
+    /// of each page kept).
+    pub skipped_lines: u64,
+    /// The first failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
+    /// The first skipped line (`line N: what`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_skipped_line: Option<String>,
 }
 
 /// Inputs of [`summarize`] besides the rows.
@@ -486,6 +512,7 @@ impl Tally {
             verdict,
             percentiles_from_histogram: from_histogram,
             stopped_behind_s: inp.stopped_behind_s,
+            metrics: None,
         }
     }
 
@@ -671,6 +698,13 @@ impl Summary {
         self.md_latency(&mut o);
         self.md_outcomes(&mut o);
         self.md_schedule(&mut o);
+        if let Some(m) = &self.metrics {
+            let _ = writeln!(
+                o,
+                "metrics: {} samples from {} scrapes, {} failed, {} unreadable lines skipped",
+                m.samples, m.scrapes, m.failed, m.skipped_lines
+            );
+        }
         let _ = writeln!(o, "verdict: {}", self.verdict);
         o
     }

@@ -52,6 +52,19 @@ impl ScrapeStats {
         self.first_skipped.get().cloned()
     }
 
+    /// The summary's `metrics` section, with `samples` written to the
+    /// metrics companion.
+    pub fn summary(&self, samples: u64) -> crate::report::MetricsScrape {
+        crate::report::MetricsScrape {
+            scrapes: self.attempts.load(Ordering::Relaxed),
+            failed: self.failures.load(Ordering::Relaxed),
+            samples,
+            skipped_lines: self.skipped_lines.load(Ordering::Relaxed),
+            first_failure: self.first_error(),
+            first_skipped_line: self.first_skipped(),
+        }
+    }
+
     fn fail(&self, msg: String) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         let _ = self.first_error.set(msg);

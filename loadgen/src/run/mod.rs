@@ -314,7 +314,7 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         .map_err(|_| CommandError::Internal("the recorder thread panicked".into()))?;
     let rows = recorded.tally.rows();
     let stopped_behind_us = sh.stopped_behind_us.load(Ordering::Relaxed);
-    let summary = summarize_run(
+    let mut summary = summarize_run(
         &mut recorded,
         RunEnd {
             warmup_below,
@@ -326,6 +326,9 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         },
         args,
     );
+    if scrape_on {
+        summary.metrics = Some(scrape_stats.summary(recorded.metric_rows));
+    }
     header.load_generator = Some(LoadGeneratorInfo {
         requested_rate: summary.schedule.requested_rate,
         achieved_rate: summary.schedule.achieved_rate,

@@ -127,6 +127,9 @@ pub enum PostReply {
     /// As `Ok` for POSTs, and every GET a `200 OK` HTML page (a gateway's
     /// catch-all page).
     OkWithPageGets(&'static str, &'static str),
+    /// As `Ok` for POSTs; a GET of `/metrics` a `200 OK` plain-text page
+    /// with this text (other GETs a 404 page).
+    OkWithMetricsGets(&'static str, &'static str, &'static str),
     /// As `Ok` for POSTs, and every GET a `200 OK` JSON body that never
     /// ends (`[` and then spaces, for as long as the client reads).
     OkWithEndlessGets(&'static str, &'static str),
@@ -193,6 +196,7 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                     }
                     PostReply::Ok(content_type, text)
                     | PostReply::OkWithEndlessGets(content_type, text)
+                    | PostReply::OkWithMetricsGets(content_type, text, _)
                         if post =>
                     {
                         let mut conn = r.into_inner();
@@ -217,6 +221,17 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                             conn,
                             "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
                             text.len()
+                        );
+                        return;
+                    }
+                    PostReply::OkWithMetricsGets(_, _, page)
+                        if first.split_whitespace().nth(1) == Some("/metrics") =>
+                    {
+                        let mut conn = r.into_inner();
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{page}",
+                            page.len()
                         );
                         return;
                     }

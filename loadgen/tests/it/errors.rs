@@ -966,6 +966,60 @@ fn a_metrics_page_past_the_limit_is_a_failed_scrape_and_a_bad_line_is_skipped() 
     );
 }
 
+/// A whole run against a server whose `/metrics` page carries one line no
+/// reader takes (a gateway's own metric written wrong) beside vLLM's: the
+/// run keeps every readable sample, warns naming the line, and its summary
+/// counts the scrapes, the samples and the lines skipped.
+#[test]
+fn a_run_keeps_the_readable_metrics_of_a_page_with_a_bad_line_and_says_so() {
+    let (url, _posts) =
+        crate::common::start_server_replying(crate::common::PostReply::OkWithMetricsGets(
+            "text/event-stream",
+            ONE_TOKEN_STREAM,
+            "vllm:num_requests_running{model_name=\"m\"} 1\ngateway_requests{route=/v1} 5\n",
+        ));
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("metrics");
+    let out = loadgen()
+        .args(["run", "--server-url", &url, "--model", "m"])
+        .args(["--rate", "20", "--num-requests", "3", "--timeout-s", "5"])
+        .args(["--scrape-interval-ms", "50", "--json", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let bad = "line 2: expected a quoted value for label route";
+    assert!(stderr.contains(bad), "{stderr}");
+    assert!(
+        stderr.contains("unreadable line(s) of the metrics pages were skipped"),
+        "{stderr}"
+    );
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    let samples = t.metrics.as_deref().expect("a metrics companion");
+    assert!(!samples.is_empty());
+    // vLLM's line kept at every scrape, with the scrape's own `up`; the
+    // bad line nowhere.
+    assert!(
+        samples
+            .iter()
+            .any(|m| m.name == "vllm:num_requests_running")
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|m| m.name == "vllm:num_requests_running" || m.name == "up"),
+        "{:?}",
+        samples.iter().map(|m| &m.name).collect::<Vec<_>>()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["metrics"];
+    assert_eq!(m["samples"].as_u64(), Some(samples.len() as u64), "{m}");
+    assert_eq!(m["failed"].as_u64(), Some(0), "{m}");
+    assert!(m["scrapes"].as_u64().unwrap() >= 1, "{m}");
+    assert!(m["skipped_lines"].as_u64().unwrap() >= 1, "{m}");
+    assert_eq!(m["first_skipped_line"].as_str(), Some(bad), "{m}");
+}
+
 /// A broken server's endless bodies cost a bounded read, not memory nor
 /// the timeout: a model list that never ends is a warning after 8 MiB
 /// (the run goes on), and an HTTP 500 whose page never ends is recorded as

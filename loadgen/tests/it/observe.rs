@@ -230,6 +230,20 @@ fn a_spec_is_observed_exactly_as_the_mock_served_it() {
             .iter()
             .any(|m| m.name == "vllm:num_requests_running" && m.value > 0.0)
     );
+    // The summary says how the scraping went: every sample written counted,
+    // no failure, no line skipped.
+    let m = &summary["metrics"];
+    assert_eq!(
+        m["samples"].as_u64(),
+        Some(t.metrics.as_deref().unwrap().len() as u64),
+        "{m}"
+    );
+    assert!(m["scrapes"].as_u64().unwrap() >= times.len() as u64, "{m}");
+    assert_eq!(
+        (m["failed"].as_u64(), m["skipped_lines"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(m.get("first_failure").is_none(), "{m}");
 }
 
 #[test]
@@ -264,6 +278,7 @@ fn whole_responses_and_completions_are_recorded() {
     let t = Trace::read(&out.with_extension("yaml")).unwrap();
     assert_eq!(t.records.len(), 20);
     assert!(t.chunks.is_none() && t.metrics.is_none());
+    assert!(!stdout.contains("metrics: "), "scraping off: {stdout}");
     assert!(!out.with_extension("itl.csv").exists());
     for r in &t.records {
         assert_eq!(r.outcome.status, Some(Status::Ok));

@@ -235,9 +235,44 @@ impl Endpoint {
     /// has failed; a caller's timeout may drop this future at any await,
     /// and `cap` then holds what had arrived.
     ///
+    /// A response the reading of it panics on (a defect of the client or
+    /// of a library it reads with, met on a server's odd bytes) is a
+    /// `malformed` failure of that request, not the end of the run: its
+    /// row is kept like any other.
+    ///
     /// # Errors
     /// The failure, classified ([`ErrorKind`]).
     pub async fn send(
+        &self,
+        body: Vec<u8>,
+        stream: bool,
+        xid: &str,
+        clock: &RunClock,
+        cap: &mut Capture,
+    ) -> Result<(), Failure> {
+        use futures::FutureExt;
+        let read = std::panic::AssertUnwindSafe(self.exchange(body, stream, xid, clock, cap));
+        match read.catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(Failure::new(
+                    ErrorKind::Malformed,
+                    format!(
+                        "the client failed reading this response (a defect of blis-loadgen; please report it with the response): {}",
+                        one_line(&what, 200)
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// [`Endpoint::send`], unguarded.
+    async fn exchange(
         &self,
         body: Vec<u8>,
         stream: bool,

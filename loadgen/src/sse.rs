@@ -153,6 +153,67 @@ pub const MAX_SSE_LINE: usize = 1 << 20;
 /// ten times the text of the longest generation a 1M-token context holds.
 pub const MAX_BODY: usize = 64 << 20;
 
+/// The UTF-8 byte order mark, which an event stream may begin with (the
+/// SSE format, WHATWG HTML "Parsing an event stream": `stream = [ bom ]
+/// *event`).
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// A piece of a response body: as it came, or (the body's first bytes)
+/// remade without its byte order mark.
+enum Piece<B> {
+    Whole(B),
+    Owned(Vec<u8>),
+}
+
+impl<B: AsRef<[u8]>> AsRef<[u8]> for Piece<B> {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Piece::Whole(b) => b.as_ref(),
+            Piece::Owned(v) => v,
+        }
+    }
+}
+
+/// The body's pieces without a leading byte order mark, however the
+/// network splits it. The SSE reader (eventsource-stream 0.2.3) skips one
+/// itself, but cuts it at byte 1 of its 3 and panics; a server that sends
+/// one would end the run. Bytes that may begin a mark are held until it is
+/// whole or is not one.
+fn without_bom<S, B, E>(stream: S) -> impl futures::Stream<Item = Result<Piece<B>, E>>
+where
+    S: futures::Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+{
+    // `Some(held)` until the body's first bytes are past a mark's length.
+    stream.scan(Some(Vec::new()), |start: &mut Option<Vec<u8>>, piece| {
+        let out = match (piece, start.as_mut()) {
+            (Ok(b), None) => Ok(Piece::Whole(b)),
+            (Ok(b), Some(held)) => {
+                if held.is_empty() && b.as_ref().len() >= BOM.len() && !b.as_ref().starts_with(BOM)
+                {
+                    *start = None;
+                    Ok(Piece::Whole(b))
+                } else {
+                    held.extend_from_slice(b.as_ref());
+                    let n = held.len().min(BOM.len());
+                    if held.len() < BOM.len() && held[..n] == BOM[..n] {
+                        // Perhaps a mark split by the network: wait.
+                        Ok(Piece::Owned(Vec::new()))
+                    } else {
+                        let mut first = start.take().unwrap_or_default();
+                        if first.starts_with(BOM) {
+                            first.drain(..BOM.len());
+                        }
+                        Ok(Piece::Owned(first))
+                    }
+                }
+            }
+            (Err(e), _) => Err(e),
+        };
+        futures::future::ready(Some(out))
+    })
+}
+
 /// The events of an SSE byte stream into `cap`, each timed by `now`.
 ///
 /// A stream that ends cleanly (no transport error) without `[DONE]` is
@@ -170,6 +231,7 @@ where
     B: AsRef<[u8]>,
     E: std::error::Error + 'static,
 {
+    let stream = without_bom(stream);
     // The bytes since the last line break; past MAX_SSE_LINE the stream
     // is cut here and the response is malformed.
     let too_long = std::sync::atomic::AtomicBool::new(false);
@@ -574,6 +636,34 @@ mod tests {
             parse_sse(&[b.as_bytes()], &mut cap).unwrap();
             assert_eq!(cap.finish_reason, reason);
         }
+    }
+
+    /// A stream that begins with a UTF-8 byte order mark is read as
+    /// without one, wherever the network splits the mark (the SSE reader
+    /// panicked on it); a mark later in the stream is no mark.
+    #[test]
+    fn a_leading_byte_order_mark_is_skipped_however_it_is_split() {
+        let body = format!("\u{feff}{}{}data: [DONE]\n\n", chunk("a"), chunk("b"));
+        let bytes = body.as_bytes();
+        for cut in 0..=bytes.len().min(8) {
+            for second in cut..=bytes.len().min(8) {
+                let pieces = [&bytes[..cut], &bytes[cut..second], &bytes[second..]];
+                let mut cap = Capture::new(true);
+                parse_sse(&pieces, &mut cap)
+                    .unwrap_or_else(|e| panic!("{cut}/{second}: {}", e.detail));
+                assert_eq!(
+                    (cap.chunk_times.len(), cap.text.as_str()),
+                    (2, "ab"),
+                    "{cut}/{second}"
+                );
+            }
+        }
+        // Only the mark's first bytes, then the end: no event.
+        let err = parse_sse(&[b"\xEF\xBB"], &mut Capture::default()).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Dropped, "{}", err.detail);
+        // Not a mark: bytes that begin like one are kept (and are not UTF-8).
+        let err = parse_sse(&[b"\xEF", b"Adata: x\n\n"], &mut Capture::default()).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Malformed, "{}", err.detail);
     }
 
     /// Line breaks reset the count: a long stream of short lines is read

@@ -98,13 +98,22 @@ pub fn base_url(server_url: &str) -> String {
     base.to_string()
 }
 
-/// Whether this build can reach `server_url`: an `https://` server needs
-/// the `tls` feature (rustls), without which the HTTP client would only
-/// say "scheme is not http".
+/// Whether this build can reach `server_url` as a base URL: an
+/// `https://` server needs the `tls` feature (rustls), without which the
+/// HTTP client would only say "scheme is not http"; and the request paths
+/// (`/v1/...`, `/metrics`, `/tokenize`) are appended to it, so a query
+/// string or fragment (`?api-version=...`) would end up inside them.
 ///
 /// # Errors
 /// The message to show, naming the URL and the build that reaches it.
 pub fn check_scheme(server_url: &str) -> Result<(), String> {
+    if let Some(at) = server_url.find(['?', '#']) {
+        return Err(format!(
+            "--server-url {}: a query string or fragment ({:?}) is not supported: the requests go to BASE/v1/..., the metrics to BASE/metrics; give the server's base URL (e.g. http://127.0.0.1:8000)",
+            crate::response::one_line(server_url, 200),
+            crate::response::one_line(&server_url[at..], 40)
+        ));
+    }
     let https = server_url
         .trim_start()
         .get(..8)
@@ -429,6 +438,23 @@ pub(crate) fn api_path(api: Api) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    /// A server URL with a query string or fragment is refused up front
+    /// (its paths would be appended after the query), naming the part.
+    #[test]
+    fn a_server_url_with_a_query_is_refused() {
+        assert!(super::check_scheme("http://127.0.0.1:8000/v1").is_ok());
+        for (url, part) in [
+            ("http://h:8000/v1?api-version=2024-02-01", "?api-version"),
+            ("http://h:8000/#x", "#x"),
+        ] {
+            let e = super::check_scheme(url).unwrap_err();
+            assert!(
+                e.contains("a query string or fragment") && e.contains(part),
+                "{e}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -49,7 +49,7 @@ pub struct BenchmarkArgs {
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// Output prefix: PREFIX.md and PREFIX.json.
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", value_parser = blis_traces::bundle::output_prefix)]
     pub out: PathBuf,
     /// Fit once on this folder's runs (blackbox: on its runs of the same
     /// model) instead of leave-one-run-out within DIR.
@@ -140,7 +140,7 @@ pub struct CompareArgs {
     #[arg(long, value_name = "B.yaml")]
     pub sim: PathBuf,
     /// Output prefix: REPORT.json, REPORT.md, REPORT.html.
-    #[arg(long, value_name = "REPORT")]
+    #[arg(long, value_name = "REPORT", value_parser = blis_traces::bundle::output_prefix)]
     pub out: PathBuf,
     /// Leading requests to leave out (default: the real header's).
     #[arg(allow_negative_numbers = true, long)]

@@ -112,7 +112,7 @@ pub struct MergeArgs {
     #[arg(value_name = "PART", required = true, num_args = 1..)]
     pub parts: Vec<PathBuf>,
     /// Prefix of the merged trace.
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", value_parser = blis_traces::bundle::output_prefix)]
     pub out: PathBuf,
 }
 
@@ -182,7 +182,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub synthetic: SyntheticArgs,
     /// Output prefix: writes PREFIX.yaml and PREFIX.csv.
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", value_parser = blis_traces::bundle::output_prefix)]
     pub out: PathBuf,
     /// Seed (overrides the spec's).
     #[arg(allow_negative_numbers = true, long)]
@@ -223,7 +223,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub synthetic: SyntheticArgs,
     /// Output prefix: PREFIX.yaml, .csv, .itl.csv, .metrics.csv.
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", value_parser = blis_traces::bundle::output_prefix)]
     pub out: PathBuf,
     /// API to use [default: chat when --server-url ends in
     /// /v1/chat/completions, else completions]

@@ -32,6 +32,36 @@ pub struct TracePaths {
     pub metrics: PathBuf,
 }
 
+/// Reads an output prefix (`--out PREFIX`, written as `PREFIX.yaml`,
+/// `PREFIX.csv`, ...): a path whose last part names the files. A folder
+/// (`out/`, `.`, `..`, or nothing) is refused, since its files would be
+/// hidden ones inside it (`out/.yaml`); a clap value parser.
+///
+/// # Errors
+/// The message naming the prefix and a prefix that works.
+pub fn output_prefix(s: &str) -> std::result::Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    let names_files = !s.ends_with('/')
+        && !s.ends_with(std::path::MAIN_SEPARATOR)
+        && matches!(
+            p.components().next_back(),
+            Some(std::path::Component::Normal(_))
+        );
+    if names_files {
+        return Ok(p);
+    }
+    let dir = if s.is_empty() {
+        "."
+    } else {
+        s.trim_end_matches('/')
+    };
+    let dir = if dir.is_empty() { "/" } else { dir };
+    Err(format!(
+        "{s:?} is a folder, and an output prefix begins the names of the files written (PREFIX.csv, PREFIX.json, ...): give a name in it, e.g. {}",
+        Path::new(dir).join("run").display()
+    ))
+}
+
 impl TracePaths {
     /// The files written for `--out PREFIX`: `PREFIX.yaml`, `PREFIX.csv`,
     /// `PREFIX.itl.csv`, `PREFIX.metrics.csv`.
@@ -547,4 +577,33 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         f.flush().map_err(|e| Error::io(&tmp, e))?;
     }
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    /// A prefix names files; a folder (trailing `/`, `.`, `..`, empty) is
+    /// refused, with a prefix inside it that works.
+    #[test]
+    fn an_output_prefix_names_files_not_a_folder() {
+        for ok in ["run", "out/run", "/tmp/x/run-0.9", "./run"] {
+            assert_eq!(super::output_prefix(ok), Ok(PathBuf::from(ok)), "{ok}");
+        }
+        for (bad, hint) in [
+            ("out/", "out/run"),
+            ("/tmp/", "/tmp/run"),
+            (".", "./run"),
+            ("..", "../run"),
+            ("", "./run"),
+            ("out/..", "out/../run"),
+            ("/", "/run"),
+        ] {
+            let e = super::output_prefix(bad).unwrap_err();
+            assert!(
+                e.contains("is a folder") && e.ends_with(hint),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 }

@@ -440,7 +440,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "KIND:PATH", group = "input")]
     pub import: Option<ImportSource>,
     /// Output prefix (required by `run`).
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", value_parser = blis_traces::bundle::output_prefix)]
     pub out: Option<PathBuf>,
     /// Model id (default: the trace header's server model).
     #[arg(long)]

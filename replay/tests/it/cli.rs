@@ -103,6 +103,27 @@ fn a_prefix_with_a_dot_keeps_every_output_beside_the_trace() {
         assert!(p.exists(), "{} missing", p.display());
     }
     assert!(!dir.path().join("run-0.summary.json").exists());
+    // A folder as the prefix would hide the outputs in it (`out/.yaml`):
+    // refused before anything runs, with a prefix that works.
+    let folder = format!("{}/", dir.path().display());
+    let out = replay()
+        .args(["run", "--workload-spec"])
+        .arg(shared().join("examples/two-client-workload.yaml"))
+        .args([
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--out",
+            &folder,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is a folder") && err.contains(&format!("{folder}run")),
+        "{err}"
+    );
+    assert!(!dir.path().join(".yaml").exists());
 }
 
 #[test]

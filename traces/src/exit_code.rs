@@ -58,9 +58,62 @@ pub fn finish<E: std::error::Error + 'static>(
     std::process::exit(code)
 }
 
+/// The longest line of a usage error printed, characters: the argument
+/// parser quotes a refused value whole, and a value of 100,000 characters
+/// (a file's content pasted, a runaway script) made a 100,000-character
+/// line.
+pub const MAX_USAGE_LINE: usize = 300;
+
+/// A usage error's text as printed: each line cut at [`MAX_USAGE_LINE`]
+/// characters, with how many were left out.
+pub fn usage_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(4096));
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        let n = body.chars().count();
+        if n > MAX_USAGE_LINE {
+            out.extend(body.chars().take(MAX_USAGE_LINE));
+            out.push_str(&format!("… ({} more characters)", n - MAX_USAGE_LINE));
+        } else {
+            out.push_str(body);
+        }
+        out.push_str(end);
+    }
+    out
+}
+
+/// Ends a binary on a usage error of its argument parser (`text`, as the
+/// parser renders it), printed to stderr by [`usage_text`], with `code`.
+pub fn usage_error(text: &str, code: i32) -> ! {
+    eprint!("{}", usage_text(text));
+    std::process::exit(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused value of 100,000 characters is not printed whole; short
+    /// lines are kept as they are.
+    #[test]
+    fn a_usage_error_quoting_a_huge_value_stays_short() {
+        let huge = "9".repeat(100_000);
+        let text = format!(
+            "error: invalid value '{huge}' for '--num-requests <N>'\n\nFor more information, try '--help'.\n"
+        );
+        let out = usage_text(&text);
+        let first = out.lines().next().unwrap();
+        assert!(first.len() < 400, "{}", first.len());
+        assert!(first.ends_with("more characters)"), "{first}");
+        assert!(
+            out.ends_with("\n\nFor more information, try '--help'.\n"),
+            "{out}"
+        );
+        assert_eq!(usage_text("error: x\n"), "error: x\n");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("reading x.yaml")]

@@ -438,24 +438,24 @@ pub(crate) fn api_path(api: Api) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// A server URL with a query string or fragment is refused up front
     /// (its paths would be appended after the query), naming the part.
     #[test]
     fn a_server_url_with_a_query_is_refused() {
-        assert!(super::check_scheme("http://127.0.0.1:8000/v1").is_ok());
+        assert!(check_scheme("http://127.0.0.1:8000/v1").is_ok());
         for (url, part) in [
             ("http://h:8000/v1?api-version=2024-02-01", "?api-version"),
             ("http://h:8000/#x", "#x"),
         ] {
-            let e = super::check_scheme(url).unwrap_err();
+            let e = check_scheme(url).unwrap_err();
             assert!(
                 e.contains("a query string or fragment") && e.contains(part),
                 "{e}"
             );
         }
     }
-
-    use super::*;
 
     #[test]
     fn a_v1_or_endpoint_url_is_read_as_the_base() {

@@ -640,7 +640,7 @@ mod tests {
 
     /// A stream that begins with a UTF-8 byte order mark is read as
     /// without one, wherever the network splits the mark (the SSE reader
-    /// panicked on it); a mark later in the stream is no mark.
+    /// panicked on it); bytes that only begin like a mark are kept.
     #[test]
     fn a_leading_byte_order_mark_is_skipped_however_it_is_split() {
         let body = format!("\u{feff}{}{}data: [DONE]\n\n", chunk("a"), chunk("b"));

@@ -214,6 +214,35 @@ where
     })
 }
 
+/// The body's pieces, and a `\n` after them when the body ended with a
+/// `\r`. A CR alone ends a line in the SSE format, but the reader waits
+/// to see whether an LF follows it (a CRLF is one line end), and at the
+/// end of the body it never learns: a stream of bare-CR lines lost its
+/// last event (`data: [DONE]\r\r`). The LF adds no line end, since after
+/// a CR it is part of the same one; it only settles it.
+fn with_a_final_cr_resolved<S, B, E>(stream: S) -> impl futures::Stream<Item = Result<Piece<B>, E>>
+where
+    S: futures::Stream<Item = Result<Piece<B>, E>>,
+    B: AsRef<[u8]>,
+{
+    let last_cr = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = last_cr.clone();
+    let body = stream.inspect(move |piece| {
+        if let Ok(p) = piece
+            && let Some(&last) = p.as_ref().last()
+        {
+            seen.store(last == b'\r', std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let end = futures::stream::once(async move {
+        last_cr
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| Ok(Piece::Owned(b"\n".to_vec())))
+    })
+    .filter_map(futures::future::ready);
+    body.chain(end)
+}
+
 /// The events of an SSE byte stream into `cap`, each timed by `now`.
 ///
 /// A stream that ends cleanly (no transport error) without `[DONE]` is
@@ -231,7 +260,7 @@ where
     B: AsRef<[u8]>,
     E: std::error::Error + 'static,
 {
-    let stream = without_bom(stream);
+    let stream = with_a_final_cr_resolved(without_bom(stream));
     // The bytes since the last line break; past MAX_SSE_LINE the stream
     // is cut here and the response is malformed.
     let too_long = std::sync::atomic::AtomicBool::new(false);
@@ -664,6 +693,24 @@ mod tests {
         // Not a mark: bytes that begin like one are kept (and are not UTF-8).
         let err = parse_sse(&[b"\xEF", b"Adata: x\n\n"], &mut Capture::default()).unwrap_err();
         assert_eq!(err.kind, ErrorKind::Malformed, "{}", err.detail);
+    }
+
+    /// Bare-CR line ends (a line end in the SSE format) are read to the
+    /// last event, `[DONE]` included; an event the body cuts off before
+    /// its blank line is still not dispatched.
+    #[test]
+    fn bare_cr_line_ends_are_read_to_the_last_event() {
+        let body = format!("{}{}data: [DONE]\r\r", chunk("a"), chunk("b")).replace('\n', "\r");
+        let mut cap = Capture::new(true);
+        parse_sse(&[body.as_bytes()], &mut cap).unwrap();
+        assert_eq!((cap.chunk_times.len(), cap.text.as_str()), (2, "ab"));
+        assert!(cap.warning.is_none(), "[DONE] seen: {:?}", cap.warning);
+        // Cut off after the event's line, before its blank line: not an
+        // event, so the stream ended without a token or [DONE].
+        let cut = chunk("a").replace('\n', "\r");
+        let cut = &cut[..cut.len() - 1];
+        let err = parse_sse(&[cut.as_bytes()], &mut Capture::default()).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Dropped, "{}", err.detail);
     }
 
     /// Line breaks reset the count: a long stream of short lines is read

@@ -591,6 +591,29 @@ fn usage_past_max_tokens_is_named_and_a_body_without_events_is_malformed() {
     }
 }
 
+/// A server whose streams begin with a UTF-8 byte order mark, or use
+/// bare-CR line ends (both SSE): every request is `ok` with all its tokens
+/// and `[DONE]`; the mark ended the command (a panic in the SSE reader),
+/// and the bare CRs lost `[DONE]`.
+#[test]
+fn streams_with_a_byte_order_mark_or_bare_cr_line_ends_are_read() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let two = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+    let bom: &'static str = Box::leak(format!("\u{feff}{two}").into_boxed_str());
+    let cr: &'static str = Box::leak(two.replace('\n', "\r").into_boxed_str());
+    for (name, body) in [("bom", bom), ("cr", cr)] {
+        let (code, stdout, t) = three_streams(dir.path(), name, body);
+        assert_eq!(code, Some(0), "{name}: {stdout}");
+        for r in &t.records {
+            let o = &r.outcome;
+            assert_eq!(o.status, Some(Status::Ok), "{name}: {}", o.error_message);
+            assert_eq!((o.num_chunks, r.request.output_tokens), (2, 2), "{name}");
+            assert!(o.error_message.is_empty(), "{name}: {}", o.error_message);
+        }
+    }
+}
+
 /// A stream that reaches `[DONE]` without a token or a `finish_reason`
 /// (only empty `choices`) generated nothing and says nothing: a
 /// `malformed` error, not an `ok` row claiming the planned output with no

@@ -204,6 +204,8 @@ fn cases() -> Vec<Case> {
         case("a negative rate (usage)", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--rate", "-5", "--num-requests", "3", "--out", "{d}/o"], &[]),
         case("more client threads than the OS gives (usage)", "blis-loadgen", &["run", "--server-url", "{refused}", "--model", MODEL, "--rate", "1", "--num-requests", "3", "--client-threads", "100000", "--out", "{d}/o"], &[]),
         case("a wait for the server that is not a number (usage)", "blis-loop", &["--wait-for-server-s", "nan", "--out", "{d}/o"], &[]),
+        case("a server URL with a query string (usage)", "blis-loadgen", &["run", "--server-url", "http://127.0.0.1:9/v1?api-version=2024-02-01", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/o"], &[("w.yaml", SPEC.as_bytes())]),
+        case("an output prefix that is a folder (usage)", "blis-replay", &["run", "--model", MODEL, "--workload-spec", "{d}/w.yaml", "--out", "{d}/"], &[("w.yaml", SPEC.as_bytes())]),
         // Calibration.
         case("comparing traces of different requests", "blis-calibrate", &["compare", "--real", "{d}/t.yaml", "--sim", "{d}/u.yaml", "--out", "{d}/r"], &[("t.yaml", HEADER), ("t.csv", CSV), ("u.yaml", b"trace_version: 3\ndata_file: u.csv\n"), ("u.csv", b"request_id,input_tokens,output_tokens,arrival_time_us\n7,10,5,0\n")]),
         case("fitting on a folder with no runs", "blis-calibrate", &["fit", "--runs", "{d}", "--out", "{d}/f"], &[]),

@@ -41,8 +41,7 @@ pub struct TracePaths {
 /// The message naming the prefix and a prefix that works.
 pub fn output_prefix(s: &str) -> std::result::Result<PathBuf, String> {
     let p = PathBuf::from(s);
-    let names_files = !s.ends_with('/')
-        && !s.ends_with(std::path::MAIN_SEPARATOR)
+    let names_files = !s.ends_with(std::path::is_separator)
         && matches!(
             p.components().next_back(),
             Some(std::path::Component::Normal(_))
@@ -50,12 +49,11 @@ pub fn output_prefix(s: &str) -> std::result::Result<PathBuf, String> {
     if names_files {
         return Ok(p);
     }
-    let dir = if s.is_empty() {
-        "."
-    } else {
-        s.trim_end_matches('/')
+    let dir = match s.trim_end_matches(std::path::is_separator) {
+        _ if s.is_empty() => ".",
+        "" => "/",
+        d => d,
     };
-    let dir = if dir.is_empty() { "/" } else { dir };
     Err(format!(
         "{s:?} is a folder, and an output prefix begins the names of the files written (PREFIX.csv, PREFIX.json, ...): give a name in it, e.g. {}",
         Path::new(dir).join("run").display()

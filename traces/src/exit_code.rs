@@ -86,9 +86,10 @@ pub fn usage_text(text: &str) -> String {
 }
 
 /// Ends a binary on a usage error of its argument parser (`text`, as the
-/// parser renders it), printed to stderr by [`usage_text`], with `code`.
+/// parser renders it), printed to stderr by [`usage_text`] (dropped when
+/// stderr is a closed pipe, as [`crate::diag!`]), with `code`.
 pub fn usage_error(text: &str, code: i32) -> ! {
-    eprint!("{}", usage_text(text));
+    crate::diag!("{}", usage_text(text).trim_end_matches('\n'));
     std::process::exit(code)
 }
 

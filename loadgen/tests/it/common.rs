@@ -144,6 +144,16 @@ pub enum PostReply {
     Flood,
 }
 
+/// Writes a whole `200 OK` response with `body` and closes.
+fn reply_200(mut conn: std::net::TcpStream, content_type: &str, body: &str) {
+    use std::io::Write;
+    let _ = write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+}
+
 /// A server that is not OpenAI-compatible, answering like
 /// `python3 -m http.server`: GET gets a 404 page, POST a 501 page (HTML);
 /// with `silent_posts`, POSTs are never answered ([`PostReply::Silent`]).
@@ -199,12 +209,7 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                     | PostReply::OkWithMetricsGets(content_type, text, _)
                         if post =>
                     {
-                        let mut conn = r.into_inner();
-                        let _ = write!(
-                            conn,
-                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
-                            text.len()
-                        );
+                        reply_200(r.into_inner(), content_type, text);
                         return;
                     }
                     PostReply::OkWithPageGets(content_type, text) => {
@@ -216,23 +221,13 @@ pub fn start_server_replying(reply: PostReply) -> (String, std::sync::mpsc::Rece
                                 "<html><body>Welcome to the gateway</body></html>",
                             )
                         };
-                        let mut conn = r.into_inner();
-                        let _ = write!(
-                            conn,
-                            "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{text}",
-                            text.len()
-                        );
+                        reply_200(r.into_inner(), content_type, text);
                         return;
                     }
                     PostReply::OkWithMetricsGets(_, _, page)
                         if first.split_whitespace().nth(1) == Some("/metrics") =>
                     {
-                        let mut conn = r.into_inner();
-                        let _ = write!(
-                            conn,
-                            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{page}",
-                            page.len()
-                        );
+                        reply_200(r.into_inner(), "text/plain; version=0.0.4", page);
                         return;
                     }
                     PostReply::OkWithEndlessGets(..) => {

@@ -86,9 +86,11 @@ pub fn client() -> reqwest::Result<reqwest::Client> {
 /// without a trailing `/v1`, `/v1/completions` or `/v1/chat/completions`
 /// (the OpenAI SDK's `base_url` ends in `/v1`, and people paste the
 /// endpoint itself), since the requests go to `BASE/v1/...` and the
-/// metrics to `BASE/metrics`. A path before them (a proxy's prefix) stays.
+/// metrics to `BASE/metrics`. A path before them (a proxy's prefix) stays;
+/// the scheme is put in lower case ([`lower_scheme`]).
 pub fn base_url(server_url: &str) -> String {
-    let mut base = server_url.trim_end_matches('/');
+    let lowered = lower_scheme(server_url);
+    let mut base = lowered.trim_end_matches('/');
     for suffix in ["/v1/chat/completions", "/v1/completions", "/v1"] {
         if let Some(b) = base.strip_suffix(suffix) {
             base = b.trim_end_matches('/');
@@ -96,6 +98,42 @@ pub fn base_url(server_url: &str) -> String {
         }
     }
     base.to_string()
+}
+
+/// `url` as messages show it: a password in its user info
+/// (`http://user:PASS@host/`, sent as HTTP basic auth) replaced by `***`,
+/// so that errors, warnings and logs never carry it. Everything else is
+/// kept as given.
+pub fn shown_url(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let authority = &url[start..end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    match authority[..at].find(':') {
+        Some(colon) => format!("{}***{}", &url[..start + colon + 1], &url[start + at..]),
+        None => url.to_string(),
+    }
+}
+
+/// `server_url` with its scheme in lower case (`HTTP://h` is `http://h`:
+/// schemes are case-insensitive, RFC 3986 §3.1); anything else as given.
+pub fn lower_scheme(server_url: &str) -> String {
+    match server_url.find("://") {
+        Some(i) if server_url[..i].bytes().all(|b| b.is_ascii_alphabetic()) => {
+            format!(
+                "{}{}",
+                server_url[..i].to_ascii_lowercase(),
+                &server_url[i..]
+            )
+        }
+        _ => server_url.to_string(),
+    }
 }
 
 /// Whether this build can reach `server_url` as a base URL: an
@@ -110,7 +148,7 @@ pub fn check_scheme(server_url: &str) -> Result<(), String> {
     if let Some(at) = server_url.find(['?', '#']) {
         return Err(format!(
             "--server-url {}: a query string or fragment ({:?}) is not supported: the requests go to BASE/v1/..., the metrics to BASE/metrics; give the server's base URL (e.g. http://127.0.0.1:8000)",
-            crate::response::one_line(server_url, 200),
+            crate::response::one_line(&shown_url(server_url), 200),
             crate::response::one_line(&server_url[at..], 40)
         ));
     }
@@ -120,7 +158,8 @@ pub fn check_scheme(server_url: &str) -> Result<(), String> {
         .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
     if https && !cfg!(feature = "tls") {
         return Err(format!(
-            "--server-url {server_url}: this build has no TLS; build with `cargo build --release --features blis-loadgen/tls` for https servers, or reach the server over http (e.g. `kubectl port-forward`)"
+            "--server-url {}: this build has no TLS; build with `cargo build --release --features blis-loadgen/tls` for https servers, or reach the server over http (e.g. `kubectl port-forward`)",
+            shown_url(server_url)
         ));
     }
     Ok(())
@@ -455,6 +494,34 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_password_in_a_url_is_never_shown() {
+        for (given, shown) in [
+            ("http://u:secret@h:8000/v1", "http://u:***@h:8000/v1"),
+            ("http://u:s%40c@h:8000", "http://u:***@h:8000"),
+            ("https://:tok@gw.example", "https://:***@gw.example"),
+            ("http://u:p@ss@h/", "http://u:***@h/"),
+            // No password, nothing hidden; an @ past the authority is not
+            // user info.
+            ("http://u@h:8000", "http://u@h:8000"),
+            ("http://h:8000/a@b:c", "http://h:8000/a@b:c"),
+            ("http://h:8000", "http://h:8000"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(shown_url(given), shown, "{given}");
+        }
+        let e = check_scheme("http://u:secret@h/?x=1").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn a_scheme_in_capitals_is_read_in_lower_case() {
+        assert_eq!(base_url("HTTP://h:8000/v1"), "http://h:8000");
+        assert_eq!(base_url("Https://H:8000"), "https://H:8000");
+        assert_eq!(lower_scheme("h:8000"), "h:8000");
+        assert_eq!(lower_scheme("x+y://h"), "x+y://h");
     }
 
     #[test]

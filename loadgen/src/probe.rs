@@ -206,6 +206,8 @@ pub async fn check_server(
 ) -> Result<ServerInfo, ProbeError> {
     let base = base.trim_end_matches('/');
     let url = format!("{base}/v1/models");
+    // What messages show (no password).
+    let (base_shown, url_shown) = (crate::http::shown_url(base), crate::http::shown_url(&url));
     let start = Instant::now();
     let deadline = start + wait.max(wait_refused);
     let refused_deadline = start + wait_refused;
@@ -214,7 +216,7 @@ pub async fn check_server(
         if !said {
             said = true;
             blis_traces::diag!(
-                "waiting for the server at {base} ({why}), up to {:.0} s",
+                "waiting for the server at {base_shown} ({why}), up to {:.0} s",
                 if why.starts_with("HTTP 503") {
                     wait.max(wait_refused)
                 } else {
@@ -234,8 +236,8 @@ pub async fn check_server(
             }
             Err(e) if e.is_timeout() && !e.is_connect() => {
                 return Err(ProbeError::Silent {
-                    base: base.to_string(),
-                    url,
+                    base: base_shown,
+                    url: url_shown,
                     waited_s: answer_wait.as_secs_f64(),
                 });
             }
@@ -245,13 +247,14 @@ pub async fn check_server(
                 // the fault in a server that answered.
                 let why = match redirect_target(&url, api_key, answer_wait).await {
                     Some(to) => format!(
-                        "its {url} redirects to {to}, which fails: {}",
+                        "its {url_shown} redirects to {}, which fails: {}",
+                        crate::http::shown_url(&to),
                         describe(&e.without_url())
                     ),
                     None => describe(&e),
                 };
                 return Err(ProbeError::Unreachable {
-                    base: base.to_string(),
+                    base: base_shown.clone(),
                     why,
                 });
             }
@@ -272,7 +275,7 @@ pub async fn check_server(
         }
         if Instant::now() >= deadline {
             return Err(ProbeError::NotReady {
-                base: base.to_string(),
+                base: base_shown.clone(),
                 waited_s: start.elapsed().as_secs_f64(),
             });
         }
@@ -284,13 +287,13 @@ pub async fn check_server(
     match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
             return Err(ProbeError::Unauthorized {
-                base: base.to_string(),
+                base: base_shown.clone(),
                 status: status.as_u16(),
             });
         }
         StatusCode::SERVICE_UNAVAILABLE => {
             return Err(ProbeError::NotReady {
-                base: base.to_string(),
+                base: base_shown.clone(),
                 waited_s: start.elapsed().as_secs_f64(),
             });
         }
@@ -304,7 +307,7 @@ pub async fn check_server(
                     blis_traces::diag!(
                         "warning: {}; going on without the server's model list",
                         ProbeError::Unreadable {
-                            url: url.clone(),
+                            url: url_shown.clone(),
                             why: e.why,
                         }
                     );
@@ -321,7 +324,7 @@ pub async fn check_server(
             }
             if !info.models.is_empty() && !info.models.iter().any(|m| m == model) {
                 return Err(ProbeError::UnknownModel {
-                    base: base.to_string(),
+                    base: base_shown.clone(),
                     model: model.to_string(),
                     served: info.models.join(", "),
                 });

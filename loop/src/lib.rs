@@ -218,6 +218,11 @@ pub struct LoopResult {
 /// refuses connections (not listening yet).
 async fn first_model(url: &str, wait: std::time::Duration) -> Result<String> {
     let models = format!("{url}/v1/models");
+    // What messages show (no password).
+    let (url_shown, models_shown) = (
+        blis_loadgen::http::shown_url(url),
+        blis_loadgen::http::shown_url(&models),
+    );
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -228,14 +233,17 @@ async fn first_model(url: &str, wait: std::time::Duration) -> Result<String> {
             Err(e) if e.is_connect() && std::time::Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            r => break r.step(|| format!("cannot reach the server at {url}"))?,
+            r => break r.step(|| format!("cannot reach the server at {url_shown}"))?,
         }
     };
-    let v: serde_json::Value = resp.json().await.step(|| format!("reading {models}"))?;
+    let v: serde_json::Value = resp
+        .json()
+        .await
+        .step(|| format!("reading {models_shown}"))?;
     v["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| CommandError::Usage(format!("{models} lists no model; give --model")))
+        .ok_or_else(|| CommandError::Usage(format!("{models_shown} lists no model; give --model")))
 }
 
 /// What a loop derives from its observed trace in `--out`: an earlier
@@ -402,7 +410,8 @@ fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> R
     run.duration_s = o.duration_s;
     run.wait_for_server_s = o.wait_for_server_s;
     log(&format!(
-        "observing {url} with {} (blis-loadgen run)",
+        "observing {} with {} (blis-loadgen run)",
+        blis_loadgen::http::shown_url(url),
         spec.display()
     ));
     let mut out = Vec::new();

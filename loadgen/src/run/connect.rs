@@ -37,6 +37,8 @@ pub(super) fn key_on_command_line(args: impl Iterator<Item = String>) -> bool {
 /// cache from its metrics).
 pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
     let base = args.server_url.trim_end_matches('/').to_string();
+    // What messages show (no password).
+    let shown = crate::http::shown_url(&base);
     let client = crate::http::client().step(|| "building the HTTP client")?;
     let wait = probe::probe_wait(super::dispatch::saturating_secs(args.timeout_s));
     let info = probe::check_server(
@@ -72,22 +74,23 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         let path = ep.path();
         if f.starts_with("http_401") || f.starts_with("http_403") {
             return Err(CommandError::Usage(format!(
-                "{base}{path} refused a test request ({f}): the server wants an API key (--api-key, or BLIS_API_KEY); nothing was sent"
+                "{shown}{path} refused a test request ({f}): the server wants an API key (--api-key, or BLIS_API_KEY); nothing was sent"
             )));
         }
         if f.starts_with("http_404") || f.starts_with("http_405") {
             return Err(CommandError::Usage(format!(
-                "{base}{path} answered a test request with {f}: not an OpenAI-compatible server, or not its base URL (or --api completions|chat is the other one); nothing was sent"
+                "{shown}{path} answered a test request with {f}: not an OpenAI-compatible server, or not its base URL (or --api completions|chat is the other one); nothing was sent"
             )));
         }
         blis_traces::diag!(
-            "warning: a one-token test request to {base} failed ({f}); the run's requests will likely fail the same way"
+            "warning: a one-token test request to {shown} failed ({f}); the run's requests will likely fail the same way"
         );
     }
     let metrics_url = args
         .metrics_url
         .clone()
         .unwrap_or_else(|| format!("{base}/metrics"));
+    let shown_metrics = crate::http::shown_url(&metrics_url);
     let mut scrape_on = args.scrape_interval_ms > 0;
     let mut cache = None;
     if scrape_on {
@@ -102,7 +105,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
             Ok(page) => {
                 if let Some(first) = &page.first_skipped {
                     blis_traces::diag!(
-                        "warning: {} line(s) of {metrics_url} cannot be read as metrics and are skipped (first: {first}); the other {} samples of the page are kept",
+                        "warning: {} line(s) of {shown_metrics} cannot be read as metrics and are skipped (first: {first}); the other {} samples of the page are kept",
                         page.skipped,
                         page.samples.len()
                     );
@@ -110,7 +113,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
                 cache = probe::cache_config(&page.samples);
             }
             Err(e) => {
-                blis_traces::diag!("warning: no metrics at {metrics_url} ({e}); scraping is off");
+                blis_traces::diag!("warning: no metrics at {shown_metrics} ({e}); scraping is off");
                 scrape_on = false;
             }
         }
@@ -131,7 +134,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
         }
     };
     blis_traces::diag!(
-        "server {base}: model {}{}, round trip {}, {:.3} tokens per word ({}){}",
+        "server {shown}: model {}{}, round trip {}, {:.3} tokens per word ({}){}",
         args.model,
         version
             .as_deref()

@@ -121,10 +121,11 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
             "--max-in-flight must be at least 1".into(),
         ));
     }
-    if !(args.server_url.starts_with("http://") || args.server_url.starts_with("https://")) {
+    let scheme = crate::http::lower_scheme(&args.server_url);
+    if !(scheme.starts_with("http://") || scheme.starts_with("https://")) {
         return Err(CommandError::Usage(format!(
             "--server-url must start with http:// or https://, got {:?}",
-            args.server_url
+            crate::http::shown_url(&args.server_url)
         )));
     }
     args.slo
@@ -161,12 +162,16 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
         args
     } else {
         blis_traces::diag!(
-            "note: --server-url {} read as the server's base URL {base}: requests go to {base}{}, metrics to {}",
-            args.server_url,
+            "note: --server-url {} read as the server's base URL {shown}: requests go to {shown}{}, metrics to {}",
+            crate::http::shown_url(&args.server_url),
             crate::http::api_path(args.api),
-            args.metrics_url
-                .clone()
-                .unwrap_or_else(|| format!("{base}/metrics"))
+            crate::http::shown_url(
+                &args
+                    .metrics_url
+                    .clone()
+                    .unwrap_or_else(|| format!("{base}/metrics"))
+            ),
+            shown = crate::http::shown_url(&base),
         );
         normalized = RunOptions {
             server_url: base,
@@ -195,12 +200,13 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
     let mut signals = Signals::new().step(|| "installing signal handlers")?;
     let plan = plan(args)?;
     let base = args.server_url.trim_end_matches('/');
+    let shown = crate::http::shown_url(base);
     // The probes and the warm connections can wait on a server that does
     // not answer: a signal ends the command there, before any send.
     let interrupted = || CommandError::Ended {
         code: exit_code::INTERRUPTED,
         message: format!(
-            "interrupted while probing {base}, before the first send: nothing was sent and no trace was written"
+            "interrupted while probing {shown}, before the first send: nothing was sent and no trace was written"
         ),
     };
     let server = tokio::select! {

@@ -204,6 +204,94 @@ fn bad_options_are_rejected_before_anything_is_sent() {
     }
 }
 
+/// A password in `--server-url` (`http://user:PASS@host`, sent as HTTP
+/// basic auth) is shown as `***` in every message, and a scheme in
+/// capitals is read as it is meant.
+#[test]
+fn a_password_in_the_server_url_is_never_shown() {
+    let _g = crate::common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "hunter2-0815";
+    // Unreachable: the error names the server without the password.
+    let out = loadgen()
+        .args(["run", "--server-url"])
+        .arg(format!("http://ops:{secret}@127.0.0.1:9/v1"))
+        .args([
+            "--model",
+            "m",
+            "--rate",
+            "1",
+            "--num-requests",
+            "1",
+            "--out",
+        ])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let e = one_line_error(&out);
+    assert!(
+        e.contains("cannot reach the server at http://ops:***@127.0.0.1:9"),
+        "{e}"
+    );
+    let all = format!("{}{}", s8(&out.stdout), s8(&out.stderr));
+    assert!(!all.contains(secret), "{all}");
+    // A server that refuses the credentials: the same.
+    let mock = Mock::start(&["--api-key", "sk-other"]);
+    let port = mock.url.rsplit(':').next().unwrap().to_string();
+    let out = loadgen()
+        .args(["run", "--server-url"])
+        .arg(format!("http://ops:{secret}@127.0.0.1:{port}"))
+        .args([
+            "--model",
+            MODEL,
+            "--rate",
+            "1",
+            "--num-requests",
+            "1",
+            "--out",
+        ])
+        .arg(dir.path().join("y"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let e = one_line_error(&out);
+    assert!(e.contains("refused the API key"), "{e}");
+    let all = format!("{}{}", s8(&out.stdout), s8(&out.stderr));
+    assert!(!all.contains(secret), "{all}");
+    // An open server, reached through `HTTP://` with the credentials: the
+    // run completes, and nothing it prints or writes holds the password.
+    let open = Mock::start(&[]);
+    let port = open.url.rsplit(':').next().unwrap().to_string();
+    let prefix = dir.path().join("z");
+    let out = loadgen()
+        .args(["run", "--server-url"])
+        .arg(format!("HTTP://ops:{secret}@127.0.0.1:{port}/v1"))
+        .args(["--model", MODEL, "--rate", "20", "--num-requests", "3"])
+        .args(["--output-tokens", "2", "--out", s(&prefix)])
+        .output()
+        .unwrap();
+    let all = format!("{}{}", s8(&out.stdout), s8(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("http://ops:***@127.0.0.1"), "{all}");
+    assert!(!all.contains(secret), "{all}");
+    let t = Trace::read(&prefix.with_extension("yaml")).unwrap();
+    assert_eq!(t.records.len(), 3);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.outcome.status == Some(Status::Ok))
+    );
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let text = std::fs::read(f.unwrap().path()).unwrap();
+        assert!(!s8(&text).contains(secret));
+    }
+}
+
+fn s8(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(b)
+}
+
 #[test]
 fn the_api_key_never_appears_in_output_or_trace() {
     let _g = crate::common::serial();

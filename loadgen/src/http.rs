@@ -298,24 +298,14 @@ impl Endpoint {
         clock: &RunClock,
         cap: &mut Capture,
     ) -> Result<(), Failure> {
-        use futures::FutureExt;
-        let read = std::panic::AssertUnwindSafe(self.exchange(body, stream, xid, clock, cap));
-        match read.catch_unwind().await {
+        match crate::guard::guarded(self.exchange(body, stream, xid, clock, cap)).await {
             Ok(r) => r,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(Failure::new(
-                    ErrorKind::Malformed,
-                    format!(
-                        "the client failed reading this response (a defect of blis-loadgen; please report it with the response): {}",
-                        one_line(&what, 200)
-                    ),
-                ))
-            }
+            Err(what) => Err(Failure::new(
+                ErrorKind::Malformed,
+                format!(
+                    "the client failed reading this response (a defect of blis-loadgen; please report it with the response): {what}"
+                ),
+            )),
         }
     }
 

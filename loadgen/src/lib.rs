@@ -23,6 +23,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod export;
+pub mod guard;
 pub mod http;
 pub mod merge;
 pub mod options;

@@ -77,7 +77,7 @@ impl Workload {
 
     /// The requests as trace-v2 CSV bytes (the columns of a trace's CSV).
     fn records_csv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let records: Vec<TraceRecord> = self.inputs.iter().map(|i| i.rec.clone()).collect();
+        let records: Vec<TraceRecord> = self.inputs.iter().map(|i| (*i.rec).clone()).collect();
         let bytes = py.detach(|| csv_bytes(&records, &self.extras))?;
         Ok(PyBytes::new(py, &bytes))
     }
@@ -100,7 +100,7 @@ impl Workload {
             .iter()
             .map(|i| (i.entry_us, i.cancel_at_us, i.closed_loop))
             .collect();
-        let records: Vec<TraceRecord> = self.inputs.iter().map(|i| i.rec.clone()).collect();
+        let records: Vec<TraceRecord> = self.inputs.iter().map(|i| (*i.rec).clone()).collect();
         let mut extras = self.extras.clone();
         for e in ExtraColumn::needed_for(&records) {
             if !extras.contains(&e) {
@@ -155,7 +155,7 @@ fn _workload_from_state(
             .zip(timing)
             .map(|(rec, (entry_us, cancel_at_us, closed_loop))| Input {
                 entry_us,
-                rec,
+                rec: Box::new(rec),
                 cancel_at_us,
                 closed_loop,
                 priority: None,

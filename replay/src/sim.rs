@@ -167,8 +167,9 @@ impl Default for SimOptions {
 pub struct Input {
     /// Entry time, µs since the run start.
     pub entry_us: i64,
-    /// The record.
-    pub rec: TraceRecord,
+    /// The record (boxed: an input moves through the driver's queues by
+    /// pointer, not its 400 bytes).
+    pub rec: Box<TraceRecord>,
     /// The client cancels it at this time (µs since the run start).
     pub cancel_at_us: Option<i64>,
     /// A later session round whose send waits for the previous round.
@@ -199,7 +200,7 @@ impl Input {
             && !rec.request.session_id.is_empty();
         Self {
             entry_us: entry,
-            rec,
+            rec: Box::new(rec),
             cancel_at_us: cancel,
             closed_loop,
             priority: None,
@@ -245,7 +246,7 @@ use step_clock::StepClock;
 
 #[derive(Debug)]
 struct Flight {
-    rec: TraceRecord,
+    rec: Box<TraceRecord>,
     /// The instance it was routed to.
     inst: u32,
     /// Tags are reused: events for a tag carry the generation they were
@@ -849,19 +850,19 @@ impl<'a> Session<'a> {
             NotServed::Unfinished
         };
         for f in d.flights.into_iter().flatten() {
-            sink.not_served(f.rec, f.entry_us, why.clone());
+            sink.not_served(*f.rec, f.entry_us, why.clone());
         }
         while let Some(input) = inputs.next_input() {
-            sink.not_served(input.rec, input.entry_us, why.clone());
+            sink.not_served(*input.rec, input.entry_us, why.clone());
         }
         for (_, inputs) in d.waiting_rounds {
-            sink.not_served(inputs.rec, inputs.entry_us, why.clone());
+            sink.not_served(*inputs.rec, inputs.entry_us, why.clone());
         }
         for input in d.deferred.into_iter().flatten() {
-            sink.not_served(input.rec, input.entry_us, why.clone());
+            sink.not_served(*input.rec, input.entry_us, why.clone());
         }
         for input in d.gateway_items.into_iter().flatten() {
-            sink.not_served(input.rec, input.entry_us, why.clone());
+            sink.not_served(*input.rec, input.entry_us, why.clone());
         }
     }
 }
@@ -1027,7 +1028,7 @@ impl Driver<'_> {
         if !self.control.admit(now, &input.rec, self.insts) {
             let why = NotServed::Rejected(self.control.admission.policy().name());
             self.round_done(&input.rec, now);
-            sink.not_served(input.rec, input.entry_us, why);
+            sink.not_served(*input.rec, input.entry_us, why);
             return None;
         }
         if self.flow.is_some() {
@@ -1209,7 +1210,7 @@ impl Driver<'_> {
         if f.cancelled {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
-            sink.not_served(f.rec, f.entry_us, NotServed::CancelledWaiting);
+            sink.not_served(*f.rec, f.entry_us, NotServed::CancelledWaiting);
             self.room_freed(now, sink);
             return;
         }
@@ -1272,7 +1273,7 @@ impl Driver<'_> {
         if let Err(why) = entered {
             let f = self.take_flight(tag);
             self.round_done(&f.rec, now);
-            sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
+            sink.not_served(*f.rec, f.entry_us, NotServed::Dropped(why));
             self.room_freed(now, sink);
         }
     }
@@ -1311,13 +1312,13 @@ impl Driver<'_> {
         let f = self.take_flight(tag);
         self.round_done(&f.rec, now);
         if generated == 0 {
-            sink.not_served(f.rec, f.entry_us, NotServed::CancelledWaiting);
+            sink.not_served(*f.rec, f.entry_us, NotServed::CancelledWaiting);
             self.room_freed(now, sink);
             return;
         }
         let fin = cut_short(id, tag, &aborted, f.entry_us, now);
         sink.finished(Done {
-            rec: f.rec,
+            rec: *f.rec,
             entry_us: f.entry_us,
             fin: &fin,
             status: Status::Timeout,
@@ -1386,7 +1387,7 @@ impl Driver<'_> {
                     let Some(f) = self.flights[span.tag as usize].as_ref() else {
                         continue;
                     };
-                    Some(&f.rec)
+                    Some(&*f.rec)
                 } else {
                     debug_assert!(self.flights[span.tag as usize].is_some());
                     None
@@ -1411,7 +1412,7 @@ impl Driver<'_> {
                 a.completed_request(f.entry_us, f.rec.request.streaming, fin);
             }
             sink.finished(Done {
-                rec: f.rec,
+                rec: *f.rec,
                 entry_us: f.entry_us,
                 fin,
                 status: Status::Ok,

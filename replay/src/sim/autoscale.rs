@@ -80,7 +80,7 @@ impl Driver<'_> {
             let f = self.take_flight(tag);
             self.count_cut();
             self.round_done(&f.rec, now);
-            sink.not_served(f.rec, f.entry_us, NotServed::ScaledDown);
+            sink.not_served(*f.rec, f.entry_us, NotServed::ScaledDown);
             self.room_freed(now, sink);
         }
     }
@@ -117,12 +117,12 @@ impl Driver<'_> {
             self.count_cut();
             self.round_done(&f.rec, now);
             if aborted.generated == 0 {
-                sink.not_served(f.rec, f.entry_us, NotServed::ScaledDown);
+                sink.not_served(*f.rec, f.entry_us, NotServed::ScaledDown);
                 continue;
             }
             let fin = super::cut_short(id, tag, &aborted, f.entry_us, now);
             sink.finished(Done {
-                rec: f.rec,
+                rec: *f.rec,
                 entry_us: f.entry_us,
                 fin: &fin,
                 status: Status::Error,

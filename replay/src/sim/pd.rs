@@ -169,7 +169,7 @@ impl Driver<'_> {
                 self.inst_mut(h.prefill as usize).release_held(now, tag);
                 let f = self.take_flight(tag);
                 self.round_done(&f.rec, now);
-                sink.not_served(f.rec, f.entry_us, NotServed::Dropped(why));
+                sink.not_served(*f.rec, f.entry_us, NotServed::Dropped(why));
                 if !self.gateway.is_empty() {
                     self.dispatch(now, sink);
                 }
@@ -237,7 +237,7 @@ impl Driver<'_> {
             capped: false,
         };
         sink.finished(Done {
-            rec: f.rec,
+            rec: *f.rec,
             entry_us: f.entry_us,
             fin: &fin,
             status: Status::Timeout,

@@ -352,6 +352,18 @@ impl Instance {
                 // Private content is nowhere in the cache yet.
                 max_hit_blocks = max_hit_blocks.min(a.private_from);
             }
+            // However many blocks hit, the first chunk after them takes
+            // at least the blocks of the chunk after all of them (a hit
+            // on the CPU tier takes a fresh block too): a request for
+            // which the free blocks are fewer does not fit, and is not
+            // looked up (under overload a blocked head of the queue is
+            // tried at every step). Debug builds go on, to check below
+            // that it fails.
+            let least = first_chunk(&self.cfg, num_tokens - max_hit_blocks * bs, *budget);
+            let hopeless = self.kv.blocks_for(least) > self.kv.free();
+            if hopeless && !cfg!(debug_assertions) {
+                break;
+            }
             self.kv
                 .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
             // A tiered cache: the blocks after the GPU's hits that the CPU
@@ -409,6 +421,7 @@ impl Instance {
                 break;
             }
             debug_assert!(!doomed, "a request that did not fit on its GPU hits fits");
+            debug_assert!(!hopeless, "a request whose last chunk had no room fits");
             let hits = std::mem::take(&mut self.hits);
             let mut blocks =
                 Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);

@@ -143,7 +143,9 @@ pub struct WorkloadArgs {
     #[arg(long, value_name = "H.yaml")]
     pub trace: Option<PathBuf>,
     /// A synthetic workload at this many requests/s (with --num-requests
-    /// or --duration-s, --input-tokens, --output-tokens, --arrival).
+    /// or --duration-s, --input-tokens, --output-tokens, --arrival); `inf`:
+    /// every request at the start (with --num-requests), as `vllm bench
+    /// serve`'s default, bounded by --max-in-flight if given.
     #[arg(allow_negative_numbers = true, long, value_name = "R")]
     pub rate: Option<f64>,
 }

@@ -50,6 +50,9 @@ pub enum Workload {
 pub struct GeneratedWorkload {
     spec: Box<WorkloadSpec>,
     opts: GenerateOptions,
+    /// `--rate inf`: every request arrives at the start (a burst, `vllm
+    /// bench serve`'s default request rate).
+    burst: bool,
 }
 
 impl GeneratedWorkload {
@@ -61,7 +64,15 @@ impl GeneratedWorkload {
         &self,
     ) -> Result<impl Iterator<Item = Result<TraceRecord, blis_traces::Error>> + use<>, PlanError>
     {
-        Ok(Generator::new(&self.spec, &self.opts)?.map(|r| r.map(TraceRecord::planned)))
+        let burst = self.burst;
+        Ok(Generator::new(&self.spec, &self.opts)?.map(move |r| {
+            r.map(|mut q| {
+                if burst {
+                    q.arrival_time_us = 0;
+                }
+                TraceRecord::planned(q)
+            })
+        }))
     }
 }
 
@@ -98,6 +109,7 @@ pub fn plan_workload(
         let g = GeneratedWorkload {
             spec: Box::new(spec),
             opts: *opts,
+            burst: false,
         };
         return Ok((header, Workload::Generated(g)));
     }
@@ -151,19 +163,29 @@ fn synthetic_workload(
     synthetic: &Synthetic,
     opts: &GenerateOptions,
 ) -> Result<(TraceHeader, GeneratedWorkload), PlanError> {
-    if !(rate > 0.0 && rate.is_finite()) {
+    let burst = rate == f64::INFINITY;
+    if rate.is_nan() || rate <= 0.0 {
         return Err(PlanError::Flag(format!(
-            "--rate must be a positive number of requests/s, got {}",
+            "--rate must be a positive number of requests/s (or inf: every request at the start), got {}",
             blis_traces::shown::Num(rate)
         )));
+    }
+    if burst && (opts.num_requests.is_none() || opts.horizon_us.is_some()) {
+        return Err(PlanError::Flag(
+            "--rate inf sends every request at the start: give --num-requests, and no duration"
+                .to_string(),
+        ));
     }
     if opts.num_requests.is_none() && opts.horizon_us.is_none() {
         return Err(PlanError::Flag(
             "--rate needs --num-requests or a duration".to_string(),
         ));
     }
+    // (A burst's lengths are drawn as a stream's; its arrival times are
+    // then all 0.)
+    let spec_rate = if burst { 1.0 } else { rate };
     let yaml = format!(
-        "aggregate_rate: {rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: {}}}\n    input_distribution: {}\n    output_distribution: {}\n",
+        "aggregate_rate: {spec_rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: {}}}\n    input_distribution: {}\n    output_distribution: {}\n",
         synthetic.arrival.spec_name(),
         dist_yaml("--input-tokens", &synthetic.input_tokens)?,
         dist_yaml("--output-tokens", &synthetic.output_tokens)?
@@ -177,17 +199,25 @@ fn synthetic_workload(
     Generator::new(&spec, &opts)?;
     let mut header = TraceHeader::new(Mode::Generated);
     header.workload_seed = Some(seed);
-    header.workload_spec = Some(format!(
-        "synthetic: {} {rate} req/s, input {}, output {}",
-        synthetic.arrival.spec_name(),
-        synthetic.input_tokens,
-        synthetic.output_tokens
-    ));
+    header.workload_spec = Some(if burst {
+        format!(
+            "synthetic: all at once (--rate inf), input {}, output {}",
+            synthetic.input_tokens, synthetic.output_tokens
+        )
+    } else {
+        format!(
+            "synthetic: {} {rate} req/s, input {}, output {}",
+            synthetic.arrival.spec_name(),
+            synthetic.input_tokens,
+            synthetic.output_tokens
+        )
+    });
     Ok((
         header,
         GeneratedWorkload {
             spec: Box::new(spec),
             opts,
+            burst,
         },
     ))
 }

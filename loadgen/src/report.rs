@@ -87,6 +87,10 @@ pub struct Schedule {
     pub max_send_lag_ms: f64,
     /// Whether the client, not the server, set the pace.
     pub client_bound: bool,
+    /// Every request was due at the start (`--rate inf`): sent as fast as
+    /// the client could (and `--max-in-flight` let it); the send lag says
+    /// how long that took, and the run is not judged client-bound.
+    pub burst: bool,
 }
 
 /// The client's own cost.
@@ -202,6 +206,9 @@ pub struct SummaryInputs {
     pub run_start_unix_us: i64,
     /// Planned rate (open loop).
     pub requested_rate: Option<f64>,
+    /// Every request was due at the start (`--rate inf`): its send lag is
+    /// how long the client took to start them, never client-bound.
+    pub burst: bool,
     /// Client-bound threshold on the p99 send lag, ms.
     pub max_send_lag_ms: f64,
     /// Goodput SLOs.
@@ -586,8 +593,9 @@ impl Tally {
             send_lag_p99_ms: p99,
             send_lag_max_ms: lag.and_then(|s| s.max),
             max_send_lag_ms: inp.max_send_lag_ms,
-            client_bound: p99.is_some_and(|p| p > inp.max_send_lag_ms)
-                || inp.stopped_behind_s.is_some(),
+            client_bound: !inp.burst
+                && (p99.is_some_and(|p| p > inp.max_send_lag_ms) || inp.stopped_behind_s.is_some()),
+            burst: inp.burst,
         }
     }
 }
@@ -837,8 +845,12 @@ impl Summary {
         let _ = writeln!(
             o,
             "rate (req/s): scheduled {}, achieved {}",
-            s.requested_rate
-                .map_or("- (closed loop)".to_string(), |r| format!("{r:.2}")),
+            if s.burst {
+                "all at once (--rate inf)".to_string()
+            } else {
+                s.requested_rate
+                    .map_or("- (closed loop)".to_string(), |r| format!("{r:.2}"))
+            },
             f(s.achieved_rate)
         );
         if let Some(us) = self.client.cpu_us_per_request {

@@ -306,14 +306,15 @@ impl WorkloadSummary {
     /// Markdown rendering (fits one screen for up to ~20 clients).
     pub fn to_markdown(&self) -> String {
         let mut out = String::new();
+        let when = if self.requests >= 2 && self.duration_s() == 0.0 {
+            "all at once".to_string()
+        } else {
+            format!("over {:.1} s ({:.2} req/s)", self.duration_s(), self.rate())
+        };
         let _ = writeln!(
             out,
-            "{} requests over {:.1} s ({:.2} req/s); input tokens {}, output tokens {}\n",
-            self.requests,
-            self.duration_s(),
-            self.rate(),
-            self.input_tokens_total,
-            self.output_tokens_total
+            "{} requests {when}; input tokens {}, output tokens {}\n",
+            self.requests, self.input_tokens_total, self.output_tokens_total
         );
         let _ = writeln!(
             out,

@@ -104,6 +104,8 @@ pub(super) struct RunEnd {
     pub(super) warmup_below: u64,
     /// The plan's rate.
     pub(super) requested_rate: Option<f64>,
+    /// Every request due at once ([`super::schedule::PlanFacts::burst`]).
+    pub(super) burst: bool,
     pub(super) slo: Option<Slo>,
     pub(super) interrupted: bool,
     pub(super) run_start_us: i64,
@@ -119,6 +121,7 @@ pub(super) fn summarize_run(recorded: &mut Recorded, end: RunEnd, args: &RunOpti
         &recorded.itl_us,
         &SummaryInputs {
             requested_rate: end.requested_rate,
+            burst: end.burst,
             max_send_lag_ms: args.max_send_lag_ms,
             cpu_time_s: process_cpu_time_s(),
             interrupted: end.interrupted,

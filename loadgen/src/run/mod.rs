@@ -220,7 +220,12 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         0
     } else {
         probe::connections_to_warm(
-            plan.facts.requested_rate,
+            if plan.facts.burst {
+                // (All at once: as many as start together.)
+                Some(f64::INFINITY)
+            } else {
+                plan.facts.requested_rate
+            },
             args.concurrency,
             args.max_in_flight,
         )
@@ -274,9 +279,16 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         growth: plan.growth,
         xid_prefix: format!("blis-{:x}", run_start_us),
         record_failed: record_failed.clone(),
-        max_behind: (args.max_behind_s > 0.0).then(|| saturating_secs(args.max_behind_s)),
+        // (A burst is all due at once: sent as it can be, never held or
+        // stopped for being behind.)
+        max_behind: (args.max_behind_s > 0.0 && !plan.facts.burst)
+            .then(|| saturating_secs(args.max_behind_s)),
         stopped_behind_us: AtomicU64::new(0),
-        behind_after: saturating_secs(args.max_send_lag_ms / 1e3),
+        behind_after: if plan.facts.burst {
+            Duration::MAX
+        } else {
+            saturating_secs(args.max_send_lag_ms / 1e3)
+        },
     });
 
     // The scraper and the progress bar, beside the senders.
@@ -298,7 +310,11 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
     let bar = progress_bar(total);
     let ticker = spawn_progress(&sh, &bar, live);
     let (done_tx, done_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let (warmup_below, requested_rate) = (plan.facts.warmup_below, plan.facts.requested_rate);
+    let (warmup_below, requested_rate, burst) = (
+        plan.facts.warmup_below,
+        plan.facts.requested_rate,
+        plan.facts.burst,
+    );
     let dispatcher = dispatch(args, &sh, plan.units.into_iter(args.shard), &done_tx);
     drop(done_tx);
     let interrupted = wait_for_end(args, &sh, &mut signals, done_rx, &bar).await;
@@ -325,6 +341,7 @@ async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
         RunEnd {
             warmup_below,
             requested_rate,
+            burst,
             slo,
             interrupted,
             run_start_us,

@@ -90,6 +90,10 @@ pub(super) struct PlanFacts {
     pub(super) warmup_below: u64,
     /// The planned rate (open loop): requests over the arrival span.
     pub(super) requested_rate: Option<f64>,
+    /// Open loop, every request due at the same time (`--rate inf`, or a
+    /// trace of one instant): sent at once, as `vllm bench serve`'s
+    /// default rate, bounded only by `--max-in-flight`.
+    pub(super) burst: bool,
     /// The whole plan's fingerprint ([`TraceHeader::plan_hash`]).
     pub(super) plan_hash: String,
 }
@@ -187,6 +191,7 @@ impl PlanFacts {
             let span = last - first;
             (span > 0).then(|| (count - 1) as f64 / (span as f64 / 1e6))
         };
+        let burst = !closed_loop && count >= 2 && last == first;
         Ok(Self {
             count,
             planned_ids,
@@ -195,6 +200,7 @@ impl PlanFacts {
             any_session,
             warmup_below,
             requested_rate,
+            burst,
             plan_hash: format!("{:016x}", hash.digest()),
         })
     }

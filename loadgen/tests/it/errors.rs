@@ -165,7 +165,7 @@ fn bad_options_are_rejected_before_anything_is_sent() {
         (
             "--rate",
             "-5",
-            "--rate must be a positive number of requests/s, got -5",
+            "--rate must be a positive number of requests/s (or inf: every request at the start), got -5",
         ),
         ("--timeout-s", "-1", "--timeout-s must be a positive"),
         // Accepted and ignored before: a NaN never stops the sender.

@@ -101,6 +101,65 @@ fn max_in_flight_caps_concurrency_and_shows_as_send_lag() {
     assert_eq!(summary["schedule"]["client_bound"], true);
 }
 
+/// `--rate inf` (`vllm bench serve`'s default): every request due at the
+/// start, all sent (never held or stopped for being behind), capped by
+/// `--max-in-flight`; the send lag is the wait for a slot, and the run is
+/// not client-bound for it.
+#[test]
+fn rate_inf_sends_every_request_at_once_up_to_max_in_flight() {
+    let _g = serial();
+    let mock = Mock::start(&[]);
+    let (t, summary) = run(
+        &mock,
+        &[
+            "--rate",
+            "inf",
+            "--num-requests",
+            "60",
+            "--max-in-flight",
+            "3",
+            "--max-behind-s",
+            "0.05",
+        ],
+    );
+    assert_eq!(t.records.len(), 60);
+    assert!(
+        t.records
+            .iter()
+            .all(|r| r.request.arrival_time_us == 0 && r.outcome.status == Some(Status::Ok)),
+        "every request planned at 0 and answered"
+    );
+    assert_eq!(max_overlap(&t.records), 3, "the cap binds, and only it");
+    assert!(summary["schedule"]["send_lag_p99_ms"].as_f64().unwrap() > 100.0);
+    assert_eq!(summary["schedule"]["burst"], true);
+    assert_eq!(summary["schedule"]["client_bound"], false);
+    assert!(summary["schedule"]["requested_rate"].is_null());
+    assert_eq!(summary["verdict"], "valid");
+    assert_eq!(
+        t.header.workload_spec.as_deref(),
+        Some("synthetic: all at once (--rate inf), input 64, output 10")
+    );
+}
+
+#[test]
+fn rate_inf_needs_a_count_and_no_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    for extra in [
+        &["--horizon-s", "5"][..],
+        &["--horizon-s", "5", "--num-requests", "9"],
+        &[],
+    ] {
+        let mut args = vec!["generate", "--rate", "inf", "--out", s(&out)];
+        args.extend_from_slice(extra);
+        let e = format!("{:#}", loadgen(&args).unwrap_err());
+        assert!(
+            e.contains("--rate inf sends every request at the start: give --num-requests"),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn duration_warmup_and_slo_goodput() {
     let _g = serial();

@@ -162,6 +162,16 @@ pub struct SyntheticArgs {
     /// Inter-arrival gaps of a --rate workload.
     #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
     pub arrival: ArrivalArg,
+    /// Gamma-distributed gaps of a --rate workload with this shape, as
+    /// `vllm bench serve --burstiness`: 1 is Poisson, below 1 burstier,
+    /// above 1 more even (coefficient of variation 1/√F); the rate is kept.
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        value_name = "F",
+        conflicts_with = "arrival"
+    )]
+    pub burstiness: Option<f64>,
 }
 
 /// Inter-arrival gaps of a synthetic `--rate` workload.
@@ -407,6 +417,7 @@ impl From<SyntheticArgs> for options::Synthetic {
             input_tokens: a.input_tokens,
             output_tokens: a.output_tokens,
             arrival: a.arrival.into(),
+            burstiness: a.burstiness,
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct Synthetic {
     pub output_tokens: String,
     /// Inter-arrival gaps of a --rate workload.
     pub arrival: Arrival,
+    /// `--burstiness`: Gamma-distributed gaps of this shape instead
+    /// (`vllm bench serve --burstiness`: 1 is Poisson, below 1 burstier,
+    /// above 1 more even; the rate is kept).
+    pub burstiness: Option<f64>,
 }
 
 /// `generate` options.
@@ -158,6 +162,7 @@ impl Default for Synthetic {
             input_tokens: Self::DEFAULT_INPUT_TOKENS.into(),
             output_tokens: Self::DEFAULT_OUTPUT_TOKENS.into(),
             arrival: Arrival::Poisson,
+            burstiness: None,
         }
     }
 }

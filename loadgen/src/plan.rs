@@ -181,12 +181,26 @@ fn synthetic_workload(
             "--rate needs --num-requests or a duration".to_string(),
         ));
     }
+    let arrival = match synthetic.burstiness {
+        None => format!("{{process: {}}}", synthetic.arrival.spec_name()),
+        Some(_) if burst => {
+            return Err(PlanError::Flag(
+                "--burstiness shapes the gaps between requests: --rate inf has none".to_string(),
+            ));
+        }
+        Some(f) if f.is_finite() && f > 0.0 => format!("{{process: gamma, shape: {f}}}"),
+        Some(f) => {
+            return Err(PlanError::Flag(format!(
+                "--burstiness must be a positive number (1: Poisson), got {}",
+                blis_traces::shown::Num(f)
+            )));
+        }
+    };
     // (A burst's lengths are drawn as a stream's; its arrival times are
     // then all 0.)
     let spec_rate = if burst { 1.0 } else { rate };
     let yaml = format!(
-        "aggregate_rate: {spec_rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {{process: {}}}\n    input_distribution: {}\n    output_distribution: {}\n",
-        synthetic.arrival.spec_name(),
+        "aggregate_rate: {spec_rate}\nclients:\n  - id: synthetic\n    streaming: true\n    arrival: {arrival}\n    input_distribution: {}\n    output_distribution: {}\n",
         dist_yaml("--input-tokens", &synthetic.input_tokens)?,
         dist_yaml("--output-tokens", &synthetic.output_tokens)?
     );
@@ -207,7 +221,10 @@ fn synthetic_workload(
     } else {
         format!(
             "synthetic: {} {rate} req/s, input {}, output {}",
-            synthetic.arrival.spec_name(),
+            synthetic.burstiness.map_or_else(
+                || synthetic.arrival.spec_name().to_string(),
+                |f| format!("gamma (burstiness {f})")
+            ),
             synthetic.input_tokens,
             synthetic.output_tokens
         )

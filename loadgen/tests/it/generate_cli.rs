@@ -282,3 +282,60 @@ fn a_generated_plan_is_the_generators_requests_with_their_columns() {
         std::fs::read_to_string(held.with_extension("csv")).unwrap()
     );
 }
+
+/// `--burstiness F` (`vllm bench serve`'s): Gamma gaps of shape F at the
+/// same rate, so their coefficient of variation is 1/√F.
+#[test]
+fn burstiness_shapes_the_gaps_and_keeps_the_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    for (f, cv) in [("0.25", 2.0), ("1", 1.0), ("4", 0.5)] {
+        let out = dir.path().join(format!("b{}", f.replace('.', "_")));
+        loadgen()
+            .args(["generate", "--rate", "100", "--num-requests", "5000"])
+            .args(["--burstiness", f, "--out"])
+            .arg(&out)
+            .assert()
+            .success();
+        let t = Trace::read(&out.with_extension("yaml")).unwrap();
+        let a: Vec<f64> = t
+            .records
+            .iter()
+            .map(|r| r.request.arrival_time_us as f64)
+            .collect();
+        let gaps: Vec<f64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!(
+            (1e6 / mean - 100.0).abs() < 5.0,
+            "burstiness {f}: rate {}",
+            1e6 / mean
+        );
+        assert!(
+            (sd / mean - cv).abs() < 0.15 * cv,
+            "burstiness {f}: CV {}",
+            sd / mean
+        );
+        assert!(
+            t.header
+                .workload_spec
+                .as_deref()
+                .is_some_and(|w| w.contains(&format!("gamma (burstiness {f})"))),
+            "{:?}",
+            t.header.workload_spec
+        );
+    }
+    // Not a positive number, or with a process of its own: refused.
+    for bad in [
+        &["--burstiness", "0"][..],
+        &["--burstiness", "2", "--arrival", "constant"],
+    ] {
+        let o = loadgen()
+            .args(["generate", "--rate", "100", "--num-requests", "5", "--out"])
+            .arg(dir.path().join("x"))
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--burstiness"));
+    }
+}

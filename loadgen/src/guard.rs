@@ -68,7 +68,8 @@ pub async fn guarded<F: Future>(fut: F) -> Result<F::Output, String> {
 /// Installs (once) a panic hook under which a panic inside [`guarded`] is
 /// said in one line to stderr, the first time only (`warning: ...`, with
 /// where it happened); every other panic goes to the hook there was
-/// before. For the binaries that run `blis-loadgen run`.
+/// before. `blis-loadgen run` (and `blis-loop`, which runs it) installs
+/// it.
 pub fn quiet_guarded_panics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

@@ -4,7 +4,6 @@ use blis_traces::stdio::PipeSafe;
 use clap::Parser;
 
 fn main() {
-    blis_loadgen::guard::quiet_guarded_panics();
     let opts = blis_loadgen::Opts::try_parse().unwrap_or_else(|e| {
         if e.use_stderr() {
             exit_code::usage_error(&e.render().to_string(), e.exit_code())

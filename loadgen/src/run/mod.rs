@@ -142,6 +142,8 @@ fn check_args(args: &RunOptions) -> Result<Option<Slo>> {
 /// Bad options or workload, an unreachable server, unwritable output.
 pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
     let slo = check_args(args)?;
+    // A response whose reading panics is said once, not per request.
+    crate::guard::quiet_guarded_panics();
     if args.api_key.is_some() && key_on_command_line(std::env::args()) {
         blis_traces::diag!(
             "warning: --api-key on the command line is visible to other users of this machine (ps, /proc); set BLIS_API_KEY instead"

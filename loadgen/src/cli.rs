@@ -153,15 +153,17 @@ pub struct WorkloadArgs {
 /// Lengths of a synthetic `--rate` workload.
 #[derive(Args, Debug, Clone)]
 pub struct SyntheticArgs {
-    /// Input tokens: N, gaussian:MEAN,STD, exponential:MEAN or uniform:A,B.
-    #[arg(allow_negative_numbers = true, long, default_value = options::Synthetic::DEFAULT_INPUT_TOKENS)]
-    pub input_tokens: String,
-    /// Output tokens: same forms as --input-tokens.
-    #[arg(allow_negative_numbers = true, long, default_value = options::Synthetic::DEFAULT_OUTPUT_TOKENS)]
-    pub output_tokens: String,
-    /// Inter-arrival gaps of a --rate workload.
-    #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
-    pub arrival: ArrivalArg,
+    /// Input tokens of a --rate workload: N, gaussian:MEAN,STD,
+    /// exponential:MEAN or uniform:A,B [default: 512].
+    #[arg(allow_negative_numbers = true, long)]
+    pub input_tokens: Option<String>,
+    /// Output tokens of a --rate workload: same forms as --input-tokens
+    /// [default: 128].
+    #[arg(allow_negative_numbers = true, long)]
+    pub output_tokens: Option<String>,
+    /// Inter-arrival gaps of a --rate workload [default: poisson].
+    #[arg(long, value_enum)]
+    pub arrival: Option<ArrivalArg>,
     /// Gamma-distributed gaps of a --rate workload with this shape, as
     /// `vllm bench serve --burstiness`: 1 is Poisson, below 1 burstier,
     /// above 1 more even (coefficient of variation 1/√F); the rate is kept.
@@ -414,9 +416,17 @@ impl From<WorkloadArgs> for options::WorkloadSource {
 impl From<SyntheticArgs> for options::Synthetic {
     fn from(a: SyntheticArgs) -> Self {
         options::Synthetic {
-            input_tokens: a.input_tokens,
-            output_tokens: a.output_tokens,
-            arrival: a.arrival.into(),
+            given: a.input_tokens.is_some()
+                || a.output_tokens.is_some()
+                || a.arrival.is_some()
+                || a.burstiness.is_some(),
+            input_tokens: a
+                .input_tokens
+                .unwrap_or_else(|| options::Synthetic::DEFAULT_INPUT_TOKENS.into()),
+            output_tokens: a
+                .output_tokens
+                .unwrap_or_else(|| options::Synthetic::DEFAULT_OUTPUT_TOKENS.into()),
+            arrival: a.arrival.unwrap_or(ArrivalArg::Poisson).into(),
             burstiness: a.burstiness,
         }
     }

@@ -38,6 +38,9 @@ pub struct Synthetic {
     /// (`vllm bench serve --burstiness`: 1 is Poisson, below 1 burstier,
     /// above 1 more even; the rate is kept).
     pub burstiness: Option<f64>,
+    /// Whether any of these was given (they shape a `--rate` workload
+    /// only: with another workload they are refused, not ignored).
+    pub given: bool,
 }
 
 /// `generate` options.
@@ -163,6 +166,7 @@ impl Default for Synthetic {
             output_tokens: Self::DEFAULT_OUTPUT_TOKENS.into(),
             arrival: Arrival::Poisson,
             burstiness: None,
+            given: false,
         }
     }
 }

@@ -94,6 +94,11 @@ pub fn plan_workload(
         let (h, g) = synthetic_workload(rate, synthetic, opts)?;
         return Ok((h, Workload::Generated(g)));
     }
+    if synthetic.given {
+        return Err(PlanError::Flag(
+            "--input-tokens, --output-tokens, --arrival and --burstiness shape a --rate workload; a workload spec, trace or import brings its own lengths and arrivals".into(),
+        ));
+    }
     if let Some(path) = &w.trace {
         let (h, r) = replanned_trace(path, opts)?;
         return Ok((h, Workload::Loaded(r)));

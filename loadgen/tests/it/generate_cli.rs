@@ -339,3 +339,29 @@ fn burstiness_shapes_the_gaps_and_keeps_the_rate() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("--burstiness"));
     }
 }
+
+/// The flags that shape a `--rate` workload are refused with any other
+/// workload (they were silently ignored: a user's `--input-tokens 2000`
+/// beside a workload spec did nothing).
+#[test]
+fn synthetic_flags_without_rate_are_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in [
+        &["--input-tokens", "2000"][..],
+        &["--output-tokens", "5"],
+        &["--arrival", "constant"],
+        &["--burstiness", "0.5"],
+    ] {
+        let o = loadgen()
+            .args(["generate", "--workload-spec"])
+            .arg(shared().join("examples/two-client-workload.yaml"))
+            .args(["--num-requests", "5", "--out"])
+            .arg(dir.path().join("x"))
+            .args(flag)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{flag:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("shape a --rate workload"), "{flag:?}: {err}");
+    }
+}

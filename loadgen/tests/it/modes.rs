@@ -28,16 +28,15 @@ fn run(mock: &Mock, extra: &[&str]) -> (Trace, Value) {
         &mock.url,
         "--model",
         MODEL,
-        "--input-tokens",
-        "64",
-        "--output-tokens",
-        "10",
         "--scrape-interval-ms",
         "0",
         "--json",
         "--out",
         s(&out),
     ];
+    if extra.contains(&"--rate") {
+        args.extend(["--input-tokens", "64", "--output-tokens", "10"]);
+    }
     args.extend_from_slice(extra);
     let (code, stdout) = loadgen(&args).unwrap();
     assert_eq!(code, 0, "{stdout}");

@@ -213,21 +213,16 @@ fn a_password_in_the_server_url_is_never_shown() {
     let dir = tempfile::tempdir().unwrap();
     let secret = "hunter2-0815";
     // Unreachable: the error names the server without the password.
-    let out = loadgen()
-        .args(["run", "--server-url"])
-        .arg(format!("http://ops:{secret}@127.0.0.1:9/v1"))
-        .args([
-            "--model",
-            "m",
-            "--rate",
-            "1",
-            "--num-requests",
-            "1",
-            "--out",
-        ])
-        .arg(dir.path().join("x"))
-        .output()
-        .unwrap();
+    // One request to `url` asking for `model`, written at DIR/`out`.
+    let run = |url: String, model: &str, out: &str| {
+        loadgen()
+            .args(["run", "--server-url", &url, "--model", model])
+            .args(["--rate", "1", "--num-requests", "1", "--out"])
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap()
+    };
+    let out = run(format!("http://ops:{secret}@127.0.0.1:9/v1"), "m", "x");
     assert_eq!(out.status.code(), Some(1));
     let e = one_line_error(&out);
     assert!(
@@ -239,21 +234,7 @@ fn a_password_in_the_server_url_is_never_shown() {
     // A server that refuses the credentials: the same.
     let mock = Mock::start(&["--api-key", "sk-other"]);
     let port = mock.url.rsplit(':').next().unwrap().to_string();
-    let out = loadgen()
-        .args(["run", "--server-url"])
-        .arg(format!("http://ops:{secret}@127.0.0.1:{port}"))
-        .args([
-            "--model",
-            MODEL,
-            "--rate",
-            "1",
-            "--num-requests",
-            "1",
-            "--out",
-        ])
-        .arg(dir.path().join("y"))
-        .output()
-        .unwrap();
+    let out = run(format!("http://ops:{secret}@127.0.0.1:{port}"), MODEL, "y");
     assert_eq!(out.status.code(), Some(1));
     let e = one_line_error(&out);
     assert!(e.contains("refused the API key"), "{e}");

@@ -15,7 +15,9 @@
 # max_model_len 32768, block_size 16, no async scheduling, round-robin.
 #
 # Environment: CASES (a space-separated subset of the case names printed),
-# RUNS_BIG (default 1).
+# RUNS_BIG (default 1), REPLAY (the binary to time instead of building
+# target/release/blis-replay, e.g. target/pgo/release/blis-replay from
+# replay/pgo-build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS="${1:-5}"
@@ -24,8 +26,13 @@ B=../shared/bench
 GT=../shared/vllm-ground-truth/train/20260217-155451-llama-2-7b-tp1-codegen
 [ -d "$B" ] || { echo "targets.sh: $B not found (the bench workloads live in ../shared/bench)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "targets.sh: needs GNU time (/usr/bin/time) for peak memory" >&2; exit 2; }
-cargo build -q --release
-R=target/release/blis-replay
+if [ -n "${REPLAY:-}" ]; then
+    R=$REPLAY
+    [ -x "$R" ] || { echo "targets.sh: REPLAY=$R is not an executable" >&2; exit 2; }
+else
+    cargo build -q --release
+    R=target/release/blis-replay
+fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -78,7 +85,7 @@ case_() {
               name, v[int((NR + 1) / 2)], v[1], v[NR], NR, peak / 1024 }'
 }
 
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $R, $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 case_ race-1k-x1/roofline "$RUNS" $R run --workload-spec $B/race-1k-x1.yaml --num-instances 1 \
     "${race[@]}" --latency-model roofline
 case_ race-10k-x4/roofline "$RUNS" $R run --workload-spec $B/race-10k-x4.yaml --num-instances 4 \

@@ -74,6 +74,31 @@ pub struct LatencyStats {
     pub max: Option<f64>,
 }
 
+/// The exact sum of `v` when every sample is a whole number (not −0) and
+/// the sum of their magnitudes is at most 2^53, so that adding them in
+/// any order, in `f64`, gives this sum exactly; `None` otherwise.
+fn exact_integer_sum(v: &[f64]) -> Option<i128> {
+    const LIMIT: u128 = 1 << 53;
+    let mut sum = 0i128;
+    let mut magnitude = 0u128;
+    for &x in v {
+        if x.fract() != 0.0
+            || !x.is_finite()
+            || x.abs() > LIMIT as f64
+            || x.to_bits() == (-0.0f64).to_bits()
+        {
+            return None;
+        }
+        let i = x as i64;
+        sum += i128::from(i);
+        magnitude += u128::from(i.unsigned_abs());
+        if magnitude > LIMIT {
+            return None;
+        }
+    }
+    Some(sum)
+}
+
 impl LatencyStats {
     /// Of ascending samples, in their unit (NaN figures when empty).
     pub fn of_sorted(v: &[f64]) -> Self {
@@ -93,8 +118,18 @@ impl LatencyStats {
         }
     }
 
-    /// Of samples in µs (sorted here), reported in ms.
+    /// Of samples in µs, reported in ms: the figures a sort of the samples
+    /// gives ([`LatencyStats::of_sorted`]'s, bit for bit), found without
+    /// one where the samples are whole numbers of µs (the simulator's
+    /// latencies): the percentiles' order statistics by selection, O(n),
+    /// and the mean from the exact integer sum, which is the sum in
+    /// ascending order as long as every partial sum is a whole number
+    /// below 2^53. Anything else (fractions, NaN, −0, larger sums) is
+    /// sorted.
     pub fn of_us_in_ms(mut us: Vec<f64>) -> Self {
+        if let Some(sum) = exact_integer_sum(&us) {
+            return Self::of_integers_in_ms(us, sum);
+        }
         us.sort_by(f64::total_cmp);
         let n = us.len();
         let mean = if n == 0 {
@@ -111,6 +146,73 @@ impl LatencyStats {
             p95: p(95.0),
             p99: p(99.0),
             max: us.last().map(|m| m / 1000.0),
+        }
+    }
+
+    /// [`LatencyStats::of_us_in_ms`] of whole-number samples whose exact
+    /// sum is `sum`: each percentile's two order statistics by selection
+    /// under `total_cmp` (the values a sort puts at those ranks, bit for
+    /// bit: `total_cmp` orders bit patterns, so equal samples are equal
+    /// bits), ranks ascending, each selected within the samples above the
+    /// last.
+    fn of_integers_in_ms(mut us: Vec<f64>, sum: i128) -> Self {
+        const QS: [f64; 4] = [50.0, 90.0, 95.0, 99.0];
+        let n = us.len();
+        if n == 0 {
+            return Self::of_sorted(&[]).in_ms();
+        }
+        let max = us.iter().copied().max_by(f64::total_cmp);
+        // The ranks each percentile reads (`percentile`'s lo and hi).
+        let rank = |q: f64| {
+            let h = (n - 1) as f64 * (q / 100.0f64).clamp(0.0, 1.0);
+            let lo = h.floor() as usize;
+            (h, lo, (lo + 1).min(n - 1))
+        };
+        let mut ranks: Vec<usize> = QS
+            .iter()
+            .flat_map(|&q| {
+                let (_, lo, hi) = rank(q);
+                [lo, hi]
+            })
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let mut at = [0.0f64; 8];
+        let mut from = 0;
+        for (slot, &r) in at.iter_mut().zip(&ranks) {
+            let (_, v, _) = us[from..].select_nth_unstable_by(r - from, f64::total_cmp);
+            *slot = *v;
+            from = r + 1;
+        }
+        let value = |r: usize| at[ranks.binary_search(&r).expect("a rank selected")];
+        let p = |q: f64| {
+            if n == 1 {
+                return value(0) / 1000.0;
+            }
+            let (h, lo, hi) = rank(q);
+            (value(lo) + (h - lo as f64) * (value(hi) - value(lo))) / 1000.0
+        };
+        Self {
+            n: Some(n as u64),
+            mean: sum as f64 / n as f64 / 1000.0,
+            p50: p(QS[0]),
+            p90: p(QS[1]),
+            p95: p(QS[2]),
+            p99: p(QS[3]),
+            max: max.map(|m| m / 1000.0),
+        }
+    }
+
+    /// Every figure divided by 1000 (µs to ms).
+    fn in_ms(self) -> Self {
+        Self {
+            mean: self.mean / 1000.0,
+            p50: self.p50 / 1000.0,
+            p90: self.p90 / 1000.0,
+            p95: self.p95 / 1000.0,
+            p99: self.p99 / 1000.0,
+            max: self.max.map(|m| m / 1000.0),
+            ..self
         }
     }
 
@@ -381,6 +483,7 @@ mod tests {
 #[cfg(test)]
 mod latency_stats_tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn one_type_serves_every_report_shape() {
@@ -408,5 +511,92 @@ mod latency_stats_tests {
         let empty = LatencyStats::of_sorted(&[]);
         assert_eq!(empty.n, Some(0));
         assert!(empty.mean.is_nan() && empty.max.is_none());
+    }
+
+    /// The figures of a full sort, as `of_us_in_ms` made them before
+    /// selection: the reference its fast path must equal bit for bit.
+    fn sorted_in_ms(mut us: Vec<f64>) -> LatencyStats {
+        us.sort_by(f64::total_cmp);
+        let n = us.len();
+        let mean = if n == 0 {
+            f64::NAN
+        } else {
+            us.iter().sum::<f64>() / n as f64
+        };
+        let p = |q| percentile(&us, q) / 1000.0;
+        LatencyStats {
+            n: Some(n as u64),
+            mean: mean / 1000.0,
+            p50: p(50.0),
+            p90: p(90.0),
+            p95: p(95.0),
+            p99: p(99.0),
+            max: us.last().map(|m| m / 1000.0),
+        }
+    }
+
+    fn bits(s: &LatencyStats) -> [u64; 7] {
+        [
+            s.n.unwrap_or(u64::MAX),
+            s.mean.to_bits(),
+            s.p50.to_bits(),
+            s.p90.to_bits(),
+            s.p95.to_bits(),
+            s.p99.to_bits(),
+            s.max.map_or(u64::MAX, f64::to_bits),
+        ]
+    }
+
+    /// A sample: mostly whole µs (many repeats, latencies of a few ms to
+    /// minutes), sometimes one that sends the whole set down the sorting
+    /// path (a fraction, NaN, −0, a huge value).
+    fn sample() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            20 => (0u64..50).prop_map(|v| v as f64),
+            20 => (0u64..200_000_000).prop_map(|v| v as f64),
+            2 => (-1000i64..1000).prop_map(|v| v as f64),
+            1 => 0.0f64..1e6,
+            1 => Just(f64::NAN),
+            1 => Just(-0.0),
+            1 => Just(9.0e15),
+            1 => Just(f64::INFINITY),
+        ]
+    }
+
+    proptest! {
+        /// Whole-number samples take the selection path, anything else the
+        /// sort; either way every figure is the full sort's, bit for bit.
+        #[test]
+        fn selection_gives_the_sorts_figures(us in proptest::collection::vec(sample(), 0..400)) {
+            let fast = LatencyStats::of_us_in_ms(us.clone());
+            let reference = sorted_in_ms(us);
+            prop_assert_eq!(bits(&fast), bits(&reference));
+        }
+
+        /// The same for sets of whole numbers only (the selection path),
+        /// down to one sample and up to sums near 2^53.
+        #[test]
+        fn selection_of_whole_numbers(
+            us in proptest::collection::vec(prop_oneof![
+                (0u64..1000).prop_map(|v| v as f64),
+                (0u64..(1 << 50)).prop_map(|v| v as f64),
+            ], 0..64)
+        ) {
+            prop_assert_eq!(bits(&LatencyStats::of_us_in_ms(us.clone())), bits(&sorted_in_ms(us)));
+        }
+    }
+
+    #[test]
+    fn the_exact_sum_is_taken_only_where_any_order_gives_it() {
+        assert_eq!(exact_integer_sum(&[]), Some(0));
+        assert_eq!(exact_integer_sum(&[1.0, -3.0, 5.0]), Some(3));
+        assert_eq!(exact_integer_sum(&[0.5]), None);
+        assert_eq!(exact_integer_sum(&[-0.0]), None);
+        assert_eq!(exact_integer_sum(&[f64::NAN]), None);
+        assert_eq!(exact_integer_sum(&[4.0e15, 4.0e15, 4.0e15]), None);
+        assert_eq!(
+            exact_integer_sum(&[4.0e15, 4.0e15]),
+            Some(8_000_000_000_000_000)
+        );
     }
 }

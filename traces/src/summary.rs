@@ -118,35 +118,20 @@ impl LatencyStats {
         }
     }
 
-    /// Of samples in µs, reported in ms: the figures a sort of the samples
-    /// gives ([`LatencyStats::of_sorted`]'s, bit for bit), found without
-    /// one where the samples are whole numbers of µs (the simulator's
-    /// latencies): the percentiles' order statistics by selection, O(n),
-    /// and the mean from the exact integer sum, which is the sum in
-    /// ascending order as long as every partial sum is a whole number
-    /// below 2^53. Anything else (fractions, NaN, −0, larger sums) is
-    /// sorted.
+    /// Of samples in µs, reported in ms: [`LatencyStats::of_sorted`] of
+    /// the sorted samples, each figure divided by 1000, bit for bit; found
+    /// without sorting where the samples are whole numbers of µs (the
+    /// simulator's latencies): the percentiles' order statistics by
+    /// selection, O(n), and the mean from the exact integer sum, which is
+    /// the sum in ascending order as long as every partial sum is a whole
+    /// number below 2^53. Anything else (fractions, NaN, −0, larger sums)
+    /// is sorted.
     pub fn of_us_in_ms(mut us: Vec<f64>) -> Self {
         if let Some(sum) = exact_integer_sum(&us) {
             return Self::of_integers_in_ms(us, sum);
         }
         us.sort_by(f64::total_cmp);
-        let n = us.len();
-        let mean = if n == 0 {
-            f64::NAN
-        } else {
-            us.iter().sum::<f64>() / n as f64
-        };
-        let p = |q| percentile(&us, q) / 1000.0;
-        Self {
-            n: Some(n as u64),
-            mean: mean / 1000.0,
-            p50: p(50.0),
-            p90: p(90.0),
-            p95: p(95.0),
-            p99: p(99.0),
-            max: us.last().map(|m| m / 1000.0),
-        }
+        Self::of_sorted(&us).in_ms()
     }
 
     /// [`LatencyStats::of_us_in_ms`] of whole-number samples whose exact

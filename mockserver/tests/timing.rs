@@ -204,11 +204,14 @@ async fn client_timings_match_the_replay_prediction() {
         "the load should queue requests: {:?}",
         summary.ttft_ms
     );
-    // Every request within 2 ms or 2%, but for at most 2 of the 60
-    // measurements (a 2-vCPU machine shared with the client sometimes
-    // schedules a thread a few ms late) and none beyond 10 ms; a timeline
-    // that drifts or a missed step (~7 ms) shows in many requests or in the
-    // median.
+    // Every request within 4 ms or 2%, but for at most 2 of the 60
+    // measurements, and none beyond 50 ms: a 2-vCPU machine shared with
+    // the client sometimes schedules a thread late (on an idle machine,
+    // 2026-11-29, 12 runs: median differences 0.6-0.8 ms, the largest
+    // 0.8-2.9 ms; with the other core busy, 8 runs: medians 0.5-1.5 ms,
+    // the largest 0.9-3.0 ms; on CI's, once, one E2E 18 ms late). A
+    // timeline that drifts or a missed step (~7 ms) shows in many
+    // requests or in the median (at most 3 ms).
     let mut outside = Vec::new();
     let mut abs_diffs = Vec::new();
     for (i, first, last) in measured {
@@ -222,19 +225,19 @@ async fn client_timings_match_the_replay_prediction() {
                 eprintln!("request {i} {what}: client {real} µs, replay {sim} µs, diff {diff}");
             }
             abs_diffs.push(diff.abs());
-            if (diff.abs() as f64) > (0.02 * sim as f64).max(2000.0) {
+            if (diff.abs() as f64) > (0.02 * sim as f64).max(4000.0) {
                 outside.push(format!(
                     "request {i} {what}: client {real} µs, replay {sim} µs"
                 ));
             }
             assert!(
-                diff.abs() <= 10_000,
+                diff.abs() <= 50_000,
                 "request {i} {what}: client {real} µs, replay {sim} µs"
             );
         }
     }
-    assert!(outside.len() <= 2, "outside 2 ms / 2%: {outside:?}");
+    assert!(outside.len() <= 2, "outside 4 ms / 2%: {outside:?}");
     abs_diffs.sort_unstable();
     let median = abs_diffs[abs_diffs.len() / 2];
-    assert!(median <= 1_500, "median |client − replay| {median} µs");
+    assert!(median <= 3_000, "median |client − replay| {median} µs");
 }

@@ -9,14 +9,20 @@ use crate::record::Request;
 /// Linear-interpolation percentile of sorted data (numpy's default, "type
 /// 7"): `q` in [0, 100]. NaN for empty input.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    match sorted.len() {
+    percentile_at(sorted.len(), q, |i| sorted[i])
+}
+
+/// [`percentile`] of `n` ascending values given by rank: `at(i)` is the
+/// value of rank `i` (it is asked for the one or two ranks `q` reads).
+fn percentile_at(n: usize, q: f64, at: impl Fn(usize) -> f64) -> f64 {
+    match n {
         0 => f64::NAN,
-        1 => sorted[0],
+        1 => at(0),
         n => {
             let h = (n - 1) as f64 * (q / 100.0).clamp(0.0, 1.0);
             let lo = h.floor() as usize;
             let hi = (lo + 1).min(n - 1);
-            sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+            at(lo) + (h - lo as f64) * (at(hi) - at(lo))
         }
     }
 }
@@ -147,19 +153,15 @@ impl LatencyStats {
             return Self::of_sorted(&[]).in_ms();
         }
         let max = us.iter().copied().max_by(f64::total_cmp);
-        // The ranks each percentile reads (`percentile`'s lo and hi).
-        let rank = |q: f64| {
-            let h = (n - 1) as f64 * (q / 100.0f64).clamp(0.0, 1.0);
-            let lo = h.floor() as usize;
-            (h, lo, (lo + 1).min(n - 1))
-        };
-        let mut ranks: Vec<usize> = QS
-            .iter()
-            .flat_map(|&q| {
-                let (_, lo, hi) = rank(q);
-                [lo, hi]
-            })
-            .collect();
+        // The ranks the percentiles read, as `percentile_at` asks for them.
+        let asked = std::cell::RefCell::new(Vec::with_capacity(12));
+        for q in QS {
+            percentile_at(n, q, |i| {
+                asked.borrow_mut().push(i);
+                0.0
+            });
+        }
+        let mut ranks = asked.into_inner();
         ranks.sort_unstable();
         ranks.dedup();
         let mut at = [0.0f64; 8];
@@ -170,13 +172,7 @@ impl LatencyStats {
             from = r + 1;
         }
         let value = |r: usize| at[ranks.binary_search(&r).expect("a rank selected")];
-        let p = |q: f64| {
-            if n == 1 {
-                return value(0) / 1000.0;
-            }
-            let (h, lo, hi) = rank(q);
-            (value(lo) + (h - lo as f64) * (value(hi) - value(lo))) / 1000.0
-        };
+        let p = |q: f64| percentile_at(n, q, value) / 1000.0;
         Self {
             n: Some(n as u64),
             mean: sum as f64 / n as f64 / 1000.0,

@@ -1358,10 +1358,9 @@ impl Instance {
                     self.kv.set_clock(run.ends[j as usize - 1]);
                 }
                 for &slot in g {
-                    let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
-                    let ok = self.kv.allocate(&mut blocks, &[], 1);
+                    let a = self.slots[slot as usize].as_mut().expect("live slot");
+                    let ok = self.kv.allocate_one(&mut a.blocks);
                     debug_assert!(ok, "fast-forward checked the free blocks");
-                    self.act_mut(slot).blocks = blocks;
                 }
             }
         }
@@ -1508,17 +1507,39 @@ impl Instance {
     /// request releases its blocks ([`Instance::flush_private`]). Nothing
     /// can look private content up meanwhile, and the block is touched
     /// then anyway, so a new block costs one cache miss instead of two.
+    ///
+    /// Inlined for the common case (nothing new, or private content
+    /// deferred: a few instructions on a decode step's block boundary);
+    /// the commits themselves are [`Instance::commit_new_hashes`].
+    #[inline]
     pub(super) fn commit_hashes_upto(&mut self, slot: u32, upto: u32) {
         if !self.kv.prefix_caching() {
             return;
         }
-        let bs = self.kv.block_size();
         let a = self.slots[slot as usize].as_mut().expect("live slot");
         let upto = upto.min(a.blocks.len() as u32);
+        if a.hashed >= upto {
+            return;
+        }
+        if a.hashed >= a.private_from && a.preemptions == 0 {
+            // Private content of a request never preempted: no block
+            // holds it yet, and only this request could ever look it up.
+            a.private_pending = a.private_pending.min(a.hashed);
+            a.hashed = upto;
+            return;
+        }
+        self.commit_new_hashes(slot, upto);
+    }
+
+    /// [`Instance::commit_hashes_upto`]'s commits of blocks `[hashed,
+    /// upto)` (`upto` within the request's table), the first not deferred.
+    #[inline(never)]
+    fn commit_new_hashes(&mut self, slot: u32, upto: u32) {
+        let bs = self.kv.block_size();
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
         while a.hashed < upto {
             if a.hashed >= a.private_from && a.preemptions == 0 {
-                // Private content of a request never preempted: no block
-                // holds it yet, and only this request could ever look it up.
+                // (As above: the rest is private and deferred.)
                 a.private_pending = a.private_pending.min(a.hashed);
                 a.hashed = upto;
                 break;

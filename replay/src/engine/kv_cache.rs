@@ -509,6 +509,32 @@ impl KvCache {
         true
     }
 
+    /// [`KvCache::allocate`] of one fresh block and no hits (a decoding
+    /// request's next block): `false` when none is free. A never-used
+    /// block (or a forgotten one in its place) is taken inline; any other
+    /// goes through [`KvCache::allocate_checked`].
+    #[inline]
+    pub fn allocate_one(&mut self, table: &mut Vec<u32>) -> bool {
+        if self.free_count == 0 {
+            return false;
+        }
+        if self.fresh_left > 0 {
+            // (`pop_head`'s first case, then `allocate_checked`'s: such a
+            // block holds nothing to evict.)
+            self.fresh_left -= 1;
+            self.free_count -= 1;
+            let b = match self.forgotten.pop() {
+                Some(b) => b,
+                None => self.materialise(),
+            };
+            self.blocks[b as usize].ref_flags = 1;
+            table.push(b);
+            return true;
+        }
+        self.allocate_checked(table, &[], 1);
+        true
+    }
+
     /// [`KvCache::allocate`] where [`KvCache::can_allocate`]`(hits,
     /// new_blocks)` has just said yes (nothing changed since): it does not
     /// count the free hits again. Debug builds check the promise.
@@ -1240,6 +1266,63 @@ mod tests {
                 for h in 1..next_hash {
                     prop_assert_eq!(a.lookup(h).is_some(), b.lookup(h).is_some(), "hash {}", h);
                 }
+                prop_assert!(b.check().is_ok(), "{:?}", b.check());
+            }
+        }
+    }
+
+    proptest! {
+        /// A decoding request's next block through `allocate_one` is the
+        /// block `allocate(table, &[], 1)` gives, with the same counts,
+        /// whether it comes from never-used memory, a forgotten run or the
+        /// free queue (evicting cached content): two caches under the same
+        /// random requests, one growing its tables a block at a time.
+        #[test]
+        fn one_block_at_a_time_is_allocate_of_one(
+            ops in proptest::collection::vec((1u32..8, 0u32..5, 0u32..4, any::<bool>()), 1..80)
+        ) {
+            let total = 48u32;
+            let mut a = KvCache::new(total, 16, true);
+            let mut b = KvCache::new(total, 16, true);
+            let mut next_hash = 1u64;
+            let mut live: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+            for (n, grow, private, forget) in ops {
+                let (mut ta, mut tb) = (Vec::new(), Vec::new());
+                let ok = a.allocate(&mut ta, &[], n);
+                prop_assert_eq!(ok, b.allocate(&mut tb, &[], n));
+                if ok {
+                    for _ in 0..grow {
+                        let ok = a.allocate(&mut ta, &[], 1);
+                        prop_assert_eq!(ok, b.allocate_one(&mut tb));
+                    }
+                    prop_assert_eq!(&ta, &tb);
+                    let private = (private as usize).min(ta.len());
+                    let shared = ta.len() - private;
+                    for j in 0..ta.len() {
+                        let parent = j.checked_sub(1);
+                        if j < shared {
+                            a.commit(ta[j], next_hash, parent.map(|p| ta[p]));
+                            b.commit(tb[j], next_hash, parent.map(|p| tb[p]));
+                        } else if !forget {
+                            a.commit_private(ta[j], next_hash, parent.map(|p| ta[p]));
+                            b.commit_private(tb[j], next_hash, parent.map(|p| tb[p]));
+                        }
+                        next_hash += 1;
+                    }
+                    if forget {
+                        a.release_forgetting(&mut ta, shared, private as u32);
+                        b.release_forgetting(&mut tb, shared, private as u32);
+                    } else {
+                        live.push((ta, tb));
+                    }
+                }
+                if live.len() > 3 {
+                    let (mut ta, mut tb) = live.remove(0);
+                    a.release(&mut ta);
+                    b.release(&mut tb);
+                }
+                prop_assert_eq!(a.evictions(), b.evictions());
+                prop_assert_eq!(a.free(), b.free());
                 prop_assert!(b.check().is_ok(), "{:?}", b.check());
             }
         }

@@ -401,10 +401,9 @@ impl Instance {
     /// Gives member `slot` a new KV block (free blocks were counted for it
     /// when its step was planned).
     fn take_new_block(&mut self, slot: u32) {
-        let mut blocks = std::mem::take(&mut self.act_mut(slot).blocks);
-        let ok = self.kv.allocate(&mut blocks, &[], 1);
+        let a = self.slots[slot as usize].as_mut().expect("live slot");
+        let ok = self.kv.allocate_one(&mut a.blocks);
         debug_assert!(ok, "the free blocks were counted");
-        self.act_mut(slot).blocks = blocks;
     }
 
     /// Removes member `slot` from the cohort, its progress written back.

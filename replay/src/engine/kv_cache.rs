@@ -523,12 +523,12 @@ impl KvCache {
             // block holds nothing to evict.)
             self.fresh_left -= 1;
             self.free_count -= 1;
-            let b = match self.forgotten.pop() {
-                Some(b) => b,
-                None => self.materialise(),
-            };
-            self.blocks[b as usize].ref_flags = 1;
-            table.push(b);
+            self.hand_out(1, table);
+            return true;
+        }
+        if self.queue.front().is_some_and(|e| e.0 == RUN) {
+            // (`pop_head`'s head of the queue a forgotten run.)
+            self.take_forgotten(1, table);
             return true;
         }
         self.allocate_checked(table, &[], 1);
@@ -552,13 +552,21 @@ impl KvCache {
             table.push(b);
         }
         let on_evict = self.evict_offload_above != u32::MAX;
-        for _ in 0..new_blocks {
+        // Never-used blocks first (forgotten ones in their place), as
+        // `pop_head` takes them, in one go: they hold nothing to evict.
+        let fresh = new_blocks.min(self.fresh_left);
+        if fresh > 0 {
+            self.fresh_left -= fresh;
+            self.free_count -= fresh;
+            self.hand_out(fresh, table);
+        }
+        let mut left = new_blocks - fresh;
+        while left > 0 {
             let Some(b) = self.pop_head(on_evict) else {
-                let b = self.take_forgotten();
-                self.blocks[b as usize].ref_flags = 1;
-                table.push(b);
+                left -= self.take_forgotten(left, table);
                 continue;
             };
+            left -= 1;
             let flags = self.blocks[b as usize].ref_flags;
             if flags & HASHED != 0 {
                 // Evict its content (a private hash is in no index).
@@ -679,18 +687,17 @@ impl KvCache {
         self.release(table);
     }
 
-    /// Takes a block of the oldest forgotten run, which heads the free
-    /// queue: the eviction of its content is counted.
-    fn take_forgotten(&mut self) -> u32 {
-        self.free_count -= 1;
+    /// Appends up to `max` blocks of the oldest forgotten run, which heads
+    /// the free queue, to `table` (held once each), and returns how many:
+    /// its unhashed blocks first, then the hashed ones, whose eviction is
+    /// counted. The same blocks, counts and offloads as taking them one
+    /// at a time from the head of the queue.
+    fn take_forgotten(&mut self, max: u32, table: &mut Vec<u32>) -> u32 {
         let r = self.runs.front_mut().expect("a run per queue entry");
-        let evicted = if r.unhashed > 0 {
-            r.unhashed -= 1;
-            false
-        } else {
-            r.hashed -= 1;
-            true
-        };
+        let unhashed = max.min(r.unhashed);
+        let hashed = (max - unhashed).min(r.hashed);
+        r.unhashed -= unhashed;
+        r.hashed -= hashed;
         if r.unhashed == 0 && r.hashed == 0 {
             self.runs.pop_front();
             self.run_number = self.run_number.wrapping_add(1);
@@ -698,24 +705,55 @@ impl KvCache {
             debug_assert_eq!(head.map(|e| e.0), Some(RUN));
             self.offload_scan = self.offload_scan.saturating_sub(1);
         }
-        if evicted {
-            self.evictions += 1;
-            // Tiered, on-evict: its content goes to the CPU tier, as the
-            // committed content would have.
-            if self.evict_offload_above != u32::MAX
-                && self.used() > self.evict_offload_above
-                && let Some(cpu) = self.cpu.as_mut()
-            {
-                cpu.offload_forgotten();
+        let k = unhashed + hashed;
+        let used = self.used();
+        self.free_count -= k;
+        self.evictions += u64::from(hashed);
+        if self.evict_offload_above != u32::MAX
+            && let Some(cpu) = self.cpu.as_mut()
+        {
+            // Tiered, on-evict: an evicted content goes to the CPU tier,
+            // as the committed content would have, when the usage after
+            // taking its block is above the threshold.
+            for p in unhashed..k {
+                if used + p + 1 > self.evict_offload_above {
+                    cpu.offload_forgotten();
+                }
             }
         }
-        let n = self.forgotten.len();
-        if n > PIPELINE {
-            mem_prefetch::prefetch_write_data::<_, 3>(
-                &self.blocks[self.forgotten[n - 1 - PIPELINE] as usize],
-            );
+        // The blocks: forgotten ids last lent first, then new ones.
+        self.hand_out(k, table);
+        k
+    }
+
+    /// Appends `k` blocks that hold nothing anyone can find to `table`,
+    /// held once each: forgotten ids, the last lent first, then ids never
+    /// handed out.
+    #[inline]
+    fn hand_out(&mut self, k: u32, table: &mut Vec<u32>) {
+        if k == 1 {
+            // (A decoding request's next block: no loop.)
+            let b = match self.forgotten.pop() {
+                Some(b) => b,
+                None => self.materialise(),
+            };
+            self.blocks[b as usize].ref_flags = 1;
+            table.push(b);
+            return;
         }
-        self.forgotten.pop().unwrap_or_else(|| self.materialise())
+        table.reserve(k as usize);
+        let lent = (k as usize).min(self.forgotten.len());
+        let at = self.forgotten.len() - lent;
+        for &b in self.forgotten[at..].iter().rev() {
+            self.blocks[b as usize].ref_flags = 1;
+            table.push(b);
+        }
+        self.forgotten.truncate(at);
+        for _ in lent..k as usize {
+            let b = self.materialise();
+            self.blocks[b as usize].ref_flags = 1;
+            table.push(b);
+        }
     }
 
     /// A block id never handed out, its bookkeeping made (what queueing it

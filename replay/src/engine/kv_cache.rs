@@ -519,15 +519,12 @@ impl KvCache {
             return false;
         }
         if self.fresh_left > 0 {
-            // (`pop_head`'s first case, then `allocate_checked`'s: such a
-            // block holds nothing to evict.)
-            self.fresh_left -= 1;
-            self.free_count -= 1;
-            self.hand_out(1, table);
+            self.take_fresh(1, table);
             return true;
         }
         if self.queue.front().is_some_and(|e| e.0 == RUN) {
-            // (`pop_head`'s head of the queue a forgotten run.)
+            // (The head of the free queue a forgotten run, where
+            // `allocate_checked` would call `take_forgotten` too.)
             self.take_forgotten(1, table);
             return true;
         }
@@ -552,13 +549,10 @@ impl KvCache {
             table.push(b);
         }
         let on_evict = self.evict_offload_above != u32::MAX;
-        // Never-used blocks first (forgotten ones in their place), as
-        // `pop_head` takes them, in one go: they hold nothing to evict.
+        // Never-used blocks first: they head vLLM's free queue.
         let fresh = new_blocks.min(self.fresh_left);
         if fresh > 0 {
-            self.fresh_left -= fresh;
-            self.free_count -= fresh;
-            self.hand_out(fresh, table);
+            self.take_fresh(fresh, table);
         }
         let mut left = new_blocks - fresh;
         while left > 0 {
@@ -726,6 +720,16 @@ impl KvCache {
         k
     }
 
+    /// Appends `k` of the never-used blocks (`k <= fresh_left`; forgotten
+    /// ones serve in their place, see [`KvCache::hand_out`]) to `table`:
+    /// they hold nothing to evict.
+    fn take_fresh(&mut self, k: u32, table: &mut Vec<u32>) {
+        debug_assert!(k <= self.fresh_left);
+        self.fresh_left -= k;
+        self.free_count -= k;
+        self.hand_out(k, table);
+    }
+
     /// Appends `k` blocks that hold nothing anyone can find to `table`,
     /// held once each: forgotten ids, the last lent first, then ids never
     /// handed out.
@@ -881,21 +885,13 @@ impl KvCache {
         self.free_count -= 1;
     }
 
-    /// Takes the head of the free queue (there is one: checked by
-    /// [`KvCache::can_allocate`]), skipping stale entries; `None` when the
-    /// head is a run of forgotten blocks ([`KvCache::take_forgotten`]).
+    /// Takes the head of the free queue after the never-used blocks
+    /// (there is one: checked by [`KvCache::can_allocate`]; the never-used
+    /// ones are [`KvCache::take_fresh`]'s), skipping stale entries; `None`
+    /// when the head is a run of forgotten blocks
+    /// ([`KvCache::take_forgotten`]).
     fn pop_head(&mut self, on_evict: bool) -> Option<u32> {
-        if self.fresh_left > 0 {
-            // A never-used block: it holds nothing to evict. A forgotten
-            // one, already in memory and recently used, serves as well.
-            self.fresh_left -= 1;
-            self.free_count -= 1;
-            if let Some(b) = self.forgotten.pop() {
-                self.blocks[b as usize].ref_flags = 0;
-                return Some(b);
-            }
-            return Some(self.materialise());
-        }
+        debug_assert_eq!(self.fresh_left, 0, "never-used blocks come first");
         loop {
             let &(b, g) = self.queue.front().expect("checked by can_allocate");
             if b == RUN {

@@ -206,8 +206,8 @@ pub struct FitArgs {
     #[arg(allow_negative_numbers = true, long)]
     pub holdout_fraction: Option<f64>,
     /// Replays allowed to the optimiser (trained-physics: replays of every
-    /// run at once; default 40; the others: default 400, all spent: the
-    /// replays its first search leaves go to searches from kicked points).
+    /// run at once; default 40; the others: default 400, of which what the
+    /// first search leaves goes to searches from kicked points).
     #[arg(allow_negative_numbers = true, long)]
     pub budget_evals: Option<u64>,
     /// How a trained-physics fit runs.

@@ -1201,7 +1201,7 @@ mod tests {
     use super::*;
 
     /// A rough surface in log space: a bowl with its minimum 0 at
-    /// `u = (1, …, 1)`, rotated so that no coordinate moves alone to it,
+    /// `u = (1, …, 1)`, sheared so that no coordinate moves alone to it,
     /// plus ripples whose wells stop a local search (the valleys of a
     /// discrete scheduler's loss, in miniature).
     struct Rough {
@@ -1217,7 +1217,8 @@ mod tests {
             let n = x.len();
             let mut total = 0.0;
             for j in 0..n {
-                // y = R x, R a rotation mixing every pair of neighbours.
+                // y = M x, M mixing each coordinate with the next
+                // (circulant, invertible: the minimum stays alone at 0).
                 let y = 0.8 * x[j] + 0.6 * x[(j + 1) % n];
                 total += y * y + 0.3 * (1.0 - (6.0 * std::f64::consts::PI * y).cos());
             }

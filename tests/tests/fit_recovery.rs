@@ -30,8 +30,9 @@
 //! 7–37%. In every run the fit's loss was at most 0.86 of the truth's.
 //! Refitted once the fit spent what its first search leaves of the budget
 //! on kicked searches (29 observations kept): every idle, one-process and
-//! bursty fit the same but one (moved within 1.5%); the six two-process
-//! ones reached a lower loss, β1 and β2 then within 15% and 23%.
+//! bursty fit the same but one (moved within 1.5%); five of the six
+//! two-process ones reached a lower loss, the six's β1 and β2 then within
+//! 15% and 23%.
 
 use blis_calibrate::fit::{FitTrace, fit, server_args};
 use blis_replay::latency::coefficients::{CoefficientRow, CoefficientsFile, LatencyKind};

@@ -443,53 +443,60 @@ struct GtTruth {
     ttft_s: Option<f64>,
 }
 
-/// The shared-prefix data settings a run's client used: those of
-/// `results/config.yaml` (what inference-perf actually ran), else of
-/// `profile.yaml`.
-fn gt_shared_prefix(dir: &Path) -> Result<Option<crate::spec::InferencePerfSharedPrefix>> {
-    #[derive(Deserialize)]
-    struct F {
-        #[serde(default)]
-        data: Option<crate::spec::InferencePerfData>,
-    }
-    for name in ["results/config.yaml", "profile.yaml"] {
-        let p = dir.join(name);
-        if let Ok(text) = crate::text::read_text(&p) {
-            let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
-            if let Some(sp) = f.data.and_then(|d| d.shared_prefix) {
-                return Ok(Some(sp));
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// The client's timeout per request of a run, seconds: inference-perf's
-/// `load.request_timeout` (`results/config.yaml`, else `profile.yaml`), and
-/// when it is null or absent the 300 s total timeout of the aiohttp client
-/// session inference-perf sends with (aiohttp's `ClientTimeout` default);
-/// the failed requests of the ground truth end after 300.0–301.0 s.
-fn gt_request_timeout_s(dir: &Path) -> Result<f64> {
+/// The settings of a run's client, each from the first of
+/// `results/config.yaml` (what inference-perf actually ran) and
+/// `profile.yaml` that has it: the shared-prefix data settings, and the
+/// timeout per request in seconds, inference-perf's `load.request_timeout`;
+/// when it is null or absent, the 300 s total timeout of the aiohttp client
+/// session inference-perf sends with (aiohttp's `ClientTimeout` default;
+/// the failed requests of the ground truth end after 300.0–301.0 s).
+///
+/// Each file is parsed once, for what is still wanted (a part of a file
+/// that is not wanted is not checked).
+///
+/// # Errors
+/// A file read that is not valid YAML, or whose wanted part is invalid.
+fn gt_client_settings(dir: &Path) -> Result<(Option<crate::spec::InferencePerfSharedPrefix>, f64)> {
+    use serde::de::{DeserializeOwned, IgnoredAny};
     #[derive(Deserialize)]
     struct Load {
         #[serde(default)]
         request_timeout: Option<f64>,
     }
     #[derive(Deserialize)]
-    struct F {
-        #[serde(default)]
-        load: Option<Load>,
+    #[serde(bound = "D: DeserializeOwned, L: DeserializeOwned")]
+    struct F<D, L> {
+        #[serde(default = "none")]
+        data: Option<D>,
+        #[serde(default = "none")]
+        load: Option<L>,
     }
+    fn none<T>() -> Option<T> {
+        None
+    }
+    fn parse<D: DeserializeOwned, L: DeserializeOwned>(p: &Path, text: &str) -> Result<F<D, L>> {
+        serde_saphyr::from_str(text).map_err(|e| yaml_error(p, text, &e))
+    }
+    let shared = |d: Option<crate::spec::InferencePerfData>| d.and_then(|d| d.shared_prefix);
+    let timeout = |l: Option<Load>| l.and_then(|l| l.request_timeout).filter(|t| *t > 0.0);
+    let (mut shared_prefix, mut timeout_s) = (None, None);
     for name in ["results/config.yaml", "profile.yaml"] {
         let p = dir.join(name);
-        if let Ok(text) = crate::text::read_text(&p) {
-            let f: F = serde_saphyr::from_str(&text).map_err(|e| yaml_error(&p, &text, &e))?;
-            if let Some(t) = f.load.and_then(|l| l.request_timeout).filter(|t| *t > 0.0) {
-                return Ok(t);
+        let Ok(text) = crate::text::read_text(&p) else {
+            continue;
+        };
+        match (shared_prefix.is_none(), timeout_s.is_none()) {
+            (true, true) => {
+                let f: F<_, _> = parse(&p, &text)?;
+                shared_prefix = shared(f.data);
+                timeout_s = timeout(f.load);
             }
+            (true, false) => shared_prefix = shared(parse::<_, IgnoredAny>(&p, &text)?.data),
+            (false, true) => timeout_s = timeout(parse::<IgnoredAny, _>(&p, &text)?.load),
+            (false, false) => break,
         }
     }
-    Ok(300.0)
+    Ok((shared_prefix, timeout_s.unwrap_or(300.0)))
 }
 
 /// Unix µs of an experiment name's leading `YYYYMMDD-HHMMSS` (read as UTC).
@@ -534,36 +541,42 @@ fn experiment_start_us(name: &str) -> Option<i64> {
 /// # Errors
 /// Missing or malformed files, naming them.
 pub fn vllm_gt(dir: &Path) -> Result<Trace> {
-    // The requests' records are made from the replay file while the
-    // measurements parse beside them; their outcomes are filled in after.
-    let (exp, replay, truth, (run, mut records)) = gt_files(dir, |exp, replay| {
-        let run = gt_run(dir, exp, replay)?;
-        let records: Vec<TraceRecord> = replay
-            .requests
-            .iter()
-            .map(|r| run.request_record(r))
-            .collect();
-        Ok((run, records))
-    })?;
+    let GtFiles {
+        exp,
+        replay,
+        truth,
+        shared_prefix,
+        timeout_s,
+    } = gt_files(dir)?;
+    let run = gt_run(dir, &exp, &replay, shared_prefix, timeout_s);
     let mut by_index: Vec<Option<&GtTruth>> = vec![None; replay.requests.len()];
     for t in &truth {
         if let Some(slot) = by_index.get_mut(t.index as usize) {
             *slot = Some(t);
         }
     }
-    for (record, r) in records.iter_mut().zip(&replay.requests) {
+    let record = |r: &GtRequest| {
+        let mut record = run.request_record(r);
         record.outcome = run.outcome(r, by_index.get(r.index as usize).copied().flatten());
-    }
+        record
+    };
+    let mut records: Vec<TraceRecord> = replay.requests.iter().map(record).collect();
     sort_by_arrival(&mut records);
     let mut header = gt_header(&exp, &replay);
     header.run_start_unix_us = Some(run.run_start);
     Ok(Trace::new(header, records))
 }
 
-/// What a ground-truth run's records share: read from the run's files
-/// beside the replay (`profile.yaml`, the client's timeout).
-fn gt_run(dir: &Path, exp: &GtExpConfig, replay: &GtReplay) -> Result<GtRun> {
-    let shared_prefix = gt_shared_prefix(dir)?;
+/// What every record of a ground-truth run shares: from its replay file
+/// and its client's settings (`shared_prefix`, and the timeout per request
+/// in seconds: [`gt_client_settings`]).
+fn gt_run(
+    dir: &Path,
+    exp: &GtExpConfig,
+    replay: &GtReplay,
+    shared_prefix: Option<crate::spec::InferencePerfSharedPrefix>,
+    timeout_s: f64,
+) -> GtRun {
     // inference-perf sent `groups × prompts` distinct prompts in a repeating
     // cycle; which prompt a request carried is not recorded, so request i is
     // given prompt i mod N (the same reuse distance as the real cycle).
@@ -586,7 +599,7 @@ fn gt_run(dir: &Path, exp: &GtExpConfig, replay: &GtReplay) -> Result<GtRun> {
         n.min(GT_CACHED_PROMPTS)
             .min(u32::try_from(replay.requests.len()).unwrap_or(u32::MAX))
     };
-    Ok(GtRun {
+    GtRun {
         run_start: experiment_start_us(&exp_name).unwrap_or(0),
         client: Arc::from(if replay.profile.is_empty() {
             "vllm-gt"
@@ -598,7 +611,7 @@ fn gt_run(dir: &Path, exp: &GtExpConfig, replay: &GtReplay) -> Result<GtRun> {
         } else {
             replay.model_id.as_str()
         }),
-        timeout_us: (gt_request_timeout_s(dir)? * 1e6).round() as i64,
+        timeout_us: (timeout_s * 1e6).round() as i64,
         output_len: shared_prefix
             .as_ref()
             .map(|s| s.output_len)
@@ -614,19 +627,31 @@ fn gt_run(dir: &Path, exp: &GtExpConfig, replay: &GtReplay) -> Result<GtRun> {
             (0..cached(n).div_ceil(per)).map(gt_group).collect()
         }),
         exp_name,
-    })
+    }
 }
 
-/// A ground-truth run's three files: `exp-config.yaml`, and in
-/// `replay_data/` the replay (`<exp>.json`) and its measurements
-/// (`<exp>_ground_truth.json`).
+/// A ground-truth run's files, read and checked.
+struct GtFiles {
+    exp: GtExpConfig,
+    replay: GtReplay,
+    truth: Vec<GtTruth>,
+    /// The client's shared-prefix settings ([`gt_client_settings`]).
+    shared_prefix: Option<crate::spec::InferencePerfSharedPrefix>,
+    /// The client's timeout per request, seconds ([`gt_client_settings`]).
+    timeout_s: f64,
+}
+
+/// A ground-truth run's files: `exp-config.yaml`; in `replay_data/` the
+/// replay (`<exp>.json`) and its measurements (`<exp>_ground_truth.json`);
+/// the client's settings (`results/config.yaml`, else `profile.yaml`).
 ///
-/// `prepare` runs on the calling thread once the replay file is read and
-/// checked, while the measurements are still parsing on another.
-fn gt_files<T>(
-    dir: &Path,
-    prepare: impl FnOnce(&GtExpConfig, &GtReplay) -> Result<T>,
-) -> Result<(GtExpConfig, GtReplay, Vec<GtTruth>, T)> {
+/// # Errors
+/// The first of: `exp-config.yaml` unreadable or invalid; the replay or
+/// the measurements file missing; the replay file unreadable, invalid or
+/// with an arrival beyond ±2^53 µs; the client's settings invalid; the
+/// measurements file unreadable or invalid; a measurement that is not
+/// seconds within a year.
+fn gt_files(dir: &Path) -> Result<GtFiles> {
     let exp_path = dir.join("exp-config.yaml");
     let exp_text = crate::text::read_text(&exp_path).map_err(|e| Error::io(&exp_path, e))?;
     let exp: GtExpConfig =
@@ -674,27 +699,28 @@ fn gt_files<T>(
         )),
         None => Ok(()),
     };
-    // The two files are read and parsed at once (the measurements on a
-    // second thread): neither depends on the other.
-    let (replay, truth) = std::thread::scope(|scope| {
-        let truth = scope.spawn(|| -> Result<Vec<GtTruth>> {
-            serde_json::from_str(&read_json(&truth_path)?).map_err(|e| json_err(&truth_path, e))
+    // The replay is parsed on this thread while the client's settings and
+    // the measurements are read and parsed on a second one: none depends on
+    // another.
+    let (replay, settings, truth) = std::thread::scope(|scope| {
+        let others = scope.spawn(|| {
+            let settings = gt_client_settings(dir);
+            let truth = read_json(&truth_path).and_then(|t| {
+                serde_json::from_str::<Vec<GtTruth>>(&t).map_err(|e| json_err(&truth_path, e))
+            });
+            (settings, truth)
         });
         let replay = read_json(&replay_path)
             .and_then(|t| {
                 serde_json::from_str::<GtReplay>(&t).map_err(|e| json_err(&replay_path, e))
             })
-            .and_then(|replay| {
-                check_replay(&replay)?;
-                let prepared = prepare(&exp, &replay)?;
-                Ok((replay, prepared))
-            });
-        let truth = truth
+            .and_then(|replay| check_replay(&replay).map(|()| replay));
+        let (settings, truth) = others
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (replay, truth)
+        (replay, settings, truth)
     });
-    let ((replay, prepared), truth) = (replay?, truth?);
+    let (replay, (shared_prefix, timeout_s), truth) = (replay?, settings?, truth?);
     let year_s = 3.2e7;
     let ok = |s: f64| s.is_finite() && (0.0..=year_s).contains(&s);
     if let Some(t) = truth
@@ -709,7 +735,13 @@ fn gt_files<T>(
             ),
         ));
     }
-    Ok((exp, replay, truth, prepared))
+    Ok(GtFiles {
+        exp,
+        replay,
+        truth,
+        shared_prefix,
+        timeout_s,
+    })
 }
 
 /// The prompt length of a request whose length was not recorded (the
@@ -938,5 +970,65 @@ mod tests {
             (40, 5120, 8)
         );
         assert_eq!(s.not_understood, vec!["head_dim".to_string()]);
+    }
+
+    /// The client's settings come from the first file that has each,
+    /// `results/config.yaml` before `profile.yaml`; a file is read only
+    /// for what is still wanted, and only that part of it is checked.
+    #[test]
+    fn a_runs_client_settings_come_from_the_first_file_that_has_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        let remove = |name: &str| std::fs::remove_file(dir.path().join(name)).unwrap();
+        let settings =
+            || gt_client_settings(dir.path()).map(|(s, t)| (s.map(|s| s.system_prompt_len), t));
+        let shared = |len: u32| {
+            format!(
+                "data: {{type: shared_prefix, shared_prefix: {{num_groups: 2, num_prompts_per_group: 3, system_prompt_len: {len}, question_len: 10, output_len: 5}}}}\n"
+            )
+        };
+        // Neither file: no shared prefix, aiohttp's 300 s.
+        assert_eq!(settings().unwrap(), (None, 300.0));
+        // The run's config has the prompts, not the timeout (null): the
+        // profile's timeout, the config's prompts.
+        write(
+            "results/config.yaml",
+            &format!("{}load: {{request_timeout: null}}\n", shared(100)),
+        );
+        write(
+            "profile.yaml",
+            &format!("{}load: {{request_timeout: 30}}\n", shared(7)),
+        );
+        assert_eq!(settings().unwrap(), (Some(100), 30.0));
+        // Both in the config: the profile is not read (here not even YAML).
+        write(
+            "results/config.yaml",
+            &format!("{}load: {{request_timeout: 12.5}}\n", shared(100)),
+        );
+        write("profile.yaml", "{ not: [yaml");
+        assert_eq!(settings().unwrap(), (Some(100), 12.5));
+        // The config has only the timeout: the profile is read for its
+        // prompts alone, its `load` (here invalid) left unchecked.
+        write("results/config.yaml", "load: {request_timeout: 12.5}\n");
+        write(
+            "profile.yaml",
+            &format!("{}load: {{request_timeout: [1, 2]}}\n", shared(7)),
+        );
+        assert_eq!(settings().unwrap(), (Some(7), 12.5));
+        // Only a profile, with both.
+        remove("results/config.yaml");
+        write(
+            "profile.yaml",
+            &format!("{}load: {{request_timeout: 60}}\n", shared(7)),
+        );
+        assert_eq!(settings().unwrap(), (Some(7), 60.0));
+        // A wanted part that is invalid is an error naming the file.
+        write("results/config.yaml", "load: {request_timeout: soon}\n");
+        let e = settings().unwrap_err().to_string();
+        assert!(e.contains("config.yaml"), "{e}");
     }
 }

@@ -618,17 +618,50 @@ impl Collector {
         // Each member's tokens in these steps: its first index, the steps
         // from which it has tokens (a new member's first gap is counted
         // apart) and before which they are not its last.
-        let members = r.tags.iter().filter_map(|&tag| {
-            let m = self.rosters.by_tag[tag as usize].as_ref()?;
-            let done = r.steps_done - m.s0;
-            let base = m.join.next_index + done as u32;
+        let steps_done = r.steps_done;
+        let members = r.spans.iter().map(|m| {
+            let done = steps_done - m.s0;
+            let base = m.next_index + done as u32;
             let q0 = usize::from(done == 0).min(count);
-            let q_last = (m.join.target.saturating_sub(base) as usize).clamp(q0, count);
-            Some((base, q0, q_last))
+            let q_last = (m.target.saturating_sub(base) as usize).clamp(q0, count);
+            (base, q0, q_last)
         });
-        // (The table is made once, before its smaller increment is used.)
-        let last = members.clone().map(|(b, _, q)| b + q as u32).max();
-        let by_table = self.delay_steps.prepare(itl, last.unwrap_or(0));
+        // (The table is made once, before its smaller increment is used,
+        // up to the longest output of the instance's members so far: every
+        // index a member's tokens reach in these steps.)
+        let by_table = self.delay_steps.prepare(itl, r.max_target);
+        if count == 1
+            && by_table
+            && let Some(g) = step_gap(0)
+        {
+            // One step (most notes): the general loop below for a single
+            // token each, without its per-step arrays.
+            let up = self.delay_steps.up();
+            let (mut n_up, mut n) = (0u64, 0u64);
+            for m in &r.spans {
+                let done = steps_done - m.s0;
+                if done == 0 {
+                    // (Its first gap as a member is counted apart.)
+                    continue;
+                }
+                let base = m.next_index + done as u32;
+                if base < m.target {
+                    n_up += u64::from(up[base as usize]);
+                    n += 1;
+                } else {
+                    let extra = itl.extra_us(base, true) - itl.extra_us(base - 1, false);
+                    self.itl.add(g + extra, 1);
+                }
+            }
+            if n > 0 {
+                let lo = self.delay_steps.lo();
+                self.itl.add(g + lo, n - n_up);
+                self.itl.add(g + lo + 1, n_up);
+            }
+            self.member_ups = ups;
+            self.member_counts = with;
+            return;
+        }
         for (base, q0, q_last) in members {
             // Its tokens before its last by the table, when it serves.
             let by_token = if by_table && q_last > q0 {

@@ -23,6 +23,11 @@ pub(super) struct Member {
 pub(super) struct Roster {
     /// The members' tags (in no particular order).
     pub(super) tags: Vec<u32>,
+    /// What counting the members' gaps needs of each, beside its tag in
+    /// [`Roster::tags`] (read in order, without a lookup per member).
+    pub(super) spans: Vec<MemberSpan>,
+    /// The largest output length of its members so far.
+    pub(super) max_target: u32,
     /// Members that joined since the last steps (their first token's gap
     /// is their own).
     pub(super) fresh: Vec<u32>,
@@ -37,6 +42,15 @@ pub(super) struct Roster {
     pub(super) prev_end: Option<i64>,
     /// The end of the last step of that report, µs.
     pub(super) last_end: Option<i64>,
+}
+
+/// The tokens of a member: its output index at its instance's
+/// [`Roster::steps_done`] `s0` (when it joined), and its output length.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MemberSpan {
+    pub(super) s0: u64,
+    pub(super) next_index: u32,
+    pub(super) target: u32,
 }
 
 /// A member's tokens when it leaves: `(count, instance index of the first
@@ -78,6 +92,12 @@ impl Rosters {
             pos: r.tags.len() as u32,
         };
         r.tags.push(join.tag);
+        r.spans.push(MemberSpan {
+            s0: r.steps_done,
+            next_index: join.next_index,
+            target: join.target,
+        });
+        r.max_target = r.max_target.max(join.target);
         r.fresh.push(join.tag);
         let t = join.tag as usize;
         if self.by_tag.len() <= t {
@@ -102,6 +122,7 @@ impl Rosters {
         // (The vector goes back empty, for its capacity.)
         r.tags = tags;
         r.tags.clear();
+        r.spans.clear();
     }
 
     /// Removes member `tag`; returns it with its tokens as a member.
@@ -110,6 +131,7 @@ impl Rosters {
         let r = &mut self.of[m.instance as usize];
         let pos = m.pos as usize;
         r.tags.swap_remove(pos);
+        r.spans.swap_remove(pos);
         if let Some(&moved) = r.tags.get(pos)
             && let Some(other) = self.by_tag[moved as usize].as_mut()
         {

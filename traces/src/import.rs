@@ -466,13 +466,10 @@ fn gt_client_settings(dir: &Path) -> Result<(Option<crate::spec::InferencePerfSh
     #[derive(Deserialize)]
     #[serde(bound = "D: DeserializeOwned, L: DeserializeOwned")]
     struct F<D, L> {
-        #[serde(default = "none")]
+        #[serde(default)]
         data: Option<D>,
-        #[serde(default = "none")]
+        #[serde(default)]
         load: Option<L>,
-    }
-    fn none<T>() -> Option<T> {
-        None
     }
     fn parse<D: DeserializeOwned, L: DeserializeOwned>(p: &Path, text: &str) -> Result<F<D, L>> {
         serde_saphyr::from_str(text).map_err(|e| yaml_error(p, text, &e))

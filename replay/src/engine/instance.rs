@@ -945,6 +945,16 @@ impl Instance {
         s
     }
 
+    /// Whether a metrics sample just before `t` has to split the run in
+    /// flight ([`Instance::split_at`]) rather than read it
+    /// ([`Instance::snapshot_at`]): with a CPU KV tier, the steps done by
+    /// then have moved content between the tiers (the contents evicted
+    /// from the blocks they took go to the CPU tier, a content they
+    /// computed again leaves it), which only finishing them tells.
+    pub fn sample_splits_run(&self, t: i64) -> bool {
+        self.kv.tiered() && self.run_progress_at(t).is_some()
+    }
+
     /// What a router reads just before `t` ([`Instance::snapshot_at`]'s
     /// queue, batch and KV usage, without the counters): 16 bytes, read
     /// for every instance at every routing decision.

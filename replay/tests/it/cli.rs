@@ -1026,6 +1026,15 @@ fn a_cpu_kv_tier_reports_its_offloads_and_reloads_and_reruns_identically() {
     assert!(stdout.contains("CPU KV tier: 5000 blocks"), "{stdout}");
     let (_, b) = run("b", &["--kv-cpu-blocks", "5000"]);
     assert!(a == b, "a rerun with a CPU tier changed its outputs");
+    // Stepped one at a time, the same records and time series: a sample
+    // inside a run of decode steps sees the offloads of the blocks its
+    // steps took by then.
+    let (_, single) = run("single", &["--kv-cpu-blocks", "5000", "--no-fast-forward"]);
+    assert!(a[1] == single[1], "records differ with fast-forward");
+    assert!(
+        a[2] == single[2],
+        "the time series differs with fast-forward"
+    );
     let summary: serde_json::Value = serde_json::from_slice(&a[3]).unwrap();
     let tier = &summary["kv"]["cpu_tier"];
     assert!(tier["offloads"].as_u64().unwrap() > 0, "{tier}");

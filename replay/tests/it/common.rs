@@ -1,8 +1,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use blis_replay::engine::instance::{Snapshot, SpanTimes};
 use blis_replay::output::{Collector, Summary};
-use blis_replay::sim::{Input, SimOptions};
+use blis_replay::sim::{Done, Input, NotServed, SimOptions, Sink};
 use blis_replay::{Blackbox, EngineConfig, Instance, Model, replay};
 use blis_traces::{Mode, Request, TraceHeader, TraceRecord};
 
@@ -66,6 +67,67 @@ pub fn run_opts(
     let mut recs = recs.expect("kept");
     recs.sort_by_key(|r| r.request.request_id);
     (s, recs)
+}
+
+/// [`run_opts`], also returning every metrics sample the replay took
+/// (time, snapshot), the fast-forward diagnostic count zeroed.
+pub fn run_sampled(
+    cfg: EngineConfig,
+    model: Model,
+    reqs: Vec<Request>,
+    opts: SimOptions,
+) -> (Summary, Vec<TraceRecord>, Vec<(i64, Snapshot)>) {
+    let mut inst = Instance::new(cfg, model);
+    let inputs = inputs(reqs);
+    let mut sink = Sampled {
+        inner: Collector::in_memory(0),
+        samples: Vec::new(),
+    };
+    let last = replay(&mut inst, inputs, &opts, &mut sink);
+    inst.check().expect("invariants at the end");
+    let (s, recs) = sink
+        .inner
+        .finish(&TraceHeader::new(Mode::Replayed), &last, "test")
+        .expect("finish");
+    let mut recs = recs.expect("kept");
+    recs.sort_by_key(|r| r.request.request_id);
+    (s, recs, sink.samples)
+}
+
+/// A collector that also keeps the samples it is given.
+struct Sampled {
+    inner: Collector,
+    samples: Vec<(i64, Snapshot)>,
+}
+
+impl Sink for Sampled {
+    fn wants_tokens(&self) -> bool {
+        self.inner.wants_tokens()
+    }
+    fn steps(&mut self, instance: u32, first_step: u64, ends: &[i64]) {
+        self.inner.steps(instance, first_step, ends)
+    }
+    fn tokens(&mut self, rec: Option<&TraceRecord>, streaming: bool, times: SpanTimes<'_>) {
+        self.inner.tokens(rec, streaming, times)
+    }
+    fn wants_token_records(&self) -> bool {
+        self.inner.wants_token_records()
+    }
+    fn finished(&mut self, done: Done<'_>) {
+        self.inner.finished(done)
+    }
+    fn not_served(&mut self, rec: TraceRecord, entry_us: i64, why: NotServed) {
+        self.inner.not_served(rec, entry_us, why)
+    }
+    fn sample(&mut self, t_us: i64, snap: &Snapshot) {
+        let mut s = *snap;
+        s.counters.fast_forwarded_steps = 0;
+        self.samples.push((t_us, s));
+        self.inner.sample(t_us, snap)
+    }
+    fn slo(&self) -> Option<blis_traces::slo::Slo> {
+        self.inner.slo()
+    }
 }
 
 /// The planned requests as simulator inputs, in arrival order.

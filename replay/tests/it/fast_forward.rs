@@ -7,7 +7,7 @@ use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Model, SchedulerPolicy};
 use proptest::prelude::*;
 
-use crate::common::{req, run_opts, simple_model, with_prefix};
+use crate::common::{req, run_sampled, simple_model, with_prefix};
 
 fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample: Option<i64>) {
     let opts = SimOptions {
@@ -22,9 +22,11 @@ fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample
         fast_forward: false,
         ..cfg
     };
-    let (s1, r1) = run_opts(on, model.clone(), reqs.clone(), opts);
-    let (s2, r2) = run_opts(off, model, reqs, opts);
+    let (s1, r1, m1) = run_sampled(on, model.clone(), reqs.clone(), opts);
+    let (s2, r2, m2) = run_sampled(off, model, reqs, opts);
     assert_eq!(r1, r2);
+    // Every sample (the time series) too.
+    assert_eq!(m1, m2);
     assert_eq!(s1.steps, s2.steps);
     assert_eq!(s2.fast_forwarded_steps, 0);
     let strip = |mut s: blis_replay::output::Summary| {

@@ -749,9 +749,11 @@ impl<'a> Session<'a> {
                 d.step(now, limit, next.instance, sink);
             }
             Source::Sample => {
+                // (A tiered instance's run is brought to the sample's
+                // time, as `snapshot_at(now + 1)` would read it.)
                 for i in 0..d.insts.len() {
                     if d.insts[i].sample_splits_run(now + 1) {
-                        d.split_for_sample(i, now + 1, sink);
+                        d.sync(i, now + 1, sink);
                     }
                 }
                 d.snaps.clear();
@@ -1346,17 +1348,6 @@ impl Driver<'_> {
             now
         };
         if self.inst_mut(inst).split_at(at, &mut report) {
-            self.deliver(inst, &mut report, sink);
-        }
-        self.report = Some(report);
-    }
-
-    /// Finishes the steps of instance `inst`'s run in flight that ended
-    /// before `t`, for a metrics sample that cannot read them otherwise
-    /// ([`Instance::sample_splits_run`]).
-    fn split_for_sample<S: Sink>(&mut self, inst: usize, t: i64, sink: &mut S) {
-        let mut report = self.report.take().unwrap_or_default();
-        if self.inst_mut(inst).split_at(t, &mut report) {
             self.deliver(inst, &mut report, sink);
         }
         self.report = Some(report);

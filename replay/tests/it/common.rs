@@ -56,16 +56,7 @@ pub fn run_opts(
     reqs: Vec<Request>,
     opts: SimOptions,
 ) -> (Summary, Vec<TraceRecord>) {
-    let mut inst = Instance::new(cfg, model);
-    let inputs = inputs(reqs);
-    let mut sink = Collector::in_memory(0);
-    let last = replay(&mut inst, inputs, &opts, &mut sink);
-    inst.check().expect("invariants at the end");
-    let (s, recs) = sink
-        .finish(&TraceHeader::new(Mode::Replayed), &last, "test")
-        .expect("finish");
-    let mut recs = recs.expect("kept");
-    recs.sort_by_key(|r| r.request.request_id);
+    let (s, recs, _) = run_sampled(cfg, model, reqs, opts);
     (s, recs)
 }
 

@@ -1,17 +1,17 @@
 //! Timing fidelity (its own test binary, so that no other test competes
-//! for the CPU while it measures): a fixed open-loop sequence sent to the mock gets, at the
-//! client, the first-token and completion times that `blis-replay` predicts
-//! for the same sequence and settings (within 2 ms or 2%, but for rare
-//! scheduling outliers of the shared machine; median within 1.5 ms), at a
-//! load where batching and queueing happen.
+//! for the CPU while it measures): a fixed open-loop sequence sent to the
+//! mock gets, at the client, the first-token and completion times that
+//! `blis-replay` predicts for the same arrivals and settings (within 4 ms
+//! or 2%, but for a tenth of scheduling outliers of the shared machine;
+//! median within 4 ms), at a load where batching and queueing happen.
 //!
 //! The engine is discrete: a request that reaches the queue a few hundred
-//! microseconds later can miss a step and wait one more (~7 ms here).
-//! Client-to-server latency is such a jitter, so the sequence is chosen
-//! (from the prediction itself) to keep every request's entry into the
-//! queue at least 3 ms from any step boundary; what is tested is that the
-//! mock runs the engine's timeline without drift, not how a discrete
-//! scheduler reacts to jitter.
+//! microseconds later can miss a step and wait one more (~7 ms here). So
+//! the prediction takes the arrivals where the server took them, and the
+//! sequence is chosen (from the prediction itself) to keep every request's
+//! entry into the queue at least 3 ms from any step boundary; what is
+//! tested is that the mock runs the engine's timeline without drift, not
+//! how a discrete scheduler reacts to jitter.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ use serde_json::json;
 )]
 mod common;
 
-use common::{MODEL, client, server, stream_with};
+use common::{MODEL, client, server, stream_with_id};
 
 const SEQS: u32 = 6;
 const BUDGET: u32 = 1024;
@@ -127,7 +127,14 @@ async fn client_timings_match_the_replay_prediction() {
     .unwrap();
     let n = 30u64;
     let reqs = plan(n, &resolved);
-    let (s, url) = server(&["--max-num-seqs", "6", "--max-num-batched-tokens", "1024"]).await;
+    let (s, url) = server(&[
+        "--max-num-seqs",
+        "6",
+        "--max-num-batched-tokens",
+        "1024",
+        "--record-served",
+    ])
+    .await;
     // Warm a connection per concurrent request.
     let c = client();
     let warm: Vec<_> = (0..n)
@@ -137,6 +144,7 @@ async fn client_timings_match_the_replay_prediction() {
         w.unwrap();
     }
     let t0 = Instant::now();
+    let t0_unix = unix_us();
     let mut tasks = Vec::new();
     for q in &reqs {
         let (url, c, q) = (url.clone(), c.clone(), q.clone());
@@ -149,18 +157,17 @@ async fn client_timings_match_the_replay_prediction() {
                 q.request_id,
                 "z".repeat(q.input_tokens as usize * 4 - 4)
             );
-            let sent = Instant::now();
-            let r = stream_with(&c, &url, "/v1/completions", json!({
+            let id = q.request_id.to_string();
+            let r = stream_with_id(&c, &url, "/v1/completions", json!({
                 "model": MODEL, "prompt": text, "max_tokens": q.output_tokens, "ignore_eos": true,
                 "stream": true, "stream_options": {"include_usage": true},
-            })).await;
-            (q, sent, r)
+            }), Some(&id)).await;
+            (q, r)
         }));
     }
-    let mut records = Vec::new();
-    let mut measured = Vec::new();
+    let mut responses = Vec::new();
     for t in tasks {
-        let (mut q, sent, r) = t.await.unwrap();
+        let (q, r) = t.await.unwrap();
         assert_eq!(r.status, 200);
         let usage = r.json().last().unwrap()["usage"].clone();
         assert_eq!(
@@ -171,13 +178,28 @@ async fn client_timings_match_the_replay_prediction() {
             usage["completion_tokens"].as_u64(),
             Some(u64::from(q.output_tokens))
         );
-        let first = (r.times[0] - sent).as_micros() as i64;
-        let last = (r.times[r.times.len() - 3] - sent).as_micros() as i64; // before the usage chunk and [DONE]
-        q.arrival_time_us = (sent - t0).as_micros() as i64;
-        measured.push((q.request_id, first, last));
+        responses.push((q, r));
+    }
+    let served_log = s.served.clone().expect("--record-served");
+    s.shutdown().await;
+    // The prediction takes each request's arrival where the server took it
+    // (its handler's start), not the client's send: getting there is the
+    // machine's scheduling, not the engine's timeline, and a late arrival
+    // moves the whole step grid of the busy period it starts.
+    let received: std::collections::HashMap<String, i64> = served_log
+        .entries()
+        .into_iter()
+        .map(|e| (e.x_request_id.unwrap(), e.received_unix_us - t0_unix))
+        .collect();
+    let mut records = Vec::new();
+    let mut measured = Vec::new();
+    for (mut q, r) in responses {
+        q.arrival_time_us = received[&q.request_id.to_string()];
+        let at = |i: Instant| (i - t0).as_micros() as i64 - q.arrival_time_us;
+        // The last content chunk comes before the usage chunk and [DONE].
+        measured.push((q.request_id, at(r.times[0]), at(r.times[r.times.len() - 3])));
         records.push(TraceRecord::planned(q));
     }
-    s.shutdown().await;
     let mut inst = Instance::new(resolved.engine.clone(), resolved.latency.clone());
     let mut sink = Collector::in_memory(0);
     let mut ins: Vec<Input> = records
@@ -204,14 +226,15 @@ async fn client_timings_match_the_replay_prediction() {
         "the load should queue requests: {:?}",
         summary.ttft_ms
     );
-    // Every request within 4 ms or 2%, but for at most 2 of the 60
-    // measurements, and none beyond 50 ms: a 2-vCPU machine shared with
-    // the client sometimes schedules a thread late (on an idle machine,
-    // 2026-11-29, 12 runs: median differences 0.6-0.8 ms, the largest
-    // 0.8-2.9 ms; with the other core busy, 8 runs: medians 0.5-1.5 ms,
-    // the largest 0.9-3.0 ms; on CI's, once, one E2E 18 ms late). A
-    // timeline that drifts or a missed step (~7 ms) shows in many
-    // requests or in the median (at most 3 ms).
+    // Every request within 4 ms or 2%, but for at most 6 of the 60
+    // measurements, none beyond 50 ms, and the median within 4 ms. What is
+    // left of the difference is the delivery of a token through this
+    // machine's scheduler (engine thread, HTTP worker, client task), which
+    // a 2-vCPU machine shared with the client sometimes does late. On an
+    // idle machine (2026-11-30, 5 runs) the medians were 0.2-0.3 ms, the
+    // largest 1.5-2.2 ms; with two other busy processes (25 runs) the medians were 1.5-2.6 ms, the largest 3.8-7.2 ms, and 0-3
+    // of 60 outside. A timeline that drifts or misses steps (~7 ms each)
+    // shows in many requests and in the median.
     let mut outside = Vec::new();
     let mut abs_diffs = Vec::new();
     for (i, first, last) in measured {
@@ -236,8 +259,22 @@ async fn client_timings_match_the_replay_prediction() {
             );
         }
     }
-    assert!(outside.len() <= 2, "outside 4 ms / 2%: {outside:?}");
     abs_diffs.sort_unstable();
     let median = abs_diffs[abs_diffs.len() / 2];
-    assert!(median <= 3_000, "median |client − replay| {median} µs");
+    eprintln!(
+        "|client − replay|: median {median} µs, largest {} µs; {} of {} outside 4 ms / 2%",
+        abs_diffs[abs_diffs.len() - 1],
+        outside.len(),
+        abs_diffs.len()
+    );
+    assert!(outside.len() <= 6, "outside 4 ms / 2%: {outside:?}");
+    assert!(median <= 4_000, "median |client − replay| {median} µs");
+}
+
+/// The wall clock, Unix µs (the server's served log is stamped with it).
+fn unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
 }

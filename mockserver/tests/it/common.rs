@@ -46,12 +46,22 @@ pub async fn stream(url: &str, path: &str, body: Value) -> Streamed {
 }
 
 pub async fn stream_with(c: &reqwest::Client, url: &str, path: &str, body: Value) -> Streamed {
-    let resp = c
-        .post(format!("{url}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    stream_with_id(c, url, path, body, None).await
+}
+
+/// [`stream_with`], sending `x-request-id` when given.
+pub async fn stream_with_id(
+    c: &reqwest::Client,
+    url: &str,
+    path: &str,
+    body: Value,
+    x_request_id: Option<&str>,
+) -> Streamed {
+    let mut req = c.post(format!("{url}{path}")).json(&body);
+    if let Some(id) = x_request_id {
+        req = req.header("x-request-id", id);
+    }
+    let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let mut s = resp.bytes_stream().eventsource();
     let (mut events, mut times, mut error) = (Vec::new(), Vec::new(), None);

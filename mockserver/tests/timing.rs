@@ -232,9 +232,10 @@ async fn client_timings_match_the_replay_prediction() {
     // machine's scheduler (engine thread, HTTP worker, client task), which
     // a 2-vCPU machine shared with the client sometimes does late. On an
     // idle machine (2026-11-30, 5 runs) the medians were 0.2-0.3 ms, the
-    // largest 1.5-2.2 ms; with two other busy processes (25 runs) the medians were 1.5-2.6 ms, the largest 3.8-7.2 ms, and 0-3
-    // of 60 outside. A timeline that drifts or misses steps (~7 ms each)
-    // shows in many requests and in the median.
+    // largest 1.5-2.2 ms; with two other busy processes (45 runs) the
+    // medians were 1.2-2.6 ms, the largest 3.8-8.1 ms, and 0-3 of 60
+    // outside. A timeline that drifts or misses steps (~7 ms each) shows
+    // in many requests and in the median.
     let mut outside = Vec::new();
     let mut abs_diffs = Vec::new();
     for (i, first, last) in measured {

@@ -8,8 +8,9 @@
 # Each case: one warm-up, then RUNS runs (the 1M-request case: RUNS_BIG
 # runs, default 1, no warm-up); prints the median, min and max wall time
 # (bash's EPOCHREALTIME around the process; each run writes new files) and
-# the peak resident memory (GNU time), with the machine's load average
-# before and after. Engine settings
+# the peak resident memory (GNU time), then whether the median is within
+# the case's aim (and, at 1M requests, the peak within 200 MB), with the
+# machine's load average before and after. Engine settings
 # are the bench README's: Qwen2.5-7B on an H100, TP 1; the race cases with
 # 61,048 KV blocks, max_num_seqs 256, max_num_batched_tokens 2048,
 # max_model_len 32768, block_size 16, no async scheduling, round-robin.
@@ -43,13 +44,15 @@ cluster=(--model qwen/qwen2.5-7b-instruct --hardware H100 --tp 1 --num-instances
 sed -e "s/^aggregate_rate: .*/aggregate_rate: $((22 * 64)).0/" \
     -e "s/^num_requests: .*/num_requests: 1000000/" "$B/race-1k-x1.yaml" >"$dir/race-1m-x64.yaml"
 
-# case NAME RUNS COMMAND...: times COMMAND --out DIR/out. Peak memory
-# comes from a run under GNU time (the warm-up; without one, every timed
-# run), the wall time from runs without it (its fork and exec would add a
-# few ms to the small cases).
+# case NAME RUNS AIM_S PEAK_AIM_MB COMMAND...: times COMMAND --out
+# DIR/out against its aims (a median of at most AIM_S seconds; a peak of
+# at most PEAK_AIM_MB, 0 for none). Peak memory comes from a run under GNU
+# time (the warm-up; without one, every timed run), the wall time from
+# runs without it (its fork and exec would add a few ms to the small
+# cases).
 case_() {
-    local name=$1 runs=$2
-    shift 2
+    local name=$1 runs=$2 aim=$3 peak_aim=$4
+    shift 4
     if [ -n "${CASES:-}" ] && ! [[ " $CASES " == *" $name "* ]]; then
         return
     fi
@@ -79,28 +82,35 @@ case_() {
         times+=("$(echo "$t1 - $t0" | bc -l)")
         rm -f "$dir"/out.*
     done
-    printf '%s\n' "${times[@]}" | sort -n | awk -v name="$name" -v peak="$peak" '
+    printf '%s\n' "${times[@]}" | sort -n | awk -v name="$name" -v peak="$peak" \
+        -v aim="$aim" -v peak_aim="$peak_aim" '
         { v[NR] = $1 }
-        END { printf "%-34s median %8.3f s (min %.3f, max %.3f, %d runs), peak %4d MB\n",
-              name, v[int((NR + 1) / 2)], v[1], v[NR], NR, peak / 1024 }'
+        END {
+            med = v[int((NR + 1) / 2)]
+            met = med <= aim && (peak_aim == 0 || peak / 1024 <= peak_aim)
+            limit = sprintf("<= %g s", aim)
+            if (peak_aim > 0) limit = limit sprintf(", <= %d MB", peak_aim)
+            printf "%-34s median %8.3f s (min %.3f, max %.3f, %d runs), peak %4d MB; aim %s: %s\n",
+                name, med, v[1], v[NR], NR, peak / 1024, limit, met ? "met" : "not met"
+        }'
 }
 
 echo "# $R, $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-case_ race-1k-x1/roofline "$RUNS" $R run --workload-spec $B/race-1k-x1.yaml --num-instances 1 \
+case_ race-1k-x1/roofline "$RUNS" 0.010 0 $R run --workload-spec $B/race-1k-x1.yaml --num-instances 1 \
     "${race[@]}" --latency-model roofline
-case_ race-10k-x4/roofline "$RUNS" $R run --workload-spec $B/race-10k-x4.yaml --num-instances 4 \
+case_ race-10k-x4/roofline "$RUNS" 0.033 0 $R run --workload-spec $B/race-10k-x4.yaml --num-instances 4 \
     "${race[@]}" --latency-model roofline
-case_ race-100k-x16/roofline "$RUNS" $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
+case_ race-100k-x16/roofline "$RUNS" 0.49 0 $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
     "${race[@]}" --latency-model roofline
-case_ race-100k-x16/blis-physics "$RUNS" $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
+case_ race-100k-x16/blis-physics "$RUNS" 0.58 0 $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
     "${race[@]}" --latency-model blis-physics
-case_ race-100k-x16/trained-physics "$RUNS" $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
+case_ race-100k-x16/trained-physics "$RUNS" 0.58 0 $R run --workload-spec $B/race-100k-x16.yaml --num-instances 16 \
     "${race[@]}" --latency-model trained-physics
-case_ cluster-100k/weighted "$RUNS" $R run --workload-spec $B/cluster-100k.yaml "${cluster[@]}" \
+case_ cluster-100k/weighted "$RUNS" 0.8 0 $R run --workload-spec $B/cluster-100k.yaml "${cluster[@]}" \
     --routing-scorers prefix-affinity:3,queue-depth:2,kv-utilization:2
-case_ cluster-100k/tiered "$RUNS" $R run --workload-spec $B/cluster-100k.yaml "${cluster[@]}" \
+case_ cluster-100k/tiered "$RUNS" 1.5 0 $R run --workload-spec $B/cluster-100k.yaml "${cluster[@]}" \
     --routing-scorers prefix-affinity:3,queue-depth:2 --total-kv-blocks 4000 --kv-cpu-blocks 40000 --no-itl
-case_ ground-truth-9k "$RUNS" $R run --import "vllm-gt:$GT"
-case_ race-1m-x64/roofline "$RUNS_BIG" $R run --workload-spec "$dir/race-1m-x64.yaml" --num-instances 64 \
+case_ ground-truth-9k "$RUNS" 0.060 0 $R run --import "vllm-gt:$GT"
+case_ race-1m-x64/roofline "$RUNS_BIG" 8 200 $R run --workload-spec "$dir/race-1m-x64.yaml" --num-instances 64 \
     "${race[@]}" --latency-model roofline
 echo "# done $(date -u +%H:%MZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -519,13 +519,15 @@ impl KvCache {
             return false;
         }
         if self.fresh_left > 0 {
-            self.take_fresh(1, table);
+            self.fresh_left -= 1;
+            self.free_count -= 1;
+            self.hand_out_one(table);
             return true;
         }
         if self.queue.front().is_some_and(|e| e.0 == RUN) {
             // (The head of the free queue a forgotten run, where
             // `allocate_checked` would call `take_forgotten` too.)
-            self.take_forgotten(1, table);
+            self.take_forgotten_one(table);
             return true;
         }
         self.allocate_checked(table, &[], 1);
@@ -693,11 +695,7 @@ impl KvCache {
         r.unhashed -= unhashed;
         r.hashed -= hashed;
         if r.unhashed == 0 && r.hashed == 0 {
-            self.runs.pop_front();
-            self.run_number = self.run_number.wrapping_add(1);
-            let head = self.queue.pop_front();
-            debug_assert_eq!(head.map(|e| e.0), Some(RUN));
-            self.offload_scan = self.offload_scan.saturating_sub(1);
+            self.end_forgotten_run();
         }
         let k = unhashed + hashed;
         let used = self.used();
@@ -720,6 +718,46 @@ impl KvCache {
         k
     }
 
+    /// [`KvCache::take_forgotten`] of one block (a decoding request's next
+    /// block, the commonest allocation), the same counts and offloads
+    /// without the general case's arithmetic and calls.
+    #[inline]
+    fn take_forgotten_one(&mut self, table: &mut Vec<u32>) {
+        let r = self.runs.front_mut().expect("a run per queue entry");
+        // Its unhashed blocks first (a run is never empty).
+        let hashed = r.unhashed == 0;
+        if hashed {
+            r.hashed -= 1;
+        } else {
+            r.unhashed -= 1;
+        }
+        if r.unhashed == 0 && r.hashed == 0 {
+            self.end_forgotten_run();
+        }
+        let used = self.used();
+        self.free_count -= 1;
+        if hashed {
+            self.evictions += 1;
+            if self.evict_offload_above != u32::MAX
+                && used + 1 > self.evict_offload_above
+                && let Some(cpu) = self.cpu.as_mut()
+            {
+                cpu.offload_forgotten();
+            }
+        }
+        self.hand_out_one(table);
+    }
+
+    /// The oldest forgotten run, all taken, leaves the head of the free
+    /// queue.
+    fn end_forgotten_run(&mut self) {
+        self.runs.pop_front();
+        self.run_number = self.run_number.wrapping_add(1);
+        let head = self.queue.pop_front();
+        debug_assert_eq!(head.map(|e| e.0), Some(RUN));
+        self.offload_scan = self.offload_scan.saturating_sub(1);
+    }
+
     /// Appends `k` of the never-used blocks (`k <= fresh_left`; forgotten
     /// ones serve in their place, see [`KvCache::hand_out`]) to `table`:
     /// they hold nothing to evict.
@@ -737,12 +775,7 @@ impl KvCache {
     fn hand_out(&mut self, k: u32, table: &mut Vec<u32>) {
         if k == 1 {
             // (A decoding request's next block: no loop.)
-            let b = match self.forgotten.pop() {
-                Some(b) => b,
-                None => self.materialise(),
-            };
-            self.blocks[b as usize].ref_flags = 1;
-            table.push(b);
+            self.hand_out_one(table);
             return;
         }
         table.reserve(k as usize);
@@ -758,6 +791,17 @@ impl KvCache {
             self.blocks[b as usize].ref_flags = 1;
             table.push(b);
         }
+    }
+
+    /// [`KvCache::hand_out`] of one block.
+    #[inline(always)]
+    fn hand_out_one(&mut self, table: &mut Vec<u32>) {
+        let b = match self.forgotten.pop() {
+            Some(b) => b,
+            None => self.materialise(),
+        };
+        self.blocks[b as usize].ref_flags = 1;
+        table.push(b);
     }
 
     /// A block id never handed out, its bookkeeping made (what queueing it

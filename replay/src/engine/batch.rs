@@ -191,7 +191,7 @@ impl Instance {
             let more = self
                 .kv
                 .blocks_for(a.num_computed + 1)
-                .saturating_sub(a.blocks.len() as u32);
+                .saturating_sub(a.table_len());
             if more > 0 {
                 need += more;
                 self.block_needs.push((slot, more));
@@ -267,7 +267,7 @@ impl Instance {
                 let need = self
                     .kv
                     .blocks_for(a.num_computed + n)
-                    .saturating_sub(a.blocks.len() as u32);
+                    .saturating_sub(a.table_len());
                 if need == 0 {
                     scheduled_it = true;
                     break;

@@ -29,6 +29,18 @@
 //! hand-offs) first dissolves it back into explicit requests. With a CPU
 //! tier, a member's new block is taken at the end of the step before, the
 //! time an eviction's offload is stamped with, as single steps take it.
+//!
+//! A member whose new blocks hold content private to it, which it will
+//! forget when it leaves (a request never preempted, while request ids
+//! are unique: `KvCache::release_forgetting`), is not touched at its block
+//! boundaries at all: its group entry counts the blocks it takes, which
+//! leave the free queue as one count for the group
+//! (`KvCache::take_virtual`, the same evictions and offloads as one at a
+//! time) and are held without ids, and its deferred hash commits are
+//! derived when it leaves. Nothing reads the ids of such blocks; a request
+//! that turns out to need them (preempted, or its private content shared)
+//! is given them first (`Instance::flush_private`), and only which ids
+//! differs, which no output depends on.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -111,6 +123,13 @@ pub(super) struct GroupEntry {
     pub(super) slot: u32,
     pub(super) c0: u32,
     pub(super) j0: u64,
+    /// Its new blocks are private, will be forgotten and need no ids: it
+    /// counts them here, and its hash commits (deferred) are derived when
+    /// it leaves, without touching its request at each block.
+    pub(super) forget: bool,
+    /// Blocks it took without ids as a member (`forget`), not yet
+    /// written back to its request.
+    pub(super) virt: u32,
 }
 
 /// The steady decoders ([module docs](self)).
@@ -140,11 +159,22 @@ pub(super) struct Cohort {
     pub(super) log: Vec<CohortNote>,
     /// Compact form: the end of the last step the members stepped, µs.
     pub(super) last_end_us: i64,
+    /// Members whose group entry is `forget`.
+    pub(super) virtual_members: u32,
 }
 
 impl Cohort {
     pub(super) fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// Blocks the members took without ids, not yet written back to
+    /// their requests.
+    pub(super) fn virtual_pending(&self) -> u32 {
+        if self.virtual_members == 0 {
+            return 0;
+        }
+        self.groups.iter().flatten().map(|e| e.virt).sum()
     }
 
     /// The members' KV tokens at the current step.

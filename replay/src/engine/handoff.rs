@@ -144,6 +144,7 @@ impl Instance {
             private_from,
             eligible_after: i64::MIN,
             hold_kv: false,
+            virt: 0,
         };
         self.joins += 1;
         let slot = self.new_slot(a);

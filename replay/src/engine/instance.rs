@@ -634,11 +634,22 @@ pub(super) struct Active {
     /// P/D prefill side: its blocks stay allocated when it completes
     /// ([`Instance::enqueue_prefill`]).
     pub(super) hold_kv: bool,
+    /// Private blocks it holds after `blocks`, without ids
+    /// ([`KvCache::take_virtual`]), taken while it was a steady decoder
+    /// that will forget them ([`Instance::takes_virtual`]): its block
+    /// table is `blocks` and these.
+    pub(super) virt: u32,
 }
 
 impl Active {
     pub(super) fn num_tokens(&self) -> u32 {
         self.req.input_tokens + self.generated
+    }
+
+    /// Blocks it holds: its table's ids and those held without ids.
+    #[inline]
+    pub(super) fn table_len(&self) -> u32 {
+        self.blocks.len() as u32 + self.virt
     }
 
     /// The content hash of block `j` (chained: each includes its parent's),
@@ -887,6 +898,11 @@ impl Instance {
     /// of their blocks to the index (also those that have committed no
     /// private block yet).
     pub(super) fn share_private(&mut self) {
+        if self.cohort.virtual_members > 0 {
+            // (Steady decoders' blocks held without ids are written back
+            // to them first.)
+            self.dissolve_cohort();
+        }
         for slot in 0..self.slots.len() as u32 {
             if self.slots[slot as usize].is_some() {
                 self.flush_private(slot);
@@ -1098,6 +1114,7 @@ impl Instance {
             join: 0,
             private_from,
             hold_kv: false,
+            virt: 0,
             eligible_after: match &self.run {
                 Some(run) if self.cfg.async_scheduling => {
                     run.ends.last().copied().unwrap_or(i64::MIN)
@@ -1527,7 +1544,7 @@ impl Instance {
             return;
         }
         let a = self.slots[slot as usize].as_mut().expect("live slot");
-        let upto = upto.min(a.blocks.len() as u32);
+        let upto = upto.min(a.table_len());
         if a.hashed >= upto {
             return;
         }
@@ -1585,10 +1602,26 @@ impl Instance {
             p => a.hashed - p,
         };
         let mut blocks = std::mem::take(&mut a.blocks);
+        let virt = std::mem::take(&mut a.virt);
         self.kv
-            .release_forgetting(&mut blocks, a.private_from as usize, hashed);
+            .release_forgetting_virtual(&mut blocks, a.private_from as usize, hashed, virt);
         a.private_pending = u32::MAX;
         true
+    }
+
+    /// Whether request `a`'s blocks from `private_from` on may be held
+    /// without ids ([`KvCache::take_virtual`]): it will forget them when it
+    /// leaves ([`Instance::release_forgetting`]'s terms), and nothing reads
+    /// their ids before then. One that turns out to need them (preempted,
+    /// or its private content shared) gets them first
+    /// ([`Instance::flush_private`]).
+    #[inline]
+    pub(super) fn takes_virtual(&self, a: &Active) -> bool {
+        self.forget_private
+            && a.preemptions == 0
+            && a.private_from != u32::MAX
+            && !a.hold_kv
+            && self.kv.prefix_caching()
     }
 
     /// Commits the request's deferred private blocks to the KV cache
@@ -1596,6 +1629,12 @@ impl Instance {
     pub(super) fn flush_private(&mut self, slot: u32) {
         let bs = self.kv.block_size();
         let a = self.slots[slot as usize].as_mut().expect("live slot");
+        if a.virt > 0 {
+            // Its blocks held without ids get them (the blocks they stand
+            // for left the free queue when it took them).
+            let v = std::mem::take(&mut a.virt);
+            self.kv.materialise_virtual(&mut a.blocks, v);
+        }
         let from = std::mem::replace(&mut a.private_pending, u32::MAX);
         for j in from..a.hashed {
             if let Some(&ahead) = a.blocks.get(j as usize + crate::engine::kv_cache::PIPELINE) {
@@ -1685,8 +1724,9 @@ impl Instance {
         let held: usize = self
             .running
             .iter()
-            .map(|&s| self.act(s).blocks.len())
+            .map(|&s| self.act(s).table_len() as usize)
             .sum::<usize>()
+            + self.cohort.virtual_pending() as usize
             + self.held_blocks();
         if held < self.kv.used() as usize {
             return Err(format!(

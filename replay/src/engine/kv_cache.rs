@@ -135,9 +135,16 @@ pub struct KvCache {
     /// bookkeeping is not kept up to date until they are taken. With the
     /// ids never handed out, they are as many as the runs' blocks and the
     /// never-used ones together: `forgotten.len() + total_blocks −
-    /// fresh_next == fresh_left + Σ runs`. Each is as its last owner left
-    /// it, held once without content, which is what taking it makes it.
+    /// fresh_next == fresh_left + Σ runs + virtual_held`. Each is as its
+    /// last owner left it, held once without content, which is what taking
+    /// it makes it.
     forgotten: Vec<u32>,
+    /// Blocks held without an id ([`KvCache::take_virtual`]): private
+    /// blocks of requests that will forget them, backed by `forgotten` and
+    /// the ids never handed out.
+    virtual_held: u32,
+    /// A one-block table for [`KvCache::take_virtual`]'s evictions.
+    scratch_one: Vec<u32>,
 }
 
 /// How far ahead in the free queue a block is prefetched when one is
@@ -181,6 +188,8 @@ impl KvCache {
             runs: VecDeque::new(),
             run_number: 0,
             forgotten: Vec::new(),
+            virtual_held: 0,
+            scratch_one: Vec::new(),
         };
         c.blocks.reserve(total_blocks.min(1024) as usize);
         c.content.reserve(total_blocks.min(1024) as usize);
@@ -663,8 +672,23 @@ impl KvCache {
     /// look up (`CpuTier::offload_forgotten`), taking the room the
     /// committed content would have.
     pub fn release_forgetting(&mut self, table: &mut Vec<u32>, from: usize, hashed: u32) {
+        self.release_forgetting_virtual(table, from, hashed, 0);
+    }
+
+    /// [`KvCache::release_forgetting`] of a table and `virt` more private
+    /// blocks held without ids ([`KvCache::take_virtual`]): they join the
+    /// forgotten run with the table's own.
+    pub fn release_forgetting_virtual(
+        &mut self,
+        table: &mut Vec<u32>,
+        from: usize,
+        hashed: u32,
+        virt: u32,
+    ) {
+        debug_assert!(virt <= self.virtual_held);
+        self.virtual_held -= virt;
         let from = from.min(table.len());
-        let k = (table.len() - from) as u32;
+        let k = (table.len() - from) as u32 + virt;
         if k > 0 {
             let hashed = if self.prefix_caching {
                 hashed.min(k)
@@ -724,6 +748,14 @@ impl KvCache {
     /// without the general case's arithmetic and calls.
     #[inline]
     fn take_forgotten_one(&mut self, table: &mut Vec<u32>) {
+        self.count_forgotten_one();
+        self.hand_out_one(table);
+    }
+
+    /// [`KvCache::take_forgotten_one`]'s counts and offloads, without the
+    /// id.
+    #[inline]
+    fn count_forgotten_one(&mut self) {
         let r = self.runs.front_mut().expect("a run per queue entry");
         // Its unhashed blocks first (a run is never empty).
         let hashed = r.unhashed == 0;
@@ -746,7 +778,49 @@ impl KvCache {
                 cpu.offload_forgotten();
             }
         }
-        self.hand_out_one(table);
+    }
+
+    /// Takes `n` free blocks for private content that will be forgotten
+    /// ([`KvCache::release_forgetting_virtual`]) without handing out ids:
+    /// the same blocks leave the free queue, with the same evictions and
+    /// CPU-tier offloads, as `n` calls of [`KvCache::allocate_one`] (only
+    /// which ids later allocations get differs); the id of an evicted
+    /// block joins the forgotten ones. The caller has checked that `n`
+    /// blocks are free.
+    pub fn take_virtual(&mut self, n: u32) {
+        debug_assert!(n <= self.free_count, "take_virtual without room");
+        let mut left = n;
+        while left > 0 {
+            if self.fresh_left > 0 {
+                let k = left.min(self.fresh_left);
+                self.fresh_left -= k;
+                self.free_count -= k;
+                left -= k;
+            } else if self.queue.front().is_some_and(|e| e.0 == RUN) {
+                self.count_forgotten_one();
+                left -= 1;
+            } else {
+                let mut one = std::mem::take(&mut self.scratch_one);
+                self.allocate_checked(&mut one, &[], 1);
+                // (Evicted and held once: what a forgotten id is.)
+                self.forgotten.append(&mut one);
+                self.scratch_one = one;
+                left -= 1;
+            }
+        }
+        self.virtual_held += n;
+    }
+
+    /// Gives ids to `n` blocks held without them
+    /// ([`KvCache::take_virtual`]), appended to `table`: their request is
+    /// about to commit or share its content.
+    pub fn materialise_virtual(&mut self, table: &mut Vec<u32>, n: u32) {
+        debug_assert!(n <= self.virtual_held);
+        self.virtual_held -= n;
+        table.reserve(n as usize);
+        for _ in 0..n {
+            self.hand_out_one(table);
+        }
     }
 
     /// The oldest forgotten run, all taken, leaves the head of the free
@@ -1007,17 +1081,18 @@ impl KvCache {
         }
         let run_blocks: u32 = self.runs.iter().map(|r| r.unhashed + r.hashed).sum();
         let run_entries = self.queue.iter().filter(|e| e.0 == RUN).count();
-        if run_blocks as usize + self.fresh_left as usize
+        if run_blocks as usize + self.fresh_left as usize + self.virtual_held as usize
             != self.forgotten.len() + (self.total_blocks - self.fresh_next) as usize
             || run_entries != self.runs.len()
             || self.runs.iter().any(|r| r.unhashed + r.hashed == 0)
         {
             return Err(format!(
-                "{} forgotten blocks and {} never used for {} runs ({run_blocks} blocks, {run_entries} queue entries) and {} never-used places",
+                "{} forgotten blocks and {} never used for {} runs ({run_blocks} blocks, {run_entries} queue entries), {} never-used places and {} blocks held without ids",
                 self.forgotten.len(),
                 self.total_blocks - self.fresh_next,
                 self.runs.len(),
-                self.fresh_left
+                self.fresh_left,
+                self.virtual_held
             ));
         }
         in_list += run_blocks;
@@ -1044,7 +1119,8 @@ impl KvCache {
         // (A forgotten block's bookkeeping is what its last owner left.)
         let used = (self.blocks.iter().enumerate())
             .filter(|&(i, b)| b.ref_cnt() > 0 && !forgotten[i])
-            .count() as u32;
+            .count() as u32
+            + self.virtual_held;
         if used + self.free_count != self.total() {
             return Err(format!(
                 "used {used} + free {} != total {}",

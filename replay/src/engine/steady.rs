@@ -36,10 +36,18 @@ impl Instance {
                 break;
             }
             let p = (j + u64::from(self.kv.phase(a.num_computed))) % u64::from(bs);
+            // Its blocks from now on are private and forgotten, and its
+            // commits deferred: counted, not handed out.
+            let forget = self.takes_virtual(a)
+                && a.hashed >= a.private_from
+                && a.table_len() >= a.private_from;
+            self.cohort.virtual_members += u32::from(forget);
             self.cohort.groups[p as usize].push(GroupEntry {
                 slot,
                 c0: a.num_computed,
                 j0: j,
+                forget,
+                virt: 0,
             });
             self.cohort.ctx_base += i64::from(a.num_computed) - j as i64;
             self.cohort.completions.push(Reverse((
@@ -103,6 +111,17 @@ impl Instance {
         let members = std::mem::take(&mut self.cohort.members);
         for m in &members {
             self.settle(m);
+        }
+        if self.cohort.virtual_members > 0 {
+            let mut groups = std::mem::take(&mut self.cohort.groups);
+            for e in groups.iter().flatten() {
+                self.write_back(e);
+            }
+            for g in &mut groups {
+                g.clear();
+            }
+            self.cohort.groups = groups;
+            self.cohort.virtual_members = 0;
         }
         if let Some(mut run) = self.run.take() {
             if run.cohort > 0 {
@@ -188,17 +207,15 @@ impl Instance {
             need += self
                 .kv
                 .blocks_for(a.num_computed + n)
-                .saturating_sub(a.blocks.len() as u32);
+                .saturating_sub(a.table_len());
             b -= n;
         }
         if need > self.kv.free() {
             self.dissolve_cohort();
             return false;
         }
-        let group = std::mem::take(&mut self.cohort.groups[p]);
-        for e in &group {
-            self.take_new_block(e.slot);
-        }
+        let mut group = std::mem::take(&mut self.cohort.groups[p]);
+        self.take_group_blocks(&mut group);
         self.cohort.groups[p] = group;
         self.shape.clear();
         self.shape.decode_count = len as u32;
@@ -315,8 +332,12 @@ impl Instance {
         let j = self.cohort.j;
         for i in 1..=u64::from(k) {
             let p = ((j + i) % bs) as usize;
-            let group = std::mem::take(&mut self.cohort.groups[p]);
+            let mut group = std::mem::take(&mut self.cohort.groups[p]);
             for e in &group {
+                if e.forget {
+                    // (Deferred: derived when it leaves, `write_back`.)
+                    continue;
+                }
                 let c = e.c0 + (j + i - e.j0) as u32;
                 let filled = self.kv.full_blocks(c);
                 self.commit_hashes_upto(e.slot, filled);
@@ -327,9 +348,7 @@ impl Instance {
                     self.kv
                         .set_clock(report.step_ends[(base_step + i as u32 - 1) as usize]);
                 }
-                for e in &group {
-                    self.take_new_block(e.slot);
-                }
+                self.take_group_blocks(&mut group);
             }
             self.cohort.groups[p] = group;
         }
@@ -427,5 +446,46 @@ impl Instance {
             .expect("a member is in its phase group");
         let e = g.remove(i);
         self.cohort.ctx_base -= i64::from(e.c0) - e.j0 as i64;
+        if e.forget {
+            self.cohort.virtual_members -= 1;
+            self.write_back(&e);
+        }
+    }
+
+    /// A new block for each member of a phase group, in its order: those
+    /// that will forget them counted without ids (one
+    /// [`crate::engine::kv_cache::KvCache::take_virtual`] for them all:
+    /// the same blocks leave the free queue, with the same evictions and
+    /// offloads, as one at a time), the others handed out.
+    fn take_group_blocks(&mut self, group: &mut [GroupEntry]) {
+        let mut counted = 0;
+        for e in group.iter_mut() {
+            if e.forget {
+                e.virt += 1;
+                counted += 1;
+            } else {
+                self.take_new_block(e.slot);
+            }
+        }
+        if counted > 0 {
+            self.kv.take_virtual(counted);
+        }
+    }
+
+    /// Writes a `forget` member's blocks without ids and its deferred
+    /// commits back to its request (settled: its KV tokens are current):
+    /// what committing each filled block and taking each block one at a
+    /// time would have left.
+    fn write_back(&mut self, e: &GroupEntry) {
+        if !e.forget {
+            return;
+        }
+        let a = self.slots[e.slot as usize].as_mut().expect("live slot");
+        a.virt += e.virt;
+        let upto = self.kv.full_blocks(a.num_computed).min(a.table_len());
+        if upto > a.hashed {
+            a.private_pending = a.private_pending.min(a.hashed);
+            a.hashed = upto;
+        }
     }
 }

@@ -714,6 +714,15 @@ impl KvCache {
     /// counted. The same blocks, counts and offloads as taking them one
     /// at a time from the head of the queue.
     fn take_forgotten(&mut self, max: u32, table: &mut Vec<u32>) -> u32 {
+        let k = self.count_forgotten(max);
+        // The blocks: forgotten ids last lent first, then new ones.
+        self.hand_out(k, table);
+        k
+    }
+
+    /// [`KvCache::take_forgotten`]'s counts and offloads, without the ids;
+    /// returns how many blocks it took.
+    fn count_forgotten(&mut self, max: u32) -> u32 {
         let r = self.runs.front_mut().expect("a run per queue entry");
         let unhashed = max.min(r.unhashed);
         let hashed = (max - unhashed).min(r.hashed);
@@ -738,8 +747,6 @@ impl KvCache {
                 }
             }
         }
-        // The blocks: forgotten ids last lent first, then new ones.
-        self.hand_out(k, table);
         k
     }
 
@@ -797,8 +804,7 @@ impl KvCache {
                 self.free_count -= k;
                 left -= k;
             } else if self.queue.front().is_some_and(|e| e.0 == RUN) {
-                self.count_forgotten_one();
-                left -= 1;
+                left -= self.count_forgotten(left);
             } else {
                 let mut one = std::mem::take(&mut self.scratch_one);
                 self.allocate_checked(&mut one, &[], 1);

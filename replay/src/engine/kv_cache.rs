@@ -529,9 +529,7 @@ impl KvCache {
             return false;
         }
         if self.fresh_left > 0 {
-            self.fresh_left -= 1;
-            self.free_count -= 1;
-            self.hand_out_one(table);
+            self.take_fresh(1, table);
             return true;
         }
         if self.queue.front().is_some_and(|e| e.0 == RUN) {
@@ -842,6 +840,7 @@ impl KvCache {
     /// Appends `k` of the never-used blocks (`k <= fresh_left`; forgotten
     /// ones serve in their place, see [`KvCache::hand_out`]) to `table`:
     /// they hold nothing to evict.
+    #[inline]
     fn take_fresh(&mut self, k: u32, table: &mut Vec<u32>) {
         debug_assert!(k <= self.fresh_left);
         self.fresh_left -= k;

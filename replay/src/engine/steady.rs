@@ -37,10 +37,9 @@ impl Instance {
             }
             let p = (j + u64::from(self.kv.phase(a.num_computed))) % u64::from(bs);
             // Its blocks from now on are private and forgotten, and its
-            // commits deferred: counted, not handed out.
-            let forget = self.takes_virtual(a)
-                && a.hashed >= a.private_from
-                && a.table_len() >= a.private_from;
+            // commits deferred (its committed blocks, within its table,
+            // reach its private ones): counted, not handed out.
+            let forget = self.takes_virtual(a) && a.hashed >= a.private_from;
             self.cohort.virtual_members += u32::from(forget);
             self.cohort.groups[p as usize].push(GroupEntry {
                 slot,

@@ -1506,6 +1506,78 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Private blocks held without ids ([`KvCache::take_virtual`]) take
+        /// from the free queue what the same blocks taken one at a time
+        /// with ids take: the same evictions, free blocks and findable
+        /// content, whether they are forgotten at release or given ids
+        /// first ([`KvCache::materialise_virtual`], as for a preempted
+        /// request) and committed.
+        #[test]
+        fn blocks_without_ids_take_what_blocks_with_ids_take(
+            ops in proptest::collection::vec((1u32..6, 0u32..6, any::<bool>()), 1..80)
+        ) {
+            let total = 40u32;
+            let mut a = KvCache::new(total, 16, true);
+            let mut b = KvCache::new(total, 16, true);
+            let mut next_hash = 1u64;
+            let mut chains: Vec<Vec<u64>> = Vec::new();
+            let mut live: Vec<(Vec<u32>, u32, Vec<u32>)> = Vec::new();
+            for (shared, private, keep_ids) in ops {
+                if shared + private > b.free() {
+                    if let Some((mut ta, _, mut tb)) = (!live.is_empty()).then(|| live.remove(0)) {
+                        a.release(&mut ta);
+                        b.release(&mut tb);
+                    }
+                    continue;
+                }
+                let (mut ta, mut tb) = (Vec::new(), Vec::new());
+                prop_assert!(a.allocate(&mut ta, &[], shared));
+                prop_assert!(b.allocate(&mut tb, &[], shared));
+                let mut chain = Vec::new();
+                for j in 0..shared as usize {
+                    let parent = j.checked_sub(1);
+                    a.commit(ta[j], next_hash, parent.map(|p| ta[p]));
+                    b.commit(tb[j], next_hash, parent.map(|p| tb[p]));
+                    chain.push(next_hash);
+                    next_hash += 1;
+                }
+                chains.push(chain);
+                a.take_virtual(private);
+                for _ in 0..private {
+                    prop_assert!(b.allocate_one(&mut tb));
+                }
+                if keep_ids {
+                    // Preempted: the blocks get ids, their private content
+                    // is committed, and they are released later.
+                    a.materialise_virtual(&mut ta, private);
+                    for j in shared as usize..ta.len() {
+                        let parent = j.checked_sub(1);
+                        a.commit_private(ta[j], next_hash, parent.map(|p| ta[p]));
+                        b.commit_private(tb[j], next_hash, parent.map(|p| tb[p]));
+                        next_hash += 1;
+                    }
+                    live.push((ta, 0, tb));
+                } else {
+                    a.release_forgetting_virtual(&mut ta, shared as usize, private, private);
+                    b.release_forgetting(&mut tb, shared as usize, private);
+                }
+                if live.len() > 2 {
+                    let (mut ta, _, mut tb) = live.remove(0);
+                    a.release(&mut ta);
+                    b.release(&mut tb);
+                }
+                prop_assert_eq!(a.evictions(), b.evictions());
+                prop_assert_eq!(a.free(), b.free());
+                for c in &chains {
+                    prop_assert_eq!(a.matched(c), b.matched(c));
+                }
+                prop_assert!(a.check().is_ok(), "{:?}", a.check());
+                prop_assert!(b.check().is_ok(), "{:?}", b.check());
+            }
+        }
+    }
+
     #[test]
     fn shared_blocks_are_reference_counted() {
         let mut kv = KvCache::new(4, 16, true);

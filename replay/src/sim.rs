@@ -1234,7 +1234,7 @@ impl Driver<'_> {
         let segments = match f.segments.take() {
             Some(s) => s,
             None => {
-                let mut segments = Vec::with_capacity(3);
+                let mut segments = self.insts[f.inst as usize].spare_segments();
                 content::sequence_segments(r, input, output, &mut segments);
                 segments
             }

@@ -136,7 +136,8 @@ impl LatencyStats {
         if let Some(sum) = exact_integer_sum(&us) {
             return Self::of_integers_in_ms(us, sum);
         }
-        us.sort_by(f64::total_cmp);
+        // (Unstable is exact: under `total_cmp` equal means the same bits.)
+        us.sort_unstable_by(f64::total_cmp);
         Self::of_sorted(&us).in_ms()
     }
 
@@ -258,7 +259,8 @@ pub struct TokenStats {
 
 impl TokenStats {
     fn of(mut v: Vec<f64>) -> Self {
-        v.sort_by(f64::total_cmp);
+        // (Unstable is exact: under `total_cmp` equal means the same bits.)
+        v.sort_unstable_by(f64::total_cmp);
         let mean = if v.is_empty() {
             f64::NAN
         } else {

@@ -37,6 +37,8 @@ impl Instance {
         a.preemptions += 1;
         let key = a.key;
         self.kv.release(&mut blocks);
+        // (The emptied table, its room kept, for its next admission.)
+        self.act_mut(slot).blocks = blocks;
         self.waiting.push_preempted(slot, key);
         self.count_waiting(slot, true);
         self.counters.preemptions += 1;
@@ -423,8 +425,13 @@ impl Instance {
             debug_assert!(!doomed, "a request that did not fit on its GPU hits fits");
             debug_assert!(!hopeless, "a request whose last chunk had no room fits");
             let hits = std::mem::take(&mut self.hits);
-            let mut blocks =
-                Vec::with_capacity(self.kv.blocks_for(a.req.input_tokens + a.target) as usize);
+            let lifetime = self.kv.blocks_for(a.req.input_tokens + a.target) as usize;
+            // (Its table, empty while it waits, was reserved for its whole
+            // life when it was enqueued, and kept when it was preempted.)
+            let a = self.slots[slot as usize].as_mut().expect("live slot");
+            let mut blocks = std::mem::take(&mut a.blocks);
+            debug_assert!(blocks.is_empty(), "a waiting request holds no blocks");
+            blocks.reserve(lifetime);
             self.kv.allocate_checked(&mut blocks, &hits, need);
             self.hits = hits;
             self.waiting.pop();

@@ -719,6 +719,13 @@ pub struct Instance {
     pub(super) run_phases_used: Vec<u32>,
     /// Scratch: the requests completing in a run, in running order.
     pub(super) spare_done: Vec<u32>,
+    /// The emptied block tables and hash lists of completed requests, for
+    /// the requests to come (at most as many as were live at once): a
+    /// request's two allocations and two frees were 2% of a replay's
+    /// instructions.
+    pub(super) spare_tables: Vec<Vec<u32>>,
+    pub(super) spare_hashes: Vec<Vec<u64>>,
+    pub(super) spare_segments: Vec<Vec<Segment>>,
     /// Scratch of a decode batch being formed: the requests that take new
     /// KV blocks, with how many, in running order.
     pub(super) block_needs: Vec<(u32, u32)>,
@@ -778,6 +785,9 @@ impl Instance {
             used_phases: Vec::new(),
             run_phases_used: Vec::new(),
             spare_done: Vec::new(),
+            spare_tables: Vec::new(),
+            spare_hashes: Vec::new(),
+            spare_segments: Vec::new(),
             block_needs: Vec::new(),
             waiting_classes: [0; 8],
             private_blocks: false,
@@ -1070,11 +1080,18 @@ impl Instance {
         self.seq += 1;
         let mut req = req;
         let mut hashes = std::mem::take(&mut req.block_hashes);
+        if hashes.capacity() == 0
+            && let Some(spare) = self.spare_hashes.pop()
+        {
+            hashes = spare;
+        }
         // Its blocks and their hashes, reserved for its whole life: growing
         // them a block at a time reallocated and copied each about
         // log2(blocks) times per request.
         let lifetime = self.kv.blocks_for(req.input_tokens.saturating_add(target)) as usize;
         hashes.reserve(lifetime.saturating_sub(hashes.len()));
+        let mut blocks = self.spare_tables.pop().unwrap_or_default();
+        blocks.reserve(lifetime);
         #[cfg(debug_assertions)]
         if !hashes.is_empty() {
             let mut own = Vec::new();
@@ -1102,7 +1119,7 @@ impl Instance {
             capped,
             num_computed: 0,
             generated: 0,
-            blocks: Vec::with_capacity(lifetime),
+            blocks,
             hashed: 0,
             private_pending: u32::MAX,
             hashes,
@@ -1489,16 +1506,17 @@ impl Instance {
             };
             if !self.release_forgetting(slot) {
                 self.flush_private(slot);
-                let a = self.act_mut(slot);
-                let mut blocks = std::mem::take(&mut a.blocks);
+                let a = self.slots[slot as usize].as_mut().expect("live slot");
                 if a.hold_kv {
+                    let blocks = std::mem::take(&mut a.blocks);
                     self.held.insert(fin.tag, blocks);
                 } else {
-                    self.kv.release(&mut blocks);
+                    self.kv.release(&mut a.blocks);
                 }
             }
             self.index.remove(&fin.tag);
-            self.slots[slot as usize] = None;
+            let a = self.slots[slot as usize].take().expect("live slot");
+            self.recycle(a);
             self.free_slots.push(slot);
             self.counters.completed += 1;
             report.finished.push(fin);
@@ -1601,12 +1619,46 @@ impl Instance {
             u32::MAX => 0,
             p => a.hashed - p,
         };
-        let mut blocks = std::mem::take(&mut a.blocks);
         let virt = std::mem::take(&mut a.virt);
         self.kv
-            .release_forgetting_virtual(&mut blocks, a.private_from as usize, hashed, virt);
+            .release_forgetting_virtual(&mut a.blocks, a.private_from as usize, hashed, virt);
         a.private_pending = u32::MAX;
         true
+    }
+
+    /// An empty list for the content segments of a request to come here
+    /// ([`SimRequest::segments`]), from a completed request when there is
+    /// one.
+    pub(crate) fn spare_segments(&mut self) -> Vec<Segment> {
+        self.spare_segments.pop().unwrap_or_default()
+    }
+
+    /// Keeps the block table, hash list and segment list of a completed
+    /// request `a` (its blocks released) for a request to come.
+    fn recycle(&mut self, a: Active) {
+        let Active {
+            mut blocks,
+            mut hashes,
+            req,
+            ..
+        } = a;
+        let mut segments = req.segments;
+        if segments.capacity() > 0 {
+            segments.clear();
+            self.spare_segments.push(segments);
+        }
+        debug_assert!(
+            blocks.is_empty(),
+            "a completed request's blocks were released"
+        );
+        if blocks.capacity() > 0 {
+            blocks.clear();
+            self.spare_tables.push(blocks);
+        }
+        if hashes.capacity() > 0 {
+            hashes.clear();
+            self.spare_hashes.push(hashes);
+        }
     }
 
     /// Whether request `a`'s blocks from `private_from` on may be held

@@ -396,8 +396,7 @@ impl Instance {
         }
         if done.len() > first {
             done[first..].sort_by_key(|&s| self.act(s).join);
-            let leaving = done[first..].to_vec();
-            for slot in leaving {
+            for &slot in &done[first..] {
                 self.leave_cohort(slot);
             }
         }

@@ -431,7 +431,7 @@ impl Instance {
             let a = self.slots[slot as usize].as_mut().expect("live slot");
             let mut blocks = std::mem::take(&mut a.blocks);
             debug_assert!(blocks.is_empty(), "a waiting request holds no blocks");
-            blocks.reserve(lifetime);
+            blocks.reserve_exact(lifetime);
             self.kv.allocate_checked(&mut blocks, &hits, need);
             self.hits = hits;
             self.waiting.pop();

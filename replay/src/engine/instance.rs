@@ -37,6 +37,11 @@ use crate::engine::kv_tier::{CpuTierConfig, TierCounters};
 use crate::engine::queue_order::{QueueKey, SchedulerPolicy, WaitQueue};
 use crate::latency::{BatchShape, LatencyModel, Model};
 
+/// The most emptied lists of each kind an instance keeps for requests to
+/// come ([`Instance::spare_segments`]): enough for the completions between
+/// two arrivals, and a bound on what they hold when none is taken.
+const SPARE_LISTS: usize = 16;
+
 /// Settings of one instance (vLLM's flag names).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -719,10 +724,10 @@ pub struct Instance {
     pub(super) run_phases_used: Vec<u32>,
     /// Scratch: the requests completing in a run, in running order.
     pub(super) spare_done: Vec<u32>,
-    /// The emptied block tables and hash lists of completed requests, for
-    /// the requests to come (at most as many as were live at once): a
-    /// request's two allocations and two frees were 2% of a replay's
-    /// instructions.
+    /// The emptied block tables, hash lists and segment lists of completed
+    /// requests, for the requests to come (at most [`SPARE_LISTS`] each):
+    /// a request's three allocations and three frees were 3% of a
+    /// replay's instructions.
     pub(super) spare_tables: Vec<Vec<u32>>,
     pub(super) spare_hashes: Vec<Vec<u64>>,
     pub(super) spare_segments: Vec<Vec<Segment>>,
@@ -1089,9 +1094,9 @@ impl Instance {
         // them a block at a time reallocated and copied each about
         // log2(blocks) times per request.
         let lifetime = self.kv.blocks_for(req.input_tokens.saturating_add(target)) as usize;
-        hashes.reserve(lifetime.saturating_sub(hashes.len()));
+        hashes.reserve_exact(lifetime.saturating_sub(hashes.len()));
         let mut blocks = self.spare_tables.pop().unwrap_or_default();
-        blocks.reserve(lifetime);
+        blocks.reserve_exact(lifetime);
         #[cfg(debug_assertions)]
         if !hashes.is_empty() {
             let mut own = Vec::new();
@@ -1643,7 +1648,7 @@ impl Instance {
             ..
         } = a;
         let mut segments = req.segments;
-        if segments.capacity() > 0 {
+        if segments.capacity() > 0 && self.spare_segments.len() < SPARE_LISTS {
             segments.clear();
             self.spare_segments.push(segments);
         }
@@ -1651,11 +1656,13 @@ impl Instance {
             blocks.is_empty(),
             "a completed request's blocks were released"
         );
-        if blocks.capacity() > 0 {
+        if blocks.capacity() > 0 && self.spare_tables.len() < SPARE_LISTS {
             blocks.clear();
             self.spare_tables.push(blocks);
         }
-        if hashes.capacity() > 0 {
+        // (A request enqueued with its hashes, from a router that hashed
+        // its prompt, takes none: the cap keeps them from piling up.)
+        if hashes.capacity() > 0 && self.spare_hashes.len() < SPARE_LISTS {
             hashes.clear();
             self.spare_hashes.push(hashes);
         }

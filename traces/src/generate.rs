@@ -274,7 +274,7 @@ struct Labels {
 impl Labels {
     /// A request of this client at `arrival_us`, its other fields as
     /// `Request::default()` has them. (Written out: the default's six
-    /// empty labels, five of them then replaced, were eleven more atomic
+    /// empty labels, five of them then replaced, were ten more atomic
     /// reference counts per request, on a count the outputs' thread
     /// changes too as it drops records.)
     fn request(&self, arrival_us: i64) -> Request {

@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::arrival::{ArrivalSampler, shape_for_cv};
 use crate::dist::{LengthSampler, RatioSampler};
 use crate::error::{Error, Result};
-use crate::record::{Request, SharedStr, empty_str};
+use crate::record::Request;
 use crate::servegen::{self, ServeGenClient, overlap};
 use crate::spec::{
     ArrivalProcess, ArrivalSpec, ClientSpec, ContextGrowth, DistKind, DistParams, DistSpec, Finite,
@@ -261,46 +261,22 @@ impl Iterator for Generator {
 /// Labels shared by every request of a client.
 #[derive(Debug, Clone)]
 struct Labels {
-    client_id: SharedStr,
-    tenant_id: SharedStr,
-    slo_class: SharedStr,
-    model: SharedStr,
-    prefix_group: SharedStr,
-    prefix_length: u32,
-    streaming: bool,
+    /// What every request of the client carries: its labels, and the
+    /// other fields as `Request::default()` has them.
+    request: Request,
     timeout_us: Option<u64>,
 }
 
 impl Labels {
-    /// A request of this client at `arrival_us`, its other fields as
-    /// `Request::default()` has them. (Written out: the default's six
-    /// empty labels, five of them then replaced, were ten more atomic
-    /// reference counts per request, on a count the outputs' thread
-    /// changes too as it drops records.)
+    /// A request of this client at `arrival_us`. (A clone of the client's
+    /// request: six atomic reference counts, where filling in the
+    /// default's six empty labels cost sixteen, on counts the outputs'
+    /// thread changes too as it drops records.)
     fn request(&self, arrival_us: i64) -> Request {
         Request {
-            request_id: 0,
-            client_id: self.client_id.clone(),
-            tenant_id: self.tenant_id.clone(),
-            slo_class: self.slo_class.clone(),
-            session_id: crate::record::empty_str(),
-            round_index: 0,
-            prefix_group: self.prefix_group.clone(),
-            prefix_length: self.prefix_length,
-            streaming: self.streaming,
-            input_tokens: 0,
-            output_tokens: 0,
-            text_tokens: 0,
-            image_tokens: 0,
-            audio_tokens: 0,
-            video_tokens: 0,
-            reason_ratio: 0.0,
-            model: self.model.clone(),
-            deadline_us: self.timeout_us.map(|t| arrival_us + t as i64),
             arrival_time_us: arrival_us,
-            think_time_us: None,
-            content_key: None,
-            hash_ids: None,
+            deadline_us: self.timeout_us.map(|t| arrival_us + t as i64),
+            ..self.request.clone()
         }
     }
 }
@@ -478,13 +454,16 @@ impl SpecClient {
         let start = windows.first().map_or(0.0, |w| w.0);
         Ok(Self {
             labels: Labels {
-                client_id: Arc::from(id),
-                tenant_id: Arc::from(c.tenant_id.as_str()),
-                slo_class: Arc::from(c.slo_class.as_str()),
-                model: Arc::from(c.model.as_str()),
-                prefix_group: Arc::from(c.prefix_group.as_str()),
-                prefix_length,
-                streaming: c.streaming,
+                request: Request {
+                    client_id: Arc::from(id),
+                    tenant_id: Arc::from(c.tenant_id.as_str()),
+                    slo_class: Arc::from(c.slo_class.as_str()),
+                    model: Arc::from(c.model.as_str()),
+                    prefix_group: Arc::from(c.prefix_group.as_str()),
+                    prefix_length,
+                    streaming: c.streaming,
+                    ..Request::default()
+                },
                 timeout_us: c.timeout_us,
             },
             arrival,
@@ -559,7 +538,7 @@ impl SpecClient {
     fn fresh_request(&mut self, arrival: i64) -> Request {
         let inputs = self.sample_inputs();
         let mut r = self.labels.request(arrival);
-        let p = self.labels.prefix_length;
+        let p = self.labels.request.prefix_length;
         r.input_tokens = inputs.total().saturating_add(p);
         if self.modal.is_some() {
             r.text_tokens = inputs.text.saturating_add(p);
@@ -572,7 +551,10 @@ impl SpecClient {
             r.reason_ratio = rs.sample(&mut self.rng_reason);
         }
         if let Some(mt) = self.multi_turn {
-            r.session_id = Arc::from(format!("{}-s{}", self.labels.client_id, self.sessions));
+            r.session_id = Arc::from(format!(
+                "{}-s{}",
+                self.labels.request.client_id, self.sessions
+            ));
             self.sessions += 1;
             if mt.max_rounds > 1 {
                 self.schedule_follow_up(&r, mt, mt.max_rounds - 1);
@@ -593,7 +575,9 @@ impl SpecClient {
                 .input_tokens
                 .saturating_add(prev.output_tokens)
                 .saturating_add(question.total()),
-            ContextGrowth::Fixed => question.total().saturating_add(self.labels.prefix_length),
+            ContextGrowth::Fixed => question
+                .total()
+                .saturating_add(self.labels.request.prefix_length),
         };
         if self.modal.is_some() {
             r.text_tokens = match mt.context_growth {
@@ -601,7 +585,9 @@ impl SpecClient {
                     .text_tokens
                     .saturating_add(prev.output_tokens)
                     .saturating_add(question.text),
-                ContextGrowth::Fixed => question.text.saturating_add(self.labels.prefix_length),
+                ContextGrowth::Fixed => question
+                    .text
+                    .saturating_add(self.labels.request.prefix_length),
             };
             let carry = mt.context_growth == ContextGrowth::Accumulate;
             r.image_tokens = question.image + if carry { prev.image_tokens } else { 0 };
@@ -826,13 +812,11 @@ fn servegen_clients(
             let id = c.client_id();
             let s: Box<dyn ClientStream> = Box::new(ServeGenStream {
                 labels: Labels {
-                    client_id: Arc::from(id.as_str()),
-                    tenant_id: empty_str(),
-                    slo_class: empty_str(),
-                    model: empty_str(),
-                    prefix_group: empty_str(),
-                    prefix_length: 0,
-                    streaming,
+                    request: Request {
+                        client_id: Arc::from(id.as_str()),
+                        streaming,
+                        ..Request::default()
+                    },
                     timeout_us: None,
                 },
                 client: Arc::new(c),
@@ -926,7 +910,7 @@ impl ClientStream for ServeGenStream {
         let client = self.client.clone();
         let ds = client.dataset_at(t_s).ok_or_else(|| {
             Error::in_file(
-                Path::new(&self.labels.client_id.to_string()),
+                Path::new(&self.labels.request.client_id.to_string()),
                 "no dataset window with PMFs",
             )
         })?;
@@ -991,13 +975,12 @@ impl InferencePerfStream {
         let groups = sp.num_groups.unwrap_or(10).max(1);
         let per = sp.num_prompts_per_group.unwrap_or(10).max(1);
         let labels = Labels {
-            client_id: Arc::from(id),
-            tenant_id: empty_str(),
-            slo_class: empty_str(),
-            model: empty_str(),
-            prefix_group: empty_str(),
-            prefix_length: sp.system_prompt_len,
-            streaming: ip.api.as_ref().and_then(|a| a.streaming).unwrap_or(true),
+            request: Request {
+                client_id: Arc::from(id),
+                prefix_length: sp.system_prompt_len,
+                streaming: ip.api.as_ref().and_then(|a| a.streaming).unwrap_or(true),
+                ..Request::default()
+            },
             timeout_us: None,
         };
         let mut queue = VecDeque::new();
@@ -1113,32 +1096,24 @@ impl ClientStream for InferencePerfStream {
 mod tests {
     use super::*;
 
-    /// A client's request carries its labels and, in every other field,
-    /// what `Request::default()` has (the literal spells them out).
+    /// A client's request carries its labels, its arrival and its
+    /// deadline (arrival + timeout), and is a new request otherwise.
     #[test]
-    fn a_clients_request_is_the_default_with_its_labels() {
+    fn a_clients_request_carries_its_labels_and_deadline() {
         let labels = Labels {
-            client_id: Arc::from("chat"),
-            tenant_id: Arc::from("tenant-a"),
-            slo_class: Arc::from("critical"),
-            model: Arc::from("m"),
-            prefix_group: Arc::from("system-a"),
-            prefix_length: 256,
-            streaming: true,
+            request: Request {
+                client_id: Arc::from("chat"),
+                slo_class: Arc::from("critical"),
+                prefix_length: 256,
+                streaming: true,
+                ..Request::default()
+            },
             timeout_us: Some(5_000),
         };
-        let want = Request {
-            client_id: Arc::from("chat"),
-            tenant_id: Arc::from("tenant-a"),
-            slo_class: Arc::from("critical"),
-            model: Arc::from("m"),
-            prefix_group: Arc::from("system-a"),
-            prefix_length: 256,
-            streaming: true,
-            arrival_time_us: 1_000,
-            deadline_us: Some(6_000),
-            ..Request::default()
-        };
-        assert_eq!(labels.request(1_000), want);
+        let r = labels.request(1_000);
+        assert_eq!((&*r.client_id, &*r.slo_class), ("chat", "critical"));
+        assert_eq!((r.prefix_length, r.streaming), (256, true));
+        assert_eq!((r.arrival_time_us, r.deadline_us), (1_000, Some(6_000)));
+        assert_eq!((r.request_id, r.input_tokens, &*r.session_id), (0, 0, ""));
     }
 }

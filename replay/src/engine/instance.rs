@@ -42,6 +42,15 @@ use crate::latency::{BatchShape, LatencyModel, Model};
 /// two arrivals, and a bound on what they hold when none is taken.
 const SPARE_LISTS: usize = 16;
 
+/// Keeps list `v`, emptied, in `spares` for a request to come, while there
+/// are fewer than [`SPARE_LISTS`] and it holds room.
+fn keep_spare<T>(spares: &mut Vec<Vec<T>>, mut v: Vec<T>) {
+    if v.capacity() > 0 && spares.len() < SPARE_LISTS {
+        v.clear();
+        spares.push(v);
+    }
+}
+
 /// Settings of one instance (vLLM's flag names).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -1641,31 +1650,15 @@ impl Instance {
     /// Keeps the block table, hash list and segment list of a completed
     /// request `a` (its blocks released) for a request to come.
     fn recycle(&mut self, a: Active) {
-        let Active {
-            mut blocks,
-            mut hashes,
-            req,
-            ..
-        } = a;
-        let mut segments = req.segments;
-        if segments.capacity() > 0 && self.spare_segments.len() < SPARE_LISTS {
-            segments.clear();
-            self.spare_segments.push(segments);
-        }
         debug_assert!(
-            blocks.is_empty(),
+            a.blocks.is_empty(),
             "a completed request's blocks were released"
         );
-        if blocks.capacity() > 0 && self.spare_tables.len() < SPARE_LISTS {
-            blocks.clear();
-            self.spare_tables.push(blocks);
-        }
+        keep_spare(&mut self.spare_segments, a.req.segments);
+        keep_spare(&mut self.spare_tables, a.blocks);
         // (A request enqueued with its hashes, from a router that hashed
         // its prompt, takes none: the cap keeps them from piling up.)
-        if hashes.capacity() > 0 && self.spare_hashes.len() < SPARE_LISTS {
-            hashes.clear();
-            self.spare_hashes.push(hashes);
-        }
+        keep_spare(&mut self.spare_hashes, a.hashes);
     }
 
     /// Whether request `a`'s blocks from `private_from` on may be held

@@ -214,7 +214,6 @@ pub struct RecordWriter<W: Write = File> {
     path: PathBuf,
     columns: Vec<Col>,
     buf: Vec<u8>,
-    row: ByteRecord,
     flush_every_row: bool,
     rows: u64,
 }
@@ -244,7 +243,6 @@ impl<W: Write> RecordWriter<W> {
             path: path.to_path_buf(),
             columns,
             buf: Vec::with_capacity(FLUSH_BYTES + 4096),
-            row: ByteRecord::new(),
             flush_every_row: false,
             rows: 0,
         };
@@ -281,85 +279,57 @@ impl<W: Write> RecordWriter<W> {
     /// # Errors
     /// I/O errors naming the file.
     pub fn write(&mut self, rec: &TraceRecord) -> Result<()> {
-        self.row.clear();
-        let mut itoa = itoa::Buffer::new();
         let r = &rec.request;
         let o = &rec.outcome;
+        // Fields go straight into the buffer: numbers as they are (digits
+        // and a sign never need quotes), text quoted where RFC 4180 needs
+        // it. (A row always has the 27 base columns, so no field is a
+        // row's only one.)
+        let mut f = RowFields::new(&mut self.buf);
         for col in &self.columns {
             match col {
                 Col::Base(i) => match *i {
-                    0 => self.row.push_field(itoa.format(r.request_id).as_bytes()),
-                    1 => self.row.push_field(r.client_id.as_bytes()),
-                    2 => self.row.push_field(r.tenant_id.as_bytes()),
-                    3 => self.row.push_field(r.slo_class.as_bytes()),
-                    4 => self.row.push_field(r.session_id.as_bytes()),
-                    5 => self.row.push_field(itoa.format(r.round_index).as_bytes()),
-                    6 => self.row.push_field(r.prefix_group.as_bytes()),
-                    7 => self.row.push_field(itoa.format(r.prefix_length).as_bytes()),
-                    8 => self
-                        .row
-                        .push_field(if r.streaming { b"true" } else { b"false" }),
-                    9 => self.row.push_field(itoa.format(r.input_tokens).as_bytes()),
-                    10 => self.row.push_field(itoa.format(r.output_tokens).as_bytes()),
-                    11 => self.row.push_field(itoa.format(r.text_tokens).as_bytes()),
-                    12 => self.row.push_field(itoa.format(r.image_tokens).as_bytes()),
-                    13 => self.row.push_field(itoa.format(r.audio_tokens).as_bytes()),
-                    14 => self.row.push_field(itoa.format(r.video_tokens).as_bytes()),
-                    15 => self.row.push_field(format_f64(r.reason_ratio).as_bytes()),
-                    16 => self.row.push_field(r.model.as_bytes()),
-                    17 => self
-                        .row
-                        .push_field(itoa.format(r.deadline_us.unwrap_or(0)).as_bytes()),
-                    18 => self
-                        .row
-                        .push_field(itoa.format(o.server_input_tokens.unwrap_or(0)).as_bytes()),
-                    19 => self
-                        .row
-                        .push_field(itoa.format(r.arrival_time_us).as_bytes()),
-                    20 => self
-                        .row
-                        .push_field(itoa.format(o.send_time_us.unwrap_or(0)).as_bytes()),
-                    21 => self
-                        .row
-                        .push_field(itoa.format(o.first_chunk_time_us.unwrap_or(0)).as_bytes()),
-                    22 => self
-                        .row
-                        .push_field(itoa.format(o.last_chunk_time_us.unwrap_or(0)).as_bytes()),
-                    23 => self.row.push_field(itoa.format(o.num_chunks).as_bytes()),
-                    24 => self
-                        .row
-                        .push_field(o.status.map(Status::as_str).unwrap_or("").as_bytes()),
-                    25 => self.row.push_field(o.error_message.as_bytes()),
-                    _ => self.row.push_field(o.finish_reason.as_bytes()),
+                    0 => f.int(r.request_id),
+                    1 => f.text(&r.client_id),
+                    2 => f.text(&r.tenant_id),
+                    3 => f.text(&r.slo_class),
+                    4 => f.text(&r.session_id),
+                    5 => f.int(r.round_index),
+                    6 => f.text(&r.prefix_group),
+                    7 => f.int(r.prefix_length),
+                    8 => f.text(if r.streaming { "true" } else { "false" }),
+                    9 => f.int(r.input_tokens),
+                    10 => f.int(r.output_tokens),
+                    11 => f.int(r.text_tokens),
+                    12 => f.int(r.image_tokens),
+                    13 => f.int(r.audio_tokens),
+                    14 => f.int(r.video_tokens),
+                    15 => f.text(&format_f64(r.reason_ratio)),
+                    16 => f.text(&r.model),
+                    17 => f.int(r.deadline_us.unwrap_or(0)),
+                    18 => f.int(o.server_input_tokens.unwrap_or(0)),
+                    19 => f.int(r.arrival_time_us),
+                    20 => f.int(o.send_time_us.unwrap_or(0)),
+                    21 => f.int(o.first_chunk_time_us.unwrap_or(0)),
+                    22 => f.int(o.last_chunk_time_us.unwrap_or(0)),
+                    23 => f.int(o.num_chunks),
+                    24 => f.text(o.status.map(Status::as_str).unwrap_or("")),
+                    25 => f.text(&o.error_message),
+                    _ => f.text(&o.finish_reason),
                 },
                 Col::Extra(e) => match e {
-                    ExtraColumn::ThinkTimeUs => push_opt(&mut self.row, &mut itoa, r.think_time_us),
-                    ExtraColumn::ContentKey => push_opt(&mut self.row, &mut itoa, r.content_key),
+                    ExtraColumn::ThinkTimeUs => f.opt(r.think_time_us),
+                    ExtraColumn::ContentKey => f.opt(r.content_key),
                     ExtraColumn::HashIds => match &r.hash_ids {
-                        Some(h) => {
-                            let mut s = String::with_capacity(h.ids.len() * 6);
-                            for (i, id) in h.ids.iter().enumerate() {
-                                if i > 0 {
-                                    s.push(';');
-                                }
-                                s.push_str(itoa.format(*id));
-                            }
-                            self.row.push_field(s.as_bytes());
-                        }
-                        None => self.row.push_field(b""),
+                        Some(h) => f.joined(&h.ids),
+                        None => f.text(""),
                     },
-                    ExtraColumn::HashBlockTokens => push_opt(
-                        &mut self.row,
-                        &mut itoa,
-                        r.hash_ids.as_ref().map(|h| h.block_tokens),
-                    ),
-                    ExtraColumn::HttpStatus => push_opt(&mut self.row, &mut itoa, o.http_status),
-                    ExtraColumn::CachedTokens => {
-                        push_opt(&mut self.row, &mut itoa, o.cached_tokens)
+                    ExtraColumn::HashBlockTokens => {
+                        f.opt(r.hash_ids.as_ref().map(|h| h.block_tokens))
                     }
-                    ExtraColumn::XRequestId => self
-                        .row
-                        .push_field(o.x_request_id.as_deref().unwrap_or("").as_bytes()),
+                    ExtraColumn::HttpStatus => f.opt(o.http_status),
+                    ExtraColumn::CachedTokens => f.opt(o.cached_tokens),
+                    ExtraColumn::XRequestId => f.text(o.x_request_id.as_deref().unwrap_or("")),
                     ExtraColumn::Other(name) => {
                         let v = rec
                             .other
@@ -367,12 +337,12 @@ impl<W: Write> RecordWriter<W> {
                             .find(|(n, _)| n == name)
                             .map(|(_, v)| v.as_str())
                             .unwrap_or("");
-                        self.row.push_field(v.as_bytes());
+                        f.text(v);
                     }
                 },
             }
         }
-        encode_row(&mut self.buf, &self.row);
+        f.end();
         self.rows += 1;
         if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
             self.flush()?;
@@ -412,10 +382,64 @@ impl<W: Write> Drop for RecordWriter<W> {
     }
 }
 
-fn push_opt<T: itoa::Integer>(row: &mut ByteRecord, itoa: &mut itoa::Buffer, v: Option<T>) {
-    match v {
-        Some(v) => row.push_field(itoa.format(v).as_bytes()),
-        None => row.push_field(b""),
+/// One CSV row being appended to a buffer, field by field: integers as
+/// they are, text quoted where RFC 4180 needs it ([`push_field_quoted`]),
+/// commas between. For rows of more than one field.
+pub(crate) struct RowFields<'a> {
+    buf: &'a mut Vec<u8>,
+    first: bool,
+    itoa: itoa::Buffer,
+}
+
+impl<'a> RowFields<'a> {
+    pub(crate) fn new(buf: &'a mut Vec<u8>) -> Self {
+        Self {
+            buf,
+            first: true,
+            itoa: itoa::Buffer::new(),
+        }
+    }
+
+    fn sep(&mut self) {
+        if !std::mem::take(&mut self.first) {
+            self.buf.push(b',');
+        }
+    }
+
+    /// An integer field.
+    pub(crate) fn int<T: itoa::Integer>(&mut self, v: T) {
+        self.sep();
+        self.buf.extend_from_slice(self.itoa.format(v).as_bytes());
+    }
+
+    /// An integer field, empty for `None`.
+    pub(crate) fn opt<T: itoa::Integer>(&mut self, v: Option<T>) {
+        match v {
+            Some(v) => self.int(v),
+            None => self.sep(),
+        }
+    }
+
+    /// Integers joined by `;` in one field.
+    pub(crate) fn joined<T: itoa::Integer + Copy>(&mut self, vs: &[T]) {
+        self.sep();
+        for (i, v) in vs.iter().enumerate() {
+            if i > 0 {
+                self.buf.push(b';');
+            }
+            self.buf.extend_from_slice(self.itoa.format(*v).as_bytes());
+        }
+    }
+
+    /// A text field.
+    pub(crate) fn text(&mut self, v: &str) {
+        self.sep();
+        push_field_quoted(self.buf, v.as_bytes(), false);
+    }
+
+    /// Ends the row with `\n`.
+    pub(crate) fn end(self) {
+        self.buf.push(b'\n');
     }
 }
 

@@ -93,6 +93,11 @@ impl<W: Write> RowSink<W> {
         self.plain_fields += 1;
     }
 
+    /// Appends an integer field (digits and a sign need no quoting).
+    pub(crate) fn push_int<T: itoa::Integer>(&mut self, v: T) {
+        self.push_plain(itoa::Buffer::new().format(v).as_bytes());
+    }
+
     /// Appends a field already in CSV form (quoted where it needs it).
     pub(crate) fn push_encoded(&mut self, field: &[u8]) {
         if self.plain_fields > 0 {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use csv::ByteRecord;
 
+use crate::companions::RowSink;
 use crate::error::{Error, Location, Result};
 use crate::record::{HashIds, SharedStr, Status, TraceRecord, empty_str};
 
@@ -210,15 +211,12 @@ fn layout(extras: &[ExtraColumn]) -> Vec<Col> {
 /// is written (what a live load generator wants).
 #[derive(Debug)]
 pub struct RecordWriter<W: Write = File> {
-    out: Option<W>,
-    path: PathBuf,
+    sink: RowSink<W>,
     columns: Vec<Col>,
-    buf: Vec<u8>,
-    flush_every_row: bool,
+    /// Scratch: a record's hash ids, joined.
+    joined: String,
     rows: u64,
 }
-
-const FLUSH_BYTES: usize = 64 * 1024;
 
 impl RecordWriter<File> {
     /// Creates (truncates) `path` and writes the column header.
@@ -238,34 +236,24 @@ impl<W: Write> RecordWriter<W> {
     /// I/O errors naming the file.
     pub fn new(out: W, path: &Path, extras: &[ExtraColumn]) -> Result<Self> {
         let columns = layout(extras);
-        let mut w = Self {
-            out: Some(out),
-            path: path.to_path_buf(),
-            columns,
-            buf: Vec::with_capacity(FLUSH_BYTES + 4096),
-            flush_every_row: false,
-            rows: 0,
-        };
-        let names: Vec<String> = w
-            .columns
+        let names: Vec<&str> = columns
             .iter()
             .map(|c| match c {
-                Col::Base(i) => BASE_COLUMNS[*i].to_string(),
-                Col::Extra(e) => e.name().to_string(),
+                Col::Base(i) => BASE_COLUMNS[*i],
+                Col::Extra(e) => e.name(),
             })
             .collect();
-        let mut header = ByteRecord::new();
-        for n in &names {
-            header.push_field(n.as_bytes());
-        }
-        encode_row(&mut w.buf, &header);
-        w.flush()?;
-        Ok(w)
+        Ok(Self {
+            sink: RowSink::new(out, path, &names)?,
+            columns,
+            joined: String::new(),
+            rows: 0,
+        })
     }
 
     /// Makes every [`RecordWriter::write`] reach the file before it returns.
     pub fn flush_every_row(mut self, yes: bool) -> Self {
-        self.flush_every_row = yes;
+        self.sink.flush_every_row = yes;
         self
     }
 
@@ -281,55 +269,70 @@ impl<W: Write> RecordWriter<W> {
     pub fn write(&mut self, rec: &TraceRecord) -> Result<()> {
         let r = &rec.request;
         let o = &rec.outcome;
-        // Fields go straight into the buffer: numbers as they are (digits
+        // Fields go straight into the buffer: integers as they are (digits
         // and a sign never need quotes), text quoted where RFC 4180 needs
-        // it. (A row always has the 27 base columns, so no field is a
-        // row's only one.)
-        let mut f = RowFields::new(&mut self.buf);
-        for col in &self.columns {
+        // it.
+        let Self {
+            sink: f,
+            columns,
+            joined,
+            ..
+        } = self;
+        for col in columns.iter() {
             match col {
                 Col::Base(i) => match *i {
-                    0 => f.int(r.request_id),
-                    1 => f.text(&r.client_id),
-                    2 => f.text(&r.tenant_id),
-                    3 => f.text(&r.slo_class),
-                    4 => f.text(&r.session_id),
-                    5 => f.int(r.round_index),
-                    6 => f.text(&r.prefix_group),
-                    7 => f.int(r.prefix_length),
-                    8 => f.text(if r.streaming { "true" } else { "false" }),
-                    9 => f.int(r.input_tokens),
-                    10 => f.int(r.output_tokens),
-                    11 => f.int(r.text_tokens),
-                    12 => f.int(r.image_tokens),
-                    13 => f.int(r.audio_tokens),
-                    14 => f.int(r.video_tokens),
-                    15 => f.text(&format_f64(r.reason_ratio)),
-                    16 => f.text(&r.model),
-                    17 => f.int(r.deadline_us.unwrap_or(0)),
-                    18 => f.int(o.server_input_tokens.unwrap_or(0)),
-                    19 => f.int(r.arrival_time_us),
-                    20 => f.int(o.send_time_us.unwrap_or(0)),
-                    21 => f.int(o.first_chunk_time_us.unwrap_or(0)),
-                    22 => f.int(o.last_chunk_time_us.unwrap_or(0)),
-                    23 => f.int(o.num_chunks),
-                    24 => f.text(o.status.map(Status::as_str).unwrap_or("")),
-                    25 => f.text(&o.error_message),
-                    _ => f.text(&o.finish_reason),
+                    0 => f.push_int(r.request_id),
+                    1 => f.push_quoted(r.client_id.as_bytes()),
+                    2 => f.push_quoted(r.tenant_id.as_bytes()),
+                    3 => f.push_quoted(r.slo_class.as_bytes()),
+                    4 => f.push_quoted(r.session_id.as_bytes()),
+                    5 => f.push_int(r.round_index),
+                    6 => f.push_quoted(r.prefix_group.as_bytes()),
+                    7 => f.push_int(r.prefix_length),
+                    8 => f.push_plain(if r.streaming { b"true" } else { b"false" }),
+                    9 => f.push_int(r.input_tokens),
+                    10 => f.push_int(r.output_tokens),
+                    11 => f.push_int(r.text_tokens),
+                    12 => f.push_int(r.image_tokens),
+                    13 => f.push_int(r.audio_tokens),
+                    14 => f.push_int(r.video_tokens),
+                    15 => f.push_plain(format_f64(r.reason_ratio).as_bytes()),
+                    16 => f.push_quoted(r.model.as_bytes()),
+                    17 => f.push_int(r.deadline_us.unwrap_or(0)),
+                    18 => f.push_int(o.server_input_tokens.unwrap_or(0)),
+                    19 => f.push_int(r.arrival_time_us),
+                    20 => f.push_int(o.send_time_us.unwrap_or(0)),
+                    21 => f.push_int(o.first_chunk_time_us.unwrap_or(0)),
+                    22 => f.push_int(o.last_chunk_time_us.unwrap_or(0)),
+                    23 => f.push_int(o.num_chunks),
+                    24 => f.push_plain(o.status.map(Status::as_str).unwrap_or("").as_bytes()),
+                    25 => f.push_quoted(o.error_message.as_bytes()),
+                    _ => f.push_quoted(o.finish_reason.as_bytes()),
                 },
                 Col::Extra(e) => match e {
-                    ExtraColumn::ThinkTimeUs => f.opt(r.think_time_us),
-                    ExtraColumn::ContentKey => f.opt(r.content_key),
-                    ExtraColumn::HashIds => match &r.hash_ids {
-                        Some(h) => f.joined(&h.ids),
-                        None => f.text(""),
-                    },
-                    ExtraColumn::HashBlockTokens => {
-                        f.opt(r.hash_ids.as_ref().map(|h| h.block_tokens))
+                    ExtraColumn::ThinkTimeUs => push_opt(f, r.think_time_us),
+                    ExtraColumn::ContentKey => push_opt(f, r.content_key),
+                    ExtraColumn::HashIds => {
+                        joined.clear();
+                        if let Some(h) = &r.hash_ids {
+                            let mut b = itoa::Buffer::new();
+                            for (i, id) in h.ids.iter().enumerate() {
+                                if i > 0 {
+                                    joined.push(';');
+                                }
+                                joined.push_str(b.format(*id));
+                            }
+                        }
+                        f.push_plain(joined.as_bytes());
                     }
-                    ExtraColumn::HttpStatus => f.opt(o.http_status),
-                    ExtraColumn::CachedTokens => f.opt(o.cached_tokens),
-                    ExtraColumn::XRequestId => f.text(o.x_request_id.as_deref().unwrap_or("")),
+                    ExtraColumn::HashBlockTokens => {
+                        push_opt(f, r.hash_ids.as_ref().map(|h| h.block_tokens))
+                    }
+                    ExtraColumn::HttpStatus => push_opt(f, o.http_status),
+                    ExtraColumn::CachedTokens => push_opt(f, o.cached_tokens),
+                    ExtraColumn::XRequestId => {
+                        f.push_quoted(o.x_request_id.as_deref().unwrap_or("").as_bytes())
+                    }
                     ExtraColumn::Other(name) => {
                         let v = rec
                             .other
@@ -337,16 +340,13 @@ impl<W: Write> RecordWriter<W> {
                             .find(|(n, _)| n == name)
                             .map(|(_, v)| v.as_str())
                             .unwrap_or("");
-                        f.text(v);
+                        f.push_quoted(v.as_bytes());
                     }
                 },
             }
         }
-        f.end();
+        f.end_plain_row()?;
         self.rows += 1;
-        if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
-            self.flush()?;
-        }
         Ok(())
     }
 
@@ -355,91 +355,23 @@ impl<W: Write> RecordWriter<W> {
     /// # Errors
     /// I/O errors naming the file.
     pub fn flush(&mut self) -> Result<()> {
-        let Some(out) = self.out.as_mut() else {
-            return Ok(());
-        };
-        if !self.buf.is_empty() {
-            out.write_all(&self.buf)
-                .map_err(|e| Error::io(&self.path, e))?;
-            self.buf.clear();
-        }
-        out.flush().map_err(|e| Error::io(&self.path, e))
+        self.sink.flush()
     }
 
     /// Flushes and returns the inner writer.
     ///
     /// # Errors
     /// I/O errors naming the file.
-    pub fn finish(mut self) -> Result<W> {
-        self.flush()?;
-        Ok(self.out.take().expect("writer present until finish"))
+    pub fn finish(self) -> Result<W> {
+        self.sink.finish()
     }
 }
 
-impl<W: Write> Drop for RecordWriter<W> {
-    fn drop(&mut self) {
-        let _ = self.flush();
-    }
-}
-
-/// One CSV row being appended to a buffer, field by field: integers as
-/// they are, text quoted where RFC 4180 needs it ([`push_field_quoted`]),
-/// commas between. For rows of more than one field.
-pub(crate) struct RowFields<'a> {
-    buf: &'a mut Vec<u8>,
-    first: bool,
-    itoa: itoa::Buffer,
-}
-
-impl<'a> RowFields<'a> {
-    pub(crate) fn new(buf: &'a mut Vec<u8>) -> Self {
-        Self {
-            buf,
-            first: true,
-            itoa: itoa::Buffer::new(),
-        }
-    }
-
-    fn sep(&mut self) {
-        if !std::mem::take(&mut self.first) {
-            self.buf.push(b',');
-        }
-    }
-
-    /// An integer field.
-    pub(crate) fn int<T: itoa::Integer>(&mut self, v: T) {
-        self.sep();
-        self.buf.extend_from_slice(self.itoa.format(v).as_bytes());
-    }
-
-    /// An integer field, empty for `None`.
-    pub(crate) fn opt<T: itoa::Integer>(&mut self, v: Option<T>) {
-        match v {
-            Some(v) => self.int(v),
-            None => self.sep(),
-        }
-    }
-
-    /// Integers joined by `;` in one field.
-    pub(crate) fn joined<T: itoa::Integer + Copy>(&mut self, vs: &[T]) {
-        self.sep();
-        for (i, v) in vs.iter().enumerate() {
-            if i > 0 {
-                self.buf.push(b';');
-            }
-            self.buf.extend_from_slice(self.itoa.format(*v).as_bytes());
-        }
-    }
-
-    /// A text field.
-    pub(crate) fn text(&mut self, v: &str) {
-        self.sep();
-        push_field_quoted(self.buf, v.as_bytes(), false);
-    }
-
-    /// Ends the row with `\n`.
-    pub(crate) fn end(self) {
-        self.buf.push(b'\n');
+/// An integer field of `f`, empty for `None`.
+fn push_opt<W: Write, T: itoa::Integer>(f: &mut RowSink<W>, v: Option<T>) {
+    match v {
+        Some(v) => f.push_int(v),
+        None => f.push_plain(b""),
     }
 }
 

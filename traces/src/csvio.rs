@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use csv::ByteRecord;
 
-use crate::companions::RowSink;
 use crate::error::{Error, Location, Result};
 use crate::record::{HashIds, SharedStr, Status, TraceRecord, empty_str};
 
@@ -201,6 +200,112 @@ fn layout(extras: &[ExtraColumn]) -> Vec<Col> {
         }
     }
     cols
+}
+
+const FLUSH_BYTES: usize = 64 * 1024;
+
+/// A CSV writer that only ever hands whole rows to the file.
+#[derive(Debug)]
+pub(crate) struct RowSink<W: Write> {
+    out: Option<W>,
+    path: PathBuf,
+    buf: Vec<u8>,
+    pub(crate) row: ByteRecord,
+    pub(crate) flush_every_row: bool,
+    plain_fields: usize,
+}
+
+impl<W: Write> RowSink<W> {
+    pub(crate) fn new(out: W, path: &Path, header: &[&str]) -> Result<Self> {
+        let mut s = Self {
+            out: Some(out),
+            path: path.to_path_buf(),
+            buf: Vec::with_capacity(FLUSH_BYTES + 1024),
+            row: ByteRecord::new(),
+            flush_every_row: false,
+            plain_fields: 0,
+        };
+        for h in header {
+            s.row.push_field(h.as_bytes());
+        }
+        encode_row(&mut s.buf, &s.row);
+        s.row.clear();
+        s.flush()?;
+        Ok(s)
+    }
+
+    /// Appends a field that needs no quoting (digits, names without
+    /// commas, quotes or line breaks) straight to the buffer; a row of such
+    /// fields ends with [`RowSink::end_plain_row`].
+    pub(crate) fn push_plain(&mut self, field: &[u8]) {
+        debug_assert!(
+            !field
+                .iter()
+                .any(|&b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
+        );
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(field);
+        self.plain_fields += 1;
+    }
+
+    /// Appends an integer field (digits and a sign need no quoting).
+    pub(crate) fn push_int<T: itoa::Integer>(&mut self, v: T) {
+        self.push_plain(itoa::Buffer::new().format(v).as_bytes());
+    }
+
+    /// Appends a field already in CSV form (quoted where it needs it).
+    pub(crate) fn push_encoded(&mut self, field: &[u8]) {
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(field);
+        self.plain_fields += 1;
+    }
+
+    /// Appends a field in RFC 4180 form (quoted when needed) straight to
+    /// the buffer.
+    pub(crate) fn push_quoted(&mut self, field: &[u8]) {
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        push_field_quoted(&mut self.buf, field, false);
+        self.plain_fields += 1;
+    }
+
+    /// Ends a row of [`RowSink::push_plain`] fields.
+    pub(crate) fn end_plain_row(&mut self) -> Result<()> {
+        self.buf.push(b'\n');
+        self.plain_fields = 0;
+        if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        let Some(out) = self.out.as_mut() else {
+            return Ok(());
+        };
+        if !self.buf.is_empty() {
+            out.write_all(&self.buf)
+                .map_err(|e| Error::io(&self.path, e))?;
+            self.buf.clear();
+        }
+        out.flush().map_err(|e| Error::io(&self.path, e))
+    }
+
+    pub(crate) fn finish(mut self) -> Result<W> {
+        self.flush()?;
+        Ok(self.out.take().expect("writer present until finish"))
+    }
+}
+
+impl<W: Write> Drop for RowSink<W> {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
 }
 
 /// Streams trace records to a CSV.

@@ -29,7 +29,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::companions::{ChunkRecord, RowSink, read_rows};
+use crate::companions::{ChunkRecord, read_rows};
+use crate::csvio::RowSink;
 use crate::error::{Error, Result};
 
 /// Columns of the step table.

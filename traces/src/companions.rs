@@ -102,7 +102,7 @@ impl<W: Write> ChunkWriter<W> {
                 None => self.sink.push_plain(b""),
             }
         }
-        self.sink.end_plain_row()
+        self.sink.end_row()
     }
 
     /// Appends several chunks.
@@ -257,7 +257,7 @@ impl<W: Write> MetricWriter<W> {
                 self.sink
                     .push_plain(format_prometheus_value(value).as_bytes());
             }
-            self.sink.end_plain_row()?;
+            self.sink.end_row()?;
         }
         Ok(())
     }

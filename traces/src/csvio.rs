@@ -236,7 +236,7 @@ impl<W: Write> RowSink<W> {
 
     /// Appends a field that needs no quoting (digits, names without
     /// commas, quotes or line breaks) straight to the buffer; a row of such
-    /// fields ends with [`RowSink::end_plain_row`].
+    /// fields ends with [`RowSink::end_row`].
     pub(crate) fn push_plain(&mut self, field: &[u8]) {
         debug_assert!(
             !field
@@ -253,6 +253,22 @@ impl<W: Write> RowSink<W> {
     /// Appends an integer field (digits and a sign need no quoting).
     pub(crate) fn push_int<T: itoa::Integer>(&mut self, v: T) {
         self.push_plain(itoa::Buffer::new().format(v).as_bytes());
+    }
+
+    /// Appends integers joined by `sep` as one field (digits, signs and
+    /// the separator need no quoting; empty for none).
+    pub(crate) fn push_joined_ints<T: itoa::Integer + Copy>(&mut self, vs: &[T], sep: u8) {
+        if self.plain_fields > 0 {
+            self.buf.push(b',');
+        }
+        let mut b = itoa::Buffer::new();
+        for (i, v) in vs.iter().enumerate() {
+            if i > 0 {
+                self.buf.push(sep);
+            }
+            self.buf.extend_from_slice(b.format(*v).as_bytes());
+        }
+        self.plain_fields += 1;
     }
 
     /// Appends a field already in CSV form (quoted where it needs it).
@@ -274,8 +290,8 @@ impl<W: Write> RowSink<W> {
         self.plain_fields += 1;
     }
 
-    /// Ends a row of [`RowSink::push_plain`] fields.
-    pub(crate) fn end_plain_row(&mut self) -> Result<()> {
+    /// Ends the row of the fields pushed since the last one.
+    pub(crate) fn end_row(&mut self) -> Result<()> {
         self.buf.push(b'\n');
         self.plain_fields = 0;
         if self.flush_every_row || self.buf.len() >= FLUSH_BYTES {
@@ -318,8 +334,6 @@ impl<W: Write> Drop for RowSink<W> {
 pub struct RecordWriter<W: Write = File> {
     sink: RowSink<W>,
     columns: Vec<Col>,
-    /// Scratch: a record's hash ids, joined.
-    joined: String,
     rows: u64,
 }
 
@@ -351,7 +365,6 @@ impl<W: Write> RecordWriter<W> {
         Ok(Self {
             sink: RowSink::new(out, path, &names)?,
             columns,
-            joined: String::new(),
             rows: 0,
         })
     }
@@ -377,13 +390,8 @@ impl<W: Write> RecordWriter<W> {
         // Fields go straight into the buffer: integers as they are (digits
         // and a sign never need quotes), text quoted where RFC 4180 needs
         // it.
-        let Self {
-            sink: f,
-            columns,
-            joined,
-            ..
-        } = self;
-        for col in columns.iter() {
+        let f = &mut self.sink;
+        for col in &self.columns {
             match col {
                 Col::Base(i) => match *i {
                     0 => f.push_int(r.request_id),
@@ -418,17 +426,8 @@ impl<W: Write> RecordWriter<W> {
                     ExtraColumn::ThinkTimeUs => push_opt(f, r.think_time_us),
                     ExtraColumn::ContentKey => push_opt(f, r.content_key),
                     ExtraColumn::HashIds => {
-                        joined.clear();
-                        if let Some(h) = &r.hash_ids {
-                            let mut b = itoa::Buffer::new();
-                            for (i, id) in h.ids.iter().enumerate() {
-                                if i > 0 {
-                                    joined.push(';');
-                                }
-                                joined.push_str(b.format(*id));
-                            }
-                        }
-                        f.push_plain(joined.as_bytes());
+                        let ids: &[u64] = r.hash_ids.as_ref().map_or(&[], |h| &h.ids);
+                        f.push_joined_ints(ids, b';');
                     }
                     ExtraColumn::HashBlockTokens => {
                         push_opt(f, r.hash_ids.as_ref().map(|h| h.block_tokens))
@@ -450,7 +449,7 @@ impl<W: Write> RecordWriter<W> {
                 },
             }
         }
-        f.end_plain_row()?;
+        f.end_row()?;
         self.rows += 1;
         Ok(())
     }

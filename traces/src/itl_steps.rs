@@ -198,7 +198,7 @@ impl StepsWriter {
             i += n;
         }
         self.steps.push_plain(self.text.as_bytes());
-        self.steps.end_plain_row()
+        self.steps.end_row()
     }
 
     /// Appends a run of tokens.
@@ -218,7 +218,7 @@ impl StepsWriter {
         ] {
             self.runs.push_plain(b.format(v).as_bytes());
         }
-        self.runs.end_plain_row()
+        self.runs.end_row()
     }
 
     /// Writes buffered rows to the files.

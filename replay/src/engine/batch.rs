@@ -22,7 +22,7 @@ fn group_push(groups: &mut [Vec<u32>], used: &mut Vec<u32>, phase: u32, slot: u3
 
 impl Instance {
     /// Removes `victim` from the running set and puts it back to wait.
-    fn preempt(&mut self, victim_pos: usize) -> u32 {
+    pub(super) fn preempt(&mut self, victim_pos: usize) -> u32 {
         let slot = self.running.remove(victim_pos);
         self.flush_private(slot);
         let a = self.slots[slot as usize].as_mut().expect("live slot");
@@ -49,20 +49,24 @@ impl Instance {
     /// (FCFS, SJF, key-latest) or the least urgent, latest one (priority
     /// policies).
     fn victim(&self) -> usize {
-        match self.cfg.scheduler {
-            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf | SchedulerPolicy::KeyLatest => {
-                self.running.len() - 1
-            }
-            SchedulerPolicy::PriorityFcfs | SchedulerPolicy::ReversePriority => {
-                let mut best = self.running.len() - 1;
-                for (i, &s) in self.running.iter().enumerate() {
-                    if self.act(s).key >= self.act(self.running[best]).key {
-                        best = i;
-                    }
+        let mut best = self.running.len() - 1;
+        if !self.victim_is_last() {
+            for (i, &s) in self.running.iter().enumerate() {
+                if self.act(s).key >= self.act(self.running[best]).key {
+                    best = i;
                 }
-                best
             }
         }
+        best
+    }
+
+    /// Whether [`Instance::victim`] is always the last running request
+    /// (the policy's order, not its priorities, chooses it).
+    pub(super) fn victim_is_last(&self) -> bool {
+        matches!(
+            self.cfg.scheduler,
+            SchedulerPolicy::Fcfs | SchedulerPolicy::Sjf | SchedulerPolicy::KeyLatest
+        )
     }
 
     /// Forms the next batch at `now` (vLLM V1's scheduler): running

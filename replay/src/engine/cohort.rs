@@ -24,8 +24,12 @@
 //! (`--no-fast-forward` disables the cohort too): the members precede
 //! every other running request in the running order (they are its head;
 //! a request joins at the tail), so allocations, hash commits, token spans
-//! and completions happen in the order single steps give them. Anything
-//! the cohort does not model (a preemption, an abort, a split run, P/D
+//! and completions happen in the order single steps give them. When the
+//! KV cache runs out, the requests preempted from the back of the running
+//! order (vLLM's victims under FCFS and SJF) are taken from behind the
+//! members, then from the members' tail, each leaving the cohort, in the
+//! order single steps preempt them. Anything else the cohort does not
+//! model (a victim chosen by priority, an abort, a split run, P/D
 //! hand-offs) first dissolves it back into explicit requests. With a CPU
 //! tier, a member's new block is taken at the end of the step before, the
 //! time an eviction's offload is stamped with, as single steps take it.
@@ -67,8 +71,8 @@ pub enum CohortNote {
         /// Members whose last token is at the last step.
         completing: u32,
     },
-    /// The member of this tag left (it completed); its tokens so far are
-    /// in the notes' steps.
+    /// The member of this tag left (it completed, or was preempted); its
+    /// tokens so far are in the notes' steps.
     Leave {
         /// The member's [`crate::SimRequest::tag`].
         tag: u32,
@@ -161,6 +165,9 @@ pub(super) struct Cohort {
     pub(super) last_end_us: i64,
     /// Members whose group entry is `forget`.
     pub(super) virtual_members: u32,
+    /// Room for the (join, slot) of a phase group's members (preemptions
+    /// among members).
+    pub(super) scratch: Vec<(u64, u32)>,
 }
 
 impl Cohort {

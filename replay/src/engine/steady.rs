@@ -1,7 +1,8 @@
 //! How an instance steps its steady decoders ([`super::cohort`]): takes
 //! decoders into the cohort, forms a batch with it, finishes its steps,
-//! and dissolves it back into explicit requests when something it does not
-//! model comes (a preemption risk, an abort, P/D hand-offs).
+//! preempts members from its tail when the KV cache runs out, and dissolves
+//! it back into explicit requests when something it does not model comes
+//! (a victim chosen by priority, an abort, P/D hand-offs).
 
 use std::cmp::Reverse;
 
@@ -168,9 +169,10 @@ impl Instance {
     }
 
     /// Forms the next batch with the cohort (running requests first: the
-    /// members, then the others; then admissions), when no preemption can
-    /// come of it; `false`: the cohort was dissolved (or is empty), and
-    /// the caller forms the batch without it.
+    /// members, then the others; then admissions, unless a request was
+    /// preempted); `false`: the cohort was dissolved (it is empty, or a
+    /// policy that chooses victims by priority must preempt), and the
+    /// caller forms the batch without it.
     pub(super) fn form_cohort_batch(&mut self, now: i64, limit: i64) -> bool {
         self.absorb_decoders();
         let len = self.cohort.len();
@@ -183,13 +185,12 @@ impl Instance {
             self.dissolve_cohort();
             return false;
         }
-        let mut budget = cap - len as u32;
         let p = (self.cohort.j % u64::from(bs)) as usize;
         // The blocks this step takes, with no preemption: the members
         // whose last block is full, then the other running requests'
         // chunks, as `schedule_running` computes them.
         let mut need = self.cohort.groups[p].len() as u32;
-        let mut b = budget;
+        let mut b = cap - len as u32;
         for &slot in &self.running[len..] {
             if b == 0 {
                 break;
@@ -209,21 +210,44 @@ impl Instance {
                 .saturating_sub(a.table_len());
             b -= n;
         }
-        if need > self.kv.free() {
+        let mut preempted = false;
+        if need <= self.kv.free() {
+            let mut group = std::mem::take(&mut self.cohort.groups[p]);
+            self.take_group_blocks(&mut group);
+            self.cohort.groups[p] = group;
+        } else if self.victim_is_last() {
+            // Requests are preempted from the back of the running order:
+            // requests after the members, then members, each leaving the
+            // cohort.
+            preempted = self.take_member_blocks_preempting(p);
+        } else {
+            // (A policy that chooses victims by priority may preempt any
+            // member: the cohort is dissolved first.)
             self.dissolve_cohort();
             return false;
         }
-        let mut group = std::mem::take(&mut self.cohort.groups[p]);
-        self.take_group_blocks(&mut group);
-        self.cohort.groups[p] = group;
+        let len = self.cohort.len();
+        let mut budget = cap - len as u32;
         self.shape.clear();
         self.shape.decode_count = len as u32;
         self.shape.decode_context_sum = self.cohort.context_sum();
         let mut scheduled = std::mem::take(&mut self.spare_scheduled);
         scheduled.clear();
-        let preempted = self.schedule_running_from(len, &mut scheduled, &mut budget);
-        debug_assert!(!preempted, "the blocks were counted");
-        self.admit_waiting(now, &mut scheduled, &mut budget);
+        preempted |= self.schedule_running_from(len, &mut scheduled, &mut budget);
+        debug_assert_eq!(self.cohort.len(), len, "no member is preempted here");
+        if len == 0 && scheduled.is_empty() {
+            // Every member was preempted, the first by itself: like vLLM's
+            // next engine iteration, schedule again with the freed blocks
+            // (as `form_batch` does).
+            self.spare_scheduled = scheduled;
+            self.form_batch(now, limit);
+            return true;
+        }
+        // (After a preemption nothing is admitted, and the step is not
+        // fast-forwarded, as `form_batch` does.)
+        if !preempted {
+            self.admit_waiting(now, &mut scheduled, &mut budget);
+        }
         let transfer = std::mem::take(&mut self.pending_transfer_us);
         let dt = blis_traces::itl_steps::round_to_i64(crate::latency::LatencyModel::step_time_us(
             &self.latency,
@@ -240,7 +264,7 @@ impl Instance {
             self.dissolve_cohort_into(&mut scheduled);
             let (decode_only, min_left) = self.step_shape(&scheduled);
             debug_assert!(decode_only);
-            if decode_only {
+            if decode_only && !preempted {
                 self.fast_forward(now + transfer, limit, dt, &scheduled, min_left, &mut ends);
             }
             self.run = Some(Run {
@@ -253,7 +277,9 @@ impl Instance {
         if self.shape.prefill.is_empty() {
             // Decode-only: the members alone; fast-forwarded as
             // `fast_forward` does.
-            self.cohort_fast_forward(now + transfer, limit, dt, &mut ends);
+            if !preempted {
+                self.cohort_fast_forward(now + transfer, limit, dt, &mut ends);
+            }
         } else {
             self.counters.prompt_tokens += self.shape.prefill_tokens();
         }
@@ -263,6 +289,74 @@ impl Instance {
             cohort: len as u32,
         });
         true
+    }
+
+    /// The members' blocks for this step (those of phase group `p`) when
+    /// fewer blocks are free than the running requests' chunks need, taken
+    /// as [`Instance::schedule_running`] takes them, under a policy whose
+    /// victim is the last running request: the members in running order,
+    /// each taking a block while one is free; when none is, the last
+    /// running request is preempted (one after the members, or a member,
+    /// which first leaves the cohort). A member that is itself the victim
+    /// ends the step's scheduling (every request after it was preempted
+    /// before it). Which member takes which block does not matter (no
+    /// output depends on block ids), only the sequence of takes and
+    /// preemptions. Returns whether a request was preempted.
+    fn take_member_blocks_preempting(&mut self, p: usize) -> bool {
+        debug_assert!(self.victim_is_last());
+        // The members that need a block, in running order: the order they
+        // joined the batch in.
+        let mut needers = std::mem::take(&mut self.cohort.scratch);
+        needers.clear();
+        needers.extend(
+            self.cohort.groups[p]
+                .iter()
+                .map(|e| (self.act(e.slot).join, e.slot)),
+        );
+        needers.sort_unstable();
+        let mut preempted = false;
+        // The first member preempted (members go from the back): it and
+        // every member after it are preempted.
+        let mut first_gone = u64::MAX;
+        'members: for &(join, slot) in &needers {
+            if join >= first_gone {
+                break;
+            }
+            loop {
+                if self.kv.free() > 0 {
+                    let mut group = std::mem::take(&mut self.cohort.groups[p]);
+                    let e = group
+                        .iter()
+                        .position(|e| e.slot == slot)
+                        .expect("a member that needs a block is in the step's group");
+                    self.take_group_blocks(&mut group[e..=e]);
+                    self.cohort.groups[p] = group;
+                    break;
+                }
+                let v = self.running.len() - 1;
+                let victim = self.running[v];
+                if v < self.cohort.len() {
+                    first_gone = self.act(victim).join;
+                    self.leave_cohort_preempted(victim);
+                }
+                self.preempt(v);
+                preempted = true;
+                if victim == slot {
+                    break 'members;
+                }
+            }
+        }
+        self.cohort.scratch = needers;
+        preempted
+    }
+
+    /// Member `slot` (the last member) leaves the cohort to be preempted:
+    /// its progress written back, its completion forgotten.
+    fn leave_cohort_preempted(&mut self, slot: u32) {
+        self.leave_cohort(slot);
+        self.cohort
+            .completions
+            .retain(|&Reverse((_, _, s))| s != slot);
     }
 
     /// Dissolves the cohort while a batch is being formed: the members go

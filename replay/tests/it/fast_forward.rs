@@ -131,46 +131,43 @@ proptest! {
     }
 }
 
-/// A request arriving while a batch decodes joins it without the others
-/// being stepped one by one: they stay steady decoders (the cohort)
-/// through the mixed steps of its prompt, and every token, completion
-/// and step is what stepping each request gives.
-#[test]
-fn decoders_stay_steady_through_a_newcomers_prompt() {
-    use blis_replay::engine::instance::StepReport;
-    use blis_replay::{Instance, SimRequest};
-    let make = |id: u64, input: u32, output: u32| {
-        let r = req(id, 0, input, output);
-        let mut segments = Vec::new();
-        blis_traces::content::sequence_segments(&r, input, output, &mut segments);
-        SimRequest {
-            id,
-            input_tokens: input,
-            tag: id as u32,
-            output_tokens: output,
-            class: 0,
-            priority: 0,
-            segments,
-            block_hashes: Vec::new(),
-        }
-    };
-    // (time, request): eight at once, then one every 40 ms.
-    let arrivals: Vec<(i64, SimRequest)> = (0..8)
-        .map(|i| (0, make(i, 200 + 30 * i as u32, 120 + 7 * i as u32)))
-        .chain((8..14).map(|i| ((i as i64 - 7) * 40_000, make(i, 900, 60))))
-        .collect();
-    let cfg = EngineConfig {
-        total_kv_blocks: 2_000,
-        ..EngineConfig::default()
-    };
-    // Every token (request, index, time), completion (request, tokens,
-    // last token's time) and step end, whatever reports they came in.
-    #[derive(Default, PartialEq, Debug)]
-    struct Seen {
-        tokens: Vec<(u64, u32, i64)>,
-        finished: Vec<(u64, u32, i64)>,
-        steps: Vec<i64>,
+/// A request of `input` prompt tokens and `output` output tokens, with its
+/// content segments, as the instance takes it.
+fn sim_request(id: u64, input: u32, output: u32) -> blis_replay::SimRequest {
+    let r = req(id, 0, input, output);
+    let mut segments = Vec::new();
+    blis_traces::content::sequence_segments(&r, input, output, &mut segments);
+    blis_replay::SimRequest {
+        id,
+        input_tokens: input,
+        tag: id as u32,
+        output_tokens: output,
+        class: 0,
+        priority: 0,
+        segments,
+        block_hashes: Vec::new(),
     }
+}
+
+/// Every token (request, index, time), completion (request, tokens, last
+/// token's time) and step end of a run, whatever reports they came in.
+#[derive(Default, PartialEq, Debug)]
+struct Seen {
+    tokens: Vec<(u64, u32, i64)>,
+    finished: Vec<(u64, u32, i64)>,
+    steps: Vec<i64>,
+}
+
+/// What one instance step by step gives for `arrivals` (time, request),
+/// its invariants checked after every event: what it produced, and after
+/// each step its steady decoders and how many requests that step's batch
+/// formation preempted.
+fn step_through(
+    cfg: EngineConfig,
+    arrivals: &[(i64, blis_replay::SimRequest)],
+) -> (Seen, Vec<(usize, u64)>) {
+    use blis_replay::Instance;
+    use blis_replay::engine::instance::StepReport;
     let note = |seen: &mut Seen, r: &StepReport| {
         seen.steps.extend_from_slice(&r.step_ends);
         for span in &r.spans {
@@ -183,44 +180,63 @@ fn decoders_stay_steady_through_a_newcomers_prompt() {
             seen.finished.push((f.id, f.output_tokens, f.last_token_us));
         }
     };
-    let run = |fast_forward: bool| {
-        let mut inst = Instance::new(
-            EngineConfig {
-                fast_forward,
-                ..cfg.clone()
-            },
-            roofline(),
-        );
-        let mut report = StepReport::default();
-        let mut seen = Seen::default();
-        let mut most_steady = 0;
-        let mut next = 0;
-        loop {
-            let arrival = arrivals.get(next).map(|(t, _)| *t);
-            let t = match (inst.next_time(), arrival) {
-                (None, None) => break,
-                (Some(s), Some(a)) => s.min(a),
-                (s, a) => s.or(a).unwrap(),
-            };
-            if arrival == Some(t) {
-                if inst.split_at(t, &mut report) {
-                    note(&mut seen, &report);
-                }
-                while arrivals.get(next).is_some_and(|(a, _)| *a == t) {
-                    inst.enqueue(t, arrivals[next].1.clone()).unwrap();
-                    next += 1;
-                }
-            }
-            if inst.next_time() == Some(t) {
-                inst.step(t, i64::MAX, &mut report);
+    let mut inst = Instance::new(cfg, roofline());
+    let mut report = StepReport::default();
+    let mut seen = Seen::default();
+    let mut after_steps = Vec::new();
+    let mut next = 0;
+    loop {
+        let arrival = arrivals.get(next).map(|(t, _)| *t);
+        let t = match (inst.next_time(), arrival) {
+            (None, None) => break,
+            (Some(s), Some(a)) => s.min(a),
+            (s, a) => s.or(a).unwrap(),
+        };
+        if arrival == Some(t) {
+            if inst.split_at(t, &mut report) {
                 note(&mut seen, &report);
-                most_steady = most_steady.max(inst.steady_decoders());
             }
-            inst.check().unwrap();
+            while arrivals.get(next).is_some_and(|(a, _)| *a == t) {
+                inst.enqueue(t, arrivals[next].1.clone()).unwrap();
+                next += 1;
+            }
         }
-        seen.tokens.sort_unstable();
-        seen.finished.sort_unstable();
-        (seen, most_steady)
+        if inst.next_time() == Some(t) {
+            let before = inst.counters().preemptions;
+            inst.step(t, i64::MAX, &mut report);
+            note(&mut seen, &report);
+            let preempted = inst.counters().preemptions - before;
+            after_steps.push((inst.steady_decoders(), preempted));
+        }
+        inst.check().unwrap();
+    }
+    seen.tokens.sort_unstable();
+    seen.finished.sort_unstable();
+    (seen, after_steps)
+}
+
+/// A request arriving while a batch decodes joins it without the others
+/// being stepped one by one: they stay steady decoders (the cohort)
+/// through the mixed steps of its prompt, and every token, completion
+/// and step is what stepping each request gives.
+#[test]
+fn decoders_stay_steady_through_a_newcomers_prompt() {
+    // (time, request): eight at once, then one every 40 ms.
+    let arrivals: Vec<(i64, _)> = (0..8)
+        .map(|i| (0, sim_request(i, 200 + 30 * i as u32, 120 + 7 * i as u32)))
+        .chain((8..14).map(|i| ((i as i64 - 7) * 40_000, sim_request(i, 900, 60))))
+        .collect();
+    let cfg = EngineConfig {
+        total_kv_blocks: 2_000,
+        ..EngineConfig::default()
+    };
+    let run = |fast_forward: bool| {
+        let cfg = EngineConfig {
+            fast_forward,
+            ..cfg.clone()
+        };
+        let (seen, after) = step_through(cfg, &arrivals);
+        (seen, after.iter().map(|&(s, _)| s).max().unwrap_or(0))
     };
     let (with_cohort, steady) = run(true);
     let (reference, none) = run(false);
@@ -229,4 +245,48 @@ fn decoders_stay_steady_through_a_newcomers_prompt() {
     assert_eq!(with_cohort.finished.len(), 14);
     assert!(with_cohort.tokens.len() > 1_000);
     assert_eq!(with_cohort, reference);
+}
+
+/// When the KV cache runs out, vLLM preempts the last running request,
+/// which under FCFS may be a steady decoder or a request behind them: the
+/// other decoders stay steady through it (they are not stepped one by one
+/// until the next batch takes them back), and every token, completion and
+/// step is what stepping each request gives.
+#[test]
+fn decoders_stay_steady_through_preemptions() {
+    // Twenty requests at once whose outputs outgrow the KV cache, and a
+    // newcomer with a long prompt every 30 ms.
+    let arrivals: Vec<(i64, _)> = (0..20)
+        .map(|i| (0, sim_request(i, 100 + 13 * i as u32, 300 + 11 * i as u32)))
+        .chain((20..30).map(|i| ((i as i64 - 19) * 30_000, sim_request(i, 700, 80))))
+        .collect();
+    for scheduler in [SchedulerPolicy::Fcfs, SchedulerPolicy::Sjf] {
+        let cfg = EngineConfig {
+            total_kv_blocks: 300,
+            scheduler,
+            ..EngineConfig::default()
+        };
+        let run = |fast_forward: bool| {
+            step_through(
+                EngineConfig {
+                    fast_forward,
+                    ..cfg.clone()
+                },
+                &arrivals,
+            )
+        };
+        let (with_cohort, after) = run(true);
+        let (reference, _) = run(false);
+        assert_eq!(with_cohort.finished.len(), 30);
+        assert_eq!(with_cohort, reference, "{scheduler}");
+        let preempting: Vec<usize> = (after.iter())
+            .filter(|&&(_, preempted)| preempted > 0)
+            .map(|&(steady, _)| steady)
+            .collect();
+        assert!(preempting.len() >= 10, "{scheduler}: {preempting:?}");
+        assert!(
+            preempting.iter().all(|&steady| steady > 0),
+            "{scheduler}: the decoders stay steady through every preemption ({preempting:?})"
+        );
+    }
 }

@@ -1766,6 +1766,18 @@ impl Instance {
                 self.waiting.len()
             ));
         }
+        // The running order is the order requests joined the batch in
+        // (preemption takes the last; the steady decoders rely on it).
+        if let Some(w) = self
+            .running
+            .windows(2)
+            .find(|w| self.act(w[0]).join >= self.act(w[1]).join)
+        {
+            return Err(format!(
+                "running request in slot {} joined before the one ahead of it (slot {})",
+                w[1], w[0]
+            ));
+        }
         let c = self.counters;
         if c.enqueued != c.completed + c.aborted + live as u64 {
             return Err(format!(

@@ -30,6 +30,24 @@ pub fn req(id: u64, at_us: i64, input: u32, output: u32) -> Request {
     }
 }
 
+/// Request `id` (arriving at 0, `input` prompt and `output` output tokens)
+/// with its content segments, as an instance takes it.
+pub fn sim_request(id: u64, input: u32, output: u32) -> blis_replay::SimRequest {
+    let r = req(id, 0, input, output);
+    let mut segments = Vec::new();
+    blis_traces::content::sequence_segments(&r, input, output, &mut segments);
+    blis_replay::SimRequest {
+        id,
+        input_tokens: input,
+        output_tokens: output,
+        priority: 0,
+        class: 0,
+        segments,
+        block_hashes: Vec::new(),
+        tag: id as u32,
+    }
+}
+
 pub fn with_prefix(mut r: Request, group: &str, len: u32) -> Request {
     r.prefix_group = Arc::from(group);
     r.prefix_length = len;

@@ -7,7 +7,7 @@ use blis_replay::sim::SimOptions;
 use blis_replay::{EngineConfig, Model, SchedulerPolicy};
 use proptest::prelude::*;
 
-use crate::common::{req, run_sampled, simple_model, with_prefix};
+use crate::common::{req, run_sampled, sim_request, simple_model, with_prefix};
 
 fn both(cfg: EngineConfig, model: Model, reqs: Vec<blis_traces::Request>, sample: Option<i64>) {
     let opts = SimOptions {
@@ -131,24 +131,6 @@ proptest! {
     }
 }
 
-/// A request of `input` prompt tokens and `output` output tokens, with its
-/// content segments, as the instance takes it.
-fn sim_request(id: u64, input: u32, output: u32) -> blis_replay::SimRequest {
-    let r = req(id, 0, input, output);
-    let mut segments = Vec::new();
-    blis_traces::content::sequence_segments(&r, input, output, &mut segments);
-    blis_replay::SimRequest {
-        id,
-        input_tokens: input,
-        tag: id as u32,
-        output_tokens: output,
-        class: 0,
-        priority: 0,
-        segments,
-        block_hashes: Vec::new(),
-    }
-}
-
 /// Every token (request, index, time), completion (request, tokens, last
 /// token's time) and step end of a run, whatever reports they came in.
 #[derive(Default, PartialEq, Debug)]
@@ -158,12 +140,14 @@ struct Seen {
     steps: Vec<i64>,
 }
 
-/// What one instance step by step gives for `arrivals` (time, request),
-/// its invariants checked after every event: what it produced, and after
-/// each step its steady decoders and how many requests that step's batch
-/// formation preempted.
+/// What one instance with `cfg` and fast-forward (the cohort) on or off
+/// gives step by step for `arrivals` (time, request), its invariants
+/// checked after every event: what it produced, and after each step its
+/// steady decoders and how many requests that step's batch formation
+/// preempted.
 fn step_through(
-    cfg: EngineConfig,
+    cfg: &EngineConfig,
+    fast_forward: bool,
     arrivals: &[(i64, blis_replay::SimRequest)],
 ) -> (Seen, Vec<(usize, u64)>) {
     use blis_replay::Instance;
@@ -179,6 +163,10 @@ fn step_through(
         for f in &r.finished {
             seen.finished.push((f.id, f.output_tokens, f.last_token_us));
         }
+    };
+    let cfg = EngineConfig {
+        fast_forward,
+        ..cfg.clone()
     };
     let mut inst = Instance::new(cfg, roofline());
     let mut report = StepReport::default();
@@ -231,11 +219,7 @@ fn decoders_stay_steady_through_a_newcomers_prompt() {
         ..EngineConfig::default()
     };
     let run = |fast_forward: bool| {
-        let cfg = EngineConfig {
-            fast_forward,
-            ..cfg.clone()
-        };
-        let (seen, after) = step_through(cfg, &arrivals);
+        let (seen, after) = step_through(&cfg, fast_forward, &arrivals);
         (seen, after.iter().map(|&(s, _)| s).max().unwrap_or(0))
     };
     let (with_cohort, steady) = run(true);
@@ -266,15 +250,7 @@ fn decoders_stay_steady_through_preemptions() {
             scheduler,
             ..EngineConfig::default()
         };
-        let run = |fast_forward: bool| {
-            step_through(
-                EngineConfig {
-                    fast_forward,
-                    ..cfg.clone()
-                },
-                &arrivals,
-            )
-        };
+        let run = |fast_forward: bool| step_through(&cfg, fast_forward, &arrivals);
         let (with_cohort, after) = run(true);
         let (reference, _) = run(false);
         assert_eq!(with_cohort.finished.len(), 30);

@@ -4,26 +4,9 @@
 
 use blis_replay::engine::handoff::HandoffError;
 use blis_replay::engine::instance::{DropReason, StepReport};
-use blis_replay::{EngineConfig, Instance, SimRequest};
-use blis_traces::content;
+use blis_replay::{EngineConfig, Instance};
 
-use crate::common::{req, simple_model};
-
-fn sim(id: u64, input: u32, output: u32) -> SimRequest {
-    let r = req(id, 0, input, output);
-    let mut segments = Vec::new();
-    content::sequence_segments(&r, input, output, &mut segments);
-    SimRequest {
-        id,
-        input_tokens: input,
-        output_tokens: output,
-        priority: 0,
-        class: 0,
-        segments,
-        block_hashes: Vec::new(),
-        tag: id as u32,
-    }
-}
+use crate::common::{sim_request as sim, simple_model};
 
 fn cfg(blocks: u32) -> EngineConfig {
     EngineConfig {

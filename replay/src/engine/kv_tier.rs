@@ -217,19 +217,21 @@ struct Slot {
 /// look up ([`CpuTier::offload_forgotten`]); its generation is how many.
 const FORGOTTEN: u32 = u32::MAX;
 
-/// How far ahead in the offload order the index entry of a content to
-/// drop is prefetched: with every eviction offloaded, a full tier drops a
-/// content per offload, and its index entry is a cache miss otherwise.
+/// How far ahead in the offload order the slot of a content to drop is
+/// prefetched (its index entry: half as far): with every eviction
+/// offloaded, a full tier drops a content per offload, and both are cache
+/// misses otherwise.
 const PREFETCH_AHEAD: usize = 16;
 
 /// The CPU tier: offloaded contents by hash, in an array of up to
 /// `cpu_blocks` slots found through the compact hash index the GPU uses
 /// (one cache line per probe). Slots and index grow as contents come, so
 /// that a tier's memory follows what it holds, not its size (a tier of
-/// billions of blocks that holds a few costs a few). The offload order is a ring of (hash, slot,
-/// generation) entries, oldest first, as the GPU's free queue: a content
-/// taken out for a reload leaves a stale entry behind, and the contents
-/// to drop next are read in sequence (their index entries prefetched).
+/// billions of blocks that holds a few costs a few). The offload order is
+/// a ring of (slot, generation) entries, 8 bytes each, oldest first, as the
+/// GPU's free queue: a content taken out for a reload leaves a stale entry
+/// behind, and the contents to drop next are read in sequence (their slots
+/// prefetched, then the index entries their hashes lead to).
 ///
 /// Invariant: `used() + free() == total()`; every used slot has exactly
 /// one live entry in the order, and the forgotten contents
@@ -241,7 +243,9 @@ pub struct CpuTier {
     index: HashIndex,
     /// Slots used before and free again.
     spare: Vec<u32>,
-    order: VecDeque<(u64, u32, u32)>,
+    /// (slot, generation) oldest first; ([`FORGOTTEN`], how many) for
+    /// forgotten contents.
+    order: VecDeque<(u32, u32)>,
     /// Contents that must not be dropped now ([`CpuTier::pin`]).
     pinned: Vec<u64>,
     /// Contents held that no one can look up
@@ -310,7 +314,7 @@ impl CpuTier {
         self.find(hash).is_some()
     }
 
-    fn is_live(&self, (_, s, g): (u64, u32, u32)) -> bool {
+    fn is_live(&self, (s, g): (u32, u32)) -> bool {
         s == FORGOTTEN || self.slots[s as usize].generation == g
     }
 
@@ -329,11 +333,11 @@ impl CpuTier {
         let mut kept = Vec::new();
         let mut dropped = false;
         while let Some(e) = self.order.pop_front() {
-            if e.1 == FORGOTTEN {
+            if e.0 == FORGOTTEN {
                 // A forgotten content (never pinned) goes; the others of
                 // its entry stay oldest.
-                if e.2 > 1 {
-                    self.order.push_front((e.0, e.1, e.2 - 1));
+                if e.1 > 1 {
+                    self.order.push_front((FORGOTTEN, e.1 - 1));
                 }
                 self.forgotten -= 1;
                 dropped = true;
@@ -342,18 +346,29 @@ impl CpuTier {
             if !self.is_live(e) {
                 continue;
             }
-            if !self.pinned.is_empty() && self.pinned.contains(&e.0) {
+            let hash = self.slots[e.0 as usize].hash;
+            if !self.pinned.is_empty() && self.pinned.contains(&hash) {
                 kept.push(e);
                 continue;
             }
-            if let Some(&(h, s, _)) = self.order.get(PREFETCH_AHEAD) {
-                self.index.prefetch(h);
-                // (Its slot too: its liveness and the new content it takes.)
-                if let Some(slot) = self.slots.get(s as usize) {
-                    mem_prefetch::prefetch_write_data::<_, 3>(slot);
-                }
+            // The slot of a content dropped soon (its liveness, its hash
+            // and the new content it takes), and, half as far ahead (that
+            // slot fetched by then), the index entry its hash leads to.
+            if let Some(slot) = self
+                .order
+                .get(PREFETCH_AHEAD)
+                .and_then(|&(s, _)| self.slots.get(s as usize))
+            {
+                mem_prefetch::prefetch_write_data::<_, 3>(slot);
             }
-            self.take(e.1, e.0);
+            if let Some(slot) = self
+                .order
+                .get(PREFETCH_AHEAD / 2)
+                .and_then(|&(s, _)| self.slots.get(s as usize))
+            {
+                self.index.prefetch(slot.hash);
+            }
+            self.take(e.0, hash);
             dropped = true;
             break;
         }
@@ -385,7 +400,7 @@ impl CpuTier {
         let slot = &mut self.slots[s as usize];
         slot.hash = hash;
         slot.at = now;
-        self.order.push_back((hash, s, slot.generation));
+        self.order.push_back((s, slot.generation));
         self.index.insert(hash, s);
         self.counters.offloads += 1;
         self.compact_order();
@@ -407,7 +422,7 @@ impl CpuTier {
         if self.order.len() > 2 * self.used() as usize + 64 {
             let slots = &self.slots;
             self.order
-                .retain(|&(_, s, g)| s == FORGOTTEN || slots[s as usize].generation == g);
+                .retain(|&(s, g)| s == FORGOTTEN || slots[s as usize].generation == g);
         }
     }
 
@@ -420,8 +435,8 @@ impl CpuTier {
             return;
         }
         match self.order.back_mut() {
-            Some(e) if e.1 == FORGOTTEN => e.2 += 1,
-            _ => self.order.push_back((0, FORGOTTEN, 1)),
+            Some(e) if e.0 == FORGOTTEN => e.1 += 1,
+            _ => self.order.push_back((FORGOTTEN, 1)),
         }
         self.forgotten += 1;
         self.counters.offloads += 1;
@@ -495,15 +510,15 @@ impl CpuTier {
         }
         let mut live = 0u32;
         for &e in &self.order {
-            if e.1 == FORGOTTEN {
-                if e.2 == 0 {
+            if e.0 == FORGOTTEN {
+                if e.1 == 0 {
                     return Err("CPU tier: an empty entry of forgotten contents".into());
                 }
-                live += e.2;
+                live += e.1;
             } else if self.is_live(e) {
                 live += 1;
-                if self.find(e.0) != Some(e.1) || self.slots[e.1 as usize].hash != e.0 {
-                    return Err(format!("CPU tier: slot {} is misplaced", e.1));
+                if self.find(self.slots[e.0 as usize].hash) != Some(e.0) {
+                    return Err(format!("CPU tier: slot {} is misplaced", e.0));
                 }
             }
         }

@@ -133,6 +133,25 @@ impl HashIndex {
         self.len += 1;
     }
 
+    /// Makes the entry `hash` → `from` say `hash` → `to` where it lies (an
+    /// id's change moves nothing: the slot depends on the hash alone);
+    /// returns whether it was there.
+    pub(crate) fn retarget(&mut self, hash: u64, from: u32, to: u32) -> bool {
+        let want = pack(hash, from);
+        let mut i = self.home(hash);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return false;
+            }
+            if s == want {
+                self.slots[i] = pack(hash, to);
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     /// Removes the entry `hash` → `block`; returns whether it was there.
     pub(crate) fn remove(&mut self, hash: u64, block: u32) -> bool {
         let want = pack(hash, block);
@@ -225,11 +244,11 @@ mod tests {
     }
 
     proptest! {
-        /// Against a map: every get, insert and remove agrees, with hashes
+        /// Against a map: every get, insert, retarget and remove agrees, with hashes
         /// drawn from a few high halves so that tags collide, probe runs
         /// grow long and wrap around the table's end.
         #[test]
-        fn agrees_with_a_map(ops in prop::collection::vec((0u8..3, 0u64..6, 0u64..40), 1..400)) {
+        fn agrees_with_a_map(ops in prop::collection::vec((0u8..4, 0u64..6, 0u64..40), 1..400)) {
             // (Up to a load of 47/64 when every block holds content.)
             const BLOCKS: u32 = 47;
             let mut ix = HashIndex::new(BLOCKS);
@@ -253,6 +272,18 @@ mod tests {
                             prop_assert!(ix.remove(hash, b));
                             held[b as usize] = None;
                             model.remove(&hash);
+                        }
+                    }
+                    // The content moves to another block (a CPU slot's
+                    // content reloaded, a GPU block's offloaded).
+                    2 => {
+                        let to = (0..BLOCKS).find(|&b| held[b as usize].is_none());
+                        if let (Some(b), Some(to)) = (found, to) {
+                            prop_assert!(!ix.retarget(hash, to, b), "no entry names it");
+                            prop_assert!(ix.retarget(hash, b, to));
+                            held[b as usize] = None;
+                            held[to as usize] = Some(hash);
+                            model.insert(hash, to);
                         }
                     }
                     _ => {}

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::engine::hash_index::HashIndex;
-use crate::engine::kv_tier::{CpuTier, CpuTierConfig, OffloadPolicy};
+use crate::engine::kv_tier::{CPU_ID, CpuTier, CpuTierConfig, OffloadPolicy};
 use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
@@ -237,6 +237,16 @@ impl KvCache {
             self.evict_offload_above =
                 (cfg.offload_threshold * f64::from(self.total())).floor() as u32;
         }
+        // One index for both tiers (a content is in at most one): room
+        // for the CPU's contents too.
+        if self.prefix_caching {
+            debug_assert_eq!(
+                self.cached.len(),
+                0,
+                "a CPU tier is added to an empty cache"
+            );
+            self.cached = HashIndex::new(self.total_blocks.saturating_add(cfg.cpu_blocks));
+        }
         self.cpu = Some(Box::new(CpuTier::new(cfg)));
         self
     }
@@ -268,7 +278,7 @@ impl KvCache {
         let Some(cpu) = self.cpu.as_mut() else {
             return false;
         };
-        let held = cpu.contains(hash);
+        let held = cpu.contains(&self.cached, hash);
         if held {
             cpu.pin(hash);
         }
@@ -308,7 +318,7 @@ impl KvCache {
                 // the blocks stay free, now empty.
                 let r = &mut self.runs[g.wrapping_sub(self.run_number) as usize];
                 for _ in 0..r.hashed {
-                    cpu.offload_forgotten();
+                    cpu.offload_forgotten(&mut self.cached);
                 }
                 r.unhashed += std::mem::take(&mut r.hashed);
                 continue;
@@ -319,11 +329,12 @@ impl KvCache {
             }
             let h = self.content[b as usize].hash_bits;
             if blk.ref_flags & PRIVATE == 0 {
-                let found = self.cached.remove(h, b);
-                debug_assert!(found, "a block holding a shared hash is indexed");
+                // (Its index entry now names the CPU slot.)
+                cpu.offload_indexed(&mut self.cached, h, b, now);
+            } else {
+                cpu.offload(&mut self.cached, h, now);
             }
             blk.ref_flags &= !(HASHED | PRIVATE);
-            cpu.offload(h, now);
         }
         self.offload_scan = self.queue.len();
     }
@@ -341,13 +352,28 @@ impl KvCache {
 
     /// Tiered: reloads content `hash` from the CPU tier into `block` (a
     /// fresh block of the request's table, after `parent`) at `now` (µs):
-    /// it leaves the CPU tier and is committed on the GPU.
+    /// it leaves the CPU tier and is committed on the GPU (its index entry
+    /// retargeted to the block).
     pub fn reload(&mut self, block: u32, hash: u64, parent: Option<u32>, now: i64) {
-        if let Some(cpu) = self.cpu.as_mut() {
-            let found = cpu.reload(hash, now);
-            debug_assert!(found, "reloading content the CPU tier does not hold");
+        let moved = self.prefix_caching
+            && self
+                .cpu
+                .as_mut()
+                .is_some_and(|cpu| cpu.reload(&mut self.cached, hash, block, now));
+        debug_assert!(
+            moved || !self.prefix_caching,
+            "reloading content the CPU tier does not hold"
+        );
+        if !moved {
+            self.commit(block, hash, parent);
+            return;
         }
-        self.commit(block, hash, parent);
+        debug_assert!(!self.blocks[block as usize].is_hashed(), "a fresh block");
+        self.blocks[block as usize].ref_flags |= HASHED;
+        self.content[block as usize].hash_bits = hash;
+        if let Some(p) = parent {
+            self.content[p as usize].child = block;
+        }
     }
 
     /// Tiered: counts a transfer of `blocks` reloaded blocks and returns
@@ -392,9 +418,12 @@ impl KvCache {
         self.in_block(self.block_size - self.in_block(computed))
     }
 
-    /// Whether block `b` holds registered content `hash`.
+    /// Whether block `b` holds registered content `hash` (`false` for an
+    /// index entry naming a CPU slot).
     fn holds(&self, b: u32, hash: u64) -> bool {
-        self.blocks[b as usize].is_hashed() && self.content[b as usize].hash_bits == hash
+        b & CPU_ID == 0
+            && self.blocks[b as usize].is_hashed()
+            && self.content[b as usize].hash_bits == hash
     }
 
     /// The content hash registered for block `b` in the prefix cache.
@@ -566,7 +595,7 @@ impl KvCache {
         }
         let mut left = new_blocks - fresh;
         while left > 0 {
-            let Some(b) = self.pop_head(on_evict) else {
+            let Some(b) = self.pop_head() else {
                 left -= self.take_forgotten(left, table);
                 continue;
             };
@@ -575,13 +604,13 @@ impl KvCache {
             if flags & HASHED != 0 {
                 // Evict its content (a private hash is in no index).
                 let h = self.content[b as usize].hash_bits;
-                if flags & PRIVATE == 0 {
+                self.evictions += 1;
+                let indexed = flags & PRIVATE == 0;
+                if on_evict && self.used() > self.evict_offload_above {
+                    self.offload_evicted(h, indexed.then_some(b));
+                } else if indexed {
                     let found = self.cached.remove(h, b);
                     debug_assert!(found, "a block holding a shared hash is indexed");
-                }
-                self.evictions += 1;
-                if on_evict && self.used() > self.evict_offload_above {
-                    self.offload_evicted(h);
                 }
             }
             self.blocks[b as usize].ref_flags = 1;
@@ -589,41 +618,27 @@ impl KvCache {
         }
     }
 
-    /// Tiered, on-evict: the content of a block soon taken may go to the
-    /// CPU tier, whose index entry for it is a cache miss: the block's
-    /// content is fetched `PREFETCH_AHEAD` blocks ahead, and the index slot
-    /// its hash leads to half as far ahead.
-    #[inline(never)]
-    fn prefetch_offload(&self) {
-        if let Some(&(next, _)) = self.queue.get(PREFETCH_AHEAD)
-            && next != RUN
-        {
-            mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
-        }
-        if let (Some(&(mid, _)), Some(cpu)) = (self.queue.get(PREFETCH_AHEAD / 2), &self.cpu)
-            && mid != RUN
-        {
-            cpu.prefetch(self.content[mid as usize].hash_bits);
-        }
-    }
-
-    /// Tiered, on-evict: the evicted content `hash` goes to the CPU tier.
+    /// Tiered, on-evict: the evicted content `hash` goes to the CPU tier;
+    /// `block`: the block that held it, when its index entry names it
+    /// (retargeted to the CPU slot; `None`: private content, in no index).
     #[cold]
-    fn offload_evicted(&mut self, hash: u64) {
-        if let Some(cpu) = self.cpu.as_mut() {
-            cpu.offload(hash, self.clock);
+    fn offload_evicted(&mut self, hash: u64, block: Option<u32>) {
+        let cpu = self
+            .cpu
+            .as_mut()
+            .expect("on-evict offloads need a CPU tier");
+        match block {
+            Some(b) => cpu.offload_indexed(&mut self.cached, hash, b, self.clock),
+            None => cpu.offload(&mut self.cached, hash, self.clock),
         }
     }
 
     /// Hints the CPU to fetch where [`KvCache::commit`] of content `hash`
-    /// will look (the GPU's hash index, and the CPU tier's when tiered):
-    /// [`PIPELINE`] blocks ahead of a walk committing a request's blocks.
+    /// will look (the hash index both tiers share): [`PIPELINE`] blocks
+    /// ahead of a walk committing a request's blocks.
     #[inline]
     pub fn prefetch_commit(&self, hash: u64) {
         self.cached.prefetch(hash);
-        if let Some(cpu) = &self.cpu {
-            cpu.prefetch(hash);
-        }
     }
 
     /// Hints the CPU to fetch block `b`'s bookkeeping and content (one
@@ -741,7 +756,7 @@ impl KvCache {
             // taking its block is above the threshold.
             for p in unhashed..k {
                 if used + p + 1 > self.evict_offload_above {
-                    cpu.offload_forgotten();
+                    cpu.offload_forgotten(&mut self.cached);
                 }
             }
         }
@@ -780,7 +795,7 @@ impl KvCache {
                 && used + 1 > self.evict_offload_above
                 && let Some(cpu) = self.cpu.as_mut()
             {
-                cpu.offload_forgotten();
+                cpu.offload_forgotten(&mut self.cached);
             }
         }
     }
@@ -936,7 +951,12 @@ impl KvCache {
             self.has_private = true;
             // Content private to a request never preempted was never
             // offloaded (a preempted request's blocks are indexed first).
-            debug_assert!(!self.cpu.as_ref().is_some_and(|c| c.contains(hash)));
+            debug_assert!(
+                !self
+                    .cpu
+                    .as_ref()
+                    .is_some_and(|c| c.contains(&self.cached, hash))
+            );
         }
         if let Some(p) = parent {
             self.content[p as usize].child = block;
@@ -982,16 +1002,21 @@ impl KvCache {
         let holder = if self.blocks[block as usize].is_hashed() {
             block
         } else {
-            match self.cached.get(hash, |b| self.holds(b, hash)) {
-                Some(holder) => holder,
-                None => {
-                    self.cached.insert(hash, block);
+            // One probe finds the content on either tier.
+            let found = self.cached.get(hash, |id| {
+                self.holds(id, hash) || self.cpu.as_ref().is_some_and(|c| c.holds(id, hash))
+            });
+            match found {
+                Some(holder) if holder & CPU_ID == 0 => holder,
+                _ => {
+                    match (found, self.cpu.as_mut()) {
+                        // Computed again: the GPU copy is the one now, and
+                        // the entry names it.
+                        (Some(id), Some(cpu)) => cpu.forget_into(&mut self.cached, id, block),
+                        _ => self.cached.insert(hash, block),
+                    }
                     self.blocks[block as usize].ref_flags |= HASHED;
                     self.content[block as usize].hash_bits = hash;
-                    if let Some(cpu) = self.cpu.as_mut() {
-                        // Computed again: the GPU copy is the one now.
-                        cpu.forget(hash);
-                    }
                     block
                 }
             }
@@ -1026,7 +1051,7 @@ impl KvCache {
     /// ones are [`KvCache::take_fresh`]'s), skipping stale entries; `None`
     /// when the head is a run of forgotten blocks
     /// ([`KvCache::take_forgotten`]).
-    fn pop_head(&mut self, on_evict: bool) -> Option<u32> {
+    fn pop_head(&mut self) -> Option<u32> {
         debug_assert_eq!(self.fresh_left, 0, "never-used blocks come first");
         loop {
             let &(b, g) = self.queue.front().expect("checked by can_allocate");
@@ -1046,14 +1071,12 @@ impl KvCache {
                     mem_prefetch::prefetch_read_data::<_, 3>(&self.content[next as usize]);
                 }
                 // And, half as far ahead (its content fetched by then), the
-                // hash index's slot its eviction removes.
+                // hash index's slot its eviction removes (or, tiered,
+                // retargets to the CPU slot it goes to).
                 if let Some(&(mid, _)) = self.queue.get(PREFETCH_AHEAD / 2)
                     && mid != RUN
                 {
                     self.cached.prefetch(self.content[mid as usize].hash_bits);
-                }
-                if on_evict {
-                    self.prefetch_offload();
                 }
                 return Some(b);
             }
@@ -1148,13 +1171,17 @@ impl KvCache {
                 }
             }
         }
-        if hashed != self.cached.len() {
+        let gpu_entries = self
+            .cached
+            .entries()
+            .filter(|&(_, b)| b & CPU_ID == 0)
+            .count();
+        if hashed != gpu_entries {
             return Err(format!(
-                "{hashed} blocks hold shared hashes but the index has {} entries",
-                self.cached.len()
+                "{hashed} blocks hold shared hashes but the index has {gpu_entries} entries for GPU blocks"
             ));
         }
-        for (tag, b) in self.cached.entries() {
+        for (tag, b) in self.cached.entries().filter(|&(_, b)| b & CPU_ID == 0) {
             match (b < self.fresh_next)
                 .then(|| self.indexed_hash(b))
                 .flatten()
@@ -1164,11 +1191,11 @@ impl KvCache {
             }
         }
         if let Some(cpu) = &self.cpu {
-            cpu.check()?;
+            cpu.check(&self.cached)?;
             for b in 0..self.fresh_next {
                 let blk = &self.blocks[b as usize];
                 let h = self.content[b as usize].hash_bits;
-                if blk.is_hashed() && cpu.contains(h) {
+                if blk.is_hashed() && cpu.contains(&self.cached, h) {
                     return Err(format!(
                         "content {h:#x} is on the GPU (block {b}) and the CPU"
                     ));

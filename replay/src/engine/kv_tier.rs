@@ -25,6 +25,13 @@
 //! added to the step that admits the request. Unlike BLIS, a full store
 //! drops its least recently offloaded content instead of refusing new
 //! content (as vLLM's CPU offloading manager does, LRU), and counts it.
+//!
+//! Both tiers share one hash index (the GPU's, `KvCache`'s): a CPU
+//! content's entry names its slot with [`CPU_ID`] set. As a content is in
+//! at most one tier, the index holds one entry per content, and a content
+//! moving between the tiers (an offload, a reload, a GPU block computing
+//! it again) has its entry retargeted where it lies, one probe instead
+//! of a removal from one index and an insertion into the other.
 
 use std::collections::VecDeque;
 
@@ -213,6 +220,10 @@ struct Slot {
     generation: u32,
 }
 
+/// The bit that marks a CPU slot's id in the hash index both tiers share
+/// (GPU block ids are below it).
+pub(crate) const CPU_ID: u32 = 1 << 31;
+
 /// The slot of an offload-order entry standing for contents no one can
 /// look up ([`CpuTier::offload_forgotten`]); its generation is how many.
 const FORGOTTEN: u32 = u32::MAX;
@@ -224,8 +235,9 @@ const FORGOTTEN: u32 = u32::MAX;
 const PREFETCH_AHEAD: usize = 16;
 
 /// The CPU tier: offloaded contents by hash, in an array of up to
-/// `cpu_blocks` slots found through the compact hash index the GPU uses
-/// (one cache line per probe). Slots and index grow as contents come, so
+/// `cpu_blocks` slots found through the hash index the GPU uses (shared:
+/// each method that reads or changes it takes it; one cache line per
+/// probe). Slots and index grow as contents come, so
 /// that a tier's memory follows what it holds, not its size (a tier of
 /// billions of blocks that holds a few costs a few). The offload order is
 /// a ring of (slot, generation) entries, 8 bytes each, oldest first, as the
@@ -234,13 +246,14 @@ const PREFETCH_AHEAD: usize = 16;
 /// prefetched, then the index entries their hashes lead to).
 ///
 /// Invariant: `used() + free() == total()`; every used slot has exactly
-/// one live entry in the order, and the forgotten contents
+/// one live entry in the order and one in the index, and the forgotten contents
 /// ([`CpuTier::offload_forgotten`]) are counted by entries of their own.
 #[derive(Debug, Clone)]
 pub struct CpuTier {
     cfg: CpuTierConfig,
     slots: Vec<Slot>,
-    index: HashIndex,
+    /// Contents held in slots (each with an entry in the shared index).
+    held: u32,
     /// Slots used before and free again.
     spare: Vec<u32>,
     /// (slot, generation) oldest first; ([`FORGOTTEN`], how many) for
@@ -255,7 +268,8 @@ pub struct CpuTier {
 }
 
 impl CpuTier {
-    /// An empty tier.
+    /// An empty tier; the hash index it shares must have room for
+    /// `cfg.cpu_blocks` entries more than the GPU's.
     pub fn new(cfg: CpuTierConfig) -> Self {
         let n = cfg.cpu_blocks;
         // Room for the first 65,536 contents up front (2.5 MB); more as
@@ -263,7 +277,7 @@ impl CpuTier {
         let first = n.min(1 << 16) as usize;
         Self {
             slots: Vec::with_capacity(first),
-            index: HashIndex::new(n),
+            held: 0,
             spare: Vec::new(),
             order: VecDeque::with_capacity(first),
             pinned: Vec::new(),
@@ -285,7 +299,7 @@ impl CpuTier {
 
     /// Blocks holding content.
     pub fn used(&self) -> u32 {
-        self.index.len() as u32 + self.forgotten
+        self.held + self.forgotten
     }
 
     /// Blocks free.
@@ -298,38 +312,52 @@ impl CpuTier {
         self.counters
     }
 
-    fn find(&self, hash: u64) -> Option<u32> {
-        self.index
-            .get(hash, |s| self.slots[s as usize].hash == hash)
+    /// Whether the index entry `id` is this tier's slot holding `hash`.
+    #[inline]
+    pub(crate) fn holds(&self, id: u32, hash: u64) -> bool {
+        id & CPU_ID != 0
+            && self
+                .slots
+                .get((id & !CPU_ID) as usize)
+                .is_some_and(|s| s.hash == hash)
     }
 
-    /// Hints the CPU to fetch where content `hash` would be indexed (it is
-    /// about to be offloaded, or looked up).
-    pub fn prefetch(&self, hash: u64) {
-        self.index.prefetch(hash);
+    /// The slot holding `hash`.
+    fn find(&self, index: &HashIndex, hash: u64) -> Option<u32> {
+        index
+            .get(hash, |id| self.holds(id, hash))
+            .map(|id| id & !CPU_ID)
     }
 
     /// Whether it holds content `hash`.
-    pub fn contains(&self, hash: u64) -> bool {
-        self.find(hash).is_some()
+    pub(crate) fn contains(&self, index: &HashIndex, hash: u64) -> bool {
+        self.find(index, hash).is_some()
     }
 
     fn is_live(&self, (s, g): (u32, u32)) -> bool {
         s == FORGOTTEN || self.slots[s as usize].generation == g
     }
 
-    /// Empties slot `s` (holding `hash`): its order entry goes stale.
-    fn take(&mut self, s: u32, hash: u64) {
-        let found = self.index.remove(hash, s);
+    /// Empties slot `s` (holding `hash`) and removes its index entry: its
+    /// order entry goes stale.
+    fn take(&mut self, index: &mut HashIndex, s: u32, hash: u64) {
+        let found = index.remove(hash, CPU_ID | s);
         debug_assert!(found, "a used CPU slot is indexed");
+        self.take_slot(s);
+    }
+
+    /// Empties slot `s`, whose index entry the caller retargets or
+    /// removes: its order entry goes stale.
+    fn take_slot(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
         slot.generation = slot.generation.wrapping_add(1);
         self.spare.push(s);
+        self.held -= 1;
     }
 
     /// Drops the least recently offloaded unpinned content; `false` when
     /// every content is pinned.
-    fn drop_oldest(&mut self) -> bool {
+    fn drop_oldest(&mut self, index: &mut HashIndex) -> bool {
         let mut kept = Vec::new();
         let mut dropped = false;
         while let Some(e) = self.order.pop_front() {
@@ -366,9 +394,9 @@ impl CpuTier {
                 .get(PREFETCH_AHEAD / 2)
                 .and_then(|&(s, _)| self.slots.get(s as usize))
             {
-                self.index.prefetch(slot.hash);
+                index.prefetch(slot.hash);
             }
-            self.take(e.0, hash);
+            self.take(index, e.0, hash);
             dropped = true;
             break;
         }
@@ -379,14 +407,43 @@ impl CpuTier {
         dropped
     }
 
-    /// Stores content `hash` (not held here: a content is in one tier),
-    /// offloaded at `now` (µs), dropping the least recently offloaded
-    /// unpinned content when full.
-    pub fn offload(&mut self, hash: u64, now: i64) {
-        debug_assert!(!self.contains(hash), "content offloaded twice");
-        if !self.make_room() {
+    /// Stores content `hash`, which no index entry names (a GPU block's
+    /// private content), offloaded at `now` (µs), dropping the least
+    /// recently offloaded unpinned content when full.
+    pub(crate) fn offload(&mut self, index: &mut HashIndex, hash: u64, now: i64) {
+        debug_assert!(!self.contains(index, hash), "content offloaded twice");
+        if !self.make_room(index) {
             return;
         }
+        let s = self.store(hash, now);
+        index.insert(hash, CPU_ID | s);
+    }
+
+    /// Stores content `hash`, whose index entry names GPU block `block`
+    /// (evicted, or emptied by an eager offload), offloaded at `now` (µs):
+    /// the entry is retargeted to the slot it takes. When full of pinned
+    /// contents the content is dropped, and so is the entry.
+    pub(crate) fn offload_indexed(
+        &mut self,
+        index: &mut HashIndex,
+        hash: u64,
+        block: u32,
+        now: i64,
+    ) {
+        debug_assert!(!self.contains(index, hash), "content offloaded twice");
+        // (Room first: a drop's backward shift may move the entry.)
+        if !self.make_room(index) {
+            let found = index.remove(hash, block);
+            debug_assert!(found, "an offloaded GPU block's content is indexed");
+            return;
+        }
+        let s = self.store(hash, now);
+        let found = index.retarget(hash, block, CPU_ID | s);
+        debug_assert!(found, "an offloaded GPU block's content is indexed");
+    }
+
+    /// Puts content `hash` in a free slot (room made) and returns it.
+    fn store(&mut self, hash: u64, now: i64) -> u32 {
         let s = self.spare.pop().unwrap_or_else(|| {
             // A slot never used yet (room was made: fewer are held than
             // the tier's blocks).
@@ -397,24 +454,26 @@ impl CpuTier {
             });
             self.slots.len() as u32 - 1
         });
+        debug_assert!(s < CPU_ID, "a CPU slot's id has its top bit clear");
         let slot = &mut self.slots[s as usize];
         slot.hash = hash;
         slot.at = now;
         self.order.push_back((s, slot.generation));
-        self.index.insert(hash, s);
+        self.held += 1;
         self.counters.offloads += 1;
         self.compact_order();
+        s
     }
 
     /// Drops the least recently offloaded unpinned content when full;
     /// `false` when full of pinned contents (the content to come is then
     /// what is dropped).
-    fn make_room(&mut self) -> bool {
+    fn make_room(&mut self, index: &mut HashIndex) -> bool {
         if self.used() < self.total() {
             return true;
         }
         self.counters.cpu_evictions += 1;
-        self.drop_oldest()
+        self.drop_oldest(index)
     }
 
     /// Removes the stale entries of the offload order once they are most.
@@ -430,8 +489,8 @@ impl CpuTier {
     /// private content a request left, forgotten: see
     /// `KvCache::release_forgetting`): it takes room and is dropped in its
     /// turn like any other, but has no hash, no slot and no index entry.
-    pub fn offload_forgotten(&mut self) {
-        if !self.make_room() {
+    pub(crate) fn offload_forgotten(&mut self, index: &mut HashIndex) {
+        if !self.make_room(index) {
             return;
         }
         match self.order.back_mut() {
@@ -454,14 +513,22 @@ impl CpuTier {
         self.pinned.clear();
     }
 
-    /// Takes content `hash` out to reload it at `now` (µs); `false` when
-    /// it is not here.
-    pub fn reload(&mut self, hash: u64, now: i64) -> bool {
-        let Some(s) = self.find(hash) else {
+    /// Takes content `hash` out to reload it into GPU block `block` at
+    /// `now` (µs): its index entry is retargeted to the block. `false`
+    /// when it is not here.
+    pub(crate) fn reload(
+        &mut self,
+        index: &mut HashIndex,
+        hash: u64,
+        block: u32,
+        now: i64,
+    ) -> bool {
+        let Some(s) = self.find(index, hash) else {
             return false;
         };
         let at = self.slots[s as usize].at;
-        self.take(s, hash);
+        self.take_slot(s);
+        index.retarget(hash, CPU_ID | s, block);
         self.counters.reloads += 1;
         if now - at <= self.cfg.thrashing_window_us {
             self.counters.thrashing += 1;
@@ -469,12 +536,14 @@ impl CpuTier {
         true
     }
 
-    /// Drops content `hash` (the GPU computed it again): a content is in
-    /// at most one tier.
-    pub fn forget(&mut self, hash: u64) {
-        if let Some(s) = self.find(hash) {
-            self.take(s, hash);
-        }
+    /// Drops the content of slot `id` (an index entry's id, [`CPU_ID`]
+    /// set) because GPU block `block` computed it again: the entry is
+    /// retargeted to the block (a content is in at most one tier).
+    pub(crate) fn forget_into(&mut self, index: &mut HashIndex, id: u32, block: u32) {
+        let hash = self.slots[(id & !CPU_ID) as usize].hash;
+        self.take_slot(id & !CPU_ID);
+        let found = index.retarget(hash, id, block);
+        debug_assert!(found, "a used CPU slot is indexed");
     }
 
     /// Counts one transfer of `blocks` blocks and returns its time, µs.
@@ -485,17 +554,24 @@ impl CpuTier {
         t
     }
 
-    /// Checks the tier's invariants (for tests).
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks the tier's invariants against the shared index (for tests).
+    pub(crate) fn check(&self, index: &HashIndex) -> Result<(), String> {
         if !self.pinned.is_empty() {
             return Err(format!("{} CPU contents left pinned", self.pinned.len()));
         }
-        if self.index.len() + self.spare.len() != self.slots.len()
+        let indexed = index.entries().filter(|&(_, id)| id & CPU_ID != 0).count();
+        if indexed != self.held as usize {
+            return Err(format!(
+                "CPU tier: {indexed} index entries for {} contents held",
+                self.held
+            ));
+        }
+        if self.held as usize + self.spare.len() != self.slots.len()
             || self.slots.len() > self.total() as usize
         {
             return Err(format!(
-                "CPU tier: {} indexed + {} spare != {} slots (of {})",
-                self.index.len(),
+                "CPU tier: {} held + {} spare != {} slots (of {})",
+                self.held,
                 self.spare.len(),
                 self.slots.len(),
                 self.total()
@@ -517,7 +593,7 @@ impl CpuTier {
                 live += e.1;
             } else if self.is_live(e) {
                 live += 1;
-                if self.find(self.slots[e.0 as usize].hash) != Some(e.0) {
+                if self.find(index, self.slots[e.0 as usize].hash) != Some(e.0) {
                     return Err(format!("CPU tier: slot {} is misplaced", e.0));
                 }
             }
@@ -536,6 +612,11 @@ impl CpuTier {
 mod tests {
     use super::*;
 
+    /// A tier and the index it shares (no GPU content in it).
+    fn tier(blocks: u32) -> (CpuTier, HashIndex) {
+        (CpuTier::new(cfg(blocks)), HashIndex::new(blocks))
+    }
+
     fn cfg(blocks: u32) -> CpuTierConfig {
         CpuTierConfig {
             policy: OffloadPolicy::OnEvict,
@@ -550,23 +631,23 @@ mod tests {
 
     #[test]
     fn forgotten_contents_take_room_and_go_in_their_turn() {
-        let mut t = CpuTier::new(cfg(3));
-        t.offload(1, 0);
-        t.offload_forgotten();
-        t.offload_forgotten();
+        let (mut t, mut ix) = tier(3);
+        t.offload(&mut ix, 1, 0);
+        t.offload_forgotten(&mut ix);
+        t.offload_forgotten(&mut ix);
         assert_eq!((t.used(), t.free()), (3, 0));
-        t.check().unwrap();
+        t.check(&ix).unwrap();
         // Full: the oldest (content 1) goes first, then the forgotten ones
         // one at a time, in offload order.
-        t.offload(2, 10);
-        assert!(!t.contains(1) && t.contains(2));
-        t.offload(3, 20);
-        t.offload(4, 30);
+        t.offload(&mut ix, 2, 10);
+        assert!(!t.contains(&ix, 1) && t.contains(&ix, 2));
+        t.offload(&mut ix, 3, 20);
+        t.offload(&mut ix, 4, 30);
         assert_eq!(t.used(), 3);
-        assert!(t.contains(2) && t.contains(3) && t.contains(4));
+        assert!(t.contains(&ix, 2) && t.contains(&ix, 3) && t.contains(&ix, 4));
         assert_eq!(t.counters().cpu_evictions, 3);
         assert_eq!(t.counters().offloads, 6);
-        t.check().unwrap();
+        t.check(&ix).unwrap();
     }
 
     #[test]
@@ -579,47 +660,50 @@ mod tests {
 
     #[test]
     fn a_full_tier_drops_its_least_recently_offloaded_content() {
-        let mut t = CpuTier::new(cfg(2));
-        t.offload(1, 0);
-        t.offload(2, 10);
-        t.offload(3, 20);
-        assert!(!t.contains(1) && t.contains(2) && t.contains(3));
+        let (mut t, mut ix) = tier(2);
+        t.offload(&mut ix, 1, 0);
+        t.offload(&mut ix, 2, 10);
+        t.offload(&mut ix, 3, 20);
+        assert!(!t.contains(&ix, 1) && t.contains(&ix, 2) && t.contains(&ix, 3));
         assert_eq!(t.counters().cpu_evictions, 1);
         assert_eq!(t.used() + t.free(), t.total());
-        t.check().unwrap();
+        t.check(&ix).unwrap();
     }
 
     #[test]
     fn a_pinned_content_is_not_dropped_to_make_room() {
-        let mut t = CpuTier::new(cfg(2));
-        t.offload(1, 0);
-        t.offload(2, 10);
+        let (mut t, mut ix) = tier(2);
+        t.offload(&mut ix, 1, 0);
+        t.offload(&mut ix, 2, 10);
         t.pin(1);
-        t.offload(3, 20);
-        assert!(t.contains(1) && !t.contains(2) && t.contains(3));
+        t.offload(&mut ix, 3, 20);
+        assert!(t.contains(&ix, 1) && !t.contains(&ix, 2) && t.contains(&ix, 3));
         t.pin(3);
         // Everything pinned: the new content is the one dropped.
-        t.offload(4, 30);
-        assert!(t.contains(1) && t.contains(3) && !t.contains(4));
+        t.offload(&mut ix, 4, 30);
+        assert!(t.contains(&ix, 1) && t.contains(&ix, 3) && !t.contains(&ix, 4));
         assert_eq!(t.counters().cpu_evictions, 2);
         t.unpin_all();
         // 1 kept its place: the oldest, dropped first.
-        t.offload(5, 40);
-        assert!(!t.contains(1) && t.contains(3) && t.contains(5));
-        t.check().unwrap();
+        t.offload(&mut ix, 5, 40);
+        assert!(!t.contains(&ix, 1) && t.contains(&ix, 3) && t.contains(&ix, 5));
+        t.check(&ix).unwrap();
     }
 
     #[test]
     fn a_reload_within_the_window_is_thrashing() {
-        let mut t = CpuTier::new(cfg(8));
-        t.offload(1, 0);
-        t.offload(2, 0);
-        assert!(t.reload(1, 1000));
-        assert!(t.reload(2, 1001));
-        assert!(!t.reload(2, 1002), "a reloaded content left the tier");
+        let (mut t, mut ix) = tier(8);
+        t.offload(&mut ix, 1, 0);
+        t.offload(&mut ix, 2, 0);
+        assert!(t.reload(&mut ix, 1, 0, 1000));
+        assert!(t.reload(&mut ix, 2, 1, 1001));
+        assert!(
+            !t.reload(&mut ix, 2, 0, 1002),
+            "a reloaded content left the tier"
+        );
         let c = t.counters();
         assert_eq!((c.offloads, c.reloads, c.thrashing), (2, 2, 1));
-        t.check().unwrap();
+        t.check(&ix).unwrap();
     }
 
     #[test]

@@ -361,6 +361,24 @@ impl CpuTier {
         let mut kept = Vec::new();
         let mut dropped = false;
         while let Some(e) = self.order.pop_front() {
+            // The slot of a content dropped soon (its liveness, its hash
+            // and the new content it takes), and, half as far ahead (that
+            // slot fetched by then), the index entry its hash leads to; at
+            // every entry, stale ones too (they come in runs).
+            if let Some(slot) = self
+                .order
+                .get(PREFETCH_AHEAD)
+                .and_then(|&(s, _)| self.slots.get(s as usize))
+            {
+                mem_prefetch::prefetch_write_data::<_, 3>(slot);
+            }
+            if let Some(slot) = self
+                .order
+                .get(PREFETCH_AHEAD / 2)
+                .and_then(|&(s, _)| self.slots.get(s as usize))
+            {
+                index.prefetch(slot.hash);
+            }
             if e.0 == FORGOTTEN {
                 // A forgotten content (never pinned) goes; the others of
                 // its entry stay oldest.
@@ -378,23 +396,6 @@ impl CpuTier {
             if !self.pinned.is_empty() && self.pinned.contains(&hash) {
                 kept.push(e);
                 continue;
-            }
-            // The slot of a content dropped soon (its liveness, its hash
-            // and the new content it takes), and, half as far ahead (that
-            // slot fetched by then), the index entry its hash leads to.
-            if let Some(slot) = self
-                .order
-                .get(PREFETCH_AHEAD)
-                .and_then(|&(s, _)| self.slots.get(s as usize))
-            {
-                mem_prefetch::prefetch_write_data::<_, 3>(slot);
-            }
-            if let Some(slot) = self
-                .order
-                .get(PREFETCH_AHEAD / 2)
-                .and_then(|&(s, _)| self.slots.get(s as usize))
-            {
-                index.prefetch(slot.hash);
             }
             self.take(index, e.0, hash);
             dropped = true;

@@ -137,16 +137,25 @@ impl HashIndex {
     /// id's change moves nothing: the slot depends on the hash alone);
     /// returns whether it was there.
     pub(crate) fn retarget(&mut self, hash: u64, from: u32, to: u32) -> bool {
-        let want = pack(hash, from);
+        let Some(i) = self.position(hash, from) else {
+            return false;
+        };
+        self.slots[i] = pack(hash, to);
+        true
+    }
+
+    /// Where the entry `hash` → `block` lies.
+    #[inline]
+    fn position(&self, hash: u64, block: u32) -> Option<usize> {
+        let want = pack(hash, block);
         let mut i = self.home(hash);
         loop {
             let s = self.slots[i];
             if s == EMPTY {
-                return false;
+                return None;
             }
             if s == want {
-                self.slots[i] = pack(hash, to);
-                return true;
+                return Some(i);
             }
             i = (i + 1) & self.mask;
         }
@@ -154,18 +163,9 @@ impl HashIndex {
 
     /// Removes the entry `hash` → `block`; returns whether it was there.
     pub(crate) fn remove(&mut self, hash: u64, block: u32) -> bool {
-        let want = pack(hash, block);
-        let mut i = self.home(hash);
-        loop {
-            let s = self.slots[i];
-            if s == EMPTY {
-                return false;
-            }
-            if s == want {
-                break;
-            }
-            i = (i + 1) & self.mask;
-        }
+        let Some(i) = self.position(hash, block) else {
+            return false;
+        };
         // Backward-shift deletion: move later entries of the probe run into
         // the hole when their home position allows it.
         let mut hole = i;

@@ -220,8 +220,9 @@ struct Slot {
     generation: u32,
 }
 
-/// The bit that marks a CPU slot's id in the hash index both tiers share
-/// (GPU block ids are below it).
+/// The bit that marks a CPU slot's id in the hash index both tiers share.
+/// GPU block ids are below it: a cache materialises each block it hands
+/// out (24 bytes), so 2^31 of them would take some 50 GB first.
 pub(crate) const CPU_ID: u32 = 1 << 31;
 
 /// The slot of an offload-order entry standing for contents no one can

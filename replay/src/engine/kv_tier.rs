@@ -253,8 +253,6 @@ const PREFETCH_AHEAD: usize = 16;
 pub struct CpuTier {
     cfg: CpuTierConfig,
     slots: Vec<Slot>,
-    /// Contents held in slots (each with an entry in the shared index).
-    held: u32,
     /// Slots used before and free again.
     spare: Vec<u32>,
     /// (slot, generation) oldest first; ([`FORGOTTEN`], how many) for
@@ -278,7 +276,6 @@ impl CpuTier {
         let first = n.min(1 << 16) as usize;
         Self {
             slots: Vec::with_capacity(first),
-            held: 0,
             spare: Vec::new(),
             order: VecDeque::with_capacity(first),
             pinned: Vec::new(),
@@ -300,7 +297,13 @@ impl CpuTier {
 
     /// Blocks holding content.
     pub fn used(&self) -> u32 {
-        self.held + self.forgotten
+        self.held() + self.forgotten
+    }
+
+    /// Contents held in slots, each with an entry in the shared index:
+    /// the slots not spare.
+    fn held(&self) -> u32 {
+        (self.slots.len() - self.spare.len()) as u32
     }
 
     /// Blocks free.
@@ -353,7 +356,6 @@ impl CpuTier {
         let slot = &mut self.slots[s as usize];
         slot.generation = slot.generation.wrapping_add(1);
         self.spare.push(s);
-        self.held -= 1;
     }
 
     /// Drops the least recently offloaded unpinned content; `false` when
@@ -461,7 +463,6 @@ impl CpuTier {
         slot.hash = hash;
         slot.at = now;
         self.order.push_back((s, slot.generation));
-        self.held += 1;
         self.counters.offloads += 1;
         self.compact_order();
         s
@@ -530,7 +531,8 @@ impl CpuTier {
         };
         let at = self.slots[s as usize].at;
         self.take_slot(s);
-        index.retarget(hash, CPU_ID | s, block);
+        let found = index.retarget(hash, CPU_ID | s, block);
+        debug_assert!(found, "a used CPU slot is indexed");
         self.counters.reloads += 1;
         if now - at <= self.cfg.thrashing_window_us {
             self.counters.thrashing += 1;
@@ -562,18 +564,15 @@ impl CpuTier {
             return Err(format!("{} CPU contents left pinned", self.pinned.len()));
         }
         let indexed = index.entries().filter(|&(_, id)| id & CPU_ID != 0).count();
-        if indexed != self.held as usize {
+        if indexed != self.held() as usize {
             return Err(format!(
                 "CPU tier: {indexed} index entries for {} contents held",
-                self.held
+                self.held()
             ));
         }
-        if self.held as usize + self.spare.len() != self.slots.len()
-            || self.slots.len() > self.total() as usize
-        {
+        if self.spare.len() > self.slots.len() || self.slots.len() > self.total() as usize {
             return Err(format!(
-                "CPU tier: {} held + {} spare != {} slots (of {})",
-                self.held,
+                "CPU tier: {} spare of {} slots (of {})",
                 self.spare.len(),
                 self.slots.len(),
                 self.total()
@@ -689,6 +688,31 @@ mod tests {
         // 1 kept its place: the oldest, dropped first.
         t.offload(&mut ix, 5, 40);
         assert!(!t.contains(&ix, 1) && t.contains(&ix, 3) && t.contains(&ix, 5));
+        t.check(&ix).unwrap();
+    }
+
+    #[test]
+    fn an_offloaded_gpu_content_keeps_its_index_entry_retargeted() {
+        let (mut t, mut ix) = tier(1);
+        // Contents 7 and 9 on GPU blocks 5 and 6.
+        ix.insert(7, 5);
+        ix.insert(9, 6);
+        t.offload_indexed(&mut ix, 7, 5, 0);
+        assert!(t.contains(&ix, 7));
+        assert_eq!(ix.len(), 2, "the entry moved, none was added");
+        assert_eq!(ix.get(7, |id| id == 5), None);
+        t.check(&ix).unwrap();
+        // Full of a pinned content: the new one is dropped, and so is the
+        // entry that named its GPU block.
+        t.pin(7);
+        t.offload_indexed(&mut ix, 9, 6, 10);
+        assert!(!t.contains(&ix, 9));
+        assert_eq!(ix.len(), 1);
+        t.unpin_all();
+        // Reloaded into block 3: the entry names the block again.
+        assert!(t.reload(&mut ix, 7, 3, 20));
+        assert_eq!(ix.get(7, |id| id == 3), Some(3));
+        assert_eq!(t.used(), 0);
         t.check(&ix).unwrap();
     }
 

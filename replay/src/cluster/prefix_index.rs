@@ -38,6 +38,8 @@ pub struct PrefixIndex {
     chains: Vec<Vec<u32>>,
     free_chains: Vec<u32>,
     scratch: Vec<u32>,
+    /// Counts the changes to what it holds ([`PrefixIndex::version`]).
+    version: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -69,7 +71,25 @@ impl PrefixIndex {
             chains: Vec::new(),
             free_chains: Vec::new(),
             scratch: Vec::new(),
+            version: 0,
         }
+    }
+
+    /// Forgets every block (a new replica's index), keeping its capacity;
+    /// its [`PrefixIndex::version`] still moves on.
+    pub fn clear(&mut self) {
+        let version = self.version.wrapping_add(1);
+        *self = Self {
+            version,
+            ..Self::new(self.capacity)
+        };
+    }
+
+    /// A count of the changes to the blocks it holds: while it stays the
+    /// same, [`PrefixIndex::matched`] gives the same answers (a caller may
+    /// keep them).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The most blocks it remembers.
@@ -136,6 +156,7 @@ impl PrefixIndex {
         let Some(&h0) = hashes.first() else {
             return;
         };
+        self.version = self.version.wrapping_add(1);
         let mut found = std::mem::take(&mut self.scratch);
         found.clear();
         let first = self.find(h0);
@@ -262,6 +283,7 @@ impl PrefixIndex {
         if !std::mem::take(&mut self.has_private) {
             return;
         }
+        self.version = self.version.wrapping_add(1);
         for i in 0..self.nodes.len() {
             let n = &mut self.nodes[i];
             if n.live && !n.indexed {

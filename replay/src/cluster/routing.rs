@@ -8,6 +8,7 @@
 //! Every tie goes to the lowest instance index.
 
 pub use crate::cluster::prefix_index::PrefixIndex;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::code::{CallError, CodeRouter};
@@ -155,6 +156,21 @@ impl RoutingPolicy {
     }
 }
 
+/// How many probes [`Router`] keeps the matches of (all are forgotten when
+/// one more comes).
+const MATCHES_KEPT: usize = 256;
+
+/// A version no prefix index reaches ([`PrefixIndex::version`]).
+const NO_VERSION: u64 = u64::MAX;
+
+/// Each instance's last match of one probe (a prompt's shared blocks):
+/// (its index's version then, the leading blocks matched).
+#[derive(Debug, Clone, Default)]
+struct ProbeMatches {
+    probe: Vec<u64>,
+    at: Vec<(u64, usize)>,
+}
+
 /// The running state of a routing policy.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -169,6 +185,8 @@ pub struct Router {
     /// Per instance, the leading prompt blocks its prefix index holds (as
     /// of the current decision).
     matched: Vec<usize>,
+    /// Each instance's last match of a probe, by the probe's first hash.
+    matches: FxHashMap<u64, ProbeMatches>,
     /// A decision tree, compiled.
     tree: Option<Tree>,
     /// Per scorer of the tree, each instance's value (scorer-major).
@@ -226,6 +244,7 @@ impl Router {
             scores: vec![0.0; n],
             part: vec![0.0; n],
             matched: Vec::with_capacity(n),
+            matches: FxHashMap::default(),
             tree,
             tree_parts: Vec::new(),
             leaves: Vec::new(),
@@ -249,8 +268,7 @@ impl Router {
     /// Instance `i` is a new replica: its prefix index and its
     /// cold-request history are forgotten.
     pub fn forget(&mut self, i: usize) {
-        let cap = self.index[i].capacity();
-        self.index[i] = PrefixIndex::new(cap);
+        self.index[i].clear();
         self.cold_last[i] = 0;
     }
 
@@ -507,16 +525,40 @@ impl Router {
             &shared[..shared.len().min(1)]
         };
         self.matched.clear();
-        if masked {
+        let available = |i: usize| !masked || !views[i].unavailable;
+        if probe.len() < 2 {
+            // (One probe of the hash index each: nothing to keep.)
             self.matched.extend(
                 self.index
                     .iter()
-                    .zip(views)
-                    .map(|(ix, v)| if v.unavailable { 0 } else { ix.matched(probe) }),
+                    .enumerate()
+                    .map(|(i, ix)| if available(i) { ix.matched(probe) } else { 0 }),
             );
-        } else {
-            self.matched
-                .extend(self.index.iter().map(|ix| ix.matched(probe)));
+            return;
+        }
+        // A prompt's shared blocks recur (a tenant's system prompt), and a
+        // decision changes one instance's index: each instance's last
+        // match of the same probe stands while its index is unchanged.
+        if self.matches.len() >= MATCHES_KEPT && !self.matches.contains_key(&probe[0]) {
+            self.matches.clear();
+        }
+        let kept = self.matches.entry(probe[0]).or_default();
+        if kept.probe != probe {
+            kept.probe.clear();
+            kept.probe.extend_from_slice(probe);
+            kept.at.clear();
+        }
+        kept.at.resize(self.index.len(), (NO_VERSION, 0));
+        for (i, ix) in self.index.iter().enumerate() {
+            if !available(i) {
+                self.matched.push(0);
+                continue;
+            }
+            let at = &mut kept.at[i];
+            if at.0 != ix.version() {
+                *at = (ix.version(), ix.matched(probe));
+            }
+            self.matched.push(at.1);
         }
     }
 
@@ -685,5 +727,78 @@ mod tests {
         assert_eq!(r.route(&v, &[1, 2, 3, 9]), 0);
         // ... and an unrelated one to the idle instance.
         assert_eq!(r.route(&v, &[7, 8]), 1);
+    }
+
+    proptest::proptest! {
+        /// The matches a decision kept from an earlier one with the same
+        /// probe are what the instances' indexes answer now: through
+        /// decisions that change one index each, replicas forgotten,
+        /// private blocks indexed, instances unavailable, probes that
+        /// share a first block and differ after it, and more probes than
+        /// are kept.
+        #[test]
+        fn kept_prefix_matches_are_the_indexes_answers(
+            n in 1usize..6,
+            capacity in 1usize..60,
+            reqs in proptest::collection::vec(
+                // (A few tenants, and now and then one of many: more
+                // probes than are kept.)
+                (proptest::prop_oneof![8 => 0u64..3, 1 => 3u64..400], 0usize..12, 0u64..3, 0usize..6, 0u8..12, 0u8..8),
+                1..600,
+            ),
+        ) {
+            let policy = RoutingPolicy::Weighted {
+                scorers: [(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)].into(),
+            };
+            let mut r = Router::new(policy, n, capacity);
+            let mut views = idle(n);
+            for (k, (tenant, prefix, variant, own, event, load)) in reqs.into_iter().enumerate() {
+                // A tenant's prompt: its first block, `prefix` more (one of
+                // a few variants after the first), then private blocks.
+                let mut hashes = vec![tenant * 1000];
+                hashes.extend((0..prefix as u64).map(|j| tenant * 1000 + variant * 100 + j + 1));
+                let private_from = hashes.len();
+                hashes.extend((0..own as u64).map(|j| 1_000_000 + k as u64 * 100 + j));
+                for (i, v) in views.iter_mut().enumerate() {
+                    // (Some instance is available.)
+                    v.unavailable = i != k % n && (load >> i) & 1 == 1;
+                    v.waiting = u32::from(load) + i as u32 % 3;
+                }
+                let shared = &hashes[..private_from];
+                let expected: Vec<usize> = (0..n)
+                    .map(|i| if views[i].unavailable { 0 } else { r.prefix_index(i).matched(shared) })
+                    .collect();
+                let chosen = r.route_private(&views, &hashes, private_from);
+                proptest::prop_assert_eq!(&r.matched, &expected);
+                match event {
+                    // A replica that knew the prompt, not chosen (its kept
+                    // match still stands), forgotten; the prompt again.
+                    0 | 1 => {
+                        let known = (0..n)
+                            .filter(|&i| i != chosen)
+                            .max_by_key(|&i| r.matched[i]);
+                        if let Some(i) = known {
+                            r.forget(i);
+                        }
+                        if event == 1 {
+                            r.index_all_private();
+                        }
+                        let expected: Vec<usize> = (0..n)
+                            .map(|i| if views[i].unavailable { 0 } else { r.prefix_index(i).matched(shared) })
+                            .collect();
+                        // (Private blocks of its own: a new request.)
+                        let again: Vec<u64> = shared
+                            .iter()
+                            .copied()
+                            .chain((0..own as u64).map(|j| 1_000_050 + k as u64 * 100 + j))
+                            .collect();
+                        r.route_private(&views, &again, private_from);
+                        proptest::prop_assert_eq!(&r.matched, &expected);
+                    }
+                    2 => r.index_all_private(),
+                    _ => {}
+                }
+            }
+        }
     }
 }

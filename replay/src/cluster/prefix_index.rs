@@ -12,8 +12,11 @@
 //!
 //! A request's private blocks (its own body: see
 //! `blis_traces::content::private_from`) can never be matched by another
-//! request, so their nodes take their place in the recency list (they
-//! still use capacity and push others out) but not in the hash index.
+//! request, so they take their place in the recency list (they still use
+//! capacity and push others out) but not in the hash index, and all those
+//! of one prompt as one node: a run, evicted block by block from its
+//! front, its hashes kept in order for when they must be indexed after
+//! all ([`PrefixIndex::index_all_private`]).
 
 use crate::engine::hash_index::HashIndex;
 
@@ -23,9 +26,9 @@ const NO_NODE: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     capacity: usize,
-    /// Nodes held (indexed or not).
+    /// Blocks held (a run's each counted).
     len: usize,
-    /// Whether a private node may be outside the hash index.
+    /// Whether a run of private blocks may be held.
     has_private: bool,
     map: HashIndex,
     nodes: Vec<LruNode>,
@@ -37,6 +40,9 @@ pub struct PrefixIndex {
     /// Remembered chains, by `LruNode::chain`.
     chains: Vec<Vec<u32>>,
     free_chains: Vec<u32>,
+    /// Runs of private blocks, by `LruNode::chain` of a run's node.
+    runs: Vec<PrivateRun>,
+    free_runs: Vec<u32>,
     scratch: Vec<u32>,
     /// Counts the changes to what it holds ([`PrefixIndex::version`]).
     version: u64,
@@ -44,15 +50,27 @@ pub struct PrefixIndex {
 
 #[derive(Debug, Clone, Copy)]
 struct LruNode {
+    /// Its block's hash (none for a run).
     hash: u64,
     prev: u32,
     next: u32,
-    /// The chain remembered through this node (its first), or `NO_NODE`.
+    /// The chain remembered through this node (its first), or `NO_NODE`;
+    /// a run's node: its run.
     chain: u32,
-    /// Whether it holds `hash` (false once evicted, until reused).
+    /// Whether it is in the recency list (false once evicted, until
+    /// reused).
     live: bool,
-    /// Whether the hash index holds it (false for private blocks).
-    indexed: bool,
+    /// Whether it stands for a run of private blocks (in no hash index)
+    /// rather than one block (in the hash index).
+    run: bool,
+}
+
+/// The private blocks of one prompt, least recent first: those from
+/// `from` on are held.
+#[derive(Debug, Clone, Default)]
+struct PrivateRun {
+    hashes: Vec<u64>,
+    from: usize,
 }
 
 impl PrefixIndex {
@@ -70,6 +88,8 @@ impl PrefixIndex {
             tail: NO_NODE,
             chains: Vec::new(),
             free_chains: Vec::new(),
+            runs: Vec::new(),
+            free_runs: Vec::new(),
             scratch: Vec::new(),
             version: 0,
         }
@@ -99,7 +119,7 @@ impl PrefixIndex {
 
     fn holds(&self, i: u32, h: u64) -> bool {
         let n = &self.nodes[i as usize];
-        n.live && n.hash == h
+        n.live && !n.run && n.hash == h
     }
 
     fn find(&self, h: u64) -> Option<u32> {
@@ -172,16 +192,13 @@ impl PrefixIndex {
         // touched before the first new node is added, so no eviction in
         // this loop takes one of them first.
         let mut chain = Vec::new();
-        if first.is_some() && hashes.len() > 1 {
+        if first.is_some() && private_from > 1 {
             chain = self.take_chain_buffer(found[0]);
         }
-        for (j, &h) in hashes.iter().enumerate() {
+        for (j, &h) in hashes[..private_from].iter().enumerate() {
             let hit = if j < known {
                 debug_assert!(self.holds(found[j], h));
                 Some(found[j])
-            } else if j >= private_from {
-                debug_assert!(self.find(h).is_none(), "private block already held");
-                None
             } else {
                 self.find(h)
             };
@@ -193,14 +210,15 @@ impl PrefixIndex {
                     }
                     i
                 }
-                None => self.add(h, j < private_from),
+                None => self.add(h),
             };
             if first.is_some() {
                 chain.push(i);
             }
         }
-        // Remember the chain through its first node when it was known
-        // before (a shared prefix) and is still held.
+        self.add_run(&hashes[private_from..]);
+        // Remember the shared part's chain through its first node when it
+        // was known before (a shared prefix) and is still held.
         if first.is_some() && chain.len() > 1 && self.holds(chain[0], h0) {
             let n0 = chain[0];
             let c = match self.free_chains.pop() {
@@ -229,34 +247,64 @@ impl PrefixIndex {
         v
     }
 
-    /// A new most recent node for `h` (in the hash index when `indexed`),
-    /// evicting the least recently used when full.
-    fn add(&mut self, h: u64, indexed: bool) -> u32 {
+    /// A new most recent node for `h`, in the hash index, evicting the
+    /// least recently used block when full.
+    fn add(&mut self, h: u64) -> u32 {
         if self.len >= self.capacity {
-            let i = self.head;
-            self.unlink(i);
-            let n = self.nodes[i as usize];
-            if n.indexed {
-                self.map.remove(n.hash, i);
-            }
-            self.len -= 1;
-            self.nodes[i as usize].live = false;
-            if n.chain != NO_NODE {
-                self.nodes[i as usize].chain = NO_NODE;
-                self.chains[n.chain as usize].clear();
-                self.free_chains.push(n.chain);
-            }
-            self.free.push(i);
+            self.evict(self.len + 1 - self.capacity);
         }
-        let node = LruNode {
+        let i = self.new_node(LruNode {
             hash: h,
             prev: NO_NODE,
             next: NO_NODE,
             chain: NO_NODE,
             live: true,
-            indexed,
-        };
-        let i = match self.free.pop() {
+            run: false,
+        });
+        self.map.insert(h, i);
+        self.len += 1;
+        self.push_tail(i);
+        i
+    }
+
+    /// A new most recent run of the private blocks `hashes` (none in any
+    /// index: the caller guarantees it), then the least recently used
+    /// blocks evicted down to capacity (this run's own first, last): the
+    /// same blocks held, in the same order, as adding them one by one.
+    fn add_run(&mut self, hashes: &[u64]) {
+        if hashes.is_empty() {
+            return;
+        }
+        debug_assert!(
+            hashes.iter().all(|&h| self.find(h).is_none()),
+            "private block already held"
+        );
+        let r = self.free_runs.pop().unwrap_or_else(|| {
+            self.runs.push(PrivateRun::default());
+            (self.runs.len() - 1) as u32
+        });
+        let run = &mut self.runs[r as usize];
+        run.hashes.extend_from_slice(hashes);
+        run.from = 0;
+        let i = self.new_node(LruNode {
+            hash: 0,
+            prev: NO_NODE,
+            next: NO_NODE,
+            chain: r,
+            live: true,
+            run: true,
+        });
+        self.has_private = true;
+        self.len += hashes.len();
+        self.push_tail(i);
+        if self.len > self.capacity {
+            self.evict(self.len - self.capacity);
+        }
+    }
+
+    /// Node `node` in a free place.
+    fn new_node(&mut self, node: LruNode) -> u32 {
+        match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
                 i
@@ -265,15 +313,48 @@ impl PrefixIndex {
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
-        };
-        if indexed {
-            self.map.insert(h, i);
-        } else {
-            self.has_private = true;
         }
-        self.len += 1;
-        self.push_tail(i);
-        i
+    }
+
+    /// Node `i`, out of the list, free again.
+    fn release(&mut self, i: u32) {
+        self.unlink(i);
+        let n = &mut self.nodes[i as usize];
+        n.live = false;
+        n.run = false;
+        n.chain = NO_NODE;
+        self.free.push(i);
+    }
+
+    /// Evicts the `k` least recently used blocks (at most all).
+    fn evict(&mut self, mut k: usize) {
+        while k > 0 && self.head != NO_NODE {
+            let i = self.head;
+            let n = self.nodes[i as usize];
+            if n.run {
+                // The run's least recent blocks, together.
+                let run = &mut self.runs[n.chain as usize];
+                let take = (run.hashes.len() - run.from).min(k);
+                run.from += take;
+                self.len -= take;
+                k -= take;
+                if run.from == run.hashes.len() {
+                    run.hashes.clear();
+                    run.from = 0;
+                    self.free_runs.push(n.chain);
+                    self.release(i);
+                }
+                continue;
+            }
+            self.map.remove(n.hash, i);
+            self.len -= 1;
+            k -= 1;
+            if n.chain != NO_NODE {
+                self.chains[n.chain as usize].clear();
+                self.free_chains.push(n.chain);
+            }
+            self.release(i);
+        }
     }
 
     /// Puts every private node into the hash index (see
@@ -284,13 +365,44 @@ impl PrefixIndex {
             return;
         }
         self.version = self.version.wrapping_add(1);
-        for i in 0..self.nodes.len() {
-            let n = &mut self.nodes[i];
-            if n.live && !n.indexed {
-                n.indexed = true;
-                let h = n.hash;
-                self.map.insert(h, i as u32);
+        // Each run's held blocks become nodes of their own in its place.
+        for i in 0..self.nodes.len() as u32 {
+            let n = self.nodes[i as usize];
+            if !(n.live && n.run) {
+                continue;
             }
+            let run = std::mem::take(&mut self.runs[n.chain as usize]);
+            for &h in &run.hashes[run.from..] {
+                let j = self.new_node(LruNode {
+                    hash: h,
+                    prev: NO_NODE,
+                    next: NO_NODE,
+                    chain: NO_NODE,
+                    live: true,
+                    run: false,
+                });
+                self.map.insert(h, j);
+                self.link_before(j, i);
+            }
+            let mut hashes = run.hashes;
+            hashes.clear();
+            self.runs[n.chain as usize].hashes = hashes;
+            self.free_runs.push(n.chain);
+            self.release(i);
+        }
+    }
+
+    /// Links node `j` into the list just before node `i`.
+    fn link_before(&mut self, j: u32, i: u32) {
+        let p = self.nodes[i as usize].prev;
+        let n = &mut self.nodes[j as usize];
+        n.prev = p;
+        n.next = i;
+        self.nodes[i as usize].prev = j;
+        if p == NO_NODE {
+            self.head = j;
+        } else {
+            self.nodes[p as usize].next = j;
         }
     }
 
@@ -427,16 +539,28 @@ mod tests {
                     ix.index_all_private();
                 }
             }
-            // The recency order, least recent first.
-            let mut order = Vec::new();
-            let mut i = ix.head;
-            while i != NO_NODE {
-                order.push(ix.nodes[i as usize].hash);
-                i = ix.nodes[i as usize].next;
-            }
-            prop_assert_eq!(&order, &model.order);
-            // Private nodes are found once indexed.
+            // The recency order, least recent first (a run's blocks in
+            // its place), before and after every private block is indexed.
+            let order = |ix: &PrefixIndex| {
+                let mut order = Vec::new();
+                let mut i = ix.head;
+                while i != NO_NODE {
+                    let n = &ix.nodes[i as usize];
+                    if n.run {
+                        let r = &ix.runs[n.chain as usize];
+                        order.extend_from_slice(&r.hashes[r.from..]);
+                    } else {
+                        order.push(n.hash);
+                    }
+                    i = n.next;
+                }
+                order
+            };
+            prop_assert_eq!(&order(&ix), &model.order);
+            // Private blocks are found once indexed.
             ix.index_all_private();
+            prop_assert_eq!(&order(&ix), &model.order);
+            prop_assert_eq!(ix.len(), model.order.len());
             for h in &model.order {
                 prop_assert_eq!(ix.matched(&[*h]), 1);
             }

@@ -1120,7 +1120,7 @@ impl Driver<'_> {
             entry_us: entry,
             cancelled: false,
             enqueued: false,
-            hashes: self.control.take_hashes(self.insts[inst].spare_hash_list()),
+            hashes: self.control.take_hashes(),
             priority: input.priority,
             segments: input.segments,
             handoff: None,

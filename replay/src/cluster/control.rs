@@ -616,12 +616,9 @@ impl Control {
 
     /// The prompt's block hashes the last [`Control::route`] computed
     /// (empty when its router needs none), handed over so the instance
-    /// does not hash the prompt again; `spare` (an empty list, its room
-    /// kept: a completed request's, see `Instance::spare_hash_list`) takes
-    /// their place for the next request's.
-    pub fn take_hashes(&mut self, spare: Vec<u64>) -> Vec<u64> {
-        debug_assert!(spare.is_empty(), "a spare hash list is empty");
-        std::mem::replace(&mut self.hashes, spare)
+    /// does not hash the prompt again.
+    pub fn take_hashes(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.hashes)
     }
 
     fn record(&mut self, rec: &TraceRecord, now: i64, chosen: usize, scores: &[f64]) {

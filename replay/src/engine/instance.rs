@@ -1647,13 +1647,6 @@ impl Instance {
         self.spare_segments.pop().unwrap_or_default()
     }
 
-    /// An empty hash list, with room, from a completed request when there
-    /// is one: for the router to hash the next request's prompt into
-    /// (which then comes here with it) instead of a new one growing.
-    pub(crate) fn spare_hash_list(&mut self) -> Vec<u64> {
-        self.spare_hashes.pop().unwrap_or_default()
-    }
-
     /// Keeps the block table, hash list and segment list of a completed
     /// request `a` (its blocks released) for a request to come.
     fn recycle(&mut self, a: Active) {
@@ -1663,8 +1656,8 @@ impl Instance {
         );
         keep_spare(&mut self.spare_segments, a.req.segments);
         keep_spare(&mut self.spare_tables, a.blocks);
-        // (A router that hashes prompts takes them back,
-        // `spare_hash_list`; the cap keeps them from piling up otherwise.)
+        // (A request enqueued with its hashes, from a router that hashed
+        // its prompt, takes none: the cap keeps them from piling up.)
         keep_spare(&mut self.spare_hashes, a.hashes);
     }
 

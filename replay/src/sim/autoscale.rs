@@ -157,7 +157,7 @@ impl Driver<'_> {
             .queueing_delay_us(rec.effective_input_tokens())
             .round() as i64
             + self.control.pipeline_latency_us;
-        let hashes = self.control.take_hashes(self.insts[inst].spare_hash_list());
+        let hashes = self.control.take_hashes();
         let f = self.flights[tag as usize].as_mut().expect("live flight");
         f.inst = inst as u32;
         f.enqueued = false;

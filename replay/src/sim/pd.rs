@@ -61,7 +61,7 @@ impl Driver<'_> {
         let input = f.rec.effective_input_tokens().max(1);
         let pd = self.control.pd.as_mut().expect("P/D");
         let d = base + pd.decode.route(now, &f.rec, &self.insts[base..]);
-        // (The decode router's hashes stay with it, their room reused.)
+        let _ = pd.decode.take_hashes();
         // What moves: the prompt's blocks the decode instance does not
         // hold, as it is at `now` (a run in flight split there).
         self.sync(d, now, sink);

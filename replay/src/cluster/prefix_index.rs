@@ -253,15 +253,7 @@ impl PrefixIndex {
         if self.len >= self.capacity {
             self.evict(self.len + 1 - self.capacity);
         }
-        let i = self.new_node(LruNode {
-            hash: h,
-            prev: NO_NODE,
-            next: NO_NODE,
-            chain: NO_NODE,
-            live: true,
-            run: false,
-        });
-        self.map.insert(h, i);
+        let i = self.block_node(h);
         self.len += 1;
         self.push_tail(i);
         i
@@ -300,6 +292,21 @@ impl PrefixIndex {
         if self.len > self.capacity {
             self.evict(self.len - self.capacity);
         }
+    }
+
+    /// A node for block `h` in a free place, in the hash index, not yet
+    /// in the list.
+    fn block_node(&mut self, h: u64) -> u32 {
+        let i = self.new_node(LruNode {
+            hash: h,
+            prev: NO_NODE,
+            next: NO_NODE,
+            chain: NO_NODE,
+            live: true,
+            run: false,
+        });
+        self.map.insert(h, i);
+        i
     }
 
     /// Node `node` in a free place.
@@ -373,15 +380,7 @@ impl PrefixIndex {
             }
             let run = std::mem::take(&mut self.runs[n.chain as usize]);
             for &h in &run.hashes[run.from..] {
-                let j = self.new_node(LruNode {
-                    hash: h,
-                    prev: NO_NODE,
-                    next: NO_NODE,
-                    chain: NO_NODE,
-                    live: true,
-                    run: false,
-                });
-                self.map.insert(h, j);
+                let j = self.block_node(h);
                 self.link_before(j, i);
             }
             let mut hashes = run.hashes;

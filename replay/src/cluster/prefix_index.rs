@@ -16,7 +16,11 @@
 //! capacity and push others out) but not in the hash index, and all those
 //! of one prompt as one node: a run, evicted block by block from its
 //! front, its hashes kept in order for when they must be indexed after
-//! all ([`PrefixIndex::index_all_private`]).
+//! all ([`PrefixIndex::index_all_private`]). A run never moves in the
+//! recency list, so runs leave it in the order they came, and one queue
+//! keeps every run's hashes (at most `capacity` of them).
+
+use std::collections::VecDeque;
 
 use crate::engine::hash_index::HashIndex;
 
@@ -40,6 +44,11 @@ pub struct PrefixIndex {
     /// Remembered chains, by `LruNode::chain`.
     chains: Vec<Vec<u32>>,
     free_chains: Vec<u32>,
+    /// The hashes of every run's held blocks, oldest run first.
+    run_hashes: VecDeque<u64>,
+    /// The position of `run_hashes`' front among all the hashes it ever
+    /// held.
+    run_base: u64,
     /// Runs of private blocks, by `LruNode::chain` of a run's node.
     runs: Vec<PrivateRun>,
     free_runs: Vec<u32>,
@@ -65,12 +74,12 @@ struct LruNode {
     run: bool,
 }
 
-/// The private blocks of one prompt, least recent first: those from
-/// `from` on are held.
-#[derive(Debug, Clone, Default)]
+/// The private blocks of one prompt held, least recent first: the
+/// positions `first..end` of `PrefixIndex::run_hashes`' hashes.
+#[derive(Debug, Clone, Copy, Default)]
 struct PrivateRun {
-    hashes: Vec<u64>,
-    from: usize,
+    first: u64,
+    end: u64,
 }
 
 impl PrefixIndex {
@@ -88,6 +97,8 @@ impl PrefixIndex {
             tail: NO_NODE,
             chains: Vec::new(),
             free_chains: Vec::new(),
+            run_hashes: VecDeque::new(),
+            run_base: 0,
             runs: Vec::new(),
             free_runs: Vec::new(),
             scratch: Vec::new(),
@@ -271,13 +282,22 @@ impl PrefixIndex {
             hashes.iter().all(|&h| self.find(h).is_none()),
             "private block already held"
         );
-        let r = self.free_runs.pop().unwrap_or_else(|| {
-            self.runs.push(PrivateRun::default());
-            (self.runs.len() - 1) as u32
-        });
-        let run = &mut self.runs[r as usize];
-        run.hashes.extend_from_slice(hashes);
-        run.from = 0;
+        let first = self.run_base + self.run_hashes.len() as u64;
+        let run = PrivateRun {
+            first,
+            end: first + hashes.len() as u64,
+        };
+        self.run_hashes.extend(hashes);
+        let r = match self.free_runs.pop() {
+            Some(r) => {
+                self.runs[r as usize] = run;
+                r
+            }
+            None => {
+                self.runs.push(run);
+                (self.runs.len() - 1) as u32
+            }
+        };
         let i = self.new_node(LruNode {
             hash: 0,
             prev: NO_NODE,
@@ -339,15 +359,17 @@ impl PrefixIndex {
             let i = self.head;
             let n = self.nodes[i as usize];
             if n.run {
-                // The run's least recent blocks, together.
+                // The run's least recent blocks, together: the oldest
+                // run's, at the front of the runs' hashes.
                 let run = &mut self.runs[n.chain as usize];
-                let take = (run.hashes.len() - run.from).min(k);
-                run.from += take;
-                self.len -= take;
-                k -= take;
-                if run.from == run.hashes.len() {
-                    run.hashes.clear();
-                    run.from = 0;
+                debug_assert_eq!(run.first, self.run_base, "the oldest run goes first");
+                let take = (run.end - run.first).min(k as u64);
+                run.first += take;
+                self.run_hashes.drain(..take as usize);
+                self.run_base += take;
+                self.len -= take as usize;
+                k -= take as usize;
+                if run.first == run.end {
                     self.free_runs.push(n.chain);
                     self.release(i);
                 }
@@ -378,17 +400,18 @@ impl PrefixIndex {
             if !(n.live && n.run) {
                 continue;
             }
-            let run = std::mem::take(&mut self.runs[n.chain as usize]);
-            for &h in &run.hashes[run.from..] {
+            let run = self.runs[n.chain as usize];
+            for p in run.first..run.end {
+                let h = self.run_hashes[(p - self.run_base) as usize];
                 let j = self.block_node(h);
                 self.link_before(j, i);
             }
-            let mut hashes = run.hashes;
-            hashes.clear();
-            self.runs[n.chain as usize].hashes = hashes;
             self.free_runs.push(n.chain);
             self.release(i);
         }
+        // (No run is left.)
+        self.run_base += self.run_hashes.len() as u64;
+        self.run_hashes.clear();
     }
 
     /// Links node `j` into the list just before node `i`.
@@ -534,6 +557,8 @@ mod tests {
                 earlier.push(chain[..private_from].to_vec());
                 model.insert(&chain);
                 prop_assert_eq!(ix.len(), model.order.len());
+                // The runs keep the hashes of the blocks held, no more.
+                prop_assert!(ix.run_hashes.len() <= ix.len());
                 if flush == 0 {
                     ix.index_all_private();
                 }
@@ -546,8 +571,9 @@ mod tests {
                 while i != NO_NODE {
                     let n = &ix.nodes[i as usize];
                     if n.run {
-                        let r = &ix.runs[n.chain as usize];
-                        order.extend_from_slice(&r.hashes[r.from..]);
+                        let r = ix.runs[n.chain as usize];
+                        let at = |p: u64| (p - ix.run_base) as usize;
+                        order.extend(ix.run_hashes.range(at(r.first)..at(r.end)));
                     } else {
                         order.push(n.hash);
                     }

@@ -32,8 +32,6 @@ pub struct PrefixIndex {
     capacity: usize,
     /// Blocks held (a run's each counted).
     len: usize,
-    /// Whether a run of private blocks may be held.
-    has_private: bool,
     map: HashIndex,
     nodes: Vec<LruNode>,
     free: Vec<u32>,
@@ -89,7 +87,6 @@ impl PrefixIndex {
         Self {
             capacity,
             len: 0,
-            has_private: false,
             map: HashIndex::new(capacity as u32),
             nodes: Vec::new(),
             free: Vec::new(),
@@ -306,7 +303,6 @@ impl PrefixIndex {
             live: true,
             run: true,
         });
-        self.has_private = true;
         self.len += hashes.len();
         self.push_tail(i);
         if self.len > self.capacity {
@@ -386,11 +382,12 @@ impl PrefixIndex {
         }
     }
 
-    /// Puts every private node into the hash index (see
+    /// Puts every private block (the runs') into the hash index (see
     /// [`PrefixIndex::insert_private`]), as if all had been inserted with
     /// [`PrefixIndex::insert`].
     pub fn index_all_private(&mut self) {
-        if !std::mem::take(&mut self.has_private) {
+        // (Every run held has a block, its hash in the runs' queue.)
+        if self.run_hashes.is_empty() {
             return;
         }
         self.version = self.version.wrapping_add(1);

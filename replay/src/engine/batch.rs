@@ -375,6 +375,8 @@ impl Instance {
             // A tiered cache: the blocks after the GPU's hits that the CPU
             // tier holds are reloaded instead of recomputed.
             let gpu_hits = self.hits.len() as u32;
+            // (Counted once: the checks below take the same GPU hits.)
+            let free_hits = self.kv.free_hits(&self.hits);
             let mut doomed = false;
             if self.kv.tiered() {
                 // Reloads cannot make a request fit that does not fit
@@ -386,7 +388,7 @@ impl Instance {
                 // chunked prefill, one that fits in the KV cache may still
                 // not fit in the budget: that is checked below.)
                 let n = first_chunk(&self.cfg, num_tokens - gpu_hits * bs, *budget);
-                doomed = !self.kv.can_allocate(&self.hits, self.kv.blocks_for(n));
+                doomed = !self.kv.can_allocate_after(free_hits, self.kv.blocks_for(n));
                 // (Debug builds go on, to check below that it fails.)
                 if doomed && !cfg!(debug_assertions) {
                     break;
@@ -419,7 +421,7 @@ impl Instance {
             let need = self.kv.blocks_for(hit_tokens + n) - gpu_hits;
             // (Checked before the request's block table is made: a blocked
             // head of the queue is tried again at every step.)
-            let ok = self.kv.can_allocate(&self.hits, need);
+            let ok = self.kv.can_allocate_after(free_hits, need);
             if !ok {
                 if reloads > 0 {
                     self.kv.unpin_all();

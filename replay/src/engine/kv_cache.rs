@@ -317,9 +317,7 @@ impl KvCache {
                 // Forgotten full blocks: their contents go as such, and
                 // the blocks stay free, now empty.
                 let r = &mut self.runs[g.wrapping_sub(self.run_number) as usize];
-                for _ in 0..r.hashed {
-                    cpu.offload_forgotten(&mut self.cached);
-                }
+                cpu.offload_forgotten_many(&mut self.cached, r.hashed);
                 r.unhashed += std::mem::take(&mut r.hashed);
                 continue;
             }
@@ -529,10 +527,20 @@ impl KvCache {
     /// Whether `new_blocks` fresh blocks can be allocated after taking the
     /// cached blocks `hits` (some of which may sit in the free queue).
     pub fn can_allocate(&self, hits: &[u32], new_blocks: u32) -> bool {
-        let free_hits = hits
-            .iter()
+        self.can_allocate_after(self.free_hits(hits), new_blocks)
+    }
+
+    /// How many of the cached blocks `hits` sit in the free queue (no
+    /// request holds them): taking them leaves fewer free blocks.
+    pub fn free_hits(&self, hits: &[u32]) -> u32 {
+        hits.iter()
             .filter(|&&b| self.blocks[b as usize].ref_cnt() == 0)
-            .count() as u32;
+            .count() as u32
+    }
+
+    /// [`KvCache::can_allocate`] of hits of which `free_hits` are free
+    /// ([`KvCache::free_hits`]).
+    pub fn can_allocate_after(&self, free_hits: u32, new_blocks: u32) -> bool {
         new_blocks + free_hits <= self.free_count
     }
 
@@ -753,12 +761,10 @@ impl KvCache {
         {
             // Tiered, on-evict: an evicted content goes to the CPU tier,
             // as the committed content would have, when the usage after
-            // taking its block is above the threshold.
-            for p in unhashed..k {
-                if used + p + 1 > self.evict_offload_above {
-                    cpu.offload_forgotten(&mut self.cached);
-                }
-            }
+            // taking its block is above the threshold: the `p`-th block
+            // taken (from 0) when `used + p + 1 > evict_offload_above`.
+            let first = unhashed.max(self.evict_offload_above.saturating_sub(used));
+            cpu.offload_forgotten_many(&mut self.cached, k.saturating_sub(first));
         }
         k
     }

@@ -496,12 +496,55 @@ impl CpuTier {
         if !self.make_room(index) {
             return;
         }
-        match self.order.back_mut() {
-            Some(e) if e.0 == FORGOTTEN => e.1 += 1,
-            _ => self.order.push_back((FORGOTTEN, 1)),
+        self.add_forgotten(1);
+    }
+
+    /// `n` calls of [`CpuTier::offload_forgotten`] (a forgotten run's
+    /// evicted blocks), the same contents dropped and the same counts, in
+    /// steps of many where they are counts: the room still free, then, when
+    /// full, the oldest forgotten contents (each dropped for one to come).
+    /// Other oldest contents go one at a time, as they would.
+    pub(crate) fn offload_forgotten_many(&mut self, index: &mut HashIndex, n: u32) {
+        let mut left = n;
+        while left > 0 {
+            let free = self.free();
+            if free > 0 {
+                let k = left.min(free);
+                self.add_forgotten(k);
+                left -= k;
+                continue;
+            }
+            match self.order.front_mut() {
+                Some(e) if e.0 == FORGOTTEN => {
+                    // Full, the oldest forgotten (never pinned): each to
+                    // come drops one of them.
+                    let k = left.min(e.1);
+                    e.1 -= k;
+                    if e.1 == 0 {
+                        self.order.pop_front();
+                    }
+                    self.forgotten -= k;
+                    self.counters.cpu_evictions += u64::from(k);
+                    self.add_forgotten(k);
+                    left -= k;
+                }
+                _ => {
+                    self.offload_forgotten(index);
+                    left -= 1;
+                }
+            }
         }
-        self.forgotten += 1;
-        self.counters.offloads += 1;
+    }
+
+    /// Adds `k` forgotten contents, room made, as the most recently
+    /// offloaded.
+    fn add_forgotten(&mut self, k: u32) {
+        match self.order.back_mut() {
+            Some(e) if e.0 == FORGOTTEN => e.1 += k,
+            _ => self.order.push_back((FORGOTTEN, k)),
+        }
+        self.forgotten += k;
+        self.counters.offloads += u64::from(k);
     }
 
     /// Keeps content `hash` from being dropped to make room until
@@ -649,6 +692,61 @@ mod tests {
         assert_eq!(t.counters().cpu_evictions, 3);
         assert_eq!(t.counters().offloads, 6);
         t.check(&ix).unwrap();
+    }
+
+    proptest::proptest! {
+        /// Many forgotten contents at once leave the tier, its index and
+        /// its counts exactly as as many one at a time, whatever the tier
+        /// held (stale entries, pinned contents, forgotten runs at either
+        /// end).
+        #[test]
+        fn forgotten_in_bulk_as_one_at_a_time(
+            blocks in 1u32..12,
+            ops in proptest::collection::vec((0u8..5, 0u64..24, 0u32..9), 1..120),
+        ) {
+            let (mut bulk, mut bulk_ix) = tier(blocks);
+            let (mut one, mut one_ix) = tier(blocks);
+            for (i, &(op, h, n)) in ops.iter().enumerate() {
+                let h = h + 1;
+                let now = i as i64;
+                match op {
+                    0 => {
+                        if !bulk.contains(&bulk_ix, h) {
+                            bulk.offload(&mut bulk_ix, h, now);
+                            one.offload(&mut one_ix, h, now);
+                        }
+                    }
+                    1 => {
+                        bulk.offload_forgotten_many(&mut bulk_ix, n);
+                        for _ in 0..n {
+                            one.offload_forgotten(&mut one_ix);
+                        }
+                    }
+                    2 => {
+                        // A reload leaves a stale entry in the order.
+                        let b = 1000 + i as u32;
+                        let (x, y) = (bulk.reload(&mut bulk_ix, h, b, now), one.reload(&mut one_ix, h, b, now));
+                        proptest::prop_assert_eq!(x, y);
+                        if x {
+                            bulk_ix.remove(h, b);
+                            one_ix.remove(h, b);
+                        }
+                    }
+                    3 => {
+                        bulk.pin(h);
+                        one.pin(h);
+                    }
+                    _ => {
+                        bulk.unpin_all();
+                        one.unpin_all();
+                    }
+                }
+                proptest::prop_assert_eq!(format!("{bulk:?}"), format!("{one:?}"));
+                proptest::prop_assert_eq!(format!("{bulk_ix:?}"), format!("{one_ix:?}"));
+            }
+            bulk.unpin_all();
+            bulk.check(&bulk_ix).map_err(proptest::test_runner::TestCaseError::fail)?;
+        }
     }
 
     #[test]

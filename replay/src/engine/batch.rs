@@ -370,8 +370,14 @@ impl Instance {
             if hopeless && !cfg!(debug_assertions) {
                 break;
             }
+            // (Without prefix caching no block hits, and none is hashed.)
+            let looked_up = if self.kv.prefix_caching() {
+                max_hit_blocks
+            } else {
+                0
+            };
             self.kv
-                .match_prefix(max_hit_blocks, |j| a.hash(bs, j), &mut self.hits);
+                .match_prefix(a.hashes_upto(bs, looked_up), &mut self.hits);
             // A tiered cache: the blocks after the GPU's hits that the CPU
             // tier holds are reloaded instead of recomputed.
             let gpu_hits = self.hits.len() as u32;

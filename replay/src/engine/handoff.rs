@@ -97,8 +97,7 @@ impl Instance {
         // The prompt's blocks this instance's prefix cache holds are not
         // transferred (vLLM's connectors load only what is not cached).
         let mut hits = std::mem::take(&mut self.hits);
-        let max = if self.kv.prefix_caching() { full } else { 0 };
-        self.kv.match_prefix(max, |j| hashes[j as usize], &mut hits);
+        self.kv.match_prefix(&hashes, &mut hits);
         let need = self.kv.blocks_for(input) - hits.len() as u32;
         if !self.kv.can_allocate(&hits, need) {
             self.hits = hits;

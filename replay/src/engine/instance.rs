@@ -681,6 +681,15 @@ impl Active {
         }
         self.hashes[j as usize]
     }
+
+    /// The content hashes of its first `n` blocks, computing the missing
+    /// ones.
+    pub(super) fn hashes_upto(&mut self, block_size: u32, n: u32) -> &[u64] {
+        if let Some(last) = n.checked_sub(1) {
+            self.hash(block_size, last);
+        }
+        &self.hashes[..n as usize]
+    }
 }
 
 /// The batch in flight.

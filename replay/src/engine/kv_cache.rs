@@ -462,36 +462,35 @@ impl KvCache {
         self.lookup(hash)
     }
 
-    /// The cached blocks holding the leading blocks of a sequence, at most
-    /// `max`, into `out` (cleared first): what vLLM's prefix-cache query
-    /// finds, stopping at the first block not cached. `hash(j)` is block
-    /// `j`'s chained hash.
+    /// The cached blocks holding the leading blocks of a sequence whose
+    /// blocks' chained hashes are `hashes` (as many as may hit), into
+    /// `out` (cleared first): what vLLM's prefix-cache query finds,
+    /// stopping at the first block not cached.
     ///
     /// The chain last found for the same first block is checked first,
     /// block by block (independent reads, unlike a walk of child hints),
     /// then the rest is looked up as usual; the answer is the same as
     /// with [`KvCache::lookup`] alone.
-    pub fn match_prefix(&mut self, max: u32, mut hash: impl FnMut(u32) -> u64, out: &mut Vec<u32>) {
+    pub fn match_prefix(&mut self, hashes: &[u64], out: &mut Vec<u32>) {
         out.clear();
-        if !self.prefix_caching || max == 0 {
+        let Some(&h0) = hashes.first() else {
+            return;
+        };
+        if !self.prefix_caching {
             return;
         }
-        let h0 = hash(0);
         let mut known = 0;
         if let Some(chain) = self.chains.get(&h0) {
-            let n = chain.len().min(max as usize);
-            while known < n {
-                let b = chain[known];
-                if !self.holds(b, hash(known as u32)) {
-                    break;
-                }
-                out.push(b);
-                known += 1;
-            }
+            known = chain
+                .iter()
+                .zip(hashes)
+                .take_while(|&(&b, &h)| self.holds(b, h))
+                .count();
+            out.extend_from_slice(&chain[..known]);
         }
         let mut parent = out.last().copied();
-        for j in out.len() as u32..max {
-            match self.lookup_after(parent, hash(j)) {
+        for &h in &hashes[known..] {
+            match self.lookup_after(parent, h) {
                 Some(b) => {
                     out.push(b);
                     parent = Some(b);

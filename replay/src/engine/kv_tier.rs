@@ -696,7 +696,7 @@ mod tests {
 
     proptest::proptest! {
         /// Many forgotten contents at once leave the tier, its index and
-        /// its counts exactly as as many one at a time, whatever the tier
+        /// its counts exactly as that many one at a time, whatever the tier
         /// held (stale entries, pinned contents, forgotten runs at either
         /// end).
         #[test]
@@ -725,7 +725,8 @@ mod tests {
                     2 => {
                         // A reload leaves a stale entry in the order.
                         let b = 1000 + i as u32;
-                        let (x, y) = (bulk.reload(&mut bulk_ix, h, b, now), one.reload(&mut one_ix, h, b, now));
+                        let x = bulk.reload(&mut bulk_ix, h, b, now);
+                        let y = one.reload(&mut one_ix, h, b, now);
                         proptest::prop_assert_eq!(x, y);
                         if x {
                             bulk_ix.remove(h, b);

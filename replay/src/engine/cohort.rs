@@ -141,8 +141,12 @@ pub(super) struct GroupEntry {
 pub(super) struct Cohort {
     /// Cohort steps done.
     pub(super) j: u64,
-    /// Members in running order: `running[..members.len()]`.
-    pub(super) members: Vec<Member>,
+    /// Members' slots in running order: `running[..members.len()]`. A
+    /// member that leaves shifts 4-byte slots, not records.
+    pub(super) members: Vec<u32>,
+    /// Each member's record, by slot (the record of a slot that is not a
+    /// member is stale).
+    pub(super) records: Vec<Member>,
     /// Per phase `p` (`block_size` groups), in running order: the members
     /// whose KV is a whole number of blocks when `j % block_size == p`
     /// (they need a new block to step, and filled one at the step before).
@@ -173,6 +177,21 @@ pub(super) struct Cohort {
 impl Cohort {
     pub(super) fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// Adds `m` at the tail of the members.
+    pub(super) fn push(&mut self, m: Member) {
+        let s = m.slot as usize;
+        if self.records.len() <= s {
+            self.records.resize(s + 1, m);
+        }
+        self.records[s] = m;
+        self.members.push(m.slot);
+    }
+
+    /// The record of member `slot`.
+    pub(super) fn record(&self, slot: u32) -> &Member {
+        &self.records[slot as usize]
     }
 
     /// Blocks the members took without ids, not yet written back to

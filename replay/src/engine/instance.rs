@@ -51,6 +51,18 @@ fn keep_spare<T>(spares: &mut Vec<Vec<T>>, mut v: Vec<T>) {
     }
 }
 
+/// Room for `n` entries in all in list `v`. An empty list too small for
+/// them (a spare from a shorter request) is replaced by a new one rather
+/// than grown: growing reallocates, and `realloc` copies the old room's
+/// stale bytes.
+fn reserve_total<T>(v: &mut Vec<T>, n: usize) {
+    if v.is_empty() && v.capacity() < n {
+        *v = Vec::with_capacity(n);
+    } else {
+        v.reserve_exact(n.saturating_sub(v.len()));
+    }
+}
+
 /// Settings of one instance (vLLM's flag names).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -1112,9 +1124,9 @@ impl Instance {
         // them a block at a time reallocated and copied each about
         // log2(blocks) times per request.
         let lifetime = self.kv.blocks_for(req.input_tokens.saturating_add(target)) as usize;
-        hashes.reserve_exact(lifetime.saturating_sub(hashes.len()));
+        reserve_total(&mut hashes, lifetime);
         let mut blocks = self.spare_tables.pop().unwrap_or_default();
-        blocks.reserve_exact(lifetime);
+        reserve_total(&mut blocks, lifetime);
         #[cfg(debug_assertions)]
         if !hashes.is_empty() {
             let mut own = Vec::new();
@@ -1276,7 +1288,8 @@ impl Instance {
             // step's, below).
             let j = self.cohort.j;
             for (s, &end) in run.ends.iter().enumerate() {
-                for m in &self.cohort.members {
+                for &slot in &self.cohort.members {
+                    let m = self.cohort.record(slot);
                     let index = m.g0 + (j - m.j0) as u32 + 1 + s as u32;
                     out.push((m.id, index, timing.visible(end, index, index >= m.target)));
                 }

@@ -66,7 +66,7 @@ impl Instance {
                     streaming: false,
                 }));
             }
-            self.cohort.members.push(Member {
+            self.cohort.push(Member {
                 slot,
                 tag: a.req.tag,
                 id: a.req.id,
@@ -109,8 +109,9 @@ impl Instance {
             self.cohort.log.push(CohortNote::LeaveAll);
         }
         let members = std::mem::take(&mut self.cohort.members);
-        for m in &members {
-            self.settle(m);
+        for &s in &members {
+            let m = *self.cohort.record(s);
+            self.settle(&m);
         }
         if self.cohort.virtual_members > 0 {
             let mut groups = std::mem::take(&mut self.cohort.groups);
@@ -126,7 +127,7 @@ impl Instance {
         if let Some(mut run) = self.run.take() {
             if run.cohort > 0 {
                 let mut scheduled = Vec::with_capacity(members.len() + run.scheduled.len());
-                scheduled.extend(members.iter().map(|m| (m.slot, 1)));
+                scheduled.extend(members.iter().map(|&s| (s, 1)));
                 scheduled.extend_from_slice(&run.scheduled);
                 run.scheduled = scheduled;
                 run.cohort = 0;
@@ -134,14 +135,14 @@ impl Instance {
                     // A decode-only run: its groups by phase relative to
                     // its start, as `step_shape` forms them.
                     self.clear_groups();
-                    for m in &members {
-                        let a = self.act(m.slot);
+                    for &s in &members {
+                        let a = self.act(s);
                         let phase = self.kv.phase(a.num_computed);
                         let g = &mut self.groups[phase as usize];
                         if g.is_empty() {
                             self.used_phases.push(phase);
                         }
-                        g.push(m.slot);
+                        g.push(s);
                     }
                 }
             }
@@ -362,7 +363,7 @@ impl Instance {
     /// Dissolves the cohort while a batch is being formed: the members go
     /// to the head of `scheduled`, a token each.
     fn dissolve_cohort_into(&mut self, scheduled: &mut Vec<(u32, u32)>) {
-        let members: Vec<(u32, u32)> = self.cohort.members.iter().map(|m| (m.slot, 1)).collect();
+        let members: Vec<(u32, u32)> = self.cohort.members.iter().map(|&s| (s, 1)).collect();
         self.dissolve_cohort();
         scheduled.splice(0..0, members);
     }
@@ -446,7 +447,11 @@ impl Instance {
             self.cohort.groups[p] = group;
         }
         if self.cohort.compact.is_none() {
-            for m in &mut self.cohort.members {
+            let super::cohort::Cohort {
+                members, records, ..
+            } = &mut self.cohort;
+            for &s in members.iter() {
+                let m = &mut records[s as usize];
                 let span = TokenSpan {
                     id: m.id,
                     tag: m.tag,
@@ -519,10 +524,11 @@ impl Instance {
 
     /// Removes member `slot` from the cohort, its progress written back.
     fn leave_cohort(&mut self, slot: u32) {
-        let Some(pos) = self.cohort.members.iter().position(|m| m.slot == slot) else {
+        let Some(pos) = self.cohort.members.iter().position(|&s| s == slot) else {
             return;
         };
-        let m = self.cohort.members.remove(pos);
+        self.cohort.members.remove(pos);
+        let m = *self.cohort.record(slot);
         self.settle(&m);
         if self.cohort.compact.is_some() {
             self.cohort.log.push(CohortNote::Leave { tag: m.tag });

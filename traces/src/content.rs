@@ -196,11 +196,7 @@ impl PrefixHashMemo {
         let full = (total / u64::from(bs)) as u32;
         out.reserve(full as usize);
         out.extend_from_slice(&known[..within]);
-        let mut parent = out.last().copied().unwrap_or(ROOT_HASH);
-        for i in within as u32..full {
-            parent = block_hash(&segs, bs, i, parent);
-            out.push(parent);
-        }
+        extend_block_hashes(&segs, bs, full, out);
         self.segs = segs;
         private.unwrap_or(out.len()).min(out.len())
     }
@@ -244,6 +240,52 @@ pub fn sequence_segments(r: &Request, input_len: u32, output_len: u32, out: &mut
 /// The parent hash of block 0.
 pub const ROOT_HASH: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// [`block_hash`] of a block that lies within segment `s`, `within`
+/// tokens into it, of `bs` tokens (one piece).
+#[inline]
+fn one_piece_hash(parent: u64, s: &Segment, within: u64, bs: u64) -> u64 {
+    let mut piece = [0u8; 24];
+    piece[..8].copy_from_slice(&parent.to_le_bytes());
+    piece[8..16].copy_from_slice(&s.key.to_le_bytes());
+    piece[16..20].copy_from_slice(&s.offset.wrapping_add(within as u32).to_le_bytes());
+    piece[20..].copy_from_slice(&(bs as u32).to_le_bytes());
+    xxh3_64(&piece)
+}
+
+/// Appends to `out`, which holds the chained hashes of the first
+/// `out.len()` blocks of the token sequence `segs`, those of its blocks
+/// up to block `upto` (exclusive): each [`block_hash`] of its index and
+/// of the hash before it, bit for bit, found in one walk over the
+/// segments rather than one per block. The blocks must lie within the
+/// sequence.
+pub fn extend_block_hashes(segs: &[Segment], block_size: u32, upto: u32, out: &mut Vec<u64>) {
+    let Some(more) = upto.checked_sub(out.len() as u32).filter(|&m| m > 0) else {
+        return;
+    };
+    out.reserve(more as usize);
+    let bs = u64::from(block_size.max(1));
+    let mut parent = out.last().copied().unwrap_or(ROOT_HASH);
+    // The first segment that ends after the block's first token, and
+    // where it starts (only moves forward).
+    let mut k = 0;
+    let mut seg_start = 0u64;
+    for i in out.len() as u32..upto {
+        let start = u64::from(i) * bs;
+        while k < segs.len() && start >= seg_start + u64::from(segs[k].len) {
+            seg_start += u64::from(segs[k].len);
+            k += 1;
+        }
+        parent = match segs.get(k) {
+            Some(s) if start + bs <= seg_start + u64::from(s.len) => {
+                one_piece_hash(parent, s, start - seg_start, bs)
+            }
+            // (Across segments: the general form.)
+            _ => block_hash(segs, block_size, i, parent),
+        };
+        out.push(parent);
+    }
+}
+
 /// The chained hash of block `index` (of `block_size` tokens) of the token
 /// sequence `segs`, given the hash of block `index - 1` (`parent`; use
 /// [`ROOT_HASH`] for block 0). The block must lie within the sequence.
@@ -256,16 +298,7 @@ pub fn block_hash(segs: &[Segment], block_size: u32, index: u32, parent: u64) ->
         let len = u64::from(s.len);
         if start < seg_start + len {
             if start + bs <= seg_start + len {
-                let mut piece = [0u8; 24];
-                piece[..8].copy_from_slice(&parent.to_le_bytes());
-                piece[8..16].copy_from_slice(&s.key.to_le_bytes());
-                piece[16..20].copy_from_slice(
-                    &s.offset
-                        .wrapping_add((start - seg_start) as u32)
-                        .to_le_bytes(),
-                );
-                piece[20..].copy_from_slice(&(bs as u32).to_le_bytes());
-                return xxh3_64(&piece);
+                return one_piece_hash(parent, s, start - seg_start, bs);
             }
             break;
         }
@@ -321,12 +354,7 @@ pub fn block_hashes_of(segs: &[Segment], block_size: u32, out: &mut Vec<u64>) {
     let bs = block_size.max(1);
     let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
     let full = (total / u64::from(bs)) as u32;
-    out.reserve(full as usize);
-    let mut parent = ROOT_HASH;
-    for i in 0..full {
-        parent = block_hash(segs, bs, i, parent);
-        out.push(parent);
-    }
+    extend_block_hashes(segs, bs, full, out);
 }
 
 #[cfg(test)]
@@ -425,6 +453,81 @@ mod tests {
                 assert_eq!(plain, memoized, "request {} block size {bs}", r.request_id);
             }
         }
+    }
+
+    /// Segments with lengths from 0 (empty) to many blocks, so that blocks
+    /// lie within one segment, straddle several or end exactly at one's end.
+    fn any_segments() -> impl proptest::strategy::Strategy<Value = Vec<Segment>> {
+        use proptest::prelude::*;
+        proptest::collection::vec((any::<u64>(), any::<u32>(), 0u32..300), 0..6).prop_map(|v| {
+            v.into_iter()
+                .map(|(key, offset, len)| Segment { key, offset, len })
+                .collect()
+        })
+    }
+
+    proptest::proptest! {
+        /// Extending a chain from any length gives, bit for bit, the hashes
+        /// of one `block_hash` call per block.
+        #[test]
+        fn extended_hashes_are_the_block_hashes_one_by_one(
+            segs in any_segments(),
+            block_size in proptest::prop_oneof![1u32..40, proptest::strategy::Just(16u32)],
+            from in 0u32..40,
+        ) {
+            let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+            let full = (total / u64::from(block_size)) as u32;
+            let mut want = Vec::new();
+            let mut parent = ROOT_HASH;
+            for i in 0..full {
+                parent = block_hash(&segs, block_size, i, parent);
+                want.push(parent);
+            }
+            let mut got = want[..from.min(full) as usize].to_vec();
+            extend_block_hashes(&segs, block_size, full, &mut got);
+            proptest::prop_assert_eq!(&got, &want);
+            // In steps of one block, as a decoding request extends them.
+            let mut stepped = Vec::new();
+            for upto in 0..=full {
+                extend_block_hashes(&segs, block_size, upto, &mut stepped);
+            }
+            proptest::prop_assert_eq!(&stepped, &want);
+        }
+    }
+
+    /// The chained hashes are a fixed function of the content (blocks 0,
+    /// 1 and 3 each within a segment, block 2 across three): the values
+    /// before a chain was extended in one walk, pinned.
+    #[test]
+    fn block_hashes_keep_their_values() {
+        let segs = [
+            Segment {
+                key: 7,
+                offset: 0,
+                len: 40,
+            },
+            Segment {
+                key: 9,
+                offset: 5,
+                len: 3,
+            },
+            Segment {
+                key: 11,
+                offset: 0,
+                len: 30,
+            },
+        ];
+        let mut out = Vec::new();
+        block_hashes_of(&segs, 16, &mut out);
+        assert_eq!(
+            out,
+            [
+                8_367_491_836_803_869_734,
+                1_340_967_435_333_623_256,
+                9_514_479_370_489_331_701,
+                9_597_631_009_249_604_993
+            ]
+        );
     }
 
     #[test]

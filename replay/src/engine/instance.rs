@@ -681,15 +681,8 @@ impl Active {
     /// The content hash of block `j` (chained: each includes its parent's),
     /// computing the missing ones up to it.
     pub(super) fn hash(&mut self, block_size: u32, j: u32) -> u64 {
-        while self.hashes.len() as u32 <= j {
-            let parent = self.hashes.last().copied().unwrap_or(content::ROOT_HASH);
-            let i = self.hashes.len() as u32;
-            self.hashes.push(content::block_hash(
-                &self.req.segments,
-                block_size,
-                i,
-                parent,
-            ));
+        if self.hashes.len() as u32 <= j {
+            content::extend_block_hashes(&self.req.segments, block_size, j + 1, &mut self.hashes);
         }
         self.hashes[j as usize]
     }

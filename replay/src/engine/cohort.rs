@@ -103,7 +103,8 @@ pub struct CohortJoin {
     pub streaming: bool,
 }
 
-/// A member's record: what its token spans need, in running order.
+/// A member's record: what its token spans need (kept by slot,
+/// `Cohort::records`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Member {
     pub(super) slot: u32,

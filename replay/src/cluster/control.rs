@@ -547,6 +547,14 @@ impl Control {
                 // (A prompt at the context limit or past it is refused by
                 // the instance: its blocks past the limit are never hashed.)
                 let hashed = input.max(1).min(cfg.context_limit());
+                // The list goes to the instance with the request, which
+                // keeps one hash per block of its whole life (prompt and
+                // output, to the context limit): room for them all now,
+                // or the instance reallocated and copied every list.
+                let life = (u64::from(input.max(1)) + u64::from(rec.request.output_tokens.max(1)))
+                    .min(u64::from(cfg.context_limit()))
+                    .div_ceil(u64::from(cfg.block_size.max(1)));
+                self.hashes.reserve_exact(life as usize);
                 private_from = self.hasher.block_hashes(
                     &rec.request,
                     hashed,

@@ -326,6 +326,47 @@ fn bundle(n: u32, routing: RoutingPolicy) -> PolicyBundle {
     }
 }
 
+/// A router that hashes prompts hands each request's hash list to the
+/// instance with room for the request's whole life (a hash per block,
+/// prompt and output), so that the instance does not reallocate it; and
+/// never with more room than the KV cache has blocks, even for an output
+/// no cache could hold (such a request is refused by the instance).
+#[test]
+fn a_routed_hash_list_has_room_for_the_requests_life_and_no_more() {
+    let weighted = RoutingPolicy::Weighted {
+        scorers: [(Scorer::PrefixAffinity, 3.0), (Scorer::QueueDepth, 2.0)].into(),
+    };
+    let b = bundle(2, weighted);
+    let cfg = EngineConfig {
+        total_kv_blocks: 300,
+        ..EngineConfig::default()
+    };
+    let bs = cfg.block_size as usize;
+    let insts: Vec<Instance> = (0..2)
+        .map(|_| Instance::new(cfg.clone(), simple_model()))
+        .collect();
+    let mut control = Control::new(&b, insts.len());
+    let rec = TraceRecord::planned(with_prefix(req(0, 0, 1000, 200), "sys", 512));
+    control.route(0, &rec, &insts);
+    let hashes = control.take_hashes();
+    assert_eq!(hashes.len(), 1000 / bs, "the prompt's full blocks");
+    assert!(
+        hashes.capacity() >= 1200usize.div_ceil(bs),
+        "room for {} blocks, not the life's {}",
+        hashes.capacity(),
+        1200usize.div_ceil(bs)
+    );
+    let rec = TraceRecord::planned(req(1, 0, 1000, u32::MAX));
+    control.route(0, &rec, &insts);
+    let hashes = control.take_hashes();
+    assert_eq!(hashes.len(), 1000 / bs);
+    assert!(
+        hashes.capacity() <= 301,
+        "room for {} blocks in a cache of 300",
+        hashes.capacity()
+    );
+}
+
 /// Acceptance 2: a request whose prefix is cached on instance 0 only goes
 /// to instance 0 under prefix-affinity, even when instance 0 is busier.
 #[test]

@@ -548,16 +548,10 @@ impl Control {
                 // the instance: its blocks past the limit are never hashed.)
                 let hashed = input.max(1).min(cfg.context_limit());
                 // The list goes to the instance with the request, which
-                // keeps one hash per block of its whole life (prompt and
-                // output, to the context limit): room for them all now,
-                // or the instance reallocated and copied every list. (A
-                // request longer than the KV cache is refused there: at
-                // most one block more than the cache is room enough.)
-                let life = (u64::from(input.max(1)) + u64::from(rec.request.output_tokens.max(1)))
-                    .min(u64::from(cfg.context_limit()))
-                    .div_ceil(u64::from(cfg.block_size.max(1)))
-                    .min(u64::from(cfg.total_kv_blocks) + 1);
-                self.hashes.reserve_exact(life as usize);
+                // keeps one hash per block of its whole life: room for them
+                // all now, or the instance reallocated and copied every list.
+                self.hashes
+                    .reserve_exact(insts[0].life_blocks(input, rec.request.output_tokens));
                 private_from = self.hasher.block_hashes(
                     &rec.request,
                     hashed,

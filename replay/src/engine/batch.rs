@@ -437,7 +437,7 @@ impl Instance {
             debug_assert!(!doomed, "a request that did not fit on its GPU hits fits");
             debug_assert!(!hopeless, "a request whose last chunk had no room fits");
             let hits = std::mem::take(&mut self.hits);
-            let lifetime = self.kv.blocks_for(a.req.input_tokens + a.target) as usize;
+            let lifetime = self.life_blocks(a.req.input_tokens, a.target);
             // (Its table, empty while it waits, was reserved for its whole
             // life when it was enqueued, and kept when it was preempted.)
             let a = self.slots[slot as usize].as_mut().expect("live slot");

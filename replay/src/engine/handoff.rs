@@ -103,7 +103,7 @@ impl Instance {
             self.hits = hits;
             return Err(HandoffError::NoRoom);
         }
-        let mut blocks = Vec::with_capacity(self.kv.blocks_for(input + target) as usize);
+        let mut blocks = Vec::with_capacity(self.life_blocks(input, target));
         self.kv.allocate_checked(&mut blocks, &hits, need);
         let hit_blocks = hits.len() as u32;
         self.hits = hits;

@@ -1116,7 +1116,7 @@ impl Instance {
         // Its blocks and their hashes, reserved for its whole life: growing
         // them a block at a time reallocated and copied each about
         // log2(blocks) times per request.
-        let lifetime = self.kv.blocks_for(req.input_tokens.saturating_add(target)) as usize;
+        let lifetime = self.life_blocks(req.input_tokens, target);
         reserve_total(&mut hashes, lifetime);
         let mut blocks = self.spare_tables.pop().unwrap_or_default();
         reserve_total(&mut blocks, lifetime);
@@ -1207,6 +1207,22 @@ impl Instance {
             });
         }
         Ok((target, capped))
+    }
+
+    /// KV blocks of a request's whole life: a prompt of `input_tokens`
+    /// and an output of `output_tokens` (at least one), capped at the
+    /// context limit as [`Instance::servable`] caps it; at most one block
+    /// more than the cache (a longer request is refused at
+    /// [`Instance::enqueue`]). A request keeps one block-table entry and
+    /// one block hash per block: the room reserved for both once, when it
+    /// is routed and enqueued, so neither list grows a block at a time.
+    pub fn life_blocks(&self, input_tokens: u32, output_tokens: u32) -> usize {
+        let tokens = (u64::from(input_tokens) + u64::from(output_tokens.max(1)))
+            .min(u64::from(self.cfg.context_limit()));
+        // (`context_limit` is a u32: `tokens` fits.)
+        self.kv
+            .blocks_for(tokens as u32)
+            .min(self.kv.total().saturating_add(1)) as usize
     }
 
     /// Stores `a` in a free slot (or a new one); its slot.

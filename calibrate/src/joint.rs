@@ -25,7 +25,7 @@
 //!    fell in the interval), wherever the rebuild is complete: before the
 //!    first arrival of a request that failed (its state is unknown), for
 //!    the requests whose first token came in the first three quarters of
-//!    the run ([`FIT_SPAN`]: a run's last stretch carries the server's slow
+//!    the run (`FIT_SPAN`: a run's last stretch carries the server's slow
 //!    drifts). A non-negative least squares of the relative error, each run weighted
 //!    alike, gives the coefficients (Lawson & Hanson 1974).
 //! 2. **Replays** (derivative-free). Starting there, what decode intervals

@@ -1211,7 +1211,7 @@ impl Instance {
 
     /// KV blocks of a request's whole life: a prompt of `input_tokens`
     /// and an output of `output_tokens` (at least one), capped at the
-    /// context limit as [`Instance::servable`] caps it; at most one block
+    /// context limit (vLLM's `max_model_len`) as admission caps it; at most one block
     /// more than the cache (a longer request is refused at
     /// [`Instance::enqueue`]). A request keeps one block-table entry and
     /// one block hash per block: the room reserved for both once, when it

@@ -27,7 +27,7 @@
 //! content (as vLLM's CPU offloading manager does, LRU), and counts it.
 //!
 //! Both tiers share one hash index (the GPU's, `KvCache`'s): a CPU
-//! content's entry names its slot with [`CPU_ID`] set. As a content is in
+//! content's entry names its slot with its top bit (`CPU_ID`) set. As a content is in
 //! at most one tier, the index holds one entry per content, and a content
 //! moving between the tiers (an offload, a reload, a GPU block computing
 //! it again) has its entry retargeted where it lies, one probe instead
@@ -248,7 +248,7 @@ const PREFETCH_AHEAD: usize = 16;
 ///
 /// Invariant: `used() + free() == total()`; every used slot has exactly
 /// one live entry in the order and one in the index, and the forgotten contents
-/// ([`CpuTier::offload_forgotten`]) are counted by entries of their own.
+/// (`CpuTier::offload_forgotten`) are counted by entries of their own.
 #[derive(Debug, Clone)]
 pub struct CpuTier {
     cfg: CpuTierConfig,

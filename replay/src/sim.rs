@@ -1228,40 +1228,10 @@ impl Driver<'_> {
         }
         let f = self.flights[tag as usize].as_mut().expect("live flight");
         f.enqueued = true;
-        let r = &f.rec.request;
-        let input = f.rec.effective_input_tokens().max(1);
-        let output = r.output_tokens.max(1);
-        let segments = match f.segments.take() {
-            Some(s) => s,
-            None => {
-                let mut segments = self.insts[f.inst as usize].spare_segments();
-                content::sequence_segments(r, input, output, &mut segments);
-                segments
-            }
-        };
-        let (priority, class) = match f.priority {
-            Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
-            None => (
-                self.control.priority_of(&f.rec, f.entry_us),
-                slo_priority(&r.slo_class),
-            ),
-        };
-        let mut req = SimRequest {
-            id: r.request_id,
-            input_tokens: input,
-            output_tokens: output,
-            priority,
-            class,
-            block_hashes: std::mem::take(&mut f.hashes),
-            segments,
-            tag,
-        };
-        let inst = f.inst as usize;
-        let prefill_only = self.control.pd.is_some() && output > 1;
-        if prefill_only {
-            // Its decode instance rebuilds it from the same content.
-            f.segments = Some(req.segments.clone());
-        }
+        let prefill_only = self.control.pd.is_some() && f.rec.request.output_tokens.max(1) > 1;
+        // A prefill instance's request keeps its content for the decode
+        // instance, which rebuilds it from the same segments.
+        let mut req = self.sim_request(tag, prefill_only);
         self.sync(inst, now, sink);
         if self.control.scheduling.is_some() {
             // The key sees the instance as the request enters it.
@@ -1282,6 +1252,49 @@ impl Driver<'_> {
             self.round_done(&f.rec, now);
             sink.not_served(*f.rec, f.entry_us, NotServed::Dropped(why));
             self.room_freed(now, sink);
+        }
+    }
+
+    /// Flight `tag` as the engine's request: its lengths (at least one
+    /// token each), its priority and class (the input's own, else the
+    /// control plane's priority and its SLO class's), the prompt's block
+    /// hashes routing computed (taken from the flight), and its content
+    /// segments: the flight's (copied when `keep_segments`, else taken),
+    /// or made from its record (and, when `keep_segments`, kept in the
+    /// flight).
+    #[inline]
+    pub(super) fn sim_request(&mut self, tag: u32, keep_segments: bool) -> SimRequest {
+        let f = self.flights[tag as usize].as_mut().expect("live flight");
+        let r = &f.rec.request;
+        let input = f.rec.effective_input_tokens().max(1);
+        let output = r.output_tokens.max(1);
+        let segments = match &mut f.segments {
+            Some(s) if keep_segments => s.clone(),
+            kept => kept.take().unwrap_or_else(|| {
+                let mut segments = self.insts[f.inst as usize].spare_segments();
+                content::sequence_segments(r, input, output, &mut segments);
+                if keep_segments {
+                    *kept = Some(segments.clone());
+                }
+                segments
+            }),
+        };
+        let (priority, class) = match f.priority {
+            Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
+            None => (
+                self.control.priority_of(&f.rec, f.entry_us),
+                slo_priority(&r.slo_class),
+            ),
+        };
+        SimRequest {
+            id: r.request_id,
+            input_tokens: input,
+            output_tokens: output,
+            priority,
+            class,
+            block_hashes: std::mem::take(&mut f.hashes),
+            segments,
+            tag,
         }
     }
 

@@ -7,10 +7,8 @@
 use blis_traces::{Status, content};
 
 use super::{Done, Driver, NotServed, Sink, TRANSFER};
-use crate::engine::SimRequest;
 use crate::engine::handoff::HandoffError;
 use crate::engine::instance::Finished;
-use crate::engine::queue_order::slo_priority;
 
 /// A request between its prefill and its decode instance.
 #[derive(Debug, Clone)]
@@ -144,7 +142,9 @@ impl Driver<'_> {
     /// when that instance can never serve it); `false` when there is no
     /// room now.
     fn try_admit_transferred<S: Sink>(&mut self, now: i64, tag: u32, sink: &mut S) -> bool {
-        let req = self.decode_request(tag);
+        // The decode side's copy of the request: its content as its
+        // prefill saw it.
+        let req = self.sim_request(tag, true);
         let f = self.flights[tag as usize].as_mut().expect("live flight");
         let d = f.inst as usize;
         let h = f.handoff.clone().expect("handed off");
@@ -175,40 +175,6 @@ impl Driver<'_> {
                 }
                 true
             }
-        }
-    }
-
-    /// The decode side's copy of request `tag` (its content as its prefill
-    /// saw it).
-    fn decode_request(&mut self, tag: u32) -> SimRequest {
-        let f = self.flights[tag as usize].as_mut().expect("live flight");
-        let r = &f.rec.request;
-        let input = f.rec.effective_input_tokens().max(1);
-        let output = r.output_tokens.max(1);
-        let segments = match &f.segments {
-            Some(s) => s.clone(),
-            None => {
-                let mut segments = Vec::with_capacity(3);
-                content::sequence_segments(r, input, output, &mut segments);
-                segments
-            }
-        };
-        let (priority, class) = match f.priority {
-            Some(p) => (i64::from(p), p.clamp(0, 7) as u8),
-            None => (
-                self.control.priority_of(&f.rec, f.entry_us),
-                slo_priority(&r.slo_class),
-            ),
-        };
-        SimRequest {
-            id: r.request_id,
-            input_tokens: input,
-            output_tokens: output,
-            priority,
-            class,
-            block_hashes: std::mem::take(&mut f.hashes),
-            segments,
-            tag,
         }
     }
 

@@ -92,6 +92,20 @@ pub enum FitError {
     Options(String),
 }
 
+impl FitError {
+    /// The server setting that could not be resolved from a trace and the
+    /// flags, when that is why the fit failed.
+    pub fn settings(&self) -> Option<&blis_replay::setup::SettingsError> {
+        match self {
+            FitError::Setup {
+                error: blis_replay::ReplayError::Settings(s),
+                ..
+            } => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// Measured latencies of one request, ms.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Measured {

@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
+use blis_replay::setup::SettingsError;
 use blis_traces::step::StepContext;
 
 use clap::Parser;
@@ -512,10 +513,38 @@ fn fit_coefficients(
         engine: settings.engine,
     };
     let mut out = Vec::new();
-    blis_calibrate::run::fit_command(&fit, &mut out)
-        .step(|| "fitting coefficients (blis-calibrate fit)")?;
+    let fitted = blis_calibrate::run::fit_command(&fit, &mut out);
+    if let Err(e) = &fitted
+        && matches!(unresolved_setting(e), Some(SettingsError::UnknownKvSize))
+    {
+        // The fit's own words name its flag; here it goes through
+        // --replay-args, and the observation need not be lost.
+        return Err(CommandError::Usage(format!(
+            "cannot tell the server's KV cache size: its /metrics has no vllm:cache_config_info and model {model:?} has no known config; give the server's settings with --replay-args, e.g. --replay-args \"--total-kv-blocks N --block-size 16 --max-num-seqs S\" (or \"--model-config DIR\"); the observed trace is kept at {}",
+            real_h.display()
+        )));
+    }
+    fitted.step(|| "fitting coefficients (blis-calibrate fit)")?;
     log(&String::from_utf8_lossy(&out));
     Ok((coeffs, latency))
+}
+
+/// The server setting a failed fit could not resolve, found along the
+/// chain of `e`'s causes (a library's error kept whole in
+/// [`CommandError::Library`] included).
+fn unresolved_setting(e: &CommandError) -> Option<&SettingsError> {
+    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = at {
+        if let Some(f) = x.downcast_ref::<blis_calibrate::fit::FitError>() {
+            return f.settings();
+        }
+        // (A transparent wrapper's source is its content's source.)
+        at = match x.downcast_ref::<CommandError>() {
+            Some(CommandError::Library(inner)) => Some(inner.as_ref()),
+            _ => x.source(),
+        };
+    }
+    None
 }
 
 /// Compares the observed trace `real_h` with the replayed `sim`

@@ -122,8 +122,17 @@ pub fn compare_traces(
                 m.out_of_order.0, m.out_of_order.1
             )
         };
+        let warmup = c.report.settings.warmup;
+        // Every row left out as warm-up: the warm-up, not the run, is why.
+        let hint = if m.real.total > 0 && m.real.warmup == m.real.total {
+            format!(
+                "; every real row is within the warm-up of {warmup} requests (--warmup, by default the real header's): give a smaller --warmup"
+            )
+        } else {
+            String::new()
+        };
         return Err(CommandError::Usage(format!(
-            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok; sim: {} rows, {} ok; {} request ids in common; {} warm-up{disorder})",
+            "nothing to compare: no request is completed (ok) on both sides past the warm-up (real: {} rows, {} ok past the warm-up; sim: {} rows, {} ok past it; {} request ids in common; {} real rows in the warm-up{hint}{disorder})",
             m.real.total,
             m.real.ok,
             m.sim.total,

@@ -373,7 +373,7 @@ fn a_comparison_with_no_pairs_is_an_error_with_the_reason() {
     .unwrap_err();
     let msg = format!("{e:#}");
     assert!(
-        msg.starts_with("nothing to compare: no request is completed (ok) on both sides past the warm-up (real: 30 rows, 0 ok; sim: 30 rows, 0 ok; 30 request ids in common; 30 warm-up)"),
+        msg.starts_with("nothing to compare: no request is completed (ok) on both sides past the warm-up (real: 30 rows, 0 ok past the warm-up; sim: 30 rows, 0 ok past it; 30 request ids in common; 30 real rows in the warm-up; every real row is within the warm-up of 30 requests (--warmup, by default the real header's): give a smaller --warmup)"),
         "{msg}"
     );
     assert!(!dir.path().join("r.md").exists());

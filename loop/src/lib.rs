@@ -385,7 +385,13 @@ fn replay_settings(o: &LoopOpts) -> Result<blis_replay::RunArgs> {
         ))
     })?;
     match opts.command {
-        blis_replay::Command::Run(a) => Ok(a),
+        blis_replay::Command::Run(a) => {
+            // Refused now, not after the observation.
+            a.engine.check().map_err(|e| {
+                CommandError::Usage(format!("--replay-args {:?}: {e}", o.replay_args))
+            })?;
+            Ok(a)
+        }
         _ => Err(CommandError::Internal(
             "--replay-args did not parse as blis-replay run".into(),
         )),
@@ -645,6 +651,35 @@ mod tests {
         let o = LoopOpts::parse_from(["blis-loop", "--replay-args", "--bogus 3"]);
         let e = replay_settings(&o).unwrap_err().to_string();
         assert!(e.contains("--replay-args") && e.contains("--bogus"), "{e}");
+    }
+
+    /// Settings no server could have are refused before the observation
+    /// (a minute of the main job's workload), not at the replay after it.
+    #[test]
+    fn replay_args_no_server_could_have_are_refused_up_front() {
+        for (args, says) in [
+            ("--max-num-seqs 0", "must be positive"),
+            ("--max-num-batched-tokens 0", "must be positive"),
+            ("--block-size 0", "must be positive"),
+            ("--block-size 100000", "block_size 100000 is above 65536"),
+            (
+                "--total-kv-blocks 0",
+                "total_kv_blocks: 0 (--total-kv-blocks)",
+            ),
+        ] {
+            let o = LoopOpts::parse_from(["blis-loop", "--replay-args", args]);
+            let e = replay_settings(&o).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("--replay-args {args:?}: ")) && e.contains(says),
+                "{args}: {e}"
+            );
+        }
+        let o = LoopOpts::parse_from([
+            "blis-loop",
+            "--replay-args",
+            "--max-num-seqs 1 --block-size 65536",
+        ]);
+        assert!(replay_settings(&o).is_ok());
     }
 
     /// A replay stopped by Ctrl-C ends the loop with the replay's exit code

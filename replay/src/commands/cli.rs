@@ -146,6 +146,39 @@ impl ServerKind {
 }
 
 impl EngineFlags {
+    /// Refuses the limits given here that no model, trace or server could
+    /// make valid: a `max_num_seqs`, `max_num_batched_tokens` or
+    /// `block_size` of 0, a `block_size` above
+    /// [`crate::setup::MAX_BLOCK_SIZE`], a `total_kv_blocks` of 0. (The
+    /// server's settings are checked whole when they are resolved; this is
+    /// for a caller that takes the flags long before, e.g. a loop that
+    /// observes a server first.)
+    ///
+    /// # Errors
+    /// The setting, as resolving the server would name it.
+    pub fn check(&self) -> Result<(), crate::setup::SettingsError> {
+        use crate::setup::{MAX_BLOCK_SIZE, SettingsError};
+        if [
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
+            self.block_size,
+        ]
+        .contains(&Some(0))
+        {
+            return Err(SettingsError::ZeroLimits);
+        }
+        if let Some(block_size) = self.block_size.filter(|&b| b > MAX_BLOCK_SIZE) {
+            return Err(SettingsError::BlockSizeTooLarge {
+                block_size,
+                max: MAX_BLOCK_SIZE,
+            });
+        }
+        if self.total_kv_blocks == Some(0) {
+            return Err(SettingsError::NoKvBlocks("0 (--total-kv-blocks)".into()));
+        }
+        Ok(())
+    }
+
     /// Sets the limits given here on `a`, keeping its others.
     pub fn apply(&self, a: &mut crate::setup::ServerArgs) {
         a.max_num_seqs = self.max_num_seqs.or(a.max_num_seqs);

@@ -353,8 +353,16 @@ pub fn generate_command(args: &PlanOptions, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// The most values `uniform:A,B` spans: it is written as an empirical PMF
+/// of one entry per value, and a workload spec may hold 250,000 YAML nodes
+/// (two an entry). vLLM's random dataset, the common use, spans at most
+/// twice its mean length.
+pub const MAX_UNIFORM_VALUES: u64 = 100_000;
+
 /// The YAML of a length distribution given on the command line: `N`,
-/// `gaussian:MEAN,STD`, `exponential:MEAN` or `uniform:A,B`.
+/// `gaussian:MEAN,STD`, `exponential:MEAN` or `uniform:A,B` (at most
+/// [`MAX_UNIFORM_VALUES`] values); each number at most
+/// [`blis_traces::MAX_TOKENS`].
 ///
 /// # Errors
 /// Anything else, naming the flag.
@@ -367,6 +375,11 @@ pub fn dist_yaml(flag: &str, s: &str) -> Result<String, PlanError> {
         if !(x.is_finite() && x >= 0.0) {
             return Err(PlanError::Flag(format!(
                 "{flag}: {x} must be a finite non-negative number"
+            )));
+        }
+        if x > blis_traces::MAX_TOKENS {
+            return Err(PlanError::Flag(format!(
+                "{flag}: {x} is beyond any model's context: at most 1e9 tokens"
             )));
         }
         Ok(x)
@@ -392,6 +405,12 @@ pub fn dist_yaml(flag: &str, s: &str) -> Result<String, PlanError> {
             let (a, b) = (num(a)?.round() as u64, num(b)?.round() as u64);
             if b < a {
                 return Err(PlanError::Flag(format!("{flag}: uniform:A,B needs A ≤ B")));
+            }
+            if b - a >= MAX_UNIFORM_VALUES {
+                return Err(PlanError::Flag(format!(
+                    "{flag}: uniform:{a},{b} spans {} values, more than the {MAX_UNIFORM_VALUES} it may (a workload spec's empirical distribution can read a longer PMF from a file)",
+                    b - a + 1
+                )));
             }
             let p = 1.0 / (b - a + 1) as f64;
             let pmf: Vec<String> = (a..=b).map(|v| format!("{v}: {p}")).collect();

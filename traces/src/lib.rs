@@ -89,3 +89,4 @@ pub use record::{HashIds, Outcome, Request, SharedStr, Status, TraceRecord};
 pub use slo::Slo;
 pub use spec::WorkloadSpec;
 pub use summary::{LatencyStats, WorkloadSummary, WorkloadTally, percentile, percentile_of_counts};
+pub use validate::MAX_TOKENS;

@@ -186,6 +186,19 @@ fn bad_options_are_rejected_before_anything_is_sent() {
             "100000",
             "--client-threads 100000: at most 1024",
         ),
+        // Aborted the process before (a 4.8 GB PMF), or took seconds to
+        // fail on the spec's YAML budget.
+        (
+            "--input-tokens",
+            "uniform:0,200000000",
+            "--input-tokens: uniform:0,200000000 spans 200000001 values, more than the 100000 it may",
+        ),
+        // Named a spec line the user never wrote before.
+        (
+            "--input-tokens",
+            "4294967296",
+            "--input-tokens: 4294967296 is beyond any model's context: at most 1e9 tokens",
+        ),
     ] {
         let out = loadgen()
             .args(["run", "--server-url", "http://127.0.0.1:9", "--model", "m"])

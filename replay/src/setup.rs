@@ -42,7 +42,9 @@ pub struct ServerArgs {
     /// Coefficient rows given directly (take precedence over
     /// `coefficients`), e.g. by a fitter trying candidates.
     pub coefficient_rows: Option<CoefficientsFile>,
-    /// Model config.json or folder.
+    /// Model config.json or folder; read whenever given (an unreadable
+    /// or invalid one is an error even under a latency model that needs
+    /// no architecture).
     pub model_config: Option<PathBuf>,
     /// GPU name.
     pub hardware: Option<String>,
@@ -466,7 +468,9 @@ pub fn resolve(args: &ServerArgs, header: Option<&TraceHeader>) -> Result<Resolv
     let needs_arch = !matches!(kind, LatencyKind::Blackbox | LatencyKind::StepTable);
     let arch = match found {
         Some(Ok(a)) => Some(a),
-        Some(Err(e)) if needs_arch => return Err(e.into()),
+        // A config the user named is read whatever the model (a typo in
+        // its path is an error, not a silently unused flag).
+        Some(Err(e)) if needs_arch || args.model_config.is_some() => return Err(e.into()),
         Some(Err(_)) => None,
         // No model and no config: the error that says to give one.
         None if needs_arch => Some(find_model(None, None)?),

@@ -87,6 +87,26 @@ fn a_bad_overloaded_weight_is_refused_by_every_fit() {
     assert!(!dir.path().join("c.yaml").exists());
 }
 
+/// A `--model-config` that cannot be read is an error whatever is fitted:
+/// a blackbox fit, which needs no architecture, ignored a mistyped path and
+/// wrote coefficients as if the flag had been taken.
+#[test]
+fn an_unreadable_model_config_is_refused_by_a_blackbox_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = spec(dir.path(), 8.0, 30);
+    let (a, _) = replayed(dir.path(), "a", &w, &[]);
+    let missing = dir.path().join("no-such-model");
+    let bad = dir.path().join("bad-config.json");
+    std::fs::write(&bad, "{ not json").unwrap();
+    for (path, says) in [(&missing, "No such file"), (&bad, "invalid JSON")] {
+        let e = fit(dir.path(), &a, &["--model-config", path.to_str().unwrap()]).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        assert!(msg.contains(says), "{msg}");
+    }
+    assert!(!dir.path().join("c.yaml").exists());
+}
+
 /// A completed row whose last chunk comes before its first, or whose first
 /// comes before its send (a recorder's clock at fault), is left out of a
 /// blackbox fit's data-driven start as it is left out of the fit: the

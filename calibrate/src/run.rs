@@ -265,11 +265,7 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     // Checked whatever is fitted: a bad value is an error even where the
     // fit does not use it.
     a.joint.options(1)?;
-    let kind = match a.latency_model {
-        Some(c) => c.kind(),
-        None if a.runs.is_some() => LatencyKind::TrainedPhysics,
-        None => LatencyKind::Blackbox,
-    };
+    let kind = fit_kind(a);
     match kind {
         LatencyKind::TrainedPhysics => return joint_fit_command(a, out),
         LatencyKind::BlisPhysics => {
@@ -293,28 +289,84 @@ pub fn fit_command(a: &FitArgs, out: &mut dyn Write) -> Result<()> {
     print_fit(&r, &a.out, out)
 }
 
+/// The latency model `fit` fits: `--latency-model`'s, else
+/// trained-physics for `--runs`, else blackbox.
+fn fit_kind(a: &FitArgs) -> LatencyKind {
+    match a.latency_model {
+        Some(c) => c.kind(),
+        None if a.runs.is_some() => LatencyKind::TrainedPhysics,
+        None => LatencyKind::Blackbox,
+    }
+}
+
+/// The starting coefficients of a `kind` fit of `--trace`: `--coefficients`
+/// (a trained-physics fit starts from its own global row).
+fn fit_start(
+    a: &FitArgs,
+    kind: LatencyKind,
+) -> std::result::Result<Option<CoefficientsFile>, blis_replay::ReplayError> {
+    if kind == LatencyKind::TrainedPhysics {
+        return Ok(None);
+    }
+    Ok(a.coefficients
+        .as_deref()
+        .map(CoefficientsFile::read)
+        .transpose()?)
+}
+
+/// The server a `kind` fit replays a trace with header `header` on: the
+/// header's settings overridden by the flags, from the coefficients
+/// `start`.
+fn fit_server_args(
+    a: &FitArgs,
+    kind: LatencyKind,
+    start: Option<CoefficientsFile>,
+    header: &blis_traces::TraceHeader,
+) -> blis_replay::setup::ServerArgs {
+    let mut args = server_args(a.model.clone(), a.hardware.clone(), kind, start, header);
+    if kind == LatencyKind::TrainedPhysics {
+        // The step structure measured in vLLM's TTFT (a request joins the
+        // step after the one in flight), unless the trace or flag says.
+        args.async_scheduling = Some(
+            header
+                .server
+                .as_ref()
+                .and_then(|s| s.async_scheduling)
+                .unwrap_or(true),
+        );
+    }
+    args.model_config = a.model_config.clone();
+    args.hardware_config = a.hardware_config.clone();
+    a.engine.apply(&mut args);
+    args
+}
+
+/// The server settings `fit` would resolve for a trace with header
+/// `header` (a run not yet made: its header as the probes would write it),
+/// checked before the trace exists, so that a caller about to observe a
+/// server learns now what the fit would refuse then (e.g.
+/// [`blis_replay::setup::SettingsError::UnknownKvSize`]).
+///
+/// # Errors
+/// The settings' error, as [`fit_command`] would meet it; an unreadable
+/// `--coefficients`.
+pub fn check_fit_settings(
+    a: &FitArgs,
+    header: &blis_traces::TraceHeader,
+) -> std::result::Result<(), blis_replay::ReplayError> {
+    let kind = fit_kind(a);
+    let args = fit_server_args(a, kind, fit_start(a, kind)?, header);
+    blis_replay::setup::resolve(&args, Some(header)).map(|_| ())
+}
+
 /// The traces of `--trace`, each with the server it ran on (its header,
 /// overridden by the flags) and its held-out part, for a `kind` fit.
 fn fit_traces(a: &FitArgs, kind: LatencyKind) -> Result<Vec<FitTrace>> {
-    let start = a
-        .coefficients
-        .as_deref()
-        .map(CoefficientsFile::read)
-        .transpose()
-        .map_err(blis_replay::ReplayError::from)?;
+    let start = fit_start(a, kind)?;
     let mut traces = Vec::new();
     for p in &a.traces {
         let t = read_outcomes(p)?;
-        let mut args = server_args(
-            a.model.clone(),
-            a.hardware.clone(),
-            kind,
-            start.clone(),
-            &t.header,
-        );
-        args.model_config = a.model_config.clone();
-        args.hardware_config = a.hardware_config.clone();
-        a.engine.apply(&mut args);
+        let args = fit_server_args(a, kind, start.clone(), &t.header);
         traces.push(FitTrace::new(
             &p.display().to_string(),
             t,
@@ -466,25 +518,7 @@ fn joint_runs(a: &FitArgs) -> Result<Vec<crate::joint::JointRun>> {
     }
     let mut runs = Vec::new();
     for (name, t) in named {
-        let mut args = server_args(
-            a.model.clone(),
-            a.hardware.clone(),
-            LatencyKind::TrainedPhysics,
-            None,
-            &t.header,
-        );
-        // The step structure measured in vLLM's TTFT (a request joins the
-        // step after the one in flight), unless the trace or flag says.
-        args.async_scheduling = Some(
-            t.header
-                .server
-                .as_ref()
-                .and_then(|s| s.async_scheduling)
-                .unwrap_or(true),
-        );
-        args.model_config = a.model_config.clone();
-        args.hardware_config = a.hardware_config.clone();
-        a.engine.apply(&mut args);
+        let args = fit_server_args(a, LatencyKind::TrainedPhysics, None, &t.header);
         let holdout = a.holdout_fraction.unwrap_or(0.0);
         let t = if holdout > 0.0 {
             crate::joint::first_part(t, 1.0 - holdout)

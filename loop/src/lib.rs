@@ -319,6 +319,9 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
             std::time::Duration::from_secs_f64(o.wait_for_server_s),
         ))?,
     };
+    if mock.is_none() && settings.engine.total_kv_blocks.is_none() {
+        check_settings_before_observing(o, &settings, &url, &model, log)?;
+    }
     let real_h = observe(o, &url, &model, log)?;
     let sim = o.out.join("sim");
     let mut replay = settings.clone();
@@ -398,24 +401,35 @@ fn replay_settings(o: &LoopOpts) -> Result<blis_replay::RunArgs> {
     }
 }
 
-/// Observes the server at `url` serving `model` under the workload
-/// (`blis-loadgen run`); returns the header of the trace it wrote.
-fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+/// The options of `blis-loadgen run` that observe the server at `url`
+/// serving `model` under the loop's workload, and that workload's spec.
+fn run_options(
+    o: &LoopOpts,
+    url: &str,
+    model: &str,
+) -> Result<(blis_loadgen::options::RunOptions, PathBuf)> {
     let spec = match &o.workload_spec {
         Some(spec) => spec.clone(),
         None => default_spec(&o.out)?,
     };
-    let real = o.out.join("real");
     let workload = blis_loadgen::options::WorkloadSource {
         workload_spec: Some(spec.clone()),
         ..Default::default()
     };
-    let mut run = blis_loadgen::options::RunOptions::new(url, model, workload, real.clone());
+    let mut run = blis_loadgen::options::RunOptions::new(url, model, workload, o.out.join("real"));
     run.server_type = o.server_type.into();
     run.scrape_interval_ms = 500;
     run.aggregate_rate = o.aggregate_rate;
     run.duration_s = o.duration_s;
     run.wait_for_server_s = o.wait_for_server_s;
+    Ok((run, spec))
+}
+
+/// Observes the server at `url` serving `model` under the workload
+/// (`blis-loadgen run`); returns the header of the trace it wrote.
+fn observe(o: &LoopOpts, url: &str, model: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let (run, spec) = run_options(o, url, model)?;
+    let real = run.out.clone();
     log(&format!(
         "observing {} with {} (blis-loadgen run)",
         blis_loadgen::http::shown_url(url),
@@ -493,18 +507,44 @@ fn fit_coefficients(
     model: &str,
     log: &mut dyn FnMut(&str),
 ) -> Result<(PathBuf, blis_replay::commands::cli::LatencyChoice)> {
-    let coeffs = o.out.join("coefficients.yaml");
-    let latency = latency_choice(o);
+    let fit = fit_args(o, settings, real_h, model);
     log(&format!(
         "fitting {} coefficients on the observed trace (blis-calibrate fit)",
-        latency.kind().name()
+        latency_choice(o).kind().name()
     ));
-    let fit = blis_calibrate::cli::FitArgs {
+    let mut out = Vec::new();
+    let fitted = blis_calibrate::run::fit_command(&fit, &mut out);
+    if let Err(e) = &fitted
+        && matches!(unresolved_setting(e), Some(SettingsError::UnknownKvSize))
+    {
+        // The fit's own words name its flag; here it goes through
+        // --replay-args, and the observation need not be lost.
+        return Err(CommandError::Usage(format!(
+            "{}; the observed trace is kept at {}",
+            unknown_kv_size(model),
+            real_h.display()
+        )));
+    }
+    fitted.step(|| "fitting coefficients (blis-calibrate fit)")?;
+    log(&String::from_utf8_lossy(&out));
+    Ok((fit.out, latency_choice(o)))
+}
+
+/// `blis-calibrate fit`'s arguments for the observed trace `real_h` of
+/// `model` on the server of `settings`: the loop's latency model, its
+/// hold-out, coefficients written to OUT/coefficients.yaml.
+fn fit_args(
+    o: &LoopOpts,
+    settings: &blis_replay::RunArgs,
+    real_h: &Path,
+    model: &str,
+) -> blis_calibrate::cli::FitArgs {
+    blis_calibrate::cli::FitArgs {
         traces: vec![real_h.to_path_buf()],
         runs: None,
         model: Some(model.to_string()),
-        latency_model: Some(latency),
-        out: coeffs.clone(),
+        latency_model: Some(latency_choice(o)),
+        out: o.out.join("coefficients.yaml"),
         holdout_fraction: Some(o.holdout_fraction),
         budget_evals: None,
         joint: blis_calibrate::cli::JointFitFlags {
@@ -517,22 +557,60 @@ fn fit_coefficients(
         hardware_config: settings.hardware_config.clone(),
         json: false,
         engine: settings.engine,
+    }
+}
+
+/// What to give when nothing tells the KV cache size of the server of
+/// `model`.
+fn unknown_kv_size(model: &str) -> String {
+    format!(
+        "cannot tell the server's KV cache size: its /metrics has no vllm:cache_config_info and model {model:?} has no known config; give the server's settings with --replay-args, e.g. --replay-args \"--total-kv-blocks N --block-size 16 --max-num-seqs S\" (or \"--model-config DIR\")"
+    )
+}
+
+/// Before observing a real server, whether the fit will know its KV cache
+/// size: from the flags and the model alone, else from the server's
+/// settings as the observed trace's header will give them (the same
+/// probes as `blis-loadgen run`), resolved as the fit will resolve them.
+/// A size nothing gives is asked for now rather than after the whole
+/// observation; any other settings error is left to the fit, whose
+/// message says more in context (a header can only add settings, so a
+/// size known without the probes is known with them).
+fn check_settings_before_observing(
+    o: &LoopOpts,
+    settings: &blis_replay::RunArgs,
+    url: &str,
+    model: &str,
+    log: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let (run, _) = run_options(o, url, model)?;
+    let fit = fit_args(o, settings, &run.out.with_extension("yaml"), model);
+    let unknown_size = |header: &blis_traces::TraceHeader| {
+        matches!(
+            blis_calibrate::run::check_fit_settings(&fit, header),
+            Err(blis_replay::ReplayError::Settings(
+                SettingsError::UnknownKvSize
+            ))
+        )
     };
-    let mut out = Vec::new();
-    let fitted = blis_calibrate::run::fit_command(&fit, &mut out);
-    if let Err(e) = &fitted
-        && matches!(unresolved_setting(e), Some(SettingsError::UnknownKvSize))
-    {
-        // The fit's own words name its flag; here it goes through
-        // --replay-args, and the observation need not be lost.
+    let mut header = blis_traces::TraceHeader::new(blis_traces::Mode::Real);
+    if !unknown_size(&header) {
+        return Ok(());
+    }
+    log(&format!(
+        "model {model:?} has no known config: asking the server for its KV cache size (blis-loadgen's probes)"
+    ));
+    header.server = Some(
+        blis_loadgen::run::probe_server(&run)
+            .step(|| "probing the server (as blis-loadgen run does)")?,
+    );
+    if unknown_size(&header) {
         return Err(CommandError::Usage(format!(
-            "cannot tell the server's KV cache size: its /metrics has no vllm:cache_config_info and model {model:?} has no known config; give the server's settings with --replay-args, e.g. --replay-args \"--total-kv-blocks N --block-size 16 --max-num-seqs S\" (or \"--model-config DIR\"); the observed trace is kept at {}",
-            real_h.display()
+            "{}; no request of the workload was sent",
+            unknown_kv_size(model)
         )));
     }
-    fitted.step(|| "fitting coefficients (blis-calibrate fit)")?;
-    log(&String::from_utf8_lossy(&out));
-    Ok((coeffs, latency))
+    Ok(())
 }
 
 /// The server setting a failed fit could not resolve, found along the

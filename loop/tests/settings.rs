@@ -1,21 +1,20 @@
-//! A real server whose KV cache size nothing gives (its /metrics has no
-//! `vllm:cache_config_info`, its model no known config): `blis-loop` asks
-//! for it in its own flags (`--replay-args`), names the model, and keeps
-//! the observed trace.
+//! A real server whose KV cache size the loop must learn: from its
+//! `/metrics` (`vllm:cache_config_info`) when its model has no known
+//! config, and when nothing gives it, asked for in the loop's own flags
+//! (`--replay-args`) before anything of the workload is sent.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use clap::Parser;
 
-#[test]
-fn an_unknown_kv_cache_size_is_asked_for_through_replay_args() {
-    let dir = tempfile::tempdir().unwrap();
+/// `blis-loop` for `seconds` at 10 requests/s against blis-mockserver
+/// serving a model no config is known by, whose metrics look like
+/// `style`'s.
+fn loop_against(style: &str, seconds: &str, out: &std::path::Path) -> Output {
     let config = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../replay/model-configs/llama-2-7b-hf/config.json"
     );
-    // The mock under a name no config is known by, with SGLang's metric
-    // names (which have no cache_config_info).
     let opts = blis_mockserver::Opts::try_parse_from([
         "blis-mockserver",
         "--port",
@@ -27,7 +26,7 @@ fn an_unknown_kv_cache_size_is_asked_for_through_replay_args() {
         "--hardware",
         "H100",
         "--metrics-style",
-        "sglang",
+        style,
     ])
     .unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -37,27 +36,57 @@ fn an_unknown_kv_cache_size_is_asked_for_through_replay_args() {
         .unwrap();
     let server = rt.block_on(blis_mockserver::start(&opts.config())).unwrap();
     let url = format!("http://{}", server.addr);
-    let out = dir.path().join("loop");
     let done = Command::new(env!("CARGO_BIN_EXE_blis-loop"))
-        .args(["--server-url", &url, "--duration-s", "1"])
+        .args(["--server-url", &url, "--duration-s", seconds])
         .args(["--aggregate-rate", "10", "--out", out.to_str().unwrap()])
         .output()
         .unwrap();
     rt.block_on(server.shutdown());
+    done
+}
+
+/// SGLang's metric names (no `cache_config_info`) and an unknown model:
+/// refused before the observation, naming the model and the flag.
+#[test]
+fn an_unknown_kv_cache_size_is_asked_for_before_observing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("loop");
+    let done = loop_against("sglang", "1", &out);
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(!done.status.success(), "{stderr}");
     let last = stderr.lines().last().unwrap();
     assert!(
         last.starts_with("error: cannot tell the server's KV cache size")
             && last.contains(r#"--replay-args "--total-kv-blocks N"#)
-            && last.contains("\"my-private-model\""),
+            && last.contains("\"my-private-model\"")
+            && last.ends_with("no request of the workload was sent"),
         "{stderr}"
     );
-    let real = out.join("real.yaml");
+    assert!(!out.join("real.yaml").exists(), "nothing was observed");
+    assert!(!out.join("real.csv").exists(), "nothing was observed");
+}
+
+/// vLLM's metrics give the size the model's name does not: the loop
+/// observes (30 requests, enough to fit), fits and compares.
+#[test]
+fn a_kv_cache_size_from_the_servers_metrics_is_enough() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("loop");
+    let done = loop_against("vllm", "3", &out);
+    let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(
-        last.ends_with(&format!("kept at {}", real.display())),
+        stderr.contains("fitting blackbox coefficients on the observed trace"),
         "{stderr}"
     );
-    let t = blis_traces::Trace::read(&real).unwrap();
-    assert!(!t.records.is_empty(), "the observed requests are kept");
+    assert!(
+        stderr.contains("KV cache 7460 blocks of 16 tokens"),
+        "{stderr}"
+    );
+    let t = blis_traces::Trace::read(&out.join("real.yaml")).unwrap();
+    assert_eq!(
+        t.header.server.and_then(|s| s.total_kv_blocks),
+        Some(7460),
+        "the observed header carries the size the fit used"
+    );
+    assert!(out.join("report.html").exists(), "{stderr}");
 }

@@ -2,6 +2,7 @@
 //! with its family and settings for the trace header.
 
 use crate::{CommandError, Result};
+use blis_traces::ServerConfig;
 use blis_traces::step::StepContext;
 use std::time::Duration;
 
@@ -24,6 +25,28 @@ pub(super) struct Server {
     pub(super) version: Option<String>,
     /// llama.cpp's slots and context (`GET /props`).
     pub(super) props: Option<probe::LlamaCppProps>,
+}
+
+impl Server {
+    /// The server's section of the trace header: its family, model and
+    /// the settings the probes found (KV cache from `/metrics`, context
+    /// length from the model list, llama.cpp's slots from `/props`).
+    pub(super) fn config(&self, args: &RunOptions) -> ServerConfig {
+        ServerConfig {
+            server_type: Some(server_type_name(args.server_type).to_string()),
+            model: Some(args.model.clone()),
+            block_size: self.cache.and_then(|c| u32::try_from(c.block_size).ok()),
+            total_kv_blocks: self.cache.map(|c| c.num_gpu_blocks),
+            enable_prefix_caching: self.cache.and_then(|c| c.enable_prefix_caching),
+            version: self.version.clone(),
+            max_model_len: self
+                .info
+                .max_model_len
+                .or_else(|| self.props.as_ref().and_then(|p| p.n_ctx)),
+            max_num_seqs: self.props.as_ref().map(|p| p.slots),
+            ..ServerConfig::default()
+        }
+    }
 }
 
 /// Whether the process's arguments carry an API key (`--api-key K` or
@@ -161,7 +184,7 @@ pub(super) async fn connect(args: &RunOptions) -> Result<Server> {
     })
 }
 
-pub(super) fn server_type_name(t: ServerType) -> &'static str {
+fn server_type_name(t: ServerType) -> &'static str {
     match t {
         ServerType::Vllm => "vllm",
         ServerType::Sglang => "sglang",

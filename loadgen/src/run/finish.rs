@@ -8,18 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use blis_traces::{ExtraColumn, Mode, NetworkInfo, ServerConfig, TraceHeader, TraceWriter};
+use blis_traces::{ExtraColumn, Mode, NetworkInfo, TraceHeader, TraceWriter};
 
 use crate::options::RunOptions;
 use crate::record::Recorded;
 use crate::report::{Slo, Summary, SummaryInputs, Tally, process_cpu_time_s};
 use crate::scrape;
 
-use super::{
-    connect::{Server, server_type_name},
-    schedule::Plan,
-    shared::Shared,
-};
+use super::{connect::Server, schedule::Plan, shared::Shared};
 
 /// Phase 3: the trace's header (completed at the end) and its columns.
 pub(super) fn trace_header(
@@ -33,20 +29,7 @@ pub(super) fn trace_header(
     header.warm_up_requests = plan.warmup;
     header.workload_seed = plan.header.workload_seed;
     header.workload_spec = plan.header.workload_spec.clone();
-    header.server = Some(ServerConfig {
-        server_type: Some(server_type_name(args.server_type).to_string()),
-        model: Some(args.model.clone()),
-        block_size: server.cache.and_then(|c| u32::try_from(c.block_size).ok()),
-        total_kv_blocks: server.cache.map(|c| c.num_gpu_blocks),
-        enable_prefix_caching: server.cache.and_then(|c| c.enable_prefix_caching),
-        version: server.version.clone(),
-        max_model_len: server
-            .info
-            .max_model_len
-            .or_else(|| server.props.as_ref().and_then(|p| p.n_ctx)),
-        max_num_seqs: server.props.as_ref().map(|p| p.slots),
-        ..ServerConfig::default()
-    });
+    header.server = Some(server.config(args));
     header.network = Some(NetworkInfo {
         measured_rtt_ms: server.info.rtt_ms,
     });

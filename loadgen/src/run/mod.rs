@@ -198,6 +198,32 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
     })
 }
 
+/// The server's section of the trace header that `run` with `args` would
+/// write, found by the same probes before anything is sent (its model
+/// list, a one-token test request, `/metrics`, `/version`, llama.cpp's
+/// `/props`): for a caller that checks the server's settings before a run.
+///
+/// # Errors
+/// As [`run_command`] before its first send: an unreachable server, a
+/// refused test request; Ctrl-C ends it with [`exit_code::INTERRUPTED`].
+pub fn probe_server(args: &RunOptions) -> Result<blis_traces::ServerConfig> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .step(|| "starting the async runtime")?;
+    rt.block_on(async {
+        let mut signals = Signals::new().step(|| "installing signal handlers")?;
+        let shown = crate::http::shown_url(args.server_url.trim_end_matches('/'));
+        tokio::select! {
+            s = connect(args) => Ok(s?.config(args)),
+            () = signals.recv() => Err(CommandError::Ended {
+                code: exit_code::INTERRUPTED,
+                message: format!("interrupted while probing {shown}, before the run: no request of the workload was sent"),
+            }),
+        }
+    })
+}
+
 async fn run_async(args: &RunOptions, slo: Option<Slo>) -> Result<Summary> {
     let mut signals = Signals::new().step(|| "installing signal handlers")?;
     let plan = plan(args)?;

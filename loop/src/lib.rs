@@ -598,7 +598,7 @@ fn check_settings_before_observing(
         return Ok(());
     }
     log(&format!(
-        "model {model:?} has no known config: asking the server for its KV cache size (blis-loadgen's probes)"
+        "model {model:?} has no known config: asking the server for its KV cache settings (blis-loadgen's probes)"
     ));
     header.server = Some(
         blis_loadgen::run::probe_server(&run)

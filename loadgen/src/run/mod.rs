@@ -207,6 +207,11 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
 /// As [`run_command`] before its first send: an unreachable server, a
 /// refused test request; Ctrl-C ends it with [`exit_code::INTERRUPTED`].
 pub fn probe_server(args: &RunOptions) -> Result<blis_traces::ServerConfig> {
+    // (The base URL, as `run_command` reads it.)
+    let args = &RunOptions {
+        server_url: crate::http::base_url(&args.server_url),
+        ..args.clone()
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

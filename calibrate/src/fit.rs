@@ -57,6 +57,10 @@ use crate::stats::{mape, mean, percentile, sorted};
 /// optimiser; measured on mock traces with known coefficients).
 pub const PERCENTILE_WEIGHT: f64 = 0.2;
 
+/// The fewest completed requests a fit takes from a trace (in its fitted
+/// part, the held-out rest aside): fewer leave its loss to noise.
+pub const MIN_FIT_REQUESTS: usize = 20;
+
 /// Fitting errors.
 #[derive(Debug, thiserror::Error)]
 pub enum FitError {
@@ -69,12 +73,14 @@ pub enum FitError {
         error: blis_replay::ReplayError,
     },
     /// A trace has too few completed requests to fit.
-    #[error("{0}: fewer than 20 completed requests with send and completion times to fit")]
+    #[error(
+        "{0}: fewer than {MIN_FIT_REQUESTS} completed requests with send and completion times to fit"
+    )]
     TooFew(String),
     /// A trained-physics fit needs first-token times: too few streamed
     /// requests completed.
     #[error(
-        "{trace}: {streamed} completed streamed requests of {completed} completed: a trained-physics fit needs at least 20 with a first-token time (send the workload with streaming on, or fit --latency-model blackbox)"
+        "{trace}: {streamed} completed streamed requests of {completed} completed: a trained-physics fit needs at least {MIN_FIT_REQUESTS} with a first-token time (send the workload with streaming on, or fit --latency-model blackbox)"
     )]
     TooFewStreamed {
         /// The trace.
@@ -211,7 +217,7 @@ impl FitTrace {
                 "warning: {name}: {disordered} completed rows with times out of order (a first chunk before the send or after the last chunk) are left out of the fit (a recorder's clock or a merge at fault?)"
             );
         }
-        if measured.keys().filter(|k| fit_ids.contains(k)).count() < 20 {
+        if measured.keys().filter(|k| fit_ids.contains(k)).count() < MIN_FIT_REQUESTS {
             return Err(FitError::TooFew(name.to_string()));
         }
         let rtt_ms = trace

@@ -355,13 +355,13 @@ impl JointRun {
         };
         let basis = PhysicsBasis::new(&r.arch, &r.hw, r.tp);
         let real = RunStats::of(&trace.records);
-        if real.completed < 20 {
+        if real.completed < crate::fit::MIN_FIT_REQUESTS as u64 {
             let completed = trace
                 .records
                 .iter()
                 .filter(|r| crate::fit::measured(r).is_some())
                 .count() as u64;
-            if completed < 20 {
+            if completed < crate::fit::MIN_FIT_REQUESTS as u64 {
                 return Err(FitError::TooFew(name.to_string()));
             }
             return Err(FitError::TooFewStreamed {

@@ -319,8 +319,11 @@ pub fn run_loop(o: &LoopOpts, log: &mut dyn FnMut(&str)) -> Result<LoopResult> {
             std::time::Duration::from_secs_f64(o.wait_for_server_s),
         ))?,
     };
-    if mock.is_none() && settings.engine.total_kv_blocks.is_none() {
-        check_settings_before_observing(o, &settings, &url, &model, log)?;
+    if mock.is_none() {
+        check_enough_to_fit(o, &url, &model)?;
+        if settings.engine.total_kv_blocks.is_none() {
+            check_settings_before_observing(o, &settings, &url, &model, log)?;
+        }
     }
     let real_h = observe(o, &url, &model, log)?;
     let sim = o.out.join("sim");
@@ -566,6 +569,34 @@ fn unknown_kv_size(model: &str) -> String {
     format!(
         "cannot tell the server's KV cache size: its /metrics has no vllm:cache_config_info and model {model:?} has no known config; give the server's settings with --replay-args, e.g. --replay-args \"--total-kv-blocks N --block-size 16 --max-num-seqs S\" (or \"--model-config DIR\")"
     )
+}
+
+/// Before observing a real server, whether the plan holds enough
+/// requests for the fit: its first `1 − --holdout-fraction` must hold
+/// [`blis_calibrate::fit::MIN_FIT_REQUESTS`] (completed; errors and
+/// timeouts can still leave it short, which the fit then says).
+fn check_enough_to_fit(o: &LoopOpts, url: &str, model: &str) -> Result<()> {
+    let (run, _) = run_options(o, url, model)?;
+    let planned = blis_loadgen::run::planned_requests(&run)?;
+    let fitted = ((planned as f64) * (1.0 - o.holdout_fraction)).round() as u64;
+    let min = blis_calibrate::fit::MIN_FIT_REQUESTS as u64;
+    if fitted >= min {
+        return Ok(());
+    }
+    let with = match (o.duration_s, o.aggregate_rate) {
+        (Some(d), Some(r)) => format!(
+            " (--duration-s {} at --aggregate-rate {})",
+            blis_traces::shown::Num(d),
+            blis_traces::shown::Num(r)
+        ),
+        (Some(d), None) => format!(" (--duration-s {})", blis_traces::shown::Num(d)),
+        (None, Some(r)) => format!(" (--aggregate-rate {})", blis_traces::shown::Num(r)),
+        (None, None) => String::new(),
+    };
+    Err(CommandError::Usage(format!(
+        "the workload plans {planned} requests{with}: the fit takes the first {fitted} (--holdout-fraction {} holds out the rest) and needs at least {min}; observe longer or faster (--duration-s, --aggregate-rate) or hold out less; nothing was sent",
+        blis_traces::shown::Num(o.holdout_fraction)
+    )))
 }
 
 /// Before observing a real server, whether the fit will know its KV cache

@@ -1,7 +1,8 @@
-//! A real server whose KV cache size the loop must learn: from its
-//! `/metrics` (`vllm:cache_config_info`) when its model has no known
-//! config, and when nothing gives it, asked for in the loop's own flags
-//! (`--replay-args`) before anything of the workload is sent.
+//! What the fit will need, checked before a real server is observed: a
+//! plan with enough requests to fit, and the server's KV cache size, which
+//! the loop learns from its `/metrics` (`vllm:cache_config_info`) when its
+//! model has no known config, and when nothing gives it, asks for in its
+//! own flags (`--replay-args`) before anything of the workload is sent.
 
 use std::process::{Command, Output};
 
@@ -51,7 +52,7 @@ fn loop_against(style: &str, seconds: &str, out: &std::path::Path) -> Output {
 fn an_unknown_kv_cache_size_is_asked_for_before_observing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("loop");
-    let done = loop_against("sglang", "1", &out);
+    let done = loop_against("sglang", "3", &out);
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(!done.status.success(), "{stderr}");
     let last = stderr.lines().last().unwrap();
@@ -89,4 +90,29 @@ fn a_kv_cache_size_from_the_servers_metrics_is_enough() {
         "the observed header carries the size the fit used"
     );
     assert!(out.join("report.html").exists(), "{stderr}");
+}
+
+/// A plan too small to fit (20 requests of which the fit would take 14)
+/// is refused before the server is contacted (none listens here).
+#[test]
+fn a_plan_too_small_to_fit_is_refused_before_sending() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("loop");
+    let done = Command::new(env!("CARGO_BIN_EXE_blis-loop"))
+        .args(["--server-url", "http://127.0.0.1:9", "--model", "m"])
+        .args(["--duration-s", "2", "--aggregate-rate", "10"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.starts_with("error: the workload plans ")
+            && last.contains("(--duration-s 2 at --aggregate-rate 10)")
+            && last.contains("needs at least 20")
+            && last.ends_with("nothing was sent"),
+        "{stderr}"
+    );
+    assert!(!out.join("real.yaml").exists());
 }

@@ -198,6 +198,15 @@ pub fn run_command(args: &RunOptions, out: &mut dyn Write) -> Result<i32> {
     })
 }
 
+/// How many requests `run` with `args` plans (warm-up included), without
+/// sending any: the workload is planned as `run` plans it.
+///
+/// # Errors
+/// A workload that cannot be planned, as [`run_command`] would meet it.
+pub fn planned_requests(args: &RunOptions) -> Result<u64> {
+    Ok(plan(args)?.facts.count)
+}
+
 /// The server's section of the trace header that `run` with `args` would
 /// write, found by the same probes before anything is sent (its model
 /// list, a one-token test request, `/metrics`, `/version`, llama.cpp's
